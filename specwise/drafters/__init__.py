@@ -1,0 +1,70 @@
+"""Drafters: `none` (plain decoding), `ngram` (prompt lookup), `model:ID` (a draft model)."""
+
+from __future__ import annotations
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.model import ModelDrafter
+from specwise.drafters.ngram import NgramDrafter
+from specwise.drafters.none import NoDrafter
+
+__all__ = [
+    "Draft",
+    "Drafter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "NoDrafter",
+    "VocabularyMismatchError",
+    "check_same_vocabulary",
+    "make_drafter",
+]
+
+DRAFTER_HELP = "none | ngram[:MAX_N] | model:ID (ID: default, a .gguf file, a model directory or a hub id)"
+
+
+class VocabularyMismatchError(ValueError):
+    """The draft model does not share the target's vocabulary."""
+
+
+def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=None, draft_tokenizer=None) -> None:
+    """Raise VocabularyMismatchError unless the draft's vocabulary is the target's, id for id."""
+    if target_size != draft_size:
+        raise VocabularyMismatchError(
+            f"draft vocabulary ({draft_size}) differs from target's ({target_size}): "
+            "the drafter must share the target's tokenizer"
+        )
+    if target_tokenizer is None or draft_tokenizer is None:
+        return
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab == d_vocab:
+        return
+    t_by_id = {i: s for s, i in t_vocab.items()}
+    d_by_id = {i: s for s, i in d_vocab.items()}
+    for i in sorted(set(t_by_id) | set(d_by_id)):
+        if t_by_id.get(i) != d_by_id.get(i):
+            raise VocabularyMismatchError(
+                f"draft and target tokenizers differ at token id {i} "
+                f"(draft {d_by_id.get(i)!r}, target {t_by_id.get(i)!r}): "
+                "the drafter must share the target's tokenizer"
+            )
+
+
+def make_drafter(spec: str, target, device="cpu", dtype=None) -> Drafter:
+    """Build a drafter from its CLI spec for ``target`` (a LoadedModel)."""
+    kind, _, arg = spec.partition(":")
+    if kind == "none" and not arg:
+        return NoDrafter(device)
+    if kind == "ngram":
+        try:
+            max_n = int(arg) if arg else 3
+        except ValueError:
+            raise ValueError(f"bad drafter {spec!r}: ngram takes an integer, as in ngram:3") from None
+        return NgramDrafter(max_ngram=max_n, device=device)
+    if kind == "model" and arg:
+        import torch
+
+        from specwise.models.loader import load_model
+
+        draft = load_model(arg, device=device, dtype=dtype or torch.float32)
+        check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
+        return ModelDrafter(draft.model)
+    raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")

@@ -1,0 +1,55 @@
+"""The Drafter contract: propose up to k tokens that continue a context."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specwise.sampling import SamplingParams
+
+__all__ = ["Draft", "Drafter"]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens and the distribution each was drawn from.
+
+    tokens: ``[k]`` int64 (k may be smaller than asked, even 0).
+    probs: ``[k, vocab]`` q for each token, or None when the drafter proposes single tokens (q is one-hot).
+    """
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    @classmethod
+    def empty(cls, device: torch.device | str = "cpu") -> Draft:
+        return cls(torch.empty(0, dtype=torch.int64, device=device))
+
+    def __len__(self) -> int:
+        return int(self.tokens.numel())
+
+
+class Drafter(ABC):
+    """Proposes continuations; the engine verifies them against the target.
+
+    A drafter serves one sequence at a time: ``begin`` starts it, then the context only grows by the
+    tokens the engine emits.
+    """
+
+    name: str = "drafter"
+
+    def begin(self, prompt: list[int]) -> None:
+        """Start a new sequence (drop any state from the previous one)."""
+
+    @abstractmethod
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """Propose up to ``k`` tokens continuing ``context`` (prompt and everything emitted so far).
+
+        Under sampling, a drafter that returns ``probs`` must draw each token from ``probs`` shaped by
+        ``params`` with ``generator``; one that returns None proposes deterministic tokens.
+        """
+
+    def observe(self, num_accepted: int) -> None:
+        """Feedback after verification: how many of the last proposal's tokens were kept."""

@@ -1,0 +1,20 @@
+"""The `none` drafter: proposes nothing, so the engine decodes plainly (the baseline for every speedup)."""
+
+from __future__ import annotations
+
+import torch
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.sampling import SamplingParams
+
+
+class NoDrafter(Drafter):
+    """Plain autoregressive decoding through the same engine: one target pass per token."""
+
+    name = "none"
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = device
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+        return Draft.empty(self.device)

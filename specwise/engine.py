@@ -1,0 +1,258 @@
+"""The decoding loop: draft, verify in one target pass, accept, roll back, stream.
+
+Each step feeds the target the last emitted token followed by the ``k`` drafted tokens and gets ``k + 1``
+distributions back: ``p_0 .. p_{k-1}`` judge the drafts and ``p_k`` gives the bonus token. The rejection rule
+keeps a prefix of the draft and adds one token; the target cache is rolled back to the kept tokens. With no
+drafter (or an empty draft) the step is a plain decoding step, so the baseline runs through the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.none import NoDrafter
+from specwise.metrics import SpecStats
+from specwise.models.base import Model
+from specwise.rejection import verify_greedy, verify_stochastic
+from specwise.sampling import SamplingParams, check_logits, probs_from_logits
+
+__all__ = ["Engine", "GenerationEvent", "GenerationResult", "StopText"]
+
+
+@dataclass
+class GenerationEvent:
+    """A piece of streamed output: the tokens of one target pass (after stop handling) and their text.
+
+    text: new text since the previous event ("" while text is held back, e.g. a possible stop string).
+    token_ids: new token ids.
+    num_from_draft: how many of ``token_ids`` were drafted tokens accepted by the target.
+    finish_reason: "stop" (EOS or stop string) or "length" on the last event, else None.
+    stats: the run's statistics, on the last event only.
+    """
+
+    text: str
+    token_ids: list[int]
+    num_from_draft: int = 0
+    finish_reason: str | None = None
+    stats: SpecStats | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: SpecStats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "stats": self.stats.to_dict(),
+        }
+
+
+class StopText:
+    """Incremental detokenization with stop strings: never emits text at or past a stop string.
+
+    Text that could be the start of a stop string, or an incomplete UTF-8 character, is held back until
+    the next tokens decide it.
+    """
+
+    def __init__(self, tokenizer, stop: Iterable[str] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.token_ids: list[int] = []
+        self.sent = 0  # characters of text already emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def feed(self, new_ids: list[int], final: bool) -> tuple[str, list[int], bool]:
+        """Add tokens; return (new text, new tokens kept, whether a stop string ended the output)."""
+        start = len(self.token_ids)
+        self.token_ids.extend(new_ids)
+        text = self._decode(self.token_ids)
+        hit = self._first_stop(text)
+        if hit is not None:
+            # keep the fewest tokens whose text contains the stop string
+            for m in range(start + 1, len(self.token_ids) + 1):
+                if self._first_stop(self._decode(self.token_ids[:m])) is not None:
+                    break
+            kept = self.token_ids[start:m]
+            del self.token_ids[m:]
+            return self._take(text[:hit]), kept, True
+        if final:
+            return self._take(text), new_ids, False
+        end = len(text.rstrip("\ufffd"))  # hold back an incomplete multi-byte character
+        safe = end
+        for s in self.stop:  # hold back a suffix that could start a stop string
+            held = next((n for n in range(min(len(s) - 1, end), 0, -1) if text[:end].endswith(s[:n])), 0)
+            safe = min(safe, end - held)
+        return self._take(text[: max(safe, self.sent)]), new_ids, False
+
+    def _first_stop(self, text: str) -> int | None:
+        found = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
+        return min(found) if found else None
+
+    def _take(self, text: str) -> str:
+        piece = text[self.sent :]
+        self.sent = max(self.sent, len(text))
+        return piece
+
+
+class Engine:
+    """Speculative decoding of one sequence at a time with a target Model and a Drafter.
+
+    gamma: tokens drafted per step (0 gives plain decoding).
+    """
+
+    def __init__(self, target: Model, drafter: Drafter | None = None, gamma: int = 4, tokenizer=None) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+            raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+        self.target = target
+        self.drafter = drafter if drafter is not None else NoDrafter(target.device)
+        self.gamma = gamma
+        self.tokenizer = tokenizer
+
+    def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
+        if eos_token_ids is not None:
+            return set(eos_token_ids)
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return {eos} if eos is not None else set()
+
+    def _check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: give at least one token")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        limit = self.target.max_length
+        if limit is not None and len(prompt_ids) >= limit:
+            raise ValueError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}: shorten the prompt"
+            )
+        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})")
+
+    def stream(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        max_new_tokens: int = 128,
+        stop: Iterable[str] = (),
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> Iterator[GenerationEvent]:
+        """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats."""
+        params = params or SamplingParams()
+        prompt_ids = [int(t) for t in prompt_ids]
+        self._check_request(prompt_ids, max_new_tokens)
+        stop = list(stop)
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
+        eos = self._eos_ids(eos_token_ids)
+        generator = params.generator(self.target.device) if not params.greedy else None
+        stats = SpecStats(prompt_tokens=len(prompt_ids))
+        text = StopText(self.tokenizer, stop)
+        t0 = time.perf_counter()
+        self.target.reset()
+        self.drafter.begin(prompt_ids)
+        if len(prompt_ids) > 1:
+            self.target.forward(torch.tensor(prompt_ids[:-1], device=self.target.device), num_logits=0)
+        stats.prefill_seconds = time.perf_counter() - t0
+
+        context = list(prompt_ids)
+        produced = 0
+        finish: str | None = None
+        while finish is None:
+            new, num_from_draft, finish = self._step(context, params, generator, max_new_tokens - produced, eos, stats)
+            piece, kept, stopped = text.feed(new, final=finish is not None)
+            if stopped:
+                finish = "stop"
+                stats.new_tokens -= len(new) - len(kept)
+                num_from_draft = min(num_from_draft, len(kept))
+            context.extend(kept)
+            produced += len(kept)
+            if finish is not None:
+                stats.total_seconds = time.perf_counter() - t0
+                yield GenerationEvent(piece, kept, num_from_draft, finish, stats)
+            else:
+                yield GenerationEvent(piece, kept, num_from_draft)
+
+    def _step(
+        self,
+        context: list[int],
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        remaining: int,
+        eos: set[int],
+        stats: SpecStats,
+    ) -> tuple[list[int], int, str | None]:
+        """One draft-and-verify step. Returns (emitted tokens, how many came from the draft, finish reason)."""
+        target = self.target
+        k = min(self.gamma, remaining - 1)
+        if target.max_length is not None:
+            k = min(k, target.max_length - len(context))
+        t0 = time.perf_counter()
+        draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft.empty(target.device)
+        if len(draft) > k:
+            raise RuntimeError(f"drafter {self.drafter.name!r} proposed {len(draft)} tokens when asked for {k}")
+        t1 = time.perf_counter()
+        k = len(draft)
+        start = target.length  # == len(context) - 1: the last token is not yet in the cache
+        fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
+        logits = target.forward(fed)  # [k + 1, vocab]
+        check_logits(logits)
+        drafts = draft.tokens[None].to(target.device)  # [1, k]
+        if params.greedy:
+            result = verify_greedy(drafts, logits[None])
+        else:
+            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
+            q = None if draft.probs is None else draft.probs[None].to(target.device)
+            result = verify_stochastic(drafts, q, p, generator)
+        accepted = int(result.num_accepted[0])
+        new = result.tokens[0, : accepted + 1].tolist()
+        target.rollback(start + 1 + accepted)
+        self.drafter.observe(accepted)
+        t2 = time.perf_counter()
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += t2 - t1
+
+        finish = None
+        for i, token in enumerate(new):
+            if token in eos:
+                new, finish = new[: i + 1], "stop"
+                break
+        if len(new) >= remaining:
+            new = new[:remaining]
+            finish = finish or "length"
+        if finish is None and target.max_length is not None and len(context) + len(new) >= target.max_length:
+            finish = "length"
+        stats.record_step(k, min(accepted, len(new)), len(new))
+        return new, min(accepted, len(new)), finish
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        max_new_tokens: int = 128,
+        stop: Iterable[str] = (),
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> GenerationResult:
+        """Run :meth:`stream` to the end and collect its output."""
+        texts: list[str] = []
+        ids: list[int] = []
+        for event in self.stream(prompt_ids, params, max_new_tokens, stop, eos_token_ids):
+            texts.append(event.text)
+            ids.extend(event.token_ids)
+            if event.finish_reason is not None:
+                return GenerationResult("".join(texts), ids, event.finish_reason, event.stats)
+        raise RuntimeError("generation ended without a final event")  # unreachable

@@ -1,0 +1,140 @@
+"""Speculative decoding statistics, defined once and reported the same way everywhere.
+
+alpha (acceptance rate) = accepted / drafted.
+tau (mean accepted length) = tokens emitted per target pass (accepted + 1 per step, less any cut at EOS or
+    the token budget).
+expected tau: the i.i.d. theory, (1 - alpha^(k+1)) / (1 - alpha) for a step that drafts k tokens, averaged
+    over the steps actually taken (so steps without a draft count as 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["SpecStats", "expected_tau"]
+
+
+def expected_tau(alpha: float, gamma: int) -> float:
+    """E[tokens per target pass] when each of gamma drafts is accepted independently with probability alpha."""
+    if gamma <= 0:
+        return 1.0
+    if alpha >= 1.0:
+        return float(gamma + 1)
+    return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
+
+
+@dataclass
+class SpecStats:
+    """Counters and timings of one generation (or, merged, of many)."""
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_passes: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    gamma_histogram: dict[int, int] = field(default_factory=dict)
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
+        """One target pass that verified ``drafted`` tokens, kept ``accepted`` and emitted ``emitted``."""
+        self.target_passes += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.new_tokens += emitted
+        self.gamma_histogram[drafted] = self.gamma_histogram.get(drafted, 0) + 1
+        grow = drafted - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for i in range(drafted):
+            self.drafted_by_position[i] += 1
+            if i < accepted:
+                self.accepted_by_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """alpha: accepted / drafted (0 when nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: tokens emitted per target pass."""
+        return self.new_tokens / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        """Fraction of the steps that drafted position i in which position i was accepted."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_by_position, self.drafted_by_position)]
+
+    @property
+    def expected_mean_accepted_length(self) -> float:
+        """Theoretical tau for the measured alpha and the numbers of tokens actually drafted per step."""
+        if not self.target_passes:
+            return 0.0
+        alpha = self.acceptance_rate
+        total = sum(count * expected_tau(alpha, k) for k, count in self.gamma_histogram.items())
+        return total / self.target_passes
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens per second of wall time, prefill included."""
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def merge(self, other: SpecStats) -> SpecStats:
+        """Add another run's counters and times into this one; returns self."""
+        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("prefill_seconds", "draft_seconds", "verify_seconds", "total_seconds"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for k, count in other.gamma_histogram.items():
+            self.gamma_histogram[k] = self.gamma_histogram.get(k, 0) + count
+        grow = len(other.drafted_by_position) - len(self.drafted_by_position)
+        if grow > 0:
+            self.drafted_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for i, (d, a) in enumerate(zip(other.drafted_by_position, other.accepted_by_position)):
+            self.drafted_by_position[i] += d
+            self.accepted_by_position[i] += a
+        return self
+
+    def to_dict(self) -> dict:
+        """The JSON form used by the CLI, the server and the benchmark."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "target_passes": self.target_passes,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "mean_accepted_length": self.mean_accepted_length,
+            "expected_mean_accepted_length": self.expected_mean_accepted_length,
+            "acceptance_by_position": self.acceptance_by_position,
+            "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
+            "tokens_per_second": self.tokens_per_second,
+            "prefill_seconds": self.prefill_seconds,
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+            "total_seconds": self.total_seconds,
+        }
+
+    def summary(self) -> str:
+        """A few human-readable lines."""
+        by_pos = " ".join(f"{x:.2f}" for x in self.acceptance_by_position) or "-"
+        return "\n".join(
+            [
+                f"tokens: {self.new_tokens} new ({self.prompt_tokens} prompt) in {self.total_seconds:.2f} s "
+                f"= {self.tokens_per_second:.1f} tokens/s",
+                f"target passes: {self.target_passes}   drafted: {self.drafted}   accepted: {self.accepted}   "
+                f"alpha: {self.acceptance_rate:.3f}",
+                f"tau (tokens/pass): {self.mean_accepted_length:.2f}   "
+                f"theory: {self.expected_mean_accepted_length:.2f}",
+                f"acceptance by position: {by_pos}",
+                f"time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
+                f"verify {self.verify_seconds:.2f} s",
+            ]
+        )

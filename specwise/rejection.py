@@ -1,0 +1,129 @@
+"""Verification of a draft against the target: the rejection rule and the greedy rule.
+
+Pure functions, batched over a leading dimension ``B``; randomness comes in as a ``torch.Generator``.
+
+Stochastic rule (Leviathan et al. 2023; Chen et al. 2023): draft token ``x_i`` is accepted with probability
+``min(1, p_i(x_i) / q_i(x_i))``; at the first rejection a *recovered* token is drawn from
+``norm(max(0, p_i - q_i))``; when all ``gamma`` drafts are accepted a *bonus* token is drawn from
+``p_gamma``. The emitted tokens then follow the target's distribution ``p`` exactly.
+
+Greedy rule: accept while the draft equals the target's argmax; the first mismatch (or the position after
+the last draft) emits the target's argmax. The output equals plain greedy decoding token for token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specwise.sampling import sample
+
+__all__ = ["Verification", "verify_greedy", "verify_stochastic", "residual_distribution"]
+
+# Below this residual mass the residual is float noise (p and q agree); p itself is used instead.
+# Rejection then happens with probability of the same order, so the choice does not bias the output.
+_RESIDUAL_EPS = 1e-9
+
+
+@dataclass
+class Verification:
+    """Result of verifying a batch of drafts.
+
+    tokens: ``[B, gamma + 1]`` emitted tokens; row b holds ``num_accepted[b] + 1`` valid tokens (the
+        accepted drafts, then the recovered or bonus token), padded with -1.
+    num_accepted: ``[B]`` drafted tokens kept per row.
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+
+
+def _check_shapes(draft_tokens: torch.Tensor, target: torch.Tensor) -> int:
+    if draft_tokens.dim() != 2 or target.dim() != 3:
+        raise ValueError(
+            f"expected draft_tokens [B, gamma] and target [B, gamma + 1, vocab], "
+            f"got {tuple(draft_tokens.shape)} and {tuple(target.shape)}"
+        )
+    batch, gamma = draft_tokens.shape
+    if target.shape[0] != batch or target.shape[1] != gamma + 1:
+        raise ValueError(
+            f"target must have shape [B, gamma + 1, vocab] = [{batch}, {gamma + 1}, vocab], got {tuple(target.shape)}"
+        )
+    return gamma
+
+
+def _emit(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+    """Accepted drafts, then ``last`` at index num_accepted, then -1. Returns ``[B, gamma + 1]``."""
+    batch, gamma = draft_tokens.shape
+    positions = torch.arange(gamma + 1, device=draft_tokens.device).expand(batch, -1)  # [B, gamma + 1]
+    padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
+    out = torch.where(positions < num_accepted[:, None], padded, padded.new_full((), -1))
+    return out.scatter(1, num_accepted[:, None], last[:, None])
+
+
+def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
+    """Length of the leading run of True per row: ``[B, gamma]`` bool -> ``[B]`` int64."""
+    return accept.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target: torch.Tensor) -> Verification:
+    """Greedy rule. ``target`` is ``[B, gamma + 1, vocab]`` logits or probabilities (only the argmax matters)."""
+    gamma = _check_shapes(draft_tokens, target)
+    best = target.argmax(dim=-1)  # [B, gamma + 1]
+    num_accepted = _accepted_prefix(draft_tokens == best[:, :gamma])
+    last = best.gather(1, num_accepted[:, None]).squeeze(1)
+    return Verification(_emit(draft_tokens, num_accepted, last), num_accepted)
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(0, p - q))`` over the last dim; rows with ~0 residual mass fall back to ``p``."""
+    residual = (p - q).clamp_min(0.0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    safe = mass > _RESIDUAL_EPS
+    return torch.where(safe, residual / mass.clamp_min(_RESIDUAL_EPS), p)
+
+
+def verify_stochastic(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> Verification:
+    """Stochastic rejection rule.
+
+    draft_tokens: ``[B, gamma]`` int64.
+    draft_probs: ``[B, gamma, vocab]`` the full q each draft token was drawn from, or None for a drafter that
+        proposes single tokens (q is then one-hot on the proposed token).
+    target_probs: ``[B, gamma + 1, vocab]`` p at each drafted position plus the bonus position.
+    generator: the source of randomness (uniforms for acceptance, then one categorical draw per row).
+    """
+    gamma = _check_shapes(draft_tokens, target_probs)
+    batch, _, vocab = target_probs.shape
+    if draft_probs is not None and draft_probs.shape != (batch, gamma, vocab):
+        raise ValueError(
+            f"draft_probs must have shape [B, gamma, vocab] = [{batch}, {gamma}, {vocab}], "
+            f"got {tuple(draft_probs.shape)}: the drafter must share the target's vocabulary"
+        )
+    device = target_probs.device
+    rows = torch.arange(batch, device=device)
+    p_x = target_probs[:, :gamma].gather(2, draft_tokens[..., None]).squeeze(2)  # [B, gamma]
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q_x = draft_probs.gather(2, draft_tokens[..., None]).squeeze(2)  # [B, gamma]
+    uniforms = torch.rand((batch, gamma), generator=generator, device=device, dtype=p_x.dtype)
+    # accept with probability min(1, p/q)  <=>  u * q < p  (no division, safe when q is 0)
+    num_accepted = _accepted_prefix(uniforms * q_x < p_x)  # [B]
+
+    p_at = target_probs[rows, num_accepted]  # [B, vocab]: p at the first rejection, or the bonus p
+    rejected = num_accepted < gamma  # [B]
+    if gamma > 0 and bool(rejected.any()):
+        j = num_accepted.clamp_max(gamma - 1)
+        if draft_probs is None:
+            q_at = torch.zeros_like(p_at).scatter_(1, draft_tokens[rows, j][:, None], 1.0)
+        else:
+            q_at = draft_probs[rows, j]  # [B, vocab]
+        p_at = torch.where(rejected[:, None], residual_distribution(p_at, q_at), p_at)
+    last = sample(p_at, generator)  # [B]
+    return Verification(_emit(draft_tokens, num_accepted, last), num_accepted)

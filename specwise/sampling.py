@@ -1,0 +1,120 @@
+"""Sampling settings and the one function that turns logits into probabilities.
+
+The same function shapes the target's distribution ``p`` and every drafter's ``q``: speculative decoding
+is exact only when both are shaped by the same settings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["SamplingParams", "probs_from_logits", "sample", "check_logits"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn the model's logits into a distribution.
+
+    temperature: 0 means greedy (the argmax); otherwise logits are divided by it.
+    top_k: keep the k most likely tokens (0 disables).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 disables).
+    min_p: keep tokens whose probability is at least min_p times the largest one (0 disables).
+    seed: seeds the random generator of a run; None draws a fresh seed.
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check_number("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+        _check_number("min_p", self.min_p)
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding takes the argmax (temperature 0)."""
+        return self.temperature == 0.0
+
+    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
+        """A torch.Generator seeded with ``seed`` (or a fresh random seed)."""
+        gen = torch.Generator(device=device)
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def _check_number(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+
+
+def check_logits(logits: torch.Tensor) -> None:
+    """Raise ValueError on NaN or +inf logits, or on a row with no finite logit.
+
+    -inf is allowed: it is the usual way to forbid a token (probability 0).
+    """
+    if torch.isnan(logits).any():
+        raise ValueError("logits contain NaN: the model produced invalid output (check its weights and dtype)")
+    if torch.isposinf(logits).any():
+        raise ValueError("logits contain +inf: the model produced invalid output (check its weights and dtype)")
+    if (~torch.isfinite(logits)).all(dim=-1).any():
+        raise ValueError("a row of logits is entirely -inf: no token can be chosen")
+
+
+def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits ``[..., vocab]`` into probabilities ``[..., vocab]`` (float32) under ``params``.
+
+    Order: temperature, top-k, softmax, top-p, min-p, renormalise. With temperature 0 the result is
+    the one-hot distribution of the argmax (ties go to the lowest token id, as torch.argmax does).
+    """
+    check_logits(logits)
+    logits = logits.float()
+    if params.greedy:
+        probs = torch.zeros_like(logits)
+        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        return probs
+    logits = logits / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly more likely tokens
+        drop_sorted = mass_before >= params.top_p  # the most likely token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+    if params.min_p > 0.0:
+        threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
+        probs = probs.masked_fill(probs < threshold, 0.0)
+    return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Draw one token per row from ``probs`` ``[..., vocab]``; returns ``[...]`` (int64)."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    tokens = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return tokens.reshape(probs.shape[:-1])
