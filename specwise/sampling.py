@@ -19,7 +19,7 @@ class SamplingParams:
     """How to turn the model's logits into a distribution.
 
     temperature: 0 means greedy (the argmax); otherwise logits are divided by it.
-    top_k: keep the k most likely tokens (0 disables).
+    top_k: keep the k most likely tokens, and any tied with the k-th (0 disables).
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 disables).
     min_p: keep tokens whose probability is at least min_p times the largest one (0 disables).
     seed: seeds the random generator of a run; None draws a fresh seed.
@@ -96,6 +96,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
     logits = logits / params.temperature
+    if torch.isposinf(logits).any():
+        raise ValueError(f"logits overflow at temperature {params.temperature}: use a larger temperature")
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]

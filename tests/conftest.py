@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random Hugging Face Llama models and the real default model (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32, std: float = 0.5):
+    """A small random LlamaForCausalLM with peaked logits (large init std keeps greedy away from ties)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=std,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_target():
+    from specwise.models import HFModel
+
+    return HFModel(tiny_llama(seed=1), name="tiny-target")
+
+
+@pytest.fixture(scope="session")
+def tiny_draft():
+    from specwise.models import HFModel
+
+    return HFModel(tiny_llama(seed=2, layers=1), name="tiny-draft")
+
+
+@pytest.fixture(scope="session")
+def tiny_target_twin():
+    """A second instance of the target's weights (draft = target)."""
+    from specwise.models import HFModel
+
+    return HFModel(tiny_llama(seed=1), name="tiny-target-twin")
+
+
+@pytest.fixture(scope="session")
+def smollm():
+    """The real default model (SmolLM2-135M-Instruct); converts the GGUF on first use."""
+    from specwise.models import load_model
+
+    return load_model("default")
