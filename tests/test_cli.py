@@ -51,7 +51,7 @@ def test_json_has_every_field_and_drafters_agree(capsys, tiny_dir):
     base = ["Say something.", "--target", tiny_dir, "--temperature", "0", "--max-new-tokens", "20"]
     plain = run_json(capsys, *base, "--drafter", "none")
     assert set(plain) == {"text", "token_ids", "finish_reason", "stats"}
-    assert STATS_FIELDS <= set(plain["stats"])
+    assert set(plain["stats"]) >= STATS_FIELDS
     assert plain["finish_reason"] in {"stop", "length"}
     for drafter in ["ngram", f"model:{tiny_dir}"]:
         spec = run_json(capsys, *base, "--drafter", drafter, "--gamma", "3")

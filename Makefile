@@ -1,0 +1,23 @@
+# Quick start: `make demo` (set up, then generate with the embedded default model), `make test` (set up, then test).
+VENV := .venv/bin
+PROMPT ?= Name three primary colors.
+
+.PHONY: setup demo test lint format
+
+setup:
+	./scripts/setup.sh
+
+demo: setup
+	$(VENV)/specwise generate "$(PROMPT)" --max-new-tokens 128
+
+test: setup
+	$(VENV)/ruff check specwise tests
+	$(VENV)/ruff format --check specwise tests
+	$(VENV)/python -m pytest -q
+
+lint:
+	$(VENV)/ruff check specwise tests
+
+format:
+	$(VENV)/ruff format specwise tests
+	$(VENV)/ruff check --fix specwise tests
