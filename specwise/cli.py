@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -10,28 +11,8 @@ from specwise.drafters import DRAFTER_HELP
 
 DEFAULT_DRAFTER = "ngram"
 
-
-def resolve_device(name: str) -> str:
-    """`auto` picks CUDA when available, else the CPU."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine; use --device cpu")
-    return name
-
-
-def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """Token ids of the prompt, through the chat template when the tokenizer has one and ``chat`` is set."""
-    if tokenizer is None:
-        raise ValueError("this model has no tokenizer: specwise needs one to encode the prompt")
-    if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
-        )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return list(tokenizer(prompt)["input_ids"])
+# Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
+_SUBCOMMAND_MODULES: list[str] = []
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -61,15 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     gen.set_defaults(func=cmd_generate)
+    for module in _SUBCOMMAND_MODULES:
+        importlib.import_module(module).register(sub)
     return parser
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from specwise.drafters import make_drafter
-    from specwise.engine import Engine
-    from specwise.models import load_model
+    from specwise.runtime import build_runtime, encode_prompt
     from specwise.sampling import SamplingParams
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
@@ -77,11 +56,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    device = resolve_device(args.device)
-    target = load_model(args.target, device=device, dtype=torch.float32)
-    drafter = make_drafter(args.drafter, target, device=device)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device)
+    engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
-    engine = Engine(target.model, drafter, gamma=args.gamma, tokenizer=target.tokenizer)
     if args.json:
         result = engine.generate(prompt_ids, params, args.max_new_tokens, stop=args.stop)
         print(json.dumps(result.to_dict()))

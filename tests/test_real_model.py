@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from conftest import tiny_llama
-from specwise.cli import encode_prompt
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
 from specwise.models import HFModel, load_model
+from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,75 @@
+"""Putting the pieces together: device choice, prompt encoding, and an Engine built from CLI-style specs.
+
+Shared by the CLI, the server and the benchmark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specwise.engine import Engine
+
+__all__ = ["Runtime", "build_runtime", "encode_chat", "encode_prompt", "resolve_device"]
+
+
+def resolve_device(name: str) -> str:
+    """`auto` picks CUDA when available, else the CPU."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available on this machine; use cpu")
+    if name != "cpu" and not name.startswith(("cuda", "mps", "xpu")):
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    return name
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a conversation through the tokenizer's chat template, ready for the assistant's reply."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer: specwise needs one to encode the prompt")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template: use raw completion (--no-chat)")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def encode_prompt(tokenizer, prompt: str, chat: bool) -> list[int]:
+    """Token ids of a prompt: as a user message through the chat template when there is one and ``chat`` is set,
+    else as raw text."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer: specwise needs one to encode the prompt")
+    if chat and getattr(tokenizer, "chat_template", None):
+        return encode_chat(tokenizer, [{"role": "user", "content": prompt}])
+    return list(tokenizer(prompt)["input_ids"])
+
+
+@dataclass
+class Runtime:
+    """A loaded target, its tokenizer, and an engine with the chosen drafter."""
+
+    engine: Engine
+    target: object  # LoadedModel
+    drafter_spec: str
+    device: str
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+
+def build_runtime(target: str = "default", drafter: str = "ngram", gamma: int = 4, device: str = "auto") -> Runtime:
+    """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine."""
+    import torch
+
+    from specwise.drafters import make_drafter
+    from specwise.models import load_model
+
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+        raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+    device = resolve_device(device)
+    loaded = load_model(target, device=device, dtype=torch.float32)
+    draft = make_drafter(drafter, loaded, device=device)
+    engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer)
+    return Runtime(engine, loaded, drafter, device)
