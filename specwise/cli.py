@@ -12,7 +12,7 @@ from specwise.drafters import DRAFTER_HELP
 DEFAULT_DRAFTER = "ngram"
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
-_SUBCOMMAND_MODULES: list[str] = []
+_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli"]
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     gen.set_defaults(func=cmd_generate)
     for module in _SUBCOMMAND_MODULES:
-        importlib.import_module(module).register(sub)
+        try:
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as err:
+            if err.name is None or not module.startswith(err.name):  # a missing dependency, not the module
+                raise
     return parser
 
 
