@@ -20,6 +20,13 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help=DRAFTER_HELP + f" (default: {DEFAULT_DRAFTER})")
     p.add_argument("--gamma", type=int, default=4, help="tokens drafted per step (default: 4)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument(
+        "--impl",
+        default="auto",
+        choices=["auto", "native", "hf"],
+        help="model implementation: native (fast, Llama family), hf (Hugging Face, any causal LM), "
+        "auto (native when supported; default)",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -60,7 +67,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     if args.json:

@@ -59,8 +59,13 @@ class Runtime:
         return self.target.tokenizer
 
 
-def build_runtime(target: str = "default", drafter: str = "ngram", gamma: int = 4, device: str = "auto") -> Runtime:
-    """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine."""
+def build_runtime(
+    target: str = "default", drafter: str = "ngram", gamma: int = 4, device: str = "auto", impl: str = "auto"
+) -> Runtime:
+    """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
+
+    impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
+    """
     import torch
 
     from specwise.drafters import make_drafter
@@ -69,7 +74,7 @@ def build_runtime(target: str = "default", drafter: str = "ngram", gamma: int = 
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
         raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
     device = resolve_device(device)
-    loaded = load_model(target, device=device, dtype=torch.float32)
-    draft = make_drafter(drafter, loaded, device=device)
+    loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
+    draft = make_drafter(drafter, loaded, device=device, impl=impl)
     engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer)
     return Runtime(engine, loaded, drafter, device)

@@ -48,7 +48,7 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
             )
 
 
-def make_drafter(spec: str, target, device="cpu", dtype=None) -> Drafter:
+def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto") -> Drafter:
     """Build a drafter from its CLI spec for ``target`` (a LoadedModel)."""
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
@@ -64,7 +64,7 @@ def make_drafter(spec: str, target, device="cpu", dtype=None) -> Drafter:
 
         from specwise.models.loader import load_model
 
-        draft = load_model(arg, device=device, dtype=dtype or torch.float32)
+        draft = load_model(arg, device=device, dtype=dtype or torch.float32, impl=impl)
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")

@@ -20,7 +20,9 @@ from pathlib import Path
 
 import torch
 
+from specwise.models.base import Model
 from specwise.models.hf import HFModel
+from specwise.models.native import NativeModel, native_supported
 
 __all__ = ["LoadedModel", "load_model", "cache_dir", "default_gguf_path", "DEFAULT_MODEL"]
 
@@ -30,13 +32,21 @@ _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERSION_VERSION = 1
 
 
+IMPLEMENTATIONS = ("auto", "native", "hf")
+
+
 @dataclass
 class LoadedModel:
-    """A model behind the Model contract, with its tokenizer (None when the source has none)."""
+    """A model behind the Model contract, with its tokenizer (None when the source has none).
 
-    model: HFModel
+    model: a NativeModel (the Llama family, by default) or an HFModel (any other causal LM, or impl="hf").
+    hf_model: the transformers module holding the weights (the reference, and the peer in benchmarks).
+    """
+
+    model: Model
     tokenizer: object | None
     name: str
+    hf_model: object = None
 
 
 def cache_dir() -> Path:
@@ -127,8 +137,15 @@ def load_model(
     spec: str,
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
+    impl: str = "auto",
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id."""
+    """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id.
+
+    impl: ``native`` (specwise's fast Llama-family model), ``hf`` (the Hugging Face adapter, any causal LM) or
+    ``auto`` (native when the architecture is supported, else hf).
+    """
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -146,4 +163,9 @@ def load_model(
         tokenizer = None
     model.to(device)
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
-    return LoadedModel(HFModel(model, name=name), tokenizer, name)
+    reason = native_supported(model)
+    if impl == "native" and reason is not None:
+        raise NotImplementedError(f"{name}: the native model cannot run it ({reason}); use the hf implementation")
+    if impl == "hf" or reason is not None:
+        return LoadedModel(HFModel(model, name=name), tokenizer, name, model)
+    return LoadedModel(NativeModel(model, name=name), tokenizer, name, model)

@@ -1,0 +1,191 @@
+"""The ``specwise bench`` and ``specwise simulate`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from specwise.drafters import DRAFTER_HELP
+
+__all__ = ["register", "cmd_bench", "cmd_simulate"]
+
+RESULTS_FILE = "results.json"
+
+
+def register(subparsers) -> None:
+    """Add the ``bench`` and ``simulate`` subcommands to the main parser's subparsers."""
+    _add_bench(subparsers)
+    _add_simulate(subparsers)
+
+
+def _add_bench(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench",
+        help="benchmark drafters against plain decoding and Hugging Face (JSON, Markdown table, plots)",
+        description="Run prompts through every configuration, interleaved, and write results.json, report.md and "
+        "PNG plots into --out. See docs/BENCHMARKS.md.",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for results.json, report.md and plots")
+    p.add_argument("--report-only", action="store_true", help="re-render report.md and plots from DIR/results.json")
+    p.add_argument("--questions", metavar="PATH", help="a Spec-Bench question.jsonl (default: the project's prompts)")
+    p.add_argument("--categories", nargs="+", metavar="NAME", help="categories to run (default: all)")
+    p.add_argument("--limit-per-category", type=int, default=None, metavar="N", help="first N prompts per category")
+    p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
+    p.add_argument("--drafter", nargs="+", default=["ngram"], metavar="SPEC", help=DRAFTER_HELP + " (default: ngram)")
+    p.add_argument(
+        "--gamma", nargs="+", type=int, default=[4], metavar="N", help="tokens drafted per step (default: 4)"
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
+    p.add_argument("--top-k", type=int, default=0, help="0 disables (default: 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 disables (default: 1)")
+    p.add_argument("--min-p", type=float, default=0.0, help="0 disables (default: 0)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0], metavar="S", help="one run per prompt and seed")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate and assisted baselines")
+    p.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: exactly --max-new-tokens)")
+    p.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
+    p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each configuration")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+
+def _add_simulate(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="draw the theory: E[tau] vs alpha, speedup vs drafter cost, exactness on toy models",
+        description="Write tau_vs_alpha.png, speedup_vs_cost.png, exactness.png and simulate.json into --out.",
+    )
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for the plots and simulate.json")
+    p.add_argument("--gammas", nargs="+", type=int, default=[1, 2, 3, 4, 6, 8], help="curves of E[tau] vs alpha")
+    p.add_argument("--gamma", type=int, default=4, help="gamma of the speedup curves and the toy run (default: 4)")
+    p.add_argument("--alphas", nargs="+", type=float, default=[0.5, 0.7, 0.8, 0.9], help="curves of speedup vs cost")
+    p.add_argument("--samples", type=int, default=10000, help="runs of the toy exactness experiment (default: 10000)")
+    p.add_argument("--vocab", type=int, default=3, help="toy vocabulary size (default: 3)")
+    p.add_argument("--length", type=int, default=3, help="tokens per toy continuation (default: 3)")
+    p.add_argument("--temperature", type=float, default=1.0, help="toy sampling temperature (default: 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the toy models and runs (default: 0)")
+    p.set_defaults(func=cmd_simulate)
+
+
+def bench_command(args: argparse.Namespace) -> str:
+    """The full command line that reproduces a run, defaults spelled out."""
+    parts = ["specwise", "bench", "--out", args.out]
+    if args.questions:
+        parts += ["--questions", args.questions]
+    if args.categories:
+        parts += ["--categories", *args.categories]
+    if args.limit_per_category is not None:
+        parts += ["--limit-per-category", str(args.limit_per_category)]
+    parts += ["--target", args.target, "--drafter", *args.drafter, "--gamma", *map(str, args.gamma)]
+    parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
+    if args.temperature > 0:
+        parts += ["--top-k", str(args.top_k), "--top-p", str(args.top_p), "--min-p", str(args.min_p)]
+    parts += ["--seeds", *map(str, args.seeds), "--device", args.device]
+    if args.threads is not None:
+        parts += ["--threads", str(args.threads)]
+    flags = ("no_hf", "stop_at_eos", "no_chat", "no_warmup")
+    parts += [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name)]
+    return shlex.join(parts)
+
+
+def _settings(args: argparse.Namespace, device: str):
+    from specwise.bench.runner import BenchSettings
+
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if any(g < 1 for g in args.gamma):
+        raise ValueError(f"--gamma values must be >= 1 (the plain baseline always runs), got {args.gamma}")
+    return BenchSettings(
+        target=args.target,
+        device=device,
+        drafters=list(args.drafter),
+        gammas=list(args.gamma),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        seeds=list(args.seeds),
+        hf_baselines=not args.no_hf,
+        stop_at_eos=args.stop_at_eos,
+        chat=not args.no_chat,
+        warmup=not args.no_warmup,
+        prompt_source=args.questions or "specwise-default",
+        categories=list(args.categories or []),
+        limit_per_category=args.limit_per_category,
+    )
+
+
+def _prompts(args: argparse.Namespace):
+    from specwise.bench.prompts import default_prompts, load_questions, select_prompts
+
+    prompts = load_questions(args.questions) if args.questions else default_prompts()
+    return select_prompts(prompts, args.categories, args.limit_per_category)
+
+
+def _finish(results: dict, out: Path) -> int:
+    """Write the report, print where everything is and the overall table; 1 when a greedy check failed."""
+    from specwise.bench.report import overall_lines, write_report
+
+    files = write_report(results, out)
+    print("\n".join(overall_lines(results)))
+    print("wrote " + ", ".join(str(f) for f in [out / RESULTS_FILE, *files]))
+    if results["greedy_check"]["all_identical"] is False:
+        count = len(results["greedy_check"]["mismatches"])
+        print(f"specwise bench: GREEDY MISMATCH in {count} runs: see {out / 'report.md'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
+    from specwise.bench.runner import run_bench, validate_results
+
+    out = Path(args.out)
+    if args.report_only:
+        path = out / RESULTS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: run `specwise bench --out {args.out}` first")
+        results = json.loads(path.read_text(encoding="utf-8"))
+        validate_results(results)
+        return _finish(results, out)
+
+    import torch
+
+    from specwise.runtime import resolve_device
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    settings = _settings(args, resolve_device(args.device))
+    prompts = _prompts(args)
+    results = run_bench(settings, prompts, progress=not args.quiet, command=bench_command(args))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RESULTS_FILE).write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return _finish(results, out)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """``specwise simulate``: write the theory plots and the toy exactness experiment."""
+    from specwise.bench.simulate import SIMULATE_FILES, SimulateSettings, run_simulate, summary_lines
+
+    settings = SimulateSettings(
+        gammas=tuple(args.gammas),
+        gamma=args.gamma,
+        alphas=tuple(args.alphas),
+        samples=args.samples,
+        vocab=args.vocab,
+        length=args.length,
+        temperature=args.temperature,
+        seed=args.seed,
+    )
+    data = run_simulate(settings, args.out)
+    print("\n".join(summary_lines(data)))
+    print("wrote " + ", ".join(str(Path(args.out) / name) for name in SIMULATE_FILES.values()))
+    return 0

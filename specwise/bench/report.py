@@ -1,0 +1,345 @@
+"""The benchmark's report: a Markdown table (``report.md``) and PNG plots, rendered from a results.json object.
+
+Everything here reads only the results object, so a report can be re-rendered from a saved ``results.json``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from specwise.bench.runner import HF_GENERATE_ID, PLAIN_ID, validate_results
+from specwise.metrics import expected_tau
+
+__all__ = ["PLOT_FILES", "overall_lines", "render_markdown", "write_plots", "write_report"]
+
+PLOT_FILES = {
+    "speedup": "speedup_by_category.png",
+    "tau": "tau_by_category.png",
+    "theory": "tau_vs_theory.png",
+    "position": "acceptance_by_position.png",
+}
+_CAPTIONS = {
+    "speedup": "Speedup over plain decoding (same engine) per category",
+    "tau": "τ (tokens per target pass) per category",
+    "theory": "Measured τ against the i.i.d. theory (1 − α^(γ+1)) / (1 − α)",
+    "position": "Acceptance by draft position",
+}
+DASH = "–"
+
+
+def write_report(results: dict, out_dir: str | Path) -> list[Path]:
+    """Validate ``results`` and write ``report.md`` and the plots into ``out_dir``; returns the files written."""
+    validate_results(results)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = write_plots(results, out)
+    report = out / "report.md"
+    report.write_text(render_markdown(results, [p.name for p in plots]), encoding="utf-8")
+    return [report, *plots]
+
+
+# ---------------------------------------------------------------------------------------------------- helpers
+
+
+def _fmt(value, digits: int = 2, suffix: str = "") -> str:
+    if value is None:
+        return DASH
+    if isinstance(value, bool):
+        return "yes" if value else "**NO**"
+    return f"{value:.{digits}f}{suffix}"
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: bool = True) -> list[str]:
+    """A Markdown table; with ``numeric`` every column but the first is right-aligned."""
+    align = ["---" if i == 0 or not numeric else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _entries(results: dict) -> dict[tuple[str, str], dict]:
+    return {(s["config"], s["category"]): s for s in results["summary"]}
+
+
+def _labels(results: dict) -> dict[str, str]:
+    return {c["id"]: c["label"] for c in results["configurations"]}
+
+
+def _drafting(results: dict) -> list[dict]:
+    """Configurations that draft (speculative ones and the HF peers)."""
+    return [c for c in results["configurations"] if c["id"] not in (PLAIN_ID, HF_GENERATE_ID)]
+
+
+def _has_hf(results: dict) -> bool:
+    return any(c["id"] == HF_GENERATE_ID for c in results["configurations"])
+
+
+# ---------------------------------------------------------------------------------------------------- markdown
+
+
+def _header(results: dict) -> list[str]:
+    s, m = results["settings"], results["machine"]
+    decoding = (
+        "greedy (temperature 0)"
+        if s["greedy"]
+        else f"sampling: temperature {s['temperature']}, top-k {s['top_k']}, top-p {s['top_p']}, min-p {s['min_p']}"
+    )
+    length = (
+        f"exactly {s['max_new_tokens']} new tokens per run (EOS is not honoured, so every method does the same work)"
+        if s["fixed_length"]
+        else f"up to {s['max_new_tokens']} new tokens, stopping at EOS (runs may differ in length)"
+    )
+    load = f"{m['load_average_start']} → {m['load_average_end']}"
+    source = "the project's own prompt set" if s["prompt_source"] == "specwise-default" else f"`{s['prompt_source']}`"
+    rows = [
+        ["target", f"{s['target_name']} ({s['model_class']}) on {m['device']}"],
+        ["machine", f"{m['device_name']}; {m['cpu_count']} CPUs, {m['torch_threads']} torch threads; load {load}"],
+        [
+            "software",
+            f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, specwise {m['specwise']}",
+        ],
+        ["prompts", f"{s['num_prompts']} in {len(results['categories'])} categories from {source}"],
+        ["decoding", f"{decoding}; {length}; seeds {s['seeds']}"],
+    ]
+    return [
+        "# specwise benchmark",
+        "",
+        f"Generated {results['created']} by:",
+        "",
+        "```bash",
+        results["command"] or "(command not recorded)",
+        "```",
+        "",
+        *_table(["", ""], rows, numeric=False),
+        "",
+        "tokens/s is the median over runs (prefill included). **Speedup** = median tokens/s of a configuration ÷ "
+        "median tokens/s of the baseline over the same prompts: *vs plain* is plain autoregressive decoding on the "
+        "same specwise engine; *vs HF* is Hugging Face `generate` on the same weights. Every prompt runs all "
+        "configurations back to back in a rotated order, after one warm-up run each. α = accepted / drafted; "
+        "τ = tokens per target pass; τ theory = (1 − α^(γ+1)) / (1 − α) averaged over the drafts actually made.",
+        "",
+    ]
+
+
+def _mismatch_lines(results: dict) -> list[str]:
+    check, labels = results["greedy_check"], _labels(results)
+    lines = [
+        f"> **⚠ GREEDY MISMATCH: {len(check['mismatches'])} of {check['checked_runs']} speculative outputs differ "
+        "from plain greedy decoding.** Speculative decoding must reproduce plain greedy output exactly; this is a "
+        "bug (or a numerical near-tie broken differently by a batched verification pass) to investigate:",
+        ">",
+    ]
+    lines += [
+        f"> - {labels.get(x['config'], x['config'])}, prompt {x['prompt_id']}, seed {x['seed']}: "
+        f"first difference at token {x['first_difference']}"
+        for x in check["mismatches"]
+    ]
+    return lines
+
+
+def _greedy_lines(results: dict) -> list[str]:
+    check = results["greedy_check"]
+    if not check["greedy"]:
+        return [
+            "Sampled decoding: outputs are random, so there is no token-for-token check (the exactness of the "
+            "rejection rule is tested statistically in the test suite and drawn by `specwise simulate`).",
+            "",
+        ]
+    if check["all_identical"]:
+        lines = [
+            f"**Greedy check passed:** all {check['checked_runs']} speculative outputs equal plain greedy output "
+            "token for token."
+        ]
+    else:
+        lines = _mismatch_lines(results)
+    lines.append("")
+    for key, name in (("hf_generate_identical", "Hugging Face `generate`"), ("hf_assisted_identical", "HF assisted")):
+        if check[key]:
+            lines.append(
+                f"{name} matched plain greedy output in {check[key]['identical']} of {check[key]['total']} runs."
+            )
+    return [*lines, ""]
+
+
+def _overall(results: dict) -> list[str]:
+    entries, hf = _entries(results), _has_hf(results)
+    header = ["configuration", "tokens/s", "speedup vs plain", *(["speedup vs HF"] if hf else [])]
+    header += ["α", "τ", "τ theory", "greedy = plain"]
+    rows = []
+    for c in results["configurations"]:
+        e = entries[(c["id"], "all")]
+        row = [c["label"], _fmt(e["tokens_per_second_median"], 1), _fmt(e["speedup_vs_plain"], 2, "×")]
+        row += [_fmt(e["speedup_vs_hf_generate"], 2, "×")] if hf else []
+        row += [
+            _fmt(e["acceptance_rate"], 3),
+            _fmt(e["mean_accepted_length"]),
+            _fmt(e["expected_mean_accepted_length"]),
+        ]
+        row.append("reference" if c["id"] == PLAIN_ID else _fmt(e["greedy_identical"]))
+        rows.append(row)
+    return ["## Overall (all categories)", "", *_table(header, rows), ""]
+
+
+def overall_lines(results: dict) -> list[str]:
+    """The greedy check and the overall table (what the CLI prints after a run)."""
+    return _greedy_lines(results) + _overall(results)
+
+
+def _by_category(results: dict, title: str, field: str, configs: list[dict], digits: int, suffix: str) -> list[str]:
+    entries, categories = _entries(results), [*results["categories"], "all"]
+    rows = [
+        [c["label"], *(_fmt(entries[(c["id"], cat)][field], digits, suffix) for cat in categories)] for c in configs
+    ]
+    return [f"## {title}", "", *_table(["configuration", *categories], rows), ""]
+
+
+def _positions(results: dict) -> list[str]:
+    entries = _entries(results)
+    rows = [
+        (c["label"], entries[(c["id"], "all")]["acceptance_by_position"])
+        for c in _drafting(results)
+        if entries[(c["id"], "all")]["acceptance_by_position"]
+    ]
+    if not rows:
+        return []
+    width = max(len(values) for _, values in rows)
+    header = ["configuration", *(str(i + 1) for i in range(width))]
+    table = [[label, *(_fmt(v, 3) for v in values), *([DASH] * (width - len(values)))] for label, values in rows]
+    return [
+        "## Acceptance by draft position (all categories)",
+        "",
+        "Fraction of the steps that drafted position i in which the drafted token at position i was accepted.",
+        "",
+        *_table(header, table),
+        "",
+    ]
+
+
+def render_markdown(results: dict, plots: list[str] | None = None) -> str:
+    """The report as Markdown; ``plots`` are image file names (relative to the report) to embed."""
+    configs = results["configurations"]
+    speculative = [c for c in configs if c["id"] != PLAIN_ID]
+    lines = _header(results) + _greedy_lines(results) + _overall(results)
+    lines += _by_category(results, "Speedup over plain decoding, by category", "speedup_vs_plain", speculative, 2, "×")
+    if _has_hf(results):
+        title = "Speedup over Hugging Face generate, by category"
+        lines += _by_category(results, title, "speedup_vs_hf_generate", configs, 2, "×")
+    lines += _by_category(results, "Median tokens/s, by category", "tokens_per_second_median", configs, 1, "")
+    drafting = _drafting(results)
+    if drafting:
+        lines += _by_category(
+            results, "τ (tokens per target pass), by category", "mean_accepted_length", drafting, 2, ""
+        )
+        with_alpha = [c for c in drafting if _entries(results)[(c["id"], "all")]["acceptance_rate"] is not None]
+        if with_alpha:
+            lines += _by_category(results, "α (acceptance rate), by category", "acceptance_rate", with_alpha, 3, "")
+    lines += _positions(results)
+    if plots:
+        captions = {name: _CAPTIONS[key] for key, name in PLOT_FILES.items()}
+        lines += ["## Plots", ""] + [f"![{captions.get(p, p)}]({p})\n" for p in plots]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+
+
+def _figure(width: float = 8.0, height: float = 4.5):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _grouped_bars(ax, results: dict, configs: list[dict], field: str) -> None:
+    entries, categories = _entries(results), [*results["categories"], "all"]
+    width = 0.8 / max(len(configs), 1)
+    for i, c in enumerate(configs):
+        values = [entries[(c["id"], cat)][field] or 0.0 for cat in categories]
+        xs = [x + (i - (len(configs) - 1) / 2) * width for x in range(len(categories))]
+        ax.bar(xs, values, width, label=c["label"])
+    ax.set_xticks(range(len(categories)), categories, rotation=30, ha="right")
+    if configs:
+        ax.legend(fontsize="small")
+    else:
+        ax.text(0.5, 0.5, "no configuration to show", ha="center", transform=ax.transAxes)
+
+
+def _plot_speedup(results: dict, path: Path) -> None:
+    fig, ax = _figure(max(8.0, 0.9 * len(results["categories"]) + 3))
+    _grouped_bars(ax, results, [c for c in results["configurations"] if c["id"] != PLAIN_ID], "speedup_vs_plain")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("speedup over plain decoding (×)")
+    ax.set_title(_CAPTIONS["speedup"])
+    fig.savefig(path, dpi=120)
+
+
+def _plot_tau(results: dict, path: Path) -> None:
+    fig, ax = _figure(max(8.0, 0.9 * len(results["categories"]) + 3))
+    _grouped_bars(ax, results, _drafting(results), "mean_accepted_length")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("τ: tokens per target pass")
+    ax.set_title(_CAPTIONS["tau"])
+    fig.savefig(path, dpi=120)
+
+
+def _plot_theory(results: dict, path: Path) -> None:
+    fig, ax = _figure(7.0, 5.0)
+    entries = _entries(results)
+    measured = [c for c in _drafting(results) if c["method"] == "specwise"]
+    alphas = [i / 200 for i in range(200)]
+    for gamma in sorted({c["gamma"] for c in measured}):
+        ax.plot(alphas, [expected_tau(a, gamma) for a in alphas], color="gray", linewidth=1)
+        ax.annotate(f"γ={gamma}", (0.99, expected_tau(0.99, gamma)), fontsize="small", ha="right", va="bottom")
+    for c in measured:
+        points = [entries[(c["id"], cat)] for cat in results["categories"]]
+        points = [e for e in points if e["acceptance_rate"] is not None]
+        if points:
+            alpha = [e["acceptance_rate"] for e in points]
+            dots = ax.scatter(alpha, [e["mean_accepted_length"] for e in points], label=c["label"])
+            theory = [e["expected_mean_accepted_length"] for e in points]
+            ax.scatter(alpha, theory, marker="_", s=200, color=dots.get_facecolor())
+    ax.text(
+        0.98,
+        0.02,
+        "dots: measured τ per category\ndashes: theory for the drafts actually made\n"
+        "(steps that draft fewer than γ tokens fall below the curve)",
+        transform=ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize="x-small",
+    )
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("α (acceptance rate)")
+    ax.set_ylabel("τ: tokens per target pass")
+    ax.set_title(_CAPTIONS["theory"])
+    if measured:
+        ax.legend(fontsize="small", loc="upper left")
+    fig.savefig(path, dpi=120)
+
+
+def _plot_positions(results: dict, path: Path) -> None:
+    fig, ax = _figure(7.0, 4.5)
+    entries = _entries(results)
+    width = 1
+    for c in _drafting(results):
+        values = entries[(c["id"], "all")]["acceptance_by_position"]
+        if values:
+            ax.plot(range(1, len(values) + 1), values, marker="o", label=c["label"])
+            width = max(width, len(values))
+    ax.set_xticks(range(1, width + 1))
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("fraction accepted")
+    ax.set_title(_CAPTIONS["position"] + " (all categories)")
+    if ax.lines:
+        ax.legend(fontsize="small")
+    fig.savefig(path, dpi=120)
+
+
+def write_plots(results: dict, out_dir: Path) -> list[Path]:
+    """Write the four PNG plots into ``out_dir``; returns their paths."""
+    draw = {"speedup": _plot_speedup, "tau": _plot_tau, "theory": _plot_theory, "position": _plot_positions}
+    paths = []
+    for key, name in PLOT_FILES.items():
+        draw[key](results, out_dir / name)
+        paths.append(out_dir / name)
+    return paths

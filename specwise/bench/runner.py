@@ -1,0 +1,773 @@
+"""The benchmark runner: every configuration on every prompt, interleaved, with plain decoding and Hugging Face
+``generate`` as baselines and Hugging Face assisted generation as the peer.
+
+For each prompt (and seed) all configurations run back to back, in an order rotated from one prompt to the next,
+so that slow drifts of the machine (other processes, heat) fall on every configuration alike. One warm-up run of
+each configuration comes first and is not recorded.
+
+By default every run generates exactly ``max_new_tokens`` tokens: EOS is treated as an ordinary token
+(``eos_token_ids=[]`` for the engine, ``eos_token_id=[]`` for Hugging Face), so all methods do the same amount of
+work and greedy outputs can be compared token for token. ``stop_at_eos`` honours EOS instead.
+
+Statistics come from :mod:`specwise.metrics`; speedups are ratios of median tokens/s over the same runs.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import torch
+
+from specwise.bench.prompts import BenchPrompt
+from specwise.engine import Engine
+from specwise.metrics import SpecStats
+from specwise.sampling import SamplingParams
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PLAIN_ID",
+    "HF_GENERATE_ID",
+    "BenchConfig",
+    "BenchSettings",
+    "Outcome",
+    "RunRecord",
+    "make_configs",
+    "run_bench",
+    "summarize",
+    "validate_results",
+]
+
+SCHEMA_VERSION = 1
+SPECWISE = "specwise"
+HF_GENERATE = "hf_generate"
+HF_ASSISTED = "hf_assisted"
+PLAIN_ID = "specwise:none"
+HF_GENERATE_ID = "hf_generate"
+WARMUP_TOKENS = 16
+_PEER_KINDS = ("ngram", "model")  # drafters that Hugging Face assisted generation can mirror
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One way of decoding: the method (``specwise``, ``hf_generate``, ``hf_assisted``), drafter and gamma."""
+
+    method: str
+    drafter: str = "none"
+    gamma: int = 0
+
+    @property
+    def id(self) -> str:
+        """A unique, stable name, e.g. ``specwise:none``, ``specwise:ngram:g4``, ``hf_assisted:ngram:g4``."""
+        if self.method == HF_GENERATE:
+            return HF_GENERATE_ID
+        if self.method == SPECWISE and self.drafter == "none":
+            return PLAIN_ID
+        return f"{self.method}:{self.drafter}:g{self.gamma}"
+
+    @property
+    def label(self) -> str:
+        """A short human-readable name for tables and plots."""
+        if self.method == HF_GENERATE:
+            return "HF generate"
+        if self.method == SPECWISE and self.drafter == "none":
+            return "specwise plain"
+        prefix = "specwise" if self.method == SPECWISE else "HF assisted"
+        return f"{prefix} {_short_drafter(self.drafter)} γ={self.gamma}"
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "label": self.label, "method": self.method, "drafter": self.drafter, "gamma": self.gamma}
+
+
+def _short_drafter(spec: str) -> str:
+    kind, _, arg = spec.partition(":")
+    if kind == "model" and arg:
+        return f"model:{os.path.basename(arg.rstrip('/')) or arg}"
+    return spec
+
+
+@dataclass
+class BenchSettings:
+    """What to run. ``drafters`` and ``gammas`` span the speculative configurations (``none`` is always run)."""
+
+    target: str = "default"
+    device: str = "cpu"
+    drafters: list[str] = field(default_factory=lambda: ["ngram"])
+    gammas: list[int] = field(default_factory=lambda: [4])
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seeds: list[int] = field(default_factory=lambda: [0])
+    hf_baselines: bool = True
+    stop_at_eos: bool = False
+    chat: bool = True
+    warmup: bool = True
+    prompt_source: str = "specwise-default"
+    categories: list[str] = field(default_factory=list)
+    limit_per_category: int | None = None
+
+    def params(self, seed: int) -> SamplingParams:
+        return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, seed)
+
+    def check(self) -> None:
+        """Raise ValueError on settings that cannot run."""
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        if not self.gammas or any(g < 1 for g in self.gammas):
+            raise ValueError(f"gammas must be integers >= 1, got {self.gammas}")
+        if not self.seeds:
+            raise ValueError("give at least one seed")
+        self.params(self.seeds[0])  # validates the sampling settings
+
+    def to_dict(self) -> dict:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["greedy"] = self.temperature == 0.0
+        data["fixed_length"] = not self.stop_at_eos
+        return data
+
+
+def make_configs(drafters: list[str], gammas: list[int], hf_baselines: bool) -> list[BenchConfig]:
+    """Plain decoding, each drafter at each gamma, then (with ``hf_baselines``) HF generate and the HF peers."""
+    specs = [d for d in dict.fromkeys(drafters) if d != "none"]
+    gammas = list(dict.fromkeys(gammas))
+    configs = [BenchConfig(SPECWISE)]
+    configs += [BenchConfig(SPECWISE, d, g) for d in specs for g in gammas]
+    if hf_baselines:
+        configs.append(BenchConfig(HF_GENERATE))
+        peers = [d for d in specs if d.partition(":")[0] in _PEER_KINDS]
+        configs += [BenchConfig(HF_ASSISTED, d, g) for d in peers for g in gammas]
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Outcome:
+    """What one run produced: the new tokens, wall seconds (prefill included) and, for specwise, its SpecStats."""
+
+    token_ids: list[int]
+    seconds: float
+    finish_reason: str
+    target_passes: int
+    stats: SpecStats | None = None
+
+    @property
+    def tokens_per_second(self) -> float:
+        if self.stats is not None:
+            return self.stats.tokens_per_second
+        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+class SpecwiseRunner:
+    """Runs one configuration through the specwise Engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def run(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, eos: list[int]) -> Outcome:
+        result = self.engine.generate(prompt_ids, params, max_new_tokens, eos_token_ids=eos)
+        stats = result.stats
+        return Outcome(result.token_ids, stats.total_seconds, result.finish_reason, stats.target_passes, stats)
+
+
+def hf_module(model, what: str):
+    """The transformers module behind a specwise Model (the HF adapter's ``.model``, a native model's
+    ``.hf_model``), for the Hugging Face baselines; a clear error when there is none."""
+    from transformers import PreTrainedModel
+
+    for name in ("model", "hf_model"):
+        module = getattr(model, name, None)
+        if isinstance(module, PreTrainedModel):
+            return module
+    raise ValueError(
+        f"the {what} ({type(model).__name__}) is not backed by a Hugging Face model, so the Hugging Face "
+        "baselines cannot run with the same weights: pass --no-hf to skip them"
+    )
+
+
+class PassCounter:
+    """Counts forward calls of a module (the target passes of Hugging Face ``generate``)."""
+
+    def __init__(self, module) -> None:
+        self.count = 0
+        module.register_forward_hook(self._hook)
+
+    def _hook(self, *_args) -> None:
+        self.count += 1
+
+
+class HFRunner:
+    """Runs Hugging Face ``generate`` on the target's own module, plain or assisted (the peer).
+
+    Target passes are counted with a forward hook, so tau (tokens per target pass) is measured for the peer too.
+    """
+
+    def __init__(
+        self, module, counter: PassCounter, pad_token_id: int, assistant=None, gamma: int = 0, lookup_ngram: int = 0
+    ) -> None:
+        self.module = module
+        self.counter = counter
+        self.pad_token_id = pad_token_id
+        self.assistant = assistant
+        self.gamma = gamma
+        self.lookup_ngram = lookup_ngram
+
+    def _peer_kwargs(self) -> dict:
+        if self.lookup_ngram:
+            return {"prompt_lookup_num_tokens": self.gamma, "max_matching_ngram_size": self.lookup_ngram}
+        if self.assistant is None:
+            return {}
+        config = self.assistant.generation_config  # draft exactly gamma tokens per step, as specwise does
+        config.num_assistant_tokens = self.gamma
+        config.num_assistant_tokens_schedule = "constant"
+        config.assistant_confidence_threshold = 0.0
+        return {"assistant_model": self.assistant}
+
+    @staticmethod
+    def _sampling_kwargs(params: SamplingParams) -> dict:
+        if params.greedy:
+            return {"do_sample": False}
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        return {
+            "do_sample": True,
+            "temperature": params.temperature,
+            "top_k": params.top_k,  # 0 disables it, as in specwise
+            "top_p": params.top_p,
+            "min_p": params.min_p or None,
+        }
+
+    def run(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, eos: list[int]) -> Outcome:
+        device = next(self.module.parameters()).device
+        input_ids = torch.tensor([prompt_ids], device=device)
+        kwargs = {**self._peer_kwargs(), **self._sampling_kwargs(params)}
+        self.counter.count = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            output = self.module.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                eos_token_id=list(eos),
+                pad_token_id=self.pad_token_id,
+                **kwargs,
+            )
+        seconds = time.perf_counter() - start
+        new = output[0, len(prompt_ids) :].tolist()
+        finish = "stop" if new and new[-1] in eos else "length"
+        return Outcome(new, seconds, finish, self.counter.count)
+
+
+Runner = SpecwiseRunner | HFRunner
+
+
+def _pad_token_id(tokenizer) -> int:
+    for name in ("pad_token_id", "eos_token_id"):
+        value = getattr(tokenizer, name, None)
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def build_runners(configs: list[BenchConfig], loaded, device: str) -> dict[str, Runner]:
+    """One runner per configuration; drafters are built once per spec and shared across gammas."""
+    from specwise.drafters import make_drafter
+
+    drafters: dict = {}
+    runners: dict[str, Runner] = {}
+    counter = None
+    for config in configs:
+        if config.method == SPECWISE:
+            if config.drafter not in drafters:
+                drafters[config.drafter] = make_drafter(config.drafter, loaded, device=device)
+            engine = Engine(loaded.model, drafters[config.drafter], gamma=config.gamma, tokenizer=loaded.tokenizer)
+            runners[config.id] = SpecwiseRunner(engine)
+            continue
+        module = hf_module(loaded.model, "target")
+        counter = counter or PassCounter(module)
+        runners[config.id] = _hf_runner(config, module, counter, _pad_token_id(loaded.tokenizer), drafters)
+    return runners
+
+
+def _hf_runner(config: BenchConfig, module, counter: PassCounter, pad: int, drafters: dict) -> HFRunner:
+    if config.method == HF_GENERATE:
+        return HFRunner(module, counter, pad)
+    drafter = drafters[config.drafter]
+    if config.drafter.partition(":")[0] == "ngram":
+        return HFRunner(module, counter, pad, gamma=config.gamma, lookup_ngram=drafter.max_ngram)
+    assistant = hf_module(getattr(drafter, "model", None), f"draft model of {config.drafter!r}")
+    return HFRunner(module, counter, pad, assistant=assistant, gamma=config.gamma)
+
+
+@dataclass
+class RunRecord:
+    """One measured run of one configuration on one prompt and seed."""
+
+    config: BenchConfig
+    prompt: BenchPrompt
+    seed: int
+    order: int  # position of this configuration in the prompt's rotated order
+    outcome: Outcome
+    identical_to_plain: bool | None = None  # greedy only: token ids equal the plain engine's for this prompt
+    first_difference: int | None = None  # index of the first differing token, when not identical
+
+    def to_dict(self) -> dict:
+        out = self.outcome
+        return {
+            "config": self.config.id,
+            "method": self.config.method,
+            "prompt_id": self.prompt.id,
+            "category": self.prompt.category,
+            "seed": self.seed,
+            "order": self.order,
+            "new_tokens": len(out.token_ids),
+            "seconds": out.seconds,
+            "tokens_per_second": out.tokens_per_second,
+            "target_passes": out.target_passes,
+            "finish_reason": out.finish_reason,
+            "identical_to_plain": self.identical_to_plain,
+            "first_difference": self.first_difference,
+            "stats": out.stats.to_dict() if out.stats is not None else None,
+        }
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _rotate(items: list, shift: int) -> list:
+    shift %= len(items)
+    return items[shift:] + items[:shift]
+
+
+class _Job:
+    """Everything one run needs besides the configuration."""
+
+    def __init__(self, settings: BenchSettings, runners: dict[str, Runner], eos: list[int], bar) -> None:
+        self.settings, self.runners, self.eos, self.bar = settings, runners, eos, bar
+
+    def run(self, config: BenchConfig, prompt_ids: list[int], seed: int, max_new_tokens: int) -> Outcome:
+        self.bar.set_postfix_str(config.label, refresh=False)
+        outcome = self.runners[config.id].run(prompt_ids, self.settings.params(seed), max_new_tokens, self.eos)
+        self.bar.update()
+        return outcome
+
+
+def _run_prompt(job: _Job, order: list[BenchConfig], prompt: BenchPrompt, ids: list[int], seed: int) -> list[RunRecord]:
+    """Every configuration on one prompt, back to back in ``order``; greedy outputs are compared with plain."""
+    outcomes = {c.id: job.run(c, ids, seed, job.settings.max_new_tokens) for c in order}
+    plain = outcomes[PLAIN_ID].token_ids
+    greedy = job.settings.temperature == 0.0
+    records = []
+    for position, config in enumerate(order):
+        record = RunRecord(config, prompt, seed, position, outcomes[config.id])
+        if greedy and config.id != PLAIN_ID:
+            record.first_difference = _first_difference(record.outcome.token_ids, plain)
+            record.identical_to_plain = record.first_difference is None
+            if config.method == SPECWISE and not record.identical_to_plain:
+                _warn_mismatch(record)
+        records.append(record)
+    return records
+
+
+def _warn_mismatch(record: RunRecord) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(
+        f"specwise bench: GREEDY MISMATCH: {record.config.label} differs from plain greedy decoding on prompt "
+        f"{record.prompt.id} (seed {record.seed}) from token {record.first_difference}: speculative decoding "
+        "must reproduce plain greedy output exactly",
+        file=sys.stderr,
+    )
+
+
+def _eos_ids(settings: BenchSettings, tokenizer) -> list[int]:
+    if not settings.stop_at_eos:
+        return []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return [int(eos)] if eos is not None else []
+
+
+def run_bench(
+    settings: BenchSettings,
+    prompts: list[BenchPrompt],
+    loaded=None,
+    progress: bool = True,
+    command: str = "",
+) -> dict:
+    """Run the benchmark and return the results (the ``results.json`` object, see docs/BENCHMARKS.md).
+
+    loaded: the target as a LoadedModel (loaded from ``settings.target`` when None).
+    """
+    from tqdm import tqdm
+
+    from specwise.runtime import encode_prompt
+
+    settings.check()
+    _check_prompts(prompts)
+    if loaded is None:
+        from specwise.models import load_model
+
+        loaded = load_model(settings.target, device=settings.device)
+    configs = make_configs(settings.drafters, settings.gammas, settings.hf_baselines)
+    runners = build_runners(configs, loaded, settings.device)
+    encoded = {p.id: encode_prompt(loaded.tokenizer, p.text, chat=settings.chat) for p in prompts}
+    machine = machine_info(settings.device)
+    jobs = [(p, seed) for p in prompts for seed in settings.seeds]
+    total = len(configs) * (len(jobs) + int(settings.warmup))
+    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+        job = _Job(settings, runners, _eos_ids(settings, loaded.tokenizer), bar)
+        if settings.warmup:
+            first = encoded[prompts[0].id]
+            for config in configs:
+                job.run(config, first, settings.seeds[0], min(WARMUP_TOKENS, settings.max_new_tokens))
+        records: list[RunRecord] = []
+        for j, (prompt, seed) in enumerate(jobs):
+            records += _run_prompt(job, _rotate(configs, j), prompt, encoded[prompt.id], seed)
+    machine["load_average_end"] = _load_average()
+    return assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)
+
+
+def _check_prompts(prompts: list[BenchPrompt]) -> None:
+    if not prompts:
+        raise ValueError("no prompts to run")
+    ids = [p.id for p in prompts]
+    duplicate = next((i for i in ids if ids.count(i) > 1), None)
+    if duplicate is not None:
+        raise ValueError(f"prompt id {duplicate!r} appears twice: prompt ids must be unique")
+
+
+# ---------------------------------------------------------------------------------------------------- results
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info(device: str) -> dict:
+    """Where the benchmark ran: hardware, software versions, threads and load."""
+    import transformers
+
+    import specwise
+
+    device_name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else _cpu_name()
+    return {
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count() or 0,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "specwise": specwise.__version__,
+        "device": str(device),
+        "device_name": device_name,
+        "torch_threads": torch.get_num_threads(),
+        "load_average_start": _load_average(),
+        "load_average_end": None,
+    }
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], medians: dict) -> dict:
+    """Statistics of one configuration over one category's runs (``all``: every run)."""
+    tps = medians[config.id]
+    new = sum(len(r.outcome.token_ids) for r in runs)
+    passes = sum(r.outcome.target_passes for r in runs)
+    checked = [r.identical_to_plain for r in runs if r.identical_to_plain is not None]
+    entry = {
+        "config": config.id,
+        "category": category,
+        "runs": len(runs),
+        "new_tokens": new,
+        "target_passes": passes,
+        "tokens_per_second_median": tps,
+        "speedup_vs_plain": _ratio(tps, medians.get(PLAIN_ID)),
+        "speedup_vs_hf_generate": _ratio(tps, medians.get(HF_GENERATE_ID)),
+        "acceptance_rate": None,
+        "mean_accepted_length": new / passes if passes else None,
+        "expected_mean_accepted_length": None,
+        "acceptance_by_position": None,
+        "greedy_identical": all(checked) if checked else None,
+        "greedy_mismatches": checked.count(False),
+        "stats": None,
+    }
+    stats = [r.outcome.stats for r in runs if r.outcome.stats is not None]
+    if stats:
+        merged = SpecStats()
+        for s in stats:
+            merged.merge(s)
+        entry["mean_accepted_length"] = merged.mean_accepted_length
+        entry["stats"] = merged.to_dict()
+        if merged.drafted:
+            entry["acceptance_rate"] = merged.acceptance_rate
+            entry["expected_mean_accepted_length"] = merged.expected_mean_accepted_length
+            entry["acceptance_by_position"] = merged.acceptance_by_position
+    return entry
+
+
+def summarize(configs: list[BenchConfig], records: list[RunRecord], categories: list[str]) -> list[dict]:
+    """One entry per configuration and category, then per configuration over ``all`` categories."""
+    entries = []
+    for category in [*categories, "all"]:
+        chosen = [r for r in records if category == "all" or r.prompt.category == category]
+        by_config = {c.id: [r for r in chosen if r.config.id == c.id] for c in configs}
+        medians = {cid: _median([r.outcome.tokens_per_second for r in runs]) for cid, runs in by_config.items()}
+        entries += [_summary_entry(c, category, by_config[c.id], medians) for c in configs]
+    return entries
+
+
+def greedy_check(records: list[RunRecord], greedy: bool) -> dict:
+    """Whether every greedy speculative output equals plain greedy output, and how often the HF runs agree."""
+
+    def agreement(method: str) -> dict | None:
+        runs = [r for r in records if r.config.method == method and r.identical_to_plain is not None]
+        return {"identical": sum(r.identical_to_plain for r in runs), "total": len(runs)} if runs else None
+
+    checked = [r for r in records if r.config.method == SPECWISE and r.identical_to_plain is not None]
+    mismatches = [
+        {"config": r.config.id, "prompt_id": r.prompt.id, "seed": r.seed, "first_difference": r.first_difference}
+        for r in checked
+        if not r.identical_to_plain
+    ]
+    return {
+        "greedy": greedy,
+        "checked_runs": len(checked),
+        "all_identical": not mismatches if greedy else None,
+        "mismatches": mismatches,
+        "hf_generate_identical": agreement(HF_GENERATE),
+        "hf_assisted_identical": agreement(HF_ASSISTED),
+    }
+
+
+def _prompt_entries(prompts: list[BenchPrompt], encoded: dict, records: list[RunRecord], tokenizer) -> list[dict]:
+    plain = {}
+    for r in records:
+        if r.config.id == PLAIN_ID and r.prompt.id not in plain:
+            plain[r.prompt.id] = r.outcome.token_ids
+    return [
+        {
+            "id": p.id,
+            "category": p.category,
+            "prompt_tokens": len(encoded[p.id]),
+            "plain_text": tokenizer.decode(plain.get(p.id, []), skip_special_tokens=True),
+        }
+        for p in prompts
+    ]
+
+
+def assemble_results(
+    settings: BenchSettings,
+    loaded,
+    configs: list[BenchConfig],
+    prompts: list[BenchPrompt],
+    encoded: dict,
+    records: list[RunRecord],
+    machine: dict,
+    command: str,
+) -> dict:
+    """The ``results.json`` object."""
+    categories = list(dict.fromkeys(p.category for p in prompts))
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+        "machine": machine,
+        "settings": {
+            **settings.to_dict(),
+            "target_name": loaded.name,
+            "model_class": type(loaded.model).__name__,
+            "num_prompts": len(prompts),
+        },
+        "configurations": [c.to_dict() for c in configs],
+        "categories": categories,
+        "prompts": _prompt_entries(prompts, encoded, records, loaded.tokenizer),
+        "runs": [r.to_dict() for r in records],
+        "summary": summarize(configs, records, categories),
+        "greedy_check": greedy_check(records, settings.temperature == 0.0),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------- schema
+
+_NONE = type(None)
+_NUM = (int, float)
+_OPT_NUM = (int, float, _NONE)
+
+SCHEMA: dict[str, dict[str, tuple]] = {
+    "results": {
+        "schema_version": (int,),
+        "created": (str,),
+        "command": (str,),
+        "machine": (dict,),
+        "settings": (dict,),
+        "configurations": (list,),
+        "categories": (list,),
+        "prompts": (list,),
+        "runs": (list,),
+        "summary": (list,),
+        "greedy_check": (dict,),
+    },
+    "machine": {
+        "platform": (str,),
+        "cpu": (str,),
+        "cpu_count": (int,),
+        "python": (str,),
+        "torch": (str,),
+        "transformers": (str,),
+        "specwise": (str,),
+        "device": (str,),
+        "device_name": (str,),
+        "torch_threads": (int,),
+        "load_average_start": (list, _NONE),
+        "load_average_end": (list, _NONE),
+    },
+    "settings": {
+        "target": (str,),
+        "target_name": (str,),
+        "model_class": (str,),
+        "device": (str,),
+        "drafters": (list,),
+        "gammas": (list,),
+        "max_new_tokens": (int,),
+        "temperature": _NUM,
+        "top_k": (int,),
+        "top_p": _NUM,
+        "min_p": _NUM,
+        "seeds": (list,),
+        "greedy": (bool,),
+        "hf_baselines": (bool,),
+        "stop_at_eos": (bool,),
+        "fixed_length": (bool,),
+        "chat": (bool,),
+        "warmup": (bool,),
+        "prompt_source": (str,),
+        "categories": (list,),
+        "limit_per_category": (int, _NONE),
+        "num_prompts": (int,),
+    },
+    "configuration": {"id": (str,), "label": (str,), "method": (str,), "drafter": (str,), "gamma": (int,)},
+    "prompt": {"id": (str,), "category": (str,), "prompt_tokens": (int,), "plain_text": (str,)},
+    "run": {
+        "config": (str,),
+        "method": (str,),
+        "prompt_id": (str,),
+        "category": (str,),
+        "seed": (int,),
+        "order": (int,),
+        "new_tokens": (int,),
+        "seconds": _NUM,
+        "tokens_per_second": _NUM,
+        "target_passes": (int,),
+        "finish_reason": (str,),
+        "identical_to_plain": (bool, _NONE),
+        "first_difference": (int, _NONE),
+        "stats": (dict, _NONE),
+    },
+    "summary": {
+        "config": (str,),
+        "category": (str,),
+        "runs": (int,),
+        "new_tokens": (int,),
+        "target_passes": (int,),
+        "tokens_per_second_median": _OPT_NUM,
+        "speedup_vs_plain": _OPT_NUM,
+        "speedup_vs_hf_generate": _OPT_NUM,
+        "acceptance_rate": _OPT_NUM,
+        "mean_accepted_length": _OPT_NUM,
+        "expected_mean_accepted_length": _OPT_NUM,
+        "acceptance_by_position": (list, _NONE),
+        "greedy_identical": (bool, _NONE),
+        "greedy_mismatches": (int,),
+        "stats": (dict, _NONE),
+    },
+    "greedy_check": {
+        "greedy": (bool,),
+        "checked_runs": (int,),
+        "all_identical": (bool, _NONE),
+        "mismatches": (list,),
+        "hf_generate_identical": (dict, _NONE),
+        "hf_assisted_identical": (dict, _NONE),
+    },
+}
+
+
+def _type_ok(value, allowed: tuple) -> bool:
+    if isinstance(value, bool):
+        return bool in allowed
+    return isinstance(value, allowed)
+
+
+def _check_fields(obj, kind: str, where: str, errors: list[str]) -> None:
+    if not isinstance(obj, dict):
+        errors.append(f"{where}: expected an object, got {type(obj).__name__}")
+        return
+    for name, allowed in SCHEMA[kind].items():
+        if name not in obj:
+            errors.append(f"{where}: missing field {name!r}")
+        elif not _type_ok(obj[name], allowed):
+            names = " or ".join("null" if t is _NONE else t.__name__ for t in allowed)
+            errors.append(f"{where}.{name}: expected {names}, got {type(obj[name]).__name__}")
+
+
+def _check_references(data: dict, errors: list[str]) -> None:
+    ids = {c.get("id") for c in data["configurations"] if isinstance(c, dict)}
+    if PLAIN_ID not in ids:
+        errors.append(f"configurations: the plain baseline {PLAIN_ID!r} is missing")
+    prompt_ids = {p.get("id") for p in data["prompts"] if isinstance(p, dict)}
+    for i, run in enumerate(data["runs"]):
+        if isinstance(run, dict) and (run.get("config") not in ids or run.get("prompt_id") not in prompt_ids):
+            errors.append(f"runs[{i}]: unknown configuration {run.get('config')!r} or prompt {run.get('prompt_id')!r}")
+    have = {(s.get("config"), s.get("category")) for s in data["summary"] if isinstance(s, dict)}
+    for category in [*data["categories"], "all"]:
+        errors += [f"summary: no entry for {c!r} in category {category!r}" for c in ids if (c, category) not in have]
+
+
+def validate_results(data) -> None:
+    """Raise ValueError listing every way ``data`` departs from the results.json schema (docs/BENCHMARKS.md)."""
+    errors: list[str] = []
+    _check_fields(data, "results", "results", errors)
+    if not errors:
+        if data["schema_version"] != SCHEMA_VERSION:
+            errors.append(f"schema_version is {data['schema_version']}, this specwise reads {SCHEMA_VERSION}")
+        for kind in ("machine", "settings", "greedy_check"):
+            _check_fields(data[kind], kind, kind, errors)
+        for kind, key in (("configuration", "configurations"), ("prompt", "prompts"), ("run", "runs")):
+            for i, item in enumerate(data[key]):
+                _check_fields(item, kind, f"{key}[{i}]", errors)
+        for i, item in enumerate(data["summary"]):
+            _check_fields(item, "summary", f"summary[{i}]", errors)
+        _check_references(data, errors)
+    if errors:
+        raise ValueError("results do not match the schema:\n  " + "\n  ".join(errors))

@@ -1,0 +1,115 @@
+"""Small native kernels, compiled on first use with the system C compiler and cached.
+
+``small_gemm`` multiplies a few rows by a large weight (decoding and verification). It is used only where it was
+built and the CPU has AVX2 and FMA; everything else falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+__all__ = ["small_gemm", "small_gemm_available", "kernel_error"]
+
+_SOURCE = Path(__file__).with_name("smallgemm.c")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_lib = None
+_error: str | None = None
+_tried = False
+
+
+def _cpu_ok() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+def _build() -> ctypes.CDLL:
+    from specwise.models.loader import cache_dir
+
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler found (install gcc)")
+    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"smallgemm-{key}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+            os.replace(tmp, target)  # atomic
+        except subprocess.CalledProcessError as err:
+            raise RuntimeError(f"compiling {_SOURCE.name} failed: {err.stderr.strip()[:500]}") from err
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    fn = lib.specwise_small_gemm
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    return lib
+
+
+def _load():
+    global _lib, _error, _tried
+    if not _tried:
+        _tried = True
+        if os.environ.get("SPECWISE_NO_KERNELS") == "1":
+            _error = "disabled by SPECWISE_NO_KERNELS=1"
+        elif not _cpu_ok():
+            _error = "the CPU lacks AVX2/FMA"
+        else:
+            try:
+                _lib = _build()
+            except (RuntimeError, OSError) as err:
+                _error = str(err)
+    return _lib
+
+
+def small_gemm_available() -> bool:
+    """True when the kernel is built and usable on this CPU."""
+    return _load() is not None
+
+
+def kernel_error() -> str | None:
+    """Why the kernel is unavailable (None when it is available or was not tried)."""
+    _load()
+    return _error
+
+
+def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for float32 CPU tensors; x ``[k, in]``, weight ``[out, in]`` contiguous."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"small_gemm is unavailable: {_error}")
+    x = x.contiguous()
+    k, n_in = x.shape
+    n_out = weight.shape[0]
+    ok = x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
+    if not ok or not weight.is_contiguous() or weight.shape[1] != n_in or (bias is not None and bias.numel() != n_out):
+        raise ValueError(
+            f"small_gemm takes float32 CPU tensors x [k, in] and a contiguous weight [out, in], got x "
+            f"{tuple(x.shape)} {x.dtype} {x.device}, weight {tuple(weight.shape)} {weight.dtype} {weight.device}"
+        )
+    y = torch.empty((k, n_out), dtype=torch.float32)
+    lib.specwise_small_gemm(
+        x.data_ptr(),
+        weight.data_ptr(),
+        bias.data_ptr() if bias is not None else None,
+        y.data_ptr(),
+        k,
+        n_in,
+        n_out,
+        torch.get_num_threads(),
+    )
+    return y

@@ -1,0 +1,239 @@
+"""A native implementation of the Llama family (Llama, Mistral without a sliding window, Qwen2) in plain PyTorch.
+
+Built for decoding one sequence fast on a small machine:
+
+- fused QKV and gate/up projections (one matrix product each instead of three and two);
+- a preallocated KV cache written by position: rollback moves a length, nothing is copied or freed;
+- rotary tables precomputed for every position;
+- the output layer only on the rows whose logits are asked for;
+- a choice of matrix-product kernel per number of rows (see :class:`Linear`), measured by ``specwise profile``.
+
+The Hugging Face model it is built from stays the reference: the tests check that the logits match it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from specwise.models.base import Model
+from specwise.models.kernels import small_gemm, small_gemm_available
+
+__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS"]
+
+_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+GEMM_BACKENDS = ("torch", "kernel")
+
+
+def native_supported(hf_model) -> str | None:
+    """None when the native model can run ``hf_model``; otherwise the reason it cannot."""
+    config = hf_model.config
+    arch = type(hf_model).__name__
+    if arch not in _ARCHITECTURES:
+        return f"architecture {arch} is not in the native family ({', '.join(sorted(_ARCHITECTURES))})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act} is not supported"
+    window = getattr(config, "sliding_window", None)
+    use_window = getattr(config, "use_sliding_window", arch == "MistralForCausalLM")
+    if window and use_window and window < getattr(config, "max_position_embeddings", 0):
+        return "sliding-window attention is not supported"
+    if getattr(config, "mlp_bias", False):
+        return "MLP biases are not supported"
+    if getattr(config, "pretraining_tp", 1) != 1:
+        return "pretraining_tp != 1 is not supported"
+    return None
+
+
+class Linear:
+    """``y = x @ W.T (+ b)`` with a choice of kernel by the number of rows of ``x``.
+
+    Backends: ``torch`` (F.linear: MKL on CPUs, cuBLAS on GPUs) and ``kernel`` (specwise's small-row kernel, see
+    ``specwise/models/kernels``), which applies to float32 CPU tensors of up to 32 rows and reads the torch
+    weight in place; anything else uses torch. The backend for each row count is set by
+    ``NativeModel.set_gemm``; ``specwise profile`` measures both. (OpenBLAS through numpy was tried too: alone it
+    is fast for one row, but its thread pool fights OpenMP's inside a full forward pass, 5-10x slower.)
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        self.weight = weight.contiguous()  # [out, in]
+        self.bias = bias
+        self._cpu_f32 = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
+
+    def __call__(self, x: torch.Tensor, backend: str) -> torch.Tensor:
+        if backend == "kernel" and self._cpu_f32 and x.dtype == torch.float32 and x.shape[0] <= 32:
+            return small_gemm(x, self.weight, self.bias)
+        return torch.nn.functional.linear(x, self.weight, self.bias)
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    mlp_norm: torch.Tensor
+    gate_up: Linear
+    down: Linear
+
+
+class NativeModel(Model):
+    """The Llama family behind the Model contract, built from a Hugging Face model's weights."""
+
+    def __init__(self, hf_model, name: str = "native", capacity: int = 1024) -> None:
+        reason = native_supported(hf_model)
+        if reason is not None:
+            raise NotImplementedError(f"{name}: the native model cannot run this model: {reason}")
+        config = hf_model.config
+        self.hf_model = hf_model.eval()  # the reference; shares the unfused weights
+        self.name = name
+        self.config = config
+        base = hf_model.model
+        self.device = base.embed_tokens.weight.device
+        self.dtype = base.embed_tokens.weight.dtype
+        self.hidden = config.hidden_size
+        self.n_heads = config.num_attention_heads
+        self.n_kv = getattr(config, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.n_heads
+        self.eps = float(config.rms_norm_eps)
+        self.max_length = getattr(config, "max_position_embeddings", None)
+        with torch.no_grad():
+            self.embed = base.embed_tokens.weight.detach()
+            self.layers = [self._layer(block) for block in base.layers]
+            self.final_norm = base.norm.weight.detach()
+            head = hf_model.get_output_embeddings()
+            self.lm_head = Linear(head.weight.detach(), getattr(head, "bias", None))
+        self.vocab_size = int(self.lm_head.weight.shape[0])
+        rotary = base.rotary_emb
+        self._inv_freq = rotary.inv_freq.detach().float().to(self.device)
+        self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
+        self._gemm: dict[int, str] = {}  # rows -> backend
+        self._default_gemm = "torch"
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            # measured on the development machine (specwise profile): the small-row kernel wins at 1..16 rows
+            self._default_gemm = "kernel" if small_gemm_available() else "torch"
+        self._length = 0
+        self._capacity = 0
+        self._grow(min(capacity, self.max_length or capacity))
+
+    @staticmethod
+    def _layer(block) -> _Layer:
+        attn, mlp = block.self_attn, block.mlp
+        qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+        qkv_b = None
+        if attn.q_proj.bias is not None:
+            qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        return _Layer(
+            attn_norm=block.input_layernorm.weight.detach(),
+            qkv=Linear(qkv_w, qkv_b),
+            o=Linear(attn.o_proj.weight.detach(), getattr(attn.o_proj, "bias", None)),
+            mlp_norm=block.post_attention_layernorm.weight.detach(),
+            gate_up=Linear(gate_up),
+            down=Linear(mlp.down_proj.weight.detach()),
+        )
+
+    # ---- cache ---------------------------------------------------------------------------------------------
+
+    def _grow(self, capacity: int) -> None:
+        """(Re)allocate the KV cache and rotary tables for ``capacity`` positions, keeping what is cached."""
+        shape = (len(self.layers), self.n_kv, capacity, self.head_dim)
+        k_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self._capacity:
+            k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
+            v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
+        self.k_cache, self.v_cache = k_cache, v_cache  # [layers, kv_heads, capacity, head_dim]
+        positions = torch.arange(capacity, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self._cos = (emb.cos() * self._rope_scale).to(self.dtype)  # [capacity, head_dim]
+        self._sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        self._capacity = capacity
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def rollback(self, length: int) -> None:
+        self._check_rollback(length)
+        self._length = length  # stale entries past `length` are overwritten before they are read
+
+    # ---- kernels ---------------------------------------------------------------------------------------------
+
+    @property
+    def gemm(self) -> tuple[dict[int, str], str]:
+        """The backend per row count and the default backend."""
+        return dict(self._gemm), self._default_gemm
+
+    def set_gemm(self, by_rows: dict[int, str] | None = None, default: str = "torch") -> None:
+        """Choose the matrix-product backend per number of rows (``torch`` or ``kernel``)."""
+        for backend in [default, *(by_rows or {}).values()]:
+            if backend not in GEMM_BACKENDS:
+                raise ValueError(f"unknown GEMM backend {backend!r}: use one of {GEMM_BACKENDS}")
+        self._gemm = dict(by_rows or {})
+        self._default_gemm = default
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding (rotate-half convention). x: [heads, k, head_dim]; cos, sin: [k, head_dim]."""
+        half = self.head_dim // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+        return x * cos + rotated * sin
+
+    def _attention(self, layer: int, qkv: torch.Tensor, start: int) -> torch.Tensor:
+        """qkv: [k, (heads + 2 kv_heads) * head_dim] for positions start .. start + k - 1. Returns [k, heads * hd]."""
+        k, hd = qkv.shape[0], self.head_dim
+        q, key, value = qkv.split([self.n_heads * hd, self.n_kv * hd, self.n_kv * hd], dim=-1)
+        cos, sin = self._cos[start : start + k], self._sin[start : start + k]
+        q = self._rope(q.view(k, self.n_heads, hd).transpose(0, 1), cos, sin)  # [heads, k, hd]
+        key = self._rope(key.view(k, self.n_kv, hd).transpose(0, 1), cos, sin)  # [kv, k, hd]
+        end = start + k
+        self.k_cache[layer, :, start:end] = key
+        self.v_cache[layer, :, start:end] = value.view(k, self.n_kv, hd).transpose(0, 1)
+        keys = self.k_cache[layer, :, :end]  # [kv, end, hd]
+        values = self.v_cache[layer, :, :end]
+        group = self.n_heads // self.n_kv
+        q = q.reshape(self.n_kv, group * k, hd)  # heads sharing a kv head side by side: [kv, group * k, hd]
+        scores = torch.matmul(q, keys.transpose(1, 2)) * (1.0 / math.sqrt(hd))  # [kv, group * k, end]
+        if k > 1:
+            scores = scores.view(self.n_kv, group, k, end).masked_fill(self._causal_mask(start, k), float("-inf"))
+            scores = scores.view(self.n_kv, group * k, end)
+        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values)  # [kv, group * k, hd]
+        return out.view(self.n_heads, k, hd).transpose(0, 1).reshape(k, self.n_heads * hd)
+
+    def _causal_mask(self, start: int, k: int) -> torch.Tensor:
+        """True where query i (at start + i) must not see key j: j > start + i. Shape [k, start + k]."""
+        rows = torch.arange(k, device=self.device)[:, None] + start
+        cols = torch.arange(start + k, device=self.device)[None, :]
+        return cols > rows
+
+    # ---- forward ---------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+        self._check_forward(tokens)
+        k = tokens.numel()
+        start = self._length
+        if start + k > self._capacity:
+            self._grow(min(max(2 * self._capacity, start + k), self.max_length or start + k))
+        backend = self._gemm.get(k, self._default_gemm)
+        x = self.embed[tokens.to(self.device)]  # [k, hidden]
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            attn = self._attention(i, layer.qkv(h, backend), start)
+            x = x + layer.o(attn, backend)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = layer.gate_up(h, backend).chunk(2, dim=-1)
+            x = x + layer.down(torch.nn.functional.silu(gate) * up, backend)
+        self._length = start + k
+        keep = k if num_logits is None else num_logits
+        if keep == 0:
+            return x.new_empty((0, self.vocab_size), dtype=torch.float32)
+        h = self._rms_norm(x[k - keep :], self.final_norm)
+        head_backend = self._gemm.get(keep, self._default_gemm)
+        return self.lm_head(h, head_backend).float()

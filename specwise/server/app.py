@@ -1,0 +1,467 @@
+"""The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health and metrics.
+
+``create_app(runtime)`` builds the app around a Runtime; run it with uvicorn (``specwise serve``) or test it
+in-process. Requests are validated and encoded on the event loop, then queued for the one generation thread
+(see ``worker.py``); responses carry the request's speculative statistics in ``usage.speculative``.
+Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from specwise.runtime import Runtime, encode_chat
+from specwise.sampling import SamplingParams
+from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
+from specwise.server.protocol import (
+    ChatCompletionRequest,
+    ChatFormat,
+    CompletionFormat,
+    CompletionRequest,
+    ErrorResponse,
+    ResponseFormat,
+    SamplingRequest,
+    usage,
+)
+from specwise.server.worker import ClientDisconnected, GenerationWorker, Job, JobSpec, QueueFullError, ServerStopping
+
+__all__ = ["APIError", "ServerState", "create_app", "sampling_params"]
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+UNKNOWN_CONTEXT_MAX_TOKENS = 256  # chat's default budget when the model's context size is unknown
+# probs_from_logits compares float32 masses with top_p, and a top_p below float32's range (1e-215) rounds to 0 and
+# drops every token (NaN). Any top_p below the least non-zero mass keeps exactly the top token, so this floor
+# changes nothing else.
+TOP_P_FLOOR = 1e-30
+CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
+_ERRORS = {400: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
+
+
+class APIError(Exception):
+    """An error returned to the client as an OpenAI-style body."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        type_: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the runtime, the generation worker, the metrics and the serving options."""
+
+    runtime: Runtime
+    model_name: str
+    worker: GenerationWorker
+    metrics: ServerMetrics
+    default_max_tokens: int | None
+    encoder: object  # a copy of the tokenizer for the event loop (the worker thread decodes with the original)
+    created: int
+
+    @property
+    def context(self) -> int | None:
+        """The target's context size in tokens (None when unknown)."""
+        return self.runtime.engine.target.max_length
+
+
+def create_app(
+    runtime: Runtime,
+    *,
+    model_name: str | None = None,
+    max_queue: int = 64,
+    default_max_tokens: int | None = None,
+) -> FastAPI:
+    """Build the FastAPI app serving ``runtime``.
+
+    model_name: the id clients must send as ``model`` (default: the target's name).
+    max_queue: requests that may wait for the engine before new ones get HTTP 429.
+    default_max_tokens: the token budget when a request gives none (default: the rest of the context for chat,
+        16 for completions, as at OpenAI).
+    """
+    if runtime.tokenizer is None:
+        raise ValueError("the server needs a tokenizer: load a target that has one")
+    if default_max_tokens is not None and default_max_tokens < 1:
+        raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    metrics = ServerMetrics()
+    worker = GenerationWorker(runtime.engine, metrics, max_queue)
+    name = model_name or runtime.target.name
+    state = ServerState(
+        runtime, name, worker, metrics, default_max_tokens, copy.deepcopy(runtime.tokenizer), int(time.time())
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker.start()
+        yield
+        worker.stop()
+
+    app = FastAPI(title="specwise", summary="OpenAI-compatible exact speculative decoding", lifespan=lifespan)
+    app.state.server = state
+    app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)
+    _add_error_handlers(app)
+    _add_routes(app)
+    _document_model_name(app, name)
+    return app
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+# ----------------------------------------------------------------------------------------------------- routes
+
+
+def _add_routes(app: FastAPI) -> None:
+    app.post("/v1/completions", responses=_ERRORS, summary="Text completion")(completions)
+    app.post("/v1/chat/completions", responses=_ERRORS, summary="Chat completion")(chat_completions)
+    app.get("/v1/models", summary="The served model")(list_models)
+    app.get("/v1/models/{model_id}", responses={404: {"model": ErrorResponse}}, summary="One model")(get_model)
+    app.get("/health", summary="Liveness and queue state")(health)
+    app.get("/metrics", summary="Prometheus metrics", response_class=Response)(metrics)
+
+
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    """OpenAI ``POST /v1/completions``: a string or token-id prompt, streamed or not."""
+    state = _state(request)
+    _check_model(state, body.model)
+    prompt_ids = _encode_completion(state, body.prompt)
+    spec = _job_spec(state, body, prompt_ids, body.max_tokens, "completions")
+    return await _generate(state, request, spec, CompletionFormat(state.model_name), body)
+
+
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI ``POST /v1/chat/completions``: the conversation through the chat template, streamed or not."""
+    state = _state(request)
+    _check_model(state, body.model)
+    try:
+        prompt_ids = encode_chat(state.encoder, [m.template_dict() for m in body.messages])
+    except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
+        raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
+    spec = _job_spec(state, body, prompt_ids, max_tokens, "chat", param)
+    return await _generate(state, request, spec, ChatFormat(state.model_name), body)
+
+
+async def list_models(request: Request) -> dict:
+    """OpenAI ``GET /v1/models``: the one model this server serves."""
+    return {"object": "list", "data": [_model_card(_state(request))]}
+
+
+async def get_model(model_id: str, request: Request) -> dict:
+    """OpenAI ``GET /v1/models/{model}``."""
+    state = _state(request)
+    if model_id != state.model_name:
+        raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
+    return _model_card(state)
+
+
+async def health(request: Request) -> dict:
+    """Liveness, the model and drafter served, and the queue."""
+    state = _state(request)
+    return {
+        "status": "ok",
+        "model": state.model_name,
+        "drafter": state.runtime.drafter_spec,
+        "gamma": state.runtime.engine.gamma,
+        "context": state.context,
+        "requests_running": state.worker.running,
+        "requests_waiting": state.worker.waiting,
+    }
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format."""
+    return Response(_state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _model_card(state: ServerState) -> dict:
+    return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specwise"}
+
+
+# ----------------------------------------------------------------------------------- requests -> engine jobs
+
+
+def _check_model(state: ServerState, model: str) -> None:
+    if model != state.model_name:
+        raise APIError(
+            400,
+            f"The model '{model}' does not exist: this server serves '{state.model_name}' (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def _encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "batches of prompts are not supported: send one prompt per request", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return list(state.encoder(prompt)["input_ids"])
+    vocab = state.runtime.engine.target.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+    return list(prompt)
+
+
+def sampling_params(body: SamplingRequest) -> SamplingParams:
+    """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables)."""
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    try:
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_k=top_k,
+            top_p=1.0 if body.top_p is None else max(float(body.top_p), TOP_P_FLOOR),
+            min_p=0.0 if body.min_p is None else float(body.min_p),
+            seed=body.seed,
+        )
+    except ValueError as err:
+        raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from err
+
+
+def _job_spec(
+    state: ServerState,
+    body: SamplingRequest,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    endpoint: str,
+    max_tokens_param: str = "max_tokens",
+) -> JobSpec:
+    prompt_param = "messages" if endpoint == "chat" else "prompt"
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty: give at least one token", param=prompt_param)
+    context, n = state.context, len(prompt_ids)
+    if context is not None and n >= context:
+        message = f"the prompt has {n} tokens but the model's context is {context}: shorten the prompt"
+        raise APIError(400, message, param=prompt_param, code="context_length_exceeded")
+    room = None if context is None else context - n
+    if max_tokens is None:
+        default = COMPLETION_DEFAULT_MAX_TOKENS if endpoint == "completions" else room or UNKNOWN_CONTEXT_MAX_TOKENS
+        max_tokens = state.default_max_tokens or default
+        max_tokens = max_tokens if room is None else min(max_tokens, room)
+    elif room is not None and max_tokens > room:
+        message = (
+            f"{max_tokens_param} is {max_tokens} but the model's context is {context} tokens and the prompt "
+            f"takes {n}: ask for at most {room}"
+        )
+        raise APIError(400, message, param=max_tokens_param, code="context_length_exceeded")
+    eos = [] if body.ignore_eos else None
+    return JobSpec(prompt_ids, sampling_params(body), max_tokens, body.stop_list(), eos, endpoint)
+
+
+# ------------------------------------------------------------------------------------------------- responses
+
+
+async def _generate(state: ServerState, request: Request, spec: JobSpec, fmt: ResponseFormat, body: SamplingRequest):
+    """Queue the job and answer: a JSON response, or (once the first tokens are out) an event stream."""
+    job = Job(spec)
+    try:
+        state.worker.submit(job)
+    except QueueFullError as err:
+        raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
+    events = job.events(request.is_disconnected)
+    try:
+        first = await anext(events)  # a bad request fails here, before any byte of the response is sent
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as err:
+        job.cancel()
+        raise _as_api_error(err) from err
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return JobStreamingResponse(job, _sse(state, fmt, first, events, include_usage))
+    try:
+        return JSONResponse(await _collect(state, fmt, first, events))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as err:
+        raise _as_api_error(err) from err
+    finally:
+        job.cancel()  # a no-op when it finished
+
+
+async def _collect(state: ServerState, fmt: ResponseFormat, event, events) -> dict:
+    texts = [event.text]
+    while event.finish_reason is None:
+        event = await anext(events)
+        texts.append(event.text)
+    return fmt.response("".join(texts), event.finish_reason, _usage(state, event))
+
+
+def _usage(state: ServerState, event) -> dict:
+    return usage(event.stats, state.runtime.drafter_spec, state.runtime.engine.gamma)
+
+
+async def _sse(state: ServerState, fmt: ResponseFormat, event, events, include_usage: bool):
+    """Server-sent events: a chunk per target pass with new text, the final chunk with usage, then [DONE]."""
+    first = fmt.first_chunk()
+    if first is not None:
+        yield _data(first)
+    try:
+        while True:
+            if event.text:
+                yield _data(fmt.text_chunk(event.text))
+            if event.finish_reason is not None:
+                stats = _usage(state, event)
+                yield _data(fmt.final_chunk(event.finish_reason, stats))
+                if include_usage:
+                    yield _data(fmt.usage_chunk(stats))
+                break
+            event = await anext(events)
+    except ClientDisconnected:
+        return
+    except Exception as err:  # after the headers: the error goes in the stream, as OpenAI does
+        yield _data(_as_api_error(err).body())
+    yield "data: [DONE]\n\n"
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class JobStreamingResponse(StreamingResponse):
+    """An event stream that cancels its job however it ends (finished, client gone, server stopping)."""
+
+    def __init__(self, job: Job, content) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+def _as_api_error(err: Exception) -> APIError:
+    if isinstance(err, APIError):
+        return err
+    if isinstance(err, ValueError):  # the engine's validation: a bad request
+        return APIError(400, str(err))
+    if isinstance(err, ServerStopping):
+        return APIError(503, str(err), type_="server_error", code="shutting_down")
+    return APIError(500, f"generation failed: {type(err).__name__}: {err}", type_="server_error")
+
+
+# ---------------------------------------------------------------------------------------------------- errors
+
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.*\])$")  # pydantic's union-member steps in a location
+
+
+def _param(loc: tuple) -> str | None:
+    """``("body", "messages", 0, "content", "str")`` -> ``"messages[0].content"``."""
+    parts: list[str] = []
+    for item in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        elif not _TYPE_TAG.match(str(item)):
+            parts.append(("." if parts else "") + str(item))
+    return "".join(parts) or None
+
+
+def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    first = errors[0]
+    kind, param = first.get("type"), _param(tuple(first.get("loc", ())))
+    if kind == "json_invalid":
+        return f"Malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse it')}", None
+    if param is None:
+        return "The request body must be a JSON object (send it with Content-Type: application/json)", None
+    if kind == "missing":
+        return f"Missing required parameter: '{param}'", param
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}", param
+    same = [e["msg"] for e in errors if _param(tuple(e.get("loc", ()))) == param]
+    return f"Invalid '{param}': {' or '.join(dict.fromkeys(same))}", param
+
+
+async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message, param = _validation_message(list(exc.errors()) or [{"loc": ()}])
+    return JSONResponse(APIError(400, message, param).body(), status_code=400)
+
+
+async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    message = f"{detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) else detail
+    body = APIError(exc.status_code, message, type_=kind).body()
+    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+
+async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    body = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error").body()
+    return JSONResponse(body, status_code=500)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(APIError, _on_api_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected_error)
+
+
+# ---------------------------------------------------------------------------------------------- plumbing
+
+
+class HTTPMetricsMiddleware:
+    """Counts HTTP requests by route template and status (a pure ASGI middleware: streams pass untouched)."""
+
+    def __init__(self, app, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def send_and_note(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", "other")
+            self.metrics.http_requests.labels(route, str(status[0])).inc()
+
+
+def _document_model_name(app: FastAPI, name: str) -> None:
+    """Make the OpenAPI document list the served model as the one allowed value of ``model``."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            for request_model in ("ChatCompletionRequest", "CompletionRequest"):
+                prop = schema["components"]["schemas"][request_model]["properties"]["model"]
+                prop["enum"] = [name]
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -1,0 +1,275 @@
+"""The benchmark (results.json schema, report, plots, interleaving, greedy check) and `specwise simulate`."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import tiny_llama
+from specwise.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
+from specwise.bench.report import PLOT_FILES, render_markdown
+from specwise.bench.runner import SCHEMA, BenchSettings, hf_module, make_configs, run_bench, validate_results
+from specwise.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+NEW_TOKENS = 10
+
+# Made-up questions in the Spec-Bench format (never real Spec-Bench questions).
+QUESTIONS = [
+    {"question_id": 1, "category": "letters", "turns": ["Write a short note to a neighbour.", "Now make it formal."]},
+    {"question_id": 2, "category": "letters", "turns": ["Write a thank-you card for a teacher."]},
+    {"question_id": 3, "category": "arithmetic", "turns": ["What is 17 plus 25? Answer in one line."]},
+    {"question_id": 4, "category": "arithmetic", "turns": ["Count from 1 to 10, separated by commas."]},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama with the default model's tokenizer (same vocabulary), saved as a directory."""
+    from transformers import AutoTokenizer
+
+    from specwise.models.loader import converted_gguf_dir, default_gguf_path
+
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf_dir(default_gguf_path()))
+    path = tmp_path_factory.mktemp("tiny-smol")
+    tiny_llama(seed=3, vocab=len(tokenizer), hidden=16, layers=1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("questions") / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_dir(tmp_path_factory, tiny_dir, questions):
+    """One greedy run of the CLI: plain, ngram and a draft model equal to the target, with the HF baselines."""
+    out = tmp_path_factory.mktemp("bench")
+    args = ["bench", "--out", str(out), "--target", tiny_dir, "--questions", str(questions)]
+    args += ["--limit-per-category", "1", "--drafter", "none", "ngram", f"model:{tiny_dir}", "--gamma", "2"]
+    args += ["--max-new-tokens", str(NEW_TOKENS), "--device", "cpu", "--quiet"]
+    assert main(args) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def results(bench_dir):
+    return json.loads((bench_dir / "results.json").read_text(encoding="utf-8"))
+
+
+def test_results_json_matches_the_schema(results, tiny_dir):
+    validate_results(results)
+    ids = [c["id"] for c in results["configurations"]]
+    model = f"model:{tiny_dir}"
+    assert ids == [
+        "specwise:none",
+        "specwise:ngram:g2",
+        f"specwise:{model}:g2",
+        "hf_generate",
+        "hf_assisted:ngram:g2",
+        f"hf_assisted:{model}:g2",
+    ]
+    assert results["categories"] == ["letters", "arithmetic"]
+    assert [p["id"] for p in results["prompts"]] == ["1", "3"]
+    assert len(results["runs"]) == 2 * len(ids)
+    assert all(r["new_tokens"] == NEW_TOKENS for r in results["runs"])  # fixed length: EOS not honoured
+    assert len(results["summary"]) == 3 * len(ids)  # two categories and "all"
+    assert results["settings"]["fixed_length"] and results["settings"]["greedy"]
+    assert results["command"].startswith("specwise bench --out ")
+
+
+def test_summary_statistics_and_greedy_check(results, tiny_dir):
+    summary = {(s["config"], s["category"]): s for s in results["summary"]}
+    plain = summary[("specwise:none", "all")]
+    assert plain["speedup_vs_plain"] == pytest.approx(1.0)
+    assert plain["acceptance_rate"] is None and plain["mean_accepted_length"] == pytest.approx(1.0)
+    twin = summary[(f"specwise:model:{tiny_dir}:g2", "all")]  # the draft is the target: everything is accepted
+    assert twin["acceptance_rate"] == pytest.approx(1.0)
+    assert twin["acceptance_by_position"] == [1.0, 1.0]
+    assert twin["mean_accepted_length"] > 2.0
+    assert twin["stats"]["new_tokens"] == 2 * NEW_TOKENS
+    peer = summary[(f"hf_assisted:model:{tiny_dir}:g2", "all")]
+    assert peer["mean_accepted_length"] > 1.5 and peer["acceptance_rate"] is None
+    assert summary[("hf_generate", "all")]["speedup_vs_hf_generate"] == pytest.approx(1.0)
+    check = results["greedy_check"]
+    assert check["greedy"] and check["all_identical"] and check["checked_runs"] == 2 * 2
+    assert check["hf_generate_identical"]["total"] == 2 and check["hf_assisted_identical"]["total"] == 4
+    assert all(s["greedy_identical"] for s in results["summary"] if s["config"].startswith("specwise:model"))
+
+
+def test_runs_are_interleaved_in_rotated_order(results):
+    ids = [c["id"] for c in results["configurations"]]
+    for j, prompt in enumerate(results["prompts"]):
+        runs = sorted((r for r in results["runs"] if r["prompt_id"] == prompt["id"]), key=lambda r: r["order"])
+        assert [r["order"] for r in runs] == list(range(len(ids)))
+        assert [r["config"] for r in runs] == ids[j:] + ids[:j]
+
+
+def test_report_and_plots(bench_dir, results):
+    report = (bench_dir / "report.md").read_text(encoding="utf-8")
+    assert results["command"] in report
+    assert "**Greedy check passed:**" in report
+    assert "| configuration | tokens/s | speedup vs plain | speedup vs HF |" in report
+    for config in results["configurations"]:
+        assert config["label"] in report
+    assert "| configuration | letters | arithmetic | all |" in report
+    assert "## Acceptance by draft position" in report
+    for name in PLOT_FILES.values():
+        data = (bench_dir / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+        assert f"]({name})" in report
+
+
+def test_report_only_rerenders_and_a_mismatch_is_loud(tmp_path, results, capsys):
+    bad = copy.deepcopy(results)
+    run = next(r for r in bad["runs"] if r["config"] == "specwise:ngram:g2")
+    bad["greedy_check"]["all_identical"] = False
+    bad["greedy_check"]["mismatches"] = [
+        {"config": run["config"], "prompt_id": run["prompt_id"], "seed": 0, "first_difference": 3}
+    ]
+    (tmp_path / "results.json").write_text(json.dumps(bad), encoding="utf-8")
+    code = main(["bench", "--out", str(tmp_path), "--report-only"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "GREEDY MISMATCH" in captured.err and "GREEDY MISMATCH" in captured.out
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "⚠ GREEDY MISMATCH: 1 of 4" in report and "first difference at token 3" in report
+    assert all((tmp_path / name).stat().st_size > 0 for name in PLOT_FILES.values())
+
+
+def test_validator_names_every_problem(results):
+    bad = copy.deepcopy(results)
+    del bad["runs"][0]["tokens_per_second"]
+    bad["summary"][0]["runs"] = "three"
+    bad["runs"][1]["config"] = "specwise:bogus"
+    bad["summary"] = [s for s in bad["summary"] if not (s["config"] == "hf_generate" and s["category"] == "all")]
+    with pytest.raises(ValueError) as err:
+        validate_results(bad)
+    message = str(err.value)
+    assert "runs[0]: missing field 'tokens_per_second'" in message
+    assert "summary[0].runs: expected int, got str" in message
+    assert "unknown configuration 'specwise:bogus'" in message
+    assert "no entry for 'hf_generate' in category 'all'" in message
+    with pytest.raises(ValueError, match="missing field 'greedy_check'"):
+        validate_results({k: v for k, v in results.items() if k != "greedy_check"})
+
+
+def test_every_schema_field_is_documented():
+    docs = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`([a-z_]+)`", docs))
+    missing = {f"{kind}.{name}" for kind, fields in SCHEMA.items() for name in fields if name not in documented}
+    assert not missing, f"fields missing from docs/BENCHMARKS.md: {sorted(missing)}"
+
+
+def test_library_run_with_sampling_and_default_prompts(tiny_dir):
+    from specwise.models import load_model
+
+    prompts = select_prompts(default_prompts(), ["summarization", "coding"], None)
+    settings = BenchSettings(drafters=["ngram"], gammas=[3], max_new_tokens=6, temperature=0.8, top_p=0.9, seeds=[1, 2])
+    settings.hf_baselines, settings.stop_at_eos, settings.warmup = False, True, False
+    data = run_bench(settings, prompts, loaded=load_model(tiny_dir), progress=False)
+    validate_results(data)
+    assert [c["id"] for c in data["configurations"]] == ["specwise:none", "specwise:ngram:g3"]
+    assert len(data["runs"]) == 2 * 2 * 2
+    assert {(r["prompt_id"], r["seed"]) for r in data["runs"]} == {
+        (p, s) for p in ("own-summary", "own-coding") for s in (1, 2)
+    }
+    assert all(r["identical_to_plain"] is None for r in data["runs"])
+    assert data["greedy_check"]["all_identical"] is None and not data["settings"]["fixed_length"]
+    text = render_markdown(data)
+    assert "Sampled decoding" in text and "speedup vs HF" not in text
+
+
+def test_configurations():
+    ids = [c.id for c in make_configs(["ngram:2", "none", "ngram:2", "model:d"], [4, 2, 4], hf_baselines=True)]
+    assert ids == [
+        "specwise:none",
+        "specwise:ngram:2:g4",
+        "specwise:ngram:2:g2",
+        "specwise:model:d:g4",
+        "specwise:model:d:g2",
+        "hf_generate",
+        "hf_assisted:ngram:2:g4",
+        "hf_assisted:ngram:2:g2",
+        "hf_assisted:model:d:g4",
+        "hf_assisted:model:d:g2",
+    ]
+    assert [c.id for c in make_configs(["none"], [4], hf_baselines=False)] == ["specwise:none"]
+    assert [c.label for c in make_configs(["model:/a/b/"], [4], False)] == ["specwise plain", "specwise model:b γ=4"]
+
+
+def test_hf_baselines_need_a_hugging_face_model():
+    from specwise.models.toy import ToyModel
+
+    with pytest.raises(ValueError, match="--no-hf"):
+        hf_module(ToyModel.random(4), "target")
+
+
+def test_questions_and_prompt_selection(questions, tmp_path):
+    prompts = load_questions(questions)
+    assert prompts[0] == BenchPrompt("1", "letters", "Write a short note to a neighbour.")  # first turn only
+    assert [p.id for p in select_prompts(prompts, ["arithmetic", "letters"], 1)] == ["3", "1"]
+    assert [p.id for p in select_prompts(prompts, None, None)] == ["1", "2", "3", "4"]
+    with pytest.raises(ValueError, match="unknown categories \\['poetry'\\]"):
+        select_prompts(prompts, ["poetry"], None)
+    with pytest.raises(ValueError, match=">= 1"):
+        select_prompts(prompts, None, 0)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"question_id": 1, "category": "x", "turns": []}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="broken.jsonl:1: not a Spec-Bench question"):
+        load_questions(broken)
+
+
+def test_default_prompts_are_our_own():
+    prompts = default_prompts()
+    assert len({p.id for p in prompts}) == len(prompts) >= 5
+    assert len({p.category for p in prompts}) == len(prompts)
+    if SPEC_BENCH.is_file():
+        spec_bench = SPEC_BENCH.read_text(encoding="utf-8")
+        assert not any(p.text[:60] in spec_bench for p in prompts)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--categories", "poetry"], "unknown categories"),
+        (["--gamma", "0"], "--gamma values must be >= 1"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--report-only"], "results.json not found"),
+    ],
+)
+def test_bench_argument_errors(tmp_path, capsys, flags, message):
+    code = main(["bench", "--out", str(tmp_path / "out"), "--target", "/no/such/model", "--quiet", *flags])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
+    code = main(["simulate", "--out", str(tmp_path), "--samples", "400", "--gammas", "1", "4", "--alphas", "0.8"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "TV(emitted, p)" in out and "E[tau] at alpha=0.80: gamma=1: 1.80, gamma=4: 3.36" in out
+    for name in ("tau_vs_alpha.png", "speedup_vs_cost.png", "exactness.png"):
+        data = (tmp_path / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 5000
+    data = json.loads((tmp_path / "simulate.json").read_text(encoding="utf-8"))
+    taus = data["tau_vs_alpha"]["tau"]["4"]
+    assert taus[0] == pytest.approx(1.0) and all(a < b for a, b in zip(taus, taus[1:]))
+    assert data["speedup_vs_cost"]["speedup"]["0.8"][0] == pytest.approx(taus[80])
+    exp = data["exactness"]
+    assert sum(exp["p"]) == pytest.approx(1.0) and sum(exp["emitted"]) == pytest.approx(1.0)
+    assert exp["tv_q_vs_p"] > 0.5  # the draft is far from the target ...
+    assert exp["tv_emitted_vs_p"] < 0.2  # ... yet what is emitted follows p (sampling noise only)
+
+
+def test_simulate_rejects_bad_settings(tmp_path, capsys):
+    assert main(["simulate", "--out", str(tmp_path), "--alphas", "1.0"]) == 2
+    assert "alphas must be in [0, 1)" in capsys.readouterr().err

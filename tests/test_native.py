@@ -1,0 +1,131 @@
+"""The native Llama-family model against the Hugging Face reference, and the small-row kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
+from specwise.engine import Engine
+from specwise.models import HFModel, NativeModel, kernels, load_model
+from specwise.sampling import SamplingParams
+
+
+def logits(model, ids):
+    model.reset()
+    return model.forward(torch.tensor(ids))
+
+
+def tiny_family(arch: str, seed: int = 0):
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=80,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=0.5,
+    )
+    torch.manual_seed(seed)
+    if arch == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**common, use_sliding_window=False)).eval()
+    return MistralForCausalLM(MistralConfig(**common, sliding_window=None)).eval()
+
+
+@pytest.mark.parametrize("backend", ["torch", "kernel"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+def test_native_logits_match_hf(arch, backend):
+    hf = tiny_llama(seed=5) if arch == "llama" else tiny_family(arch)
+    if backend == "kernel" and not kernels.small_gemm_available():
+        pytest.skip(f"kernel unavailable: {kernels.kernel_error()}")
+    native = NativeModel(hf)
+    native.set_gemm(default=backend)
+    ids = [3, 14, 15, 9, 2, 6, 5, 35, 8, 9, 7, 9, 3]
+    torch.testing.assert_close(logits(native, ids), logits(HFModel(hf), ids), atol=1e-4, rtol=1e-4)
+
+
+def test_native_rollback_and_incremental_forward_match_one_pass():
+    native = NativeModel(tiny_llama(seed=6))
+    ids = list(range(1, 30))
+    ref = logits(native, ids)
+    native.reset()
+    native.forward(torch.tensor(ids[:10]))
+    native.forward(torch.tensor([77, 78, 79, 80]))  # rejected draft
+    native.rollback(10)
+    parts = [native.forward(torch.tensor(ids[10:13]))]
+    for t in ids[13:]:
+        parts.append(native.forward(torch.tensor([t])))
+    torch.testing.assert_close(torch.cat(parts), ref[10:], atol=1e-5, rtol=1e-5)
+
+
+def test_native_cache_grows_past_its_initial_capacity():
+    hf = tiny_llama(seed=7)
+    native = NativeModel(hf, capacity=8)
+    ids = [i % 90 + 1 for i in range(50)]
+    torch.testing.assert_close(logits(native, ids), logits(HFModel(hf), ids), atol=1e-4, rtol=1e-4)
+
+
+def test_native_num_logits_and_context_limit():
+    native = NativeModel(tiny_llama(seed=8))
+    assert native.forward(torch.tensor([1, 2, 3]), num_logits=0).shape == (0, native.vocab_size)
+    assert native.forward(torch.tensor([4, 5]), num_logits=1).shape == (1, native.vocab_size)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        native.forward(torch.zeros(600, dtype=torch.int64))
+
+
+def test_native_greedy_identity_and_sampling(tiny_target, tiny_target_twin):
+    native = NativeModel(tiny_target.model)
+    greedy = SamplingParams()
+    plain_hf = Engine(tiny_target, NoDrafter()).generate([1, 2, 3], greedy, 30, eos_token_ids=[]).token_ids
+    plain = Engine(native, NoDrafter()).generate([1, 2, 3], greedy, 30, eos_token_ids=[]).token_ids
+    assert plain == plain_hf
+    draft = NativeModel(tiny_target_twin.model)
+    for drafter in (ModelDrafter(draft), NgramDrafter()):
+        assert Engine(native, drafter, gamma=4).generate([1, 2, 3], greedy, 30, eos_token_ids=[]).token_ids == plain
+
+
+def test_unsupported_architecture_falls_back_to_hf(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64)).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    loaded = load_model(str(tmp_path / "gpt2"))
+    assert isinstance(loaded.model, HFModel)
+    with pytest.raises(NotImplementedError, match="native model cannot run it"):
+        load_model(str(tmp_path / "gpt2"), impl="native")
+    with pytest.raises(ValueError, match="unknown implementation"):
+        load_model(str(tmp_path / "gpt2"), impl="fast")
+
+
+@pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 32])
+@pytest.mark.parametrize(("n_out", "n_in"), [(96, 64), (7, 9), (5, 3), (130, 576)])
+def test_small_gemm_matches_float64_reference(rows, n_out, n_in):
+    gen = torch.Generator().manual_seed(rows * 1000 + n_out)
+    x = torch.randn(rows, n_in, generator=gen)
+    w = torch.randn(n_out, n_in, generator=gen)
+    b = torch.randn(n_out, generator=gen)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
+    torch.testing.assert_close(kernels.small_gemm(x, w, b), ref, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(kernels.small_gemm(x, w), ref - b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_native_matches_hf_on_the_default_model(smollm):
+    """Max abs logit difference <= 1e-4 in float32 on the real model, and the same greedy output."""
+    from specwise.runtime import encode_prompt
+
+    hf = HFModel(smollm.hf_model)
+    native = smollm.model if isinstance(smollm.model, NativeModel) else NativeModel(smollm.hf_model)
+    ids = encode_prompt(smollm.tokenizer, "Explain what a prime number is.", chat=True)
+    diff = (logits(native, ids) - logits(hf, ids)).abs().max().item()
+    assert diff <= 1e-4, f"native logits differ from the reference by {diff}"
+    greedy = SamplingParams()
+    a = Engine(native, NoDrafter()).generate(ids, greedy, 32).token_ids
+    b = Engine(hf, NoDrafter()).generate(ids, greedy, 32).token_ids
+    assert a == b
