@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
     gen.set_defaults(func=cmd_generate)
+
+    prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
+    _add_model_args(prof)
+    prof.add_argument("--max-k", type=int, default=16, help="largest number of tokens per forward (default: 16)")
+    prof.add_argument("--repeats", type=int, default=9, help="timed forwards per k (default: 9)")
+    prof.add_argument("--json", action="store_true", help="print the profile as JSON")
+    prof.set_defaults(func=cmd_profile)
     for module in _SUBCOMMAND_MODULES:
         try:
             importlib.import_module(module).register(sub)
@@ -83,6 +90,72 @@ def cmd_generate(args: argparse.Namespace) -> int:
             )
             print(event.stats.summary())
     return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    import platform
+
+    import torch
+
+    from specwise.models.native import GEMM_BACKENDS, NativeModel
+    from specwise.profile import cost_curve, drafter_cost, profile_path, save_profile
+    from specwise.runtime import build_runtime
+
+    if not 1 <= args.max_k <= 32:
+        raise ValueError(f"--max-k must be in 1..32, got {args.max_k}")
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)
+    model = runtime.target.model
+    backends: dict[str, dict[int, float]] = {}
+    if isinstance(model, NativeModel):
+        for backend in GEMM_BACKENDS:
+            if backend == "kernel" and not _kernel_usable(model):
+                continue
+            model.set_gemm(default=backend)
+            print(f"measuring forward passes with the {backend} backend ...", file=sys.stderr)
+            backends[backend] = cost_curve(model, args.max_k, args.repeats)
+        best = {k: min(backends, key=lambda b: backends[b][k]) for k in range(1, args.max_k + 1)}
+        model.set_gemm(best, default=best[args.max_k])
+        seconds = {k: backends[best[k]][k] for k in best}
+    else:
+        print("measuring forward passes ...", file=sys.stderr)
+        seconds = cost_curve(model, args.max_k, args.repeats)
+        best = {}
+    drafter_s = drafter_cost(runtime.engine.drafter, model.vocab_size)
+    data = {
+        "model": runtime.target.name,
+        "implementation": type(model).__name__,
+        "device": runtime.device,
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "forward_seconds": {str(k): v for k, v in seconds.items()},
+        "cost_curve": {str(k): v / seconds[1] for k, v in seconds.items()},
+        "gemm": {str(k): v for k, v in best.items()},
+        "backends": {b: {str(k): v for k, v in c.items()} for b, c in backends.items()},
+        "drafter": args.drafter,
+        "drafter_seconds_per_token": drafter_s,
+        "drafter_relative_cost": drafter_s / seconds[1],
+    }
+    path = profile_path(runtime.target.name, runtime.device)
+    save_profile(path, data)
+    if args.json:
+        print(json.dumps(data))
+        return 0
+    print(f"{runtime.target.name} ({data['implementation']}, {runtime.device}, {data['threads']} threads)")
+    print(" k  forward ms   c(k)" + ("  backend" if best else ""))
+    for k, v in seconds.items():
+        print(f"{k:2d}  {v * 1000:10.1f}  {v / seconds[1]:5.2f}" + (f"  {best[k]}" if best else ""))
+    print(f"drafter {args.drafter}: {drafter_s * 1000:.3f} ms per token = {data['drafter_relative_cost']:.4f} of c(1)")
+    print(f"saved to {path}")
+    return 0
+
+
+def _kernel_usable(model) -> bool:
+    import torch
+
+    from specwise.models import kernels
+
+    return model.device.type == "cpu" and model.dtype == torch.float32 and kernels.small_gemm_available()
 
 
 def main(argv: list[str] | None = None) -> int:

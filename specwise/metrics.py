@@ -114,6 +114,8 @@ class SpecStats:
             "mean_accepted_length": self.mean_accepted_length,
             "expected_mean_accepted_length": self.expected_mean_accepted_length,
             "acceptance_by_position": self.acceptance_by_position,
+            "drafted_by_position": list(self.drafted_by_position),
+            "accepted_by_position": list(self.accepted_by_position),
             "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,

@@ -53,3 +53,12 @@ def smollm():
     from specwise.models import load_model
 
     return load_model("default")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smollm):
+    """A tiny random Llama with the default model's tokenizer (same vocabulary), saved as a directory."""
+    path = tmp_path_factory.mktemp("tiny-smol")
+    tiny_llama(seed=3, vocab=smollm.model.vocab_size, hidden=16, layers=1).save_pretrained(path)
+    smollm.tokenizer.save_pretrained(path)
+    return str(path)

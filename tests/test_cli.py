@@ -25,15 +25,6 @@ STATS_FIELDS = {
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smollm):
-    """A tiny random Llama with the default model's tokenizer (same vocabulary), saved as a directory."""
-    path = tmp_path_factory.mktemp("tiny-smol")
-    tiny_llama(seed=3, vocab=smollm.model.vocab_size, hidden=16, layers=1).save_pretrained(path)
-    smollm.tokenizer.save_pretrained(path)
-    return str(path)
-
-
-@pytest.fixture(scope="module")
 def other_vocab_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-other")
     tiny_llama(seed=4, vocab=500, hidden=16, layers=1).save_pretrained(path)

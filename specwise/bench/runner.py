@@ -198,10 +198,14 @@ class PassCounter:
 
     def __init__(self, module) -> None:
         self.count = 0
-        module.register_forward_hook(self._hook)
+        self._handle = module.register_forward_hook(self._hook)
 
     def _hook(self, *_args) -> None:
         self.count += 1
+
+    def remove(self) -> None:
+        """Take the hook off the module."""
+        self._handle.remove()
 
 
 class HFRunner:
@@ -233,12 +237,14 @@ class HFRunner:
 
     @staticmethod
     def _sampling_kwargs(params: SamplingParams) -> dict:
+        """The same distribution as specwise's; a repetition penalty from the model's generation config is undone."""
         if params.greedy:
-            return {"do_sample": False}
+            return {"do_sample": False, "repetition_penalty": 1.0}
         if params.seed is not None:
             torch.manual_seed(params.seed)
         return {
             "do_sample": True,
+            "repetition_penalty": 1.0,
             "temperature": params.temperature,
             "top_k": params.top_k,  # 0 disables it, as in specwise
             "top_p": params.top_p,
@@ -426,15 +432,21 @@ def run_bench(
     machine = machine_info(settings.device)
     jobs = [(p, seed) for p in prompts for seed in settings.seeds]
     total = len(configs) * (len(jobs) + int(settings.warmup))
-    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True) as bar:
+    records: list[RunRecord] = []
+    bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    try:
         job = _Job(settings, runners, _eos_ids(settings, loaded.tokenizer), bar)
         if settings.warmup:
             first = encoded[prompts[0].id]
             for config in configs:
                 job.run(config, first, settings.seeds[0], min(WARMUP_TOKENS, settings.max_new_tokens))
-        records: list[RunRecord] = []
         for j, (prompt, seed) in enumerate(jobs):
             records += _run_prompt(job, _rotate(configs, j), prompt, encoded[prompt.id], seed)
+    finally:
+        bar.close()
+        for runner in runners.values():
+            if isinstance(runner, HFRunner):
+                runner.counter.remove()
     machine["load_average_end"] = _load_average()
     return assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)
 

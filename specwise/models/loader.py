@@ -22,6 +22,7 @@ import torch
 
 from specwise.models.base import Model
 from specwise.models.hf import HFModel
+from specwise.models.kernels import small_gemm_available as kernel_ok
 from specwise.models.native import NativeModel, native_supported
 
 __all__ = ["LoadedModel", "load_model", "cache_dir", "default_gguf_path", "DEFAULT_MODEL"]
@@ -168,4 +169,20 @@ def load_model(
         raise NotImplementedError(f"{name}: the native model cannot run it ({reason}); use the hf implementation")
     if impl == "hf" or reason is not None:
         return LoadedModel(HFModel(model, name=name), tokenizer, name, model)
-    return LoadedModel(NativeModel(model, name=name), tokenizer, name, model)
+    native = NativeModel(model, name=name)
+    _apply_profile(native, str(device))
+    return LoadedModel(native, tokenizer, name, model)
+
+
+def _apply_profile(native: NativeModel, device: str) -> None:
+    """Use the matrix-product backends that `specwise profile` measured fastest on this machine, if it ran."""
+    from specwise.profile import load_profile
+
+    profile = load_profile(native.name, device)
+    gemm = (profile or {}).get("gemm") or {}
+    try:
+        by_rows = {int(k): v for k, v in gemm.items()}
+        if by_rows and (native.device.type != "cpu" or "kernel" not in by_rows.values() or kernel_ok()):
+            native.set_gemm(by_rows, default=by_rows[max(by_rows)])
+    except (ValueError, TypeError):
+        pass  # an unreadable profile: keep the defaults

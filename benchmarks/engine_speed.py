@@ -1,0 +1,154 @@
+"""Plain decoding speed: the native engine against the Hugging Face adapter and Hugging Face `generate`.
+
+Runs interleaved on the same prompts (the first question of each Spec-Bench category by default), greedy, a fixed
+number of new tokens (EOS ignored so that every method produces the same length), and also the ngram drafter on
+the native engine. Writes JSON and prints medians and ratios.
+
+    python benchmarks/engine_speed.py --questions ../shared/data/spec_bench/question.jsonl \
+        --per-category 1 --max-new-tokens 128 --out benchmarks/results/engine_speed.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specwise.drafters import NgramDrafter, NoDrafter
+from specwise.engine import Engine
+from specwise.models import HFModel, load_model
+from specwise.runtime import encode_prompt
+from specwise.sampling import SamplingParams
+
+
+def load_questions(path: str, per_category: int, categories: list[str] | None) -> list[dict]:
+    chosen: dict[str, list[dict]] = {}
+    with open(path) as f:
+        for line in f:
+            q = json.loads(line)
+            cat = q["category"]
+            if categories and cat not in categories:
+                continue
+            if len(chosen.setdefault(cat, [])) < per_category:
+                chosen[cat].append(q)
+    return [q for qs in chosen.values() for q in qs]
+
+
+def run_engine(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, dict]:
+    t0 = time.perf_counter()
+    result = engine.generate(ids, SamplingParams(), max_new_tokens=n, eos_token_ids=[])
+    return result.token_ids, time.perf_counter() - t0, result.stats.to_dict()
+
+
+def run_hf_generate(hf_model, ids: list[int], n: int) -> tuple[list[int], float, dict]:
+    inputs = torch.tensor([ids])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = hf_model.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(ids) :].tolist(), time.perf_counter() - t0, {}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--categories", nargs="*", default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
+    args = ap.parse_args()
+
+    loaded = load_model("default")  # the native model (the default for the Llama family)
+    native, tok, hf_module = loaded.model, loaded.tokenizer, loaded.hf_model
+    methods = {
+        "native_plain": lambda ids: run_engine(Engine(native, NoDrafter()), ids, args.max_new_tokens),
+        "hf_adapter_plain": lambda ids: run_engine(Engine(HFModel(hf_module), NoDrafter()), ids, args.max_new_tokens),
+        "hf_generate": lambda ids: run_hf_generate(hf_module, ids, args.max_new_tokens),
+        f"native_ngram_g{args.gamma}": lambda ids: run_engine(
+            Engine(native, NgramDrafter(), gamma=args.gamma), ids, args.max_new_tokens
+        ),
+    }
+    questions = load_questions(args.questions, args.per_category, args.categories)
+    warm = encode_prompt(tok, "Hello!", chat=True)
+    for fn in methods.values():  # warm-up
+        fn(warm)
+    rows = []
+    names = list(methods)
+    for i, q in enumerate(questions):
+        ids = encode_prompt(tok, q["turns"][0], chat=True)
+        order = names[i % len(names) :] + names[: i % len(names)]  # rotate to cancel drift
+        outputs = {}
+        for name in order:
+            tokens, seconds, stats = methods[name](ids)
+            outputs[name] = tokens
+            rows.append(
+                {
+                    "question_id": q["question_id"],
+                    "category": q["category"],
+                    "method": name,
+                    "prompt_tokens": len(ids),
+                    "new_tokens": len(tokens),
+                    "seconds": seconds,
+                    "tokens_per_second": len(tokens) / seconds,
+                    "stats": stats,
+                }
+            )
+        same = {name: outputs[name] == outputs["native_plain"] for name in names}
+        for r in rows[-len(names) :]:
+            r["equals_native_plain"] = same[r["method"]]
+        speeds = {r["method"]: r["tokens_per_second"] for r in rows[-len(names) :]}
+        print(
+            f"[{i + 1}/{len(questions)}] {q['category']:>16}: "
+            + "  ".join(f"{n} {speeds[n]:.1f}" for n in names)
+            + ("" if all(same.values()) else f"  OUTPUT DIFFERS: {same}"),
+            file=sys.stderr,
+        )
+
+    def med(name: str) -> float:
+        return statistics.median(r["tokens_per_second"] for r in rows if r["method"] == name)
+
+    summary = {name: {"median_tokens_per_second": med(name)} for name in names}
+    for name in names:
+        summary[name]["ratio_to_hf_generate"] = med(name) / med("hf_generate")
+        summary[name]["ratio_to_native_plain"] = med(name) / med("native_plain")
+    by_cat = {}
+    for cat in dict.fromkeys(r["category"] for r in rows):
+        per = {
+            n: statistics.median(r["tokens_per_second"] for r in rows if r["method"] == n and r["category"] == cat)
+            for n in names
+        }
+        by_cat[cat] = {"tokens_per_second": per, "ngram_speedup_over_native_plain": per[names[3]] / per["native_plain"]}
+    result = {
+        "command": "python " + " ".join(sys.argv),
+        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "max_new_tokens": args.max_new_tokens,
+        "eos_ignored": True,
+        "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),
+        "summary": summary,
+        "by_category": by_cat,
+        "runs": rows,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2))
+    print(json.dumps({"summary": summary, "all_outputs_equal": result["all_outputs_equal_native_plain"]}, indent=2))
+    for cat, v in by_cat.items():
+        print(f"{cat:>16}: ngram/native plain = {v['ngram_speedup_over_native_plain']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

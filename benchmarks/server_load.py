@@ -1,0 +1,242 @@
+"""Load test of `specwise serve`: throughput and latency with 1, 4 and 8 concurrent streaming clients.
+
+Starts the server in-process on 127.0.0.1 (or uses --url). Every level sends the same --requests streamed chat
+requests (the prompts below, in turn) with the official openai client, split over that many concurrent clients,
+each sending its share one after another. Levels are interleaved over --rounds (1, 4, 8, 1, 4, 8, ...) so that
+drift in the machine's load hits them alike. Records per request: time to first token, end-to-end latency,
+tokens and the speculative statistics from `usage`; per level and round: wall time, aggregate tokens/s and
+requests/s. Writes JSON (with the command that made it) and prints a Markdown table of medians.
+
+    python benchmarks/server_load.py --target default --drafter ngram --concurrency 1 4 8 --max-tokens 64 \\
+        --threads 1 --out benchmarks/results/server_load.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+PROMPTS = [
+    "Name three primary colors.",
+    "Write a haiku about rain.",
+    "What is the capital of France? Answer in one sentence.",
+    "Give two tips for writing clear code.",
+    "Summarize: The cat sat on the mat because the mat was warm and the cat was cold.",
+    "List the days of the week.",
+    "Explain what a prime number is in one sentence.",
+    "Translate 'good morning' into French and Spanish.",
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--url", default=None, help="an already running server (default: start one on 127.0.0.1)")
+    p.add_argument("--target", default="default")
+    p.add_argument("--drafter", default="ngram")
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--requests", type=int, default=16, help="requests per level and round (default: 16)")
+    p.add_argument("--rounds", type=int, default=2, help="passes over all levels, interleaved (default: 2)")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds allowed per request")
+    p.add_argument("--out", default="benchmarks/results/server_load.json")
+    return p.parse_args(argv)
+
+
+@contextmanager
+def local_server(args: argparse.Namespace):
+    """Serve the model with uvicorn on 127.0.0.1 (a free port) in a thread; yields (base URL, model id)."""
+    import uvicorn
+
+    from specwise.runtime import build_runtime
+    from specwise.server.app import create_app
+
+    app = create_app(build_runtime(args.target, args.drafter, args.gamma, args.device))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not server.started:
+        raise RuntimeError("the server did not start")
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app.state.server.model_name
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+async def one_request(api, model: str, prompt: str, args: argparse.Namespace) -> dict:
+    """One streamed chat request: timings, tokens and the speculative statistics of its usage."""
+    start = time.perf_counter()
+    first = None
+    final = None
+    stream = await api.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        stream=True,
+    )
+    async for chunk in stream:
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter()
+        if chunk.usage is not None:
+            final = chunk
+    end = time.perf_counter()
+    spec = final.usage.speculative
+    return {
+        "prompt": prompt,
+        "start": start,
+        "ttft_seconds": (first or end) - start,
+        "latency_seconds": end - start,
+        "completion_tokens": final.usage.completion_tokens,
+        "drafted": spec["drafted"],
+        "accepted": spec["accepted"],
+        "target_passes": spec["target_passes"],
+    }
+
+
+async def run_level(url: str, model: str, concurrency: int, args: argparse.Namespace) -> dict:
+    """The level's requests over ``concurrency`` clients; client i sends requests i, i + c, i + 2c, ... in turn."""
+    import openai
+
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+
+    async def client(index: int) -> list[dict]:
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout, max_retries=0)
+        async with api:
+            return [await one_request(api, model, prompt, args) for prompt in prompts[index::concurrency]]
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(client(i) for i in range(concurrency)))
+    wall = time.perf_counter() - start
+    requests = [r | {"start": r["start"] - start} for rs in results for r in rs]
+    tokens = sum(r["completion_tokens"] for r in requests)
+    return {"wall_seconds": wall, "completion_tokens": tokens, "tokens_per_second": tokens / wall, "requests": requests}
+
+
+def _quantiles(values: list[float]) -> dict:
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median": statistics.median(ordered), "p90": p90, "max": ordered[-1]}
+
+
+def summarize(concurrency: int, rounds: list[dict]) -> dict:
+    """A level over its rounds: median throughput, latency quantiles over every request, α and τ."""
+    requests = [r for rnd in rounds for r in rnd["requests"]]
+    tokens = sum(r["completion_tokens"] for r in requests)
+    drafted, accepted = sum(r["drafted"] for r in requests), sum(r["accepted"] for r in requests)
+    passes = sum(r["target_passes"] for r in requests)
+    return {
+        "concurrency": concurrency,
+        "requests": len(requests),
+        "throughput_tokens_per_second": statistics.median(rnd["tokens_per_second"] for rnd in rounds),
+        "requests_per_second": statistics.median(len(rnd["requests"]) / rnd["wall_seconds"] for rnd in rounds),
+        "latency_seconds": _quantiles([r["latency_seconds"] for r in requests]),
+        "ttft_seconds": _quantiles([r["ttft_seconds"] for r in requests]),
+        "per_request_tokens_per_second": _quantiles([r["completion_tokens"] / r["latency_seconds"] for r in requests]),
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": tokens / passes if passes else 0.0,
+        "rounds": rounds,
+    }
+
+
+def environment(args: argparse.Namespace) -> dict:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+    }
+
+
+def table(levels: list[dict]) -> str:
+    rows = [
+        "| clients | requests | tokens/s, all clients | requests/s | latency median (p90) s | TTFT median (p90) s | "
+        "tokens/s per request (median) | α | τ |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lv in levels:
+        lat, ttft = lv["latency_seconds"], lv["ttft_seconds"]
+        rows.append(
+            f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput_tokens_per_second']:.1f} | "
+            f"{lv['requests_per_second']:.2f} | {lat['median']:.2f} ({lat['p90']:.2f}) | "
+            f"{ttft['median']:.2f} ({ttft['p90']:.2f}) | {lv['per_request_tokens_per_second']['median']:.1f} | "
+            f"{lv['acceptance_rate']:.2f} | {lv['mean_accepted_length']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+async def run_all(url: str, model: str, args: argparse.Namespace) -> list[dict]:
+    import openai
+
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout) as api:
+        await one_request(api, model, "Hello.", args)  # warm-up, not measured
+    rounds: dict[int, list[dict]] = {c: [] for c in args.concurrency}
+    for index in range(args.rounds):
+        for concurrency in args.concurrency:
+            result = await run_level(url, model, concurrency, args)
+            rounds[concurrency].append(result)
+            print(
+                f"round {index + 1}, {concurrency} clients: {result['tokens_per_second']:.1f} tokens/s",
+                file=sys.stderr,
+                flush=True,
+            )
+    return [summarize(c, rs) for c, rs in rounds.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if args.url:
+        import httpx
+
+        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
+        levels = asyncio.run(run_all(args.url.rstrip("/"), model, args))
+    else:
+        with local_server(args) as (url, model):
+            levels = asyncio.run(run_all(url, model, args))
+    report = {
+        "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/server_load.py", *argv]),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {k: v for k, v in vars(args).items() if k != "out"} | {"model": model},
+        "environment": environment(args) | {"load_average_before": load_before},
+        "levels": levels,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+    print(table(levels))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

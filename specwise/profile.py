@@ -1,0 +1,93 @@
+"""Cost curve of a target and cost of a drafter, measured on this machine.
+
+c(k) = time(forward of k tokens) / time(forward of 1 token): speculation pays when a pass over gamma + 1 tokens
+costs little more than a pass over one. The profile is saved as JSON under the cache directory, where the
+native model takes its choice of matrix-product backend per row count from, and a scheduler can read c(k).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from specwise.models.loader import cache_dir
+
+__all__ = ["measure_forward", "cost_curve", "drafter_cost", "profile_path", "save_profile", "load_profile"]
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_forward(model, k: int, context: int = 64, repeats: int = 7) -> float:
+    """Median seconds of one forward of ``k`` tokens after ``context`` cached tokens (the rows are rolled back)."""
+    gen = torch.Generator().manual_seed(k)
+    ids = torch.randint(0, model.vocab_size, (context + k,), generator=gen).to(model.device)
+    model.reset()
+    model.forward(ids[:context], num_logits=0)
+    times = []
+    for _ in range(repeats + 1):  # the first run warms up
+        model.rollback(context)
+        _sync(model.device)
+        t0 = time.perf_counter()
+        model.forward(ids[context:])
+        _sync(model.device)
+        times.append(time.perf_counter() - t0)
+    model.reset()
+    return statistics.median(times[1:])
+
+
+def cost_curve(model, max_k: int = 16, repeats: int = 7) -> dict[int, float]:
+    """Seconds per forward for k = 1 .. max_k (interleaved rounds, median per k)."""
+    rounds: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
+    for _ in range(3):
+        for k in rounds:
+            rounds[k].append(measure_forward(model, k, repeats=max(1, repeats // 3)))
+    return {k: statistics.median(v) for k, v in rounds.items()}
+
+
+def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeats: int = 5) -> float:
+    """Median seconds per drafted token of ``drafter.propose`` (greedy) on a repetitive synthetic context."""
+    from specwise.sampling import SamplingParams
+
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(0, vocab_size, (context // 2,), generator=gen).tolist()
+    ctx = base + base  # repeats, so that prompt lookup finds matches
+    params = SamplingParams()
+    times = []
+    for _ in range(repeats + 1):
+        drafter.begin(ctx)
+        t0 = time.perf_counter()
+        draft = drafter.propose(ctx, k, params, None)
+        times.append((time.perf_counter() - t0) / max(1, len(draft)))
+    return statistics.median(times[1:])
+
+
+def profile_path(model_name: str, device: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+    return cache_dir() / "profiles" / f"{safe}-{device.replace(':', '')}-{platform.machine()}.json"
+
+
+def save_profile(path: Path, data: dict) -> None:
+    """Write JSON atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def load_profile(model_name: str, device: str) -> dict | None:
+    path = profile_path(model_name, device)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -1,0 +1,53 @@
+"""`specwise profile`: the cost curve, the saved profile, and the loader applying it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specwise.cli import main
+from specwise.models import NativeModel, load_model
+from specwise.profile import load_profile, profile_path, save_profile
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_profile_measures_cost_curve_and_saves_it(capsys, cache, tiny_dir):
+    code = main(["profile", "--target", tiny_dir, "--drafter", "ngram", "--max-k", "4", "--repeats", "2", "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["cost_curve"]) == {"1", "2", "3", "4"}
+    assert data["cost_curve"]["1"] == 1.0
+    assert all(v > 0 for v in data["forward_seconds"].values())
+    assert data["implementation"] == "NativeModel"
+    assert set(data["gemm"]) == {"1", "2", "3", "4"} and set(data["gemm"].values()) <= {"torch", "kernel"}
+    assert data["drafter_seconds_per_token"] > 0
+    saved = load_profile(tiny_dir, "cpu")
+    assert saved == data
+    assert profile_path(tiny_dir, "cpu").is_relative_to(cache)
+
+
+def test_profile_rejects_bad_max_k(capsys, cache, tiny_dir):
+    assert main(["profile", "--target", tiny_dir, "--max-k", "0"]) == 2
+    assert "--max-k must be in 1..32" in capsys.readouterr().err
+
+
+def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
+    save_profile(profile_path(tiny_dir, "cpu"), {"gemm": {"1": "torch", "2": "torch", "3": "torch"}})
+    model = load_model(tiny_dir).model
+    assert isinstance(model, NativeModel)
+    assert model.gemm == ({1: "torch", 2: "torch", 3: "torch"}, "torch")
+
+
+def test_loader_ignores_a_broken_profile(cache, tiny_dir):
+    path = profile_path(tiny_dir, "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert isinstance(load_model(tiny_dir).model, NativeModel)
+    save_profile(path, {"gemm": {"1": "warp-drive"}})
+    assert isinstance(load_model(tiny_dir).model, NativeModel)
