@@ -148,7 +148,10 @@ class NativeModel(Model):
         freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)
         self._cos = (emb.cos() * self._rope_scale).to(self.dtype)  # [capacity, head_dim]
-        self._sin = (emb.sin() * self._rope_scale).to(self.dtype)
+        sin = emb.sin() * self._rope_scale
+        half = self.head_dim // 2
+        # rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1]*half + [1]*half: fold the sign into the table
+        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.dtype)
         self._capacity = capacity
 
     @property
@@ -175,36 +178,26 @@ class NativeModel(Model):
         self._default_gemm = default
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return weight * (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype)
-
-    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotary embedding (rotate-half convention). x: [heads, k, head_dim]; cos, sin: [k, head_dim]."""
-        half = self.head_dim // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rotated * sin
+        return torch.nn.functional.rms_norm(x, (self.hidden,), weight, self.eps)
 
     def _attention(self, layer: int, qkv: torch.Tensor, start: int) -> torch.Tensor:
         """qkv: [k, (heads + 2 kv_heads) * head_dim] for positions start .. start + k - 1. Returns [k, heads * hd]."""
-        k, hd = qkv.shape[0], self.head_dim
-        q, key, value = qkv.split([self.n_heads * hd, self.n_kv * hd, self.n_kv * hd], dim=-1)
-        cos, sin = self._cos[start : start + k], self._sin[start : start + k]
-        q = self._rope(q.view(k, self.n_heads, hd).transpose(0, 1), cos, sin)  # [heads, k, hd]
-        key = self._rope(key.view(k, self.n_kv, hd).transpose(0, 1), cos, sin)  # [kv, k, hd]
+        k, hd, nq, nkv = qkv.shape[0], self.head_dim, self.n_heads, self.n_kv
+        heads = qkv.view(k, nq + 2 * nkv, hd)
+        qk = heads[:, : nq + nkv]  # rotary on queries and keys at once
+        cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
+        qk = torch.addcmul(qk * cos, qk.roll(hd // 2, dims=-1), sin)  # rotate-half with a signed sin table
         end = start + k
-        self.k_cache[layer, :, start:end] = key
-        self.v_cache[layer, :, start:end] = value.view(k, self.n_kv, hd).transpose(0, 1)
+        self.k_cache[layer, :, start:end] = qk[:, nq:].transpose(0, 1)
+        self.v_cache[layer, :, start:end] = heads[:, nq + nkv :].transpose(0, 1)
+        q = qk[:, :nq].transpose(0, 1)  # [heads, k, hd]
         keys = self.k_cache[layer, :, :end]  # [kv, end, hd]
         values = self.v_cache[layer, :, :end]
-        group = self.n_heads // self.n_kv
-        q = q.reshape(self.n_kv, group * k, hd)  # heads sharing a kv head side by side: [kv, group * k, hd]
-        scores = torch.matmul(q, keys.transpose(1, 2)) * (1.0 / math.sqrt(hd))  # [kv, group * k, end]
-        if k > 1:
-            scores = scores.view(self.n_kv, group, k, end).masked_fill(self._causal_mask(start, k), float("-inf"))
-            scores = scores.view(self.n_kv, group * k, end)
-        probs = torch.softmax(scores.float(), dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values)  # [kv, group * k, hd]
-        return out.view(self.n_heads, k, hd).transpose(0, 1).reshape(k, self.n_heads * hd)
+        mask = None if k == 1 else self._causal_mask(start, k).logical_not()  # True = may attend
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q[None], keys[None], values[None], attn_mask=mask, enable_gqa=nq != nkv
+        )  # [1, heads, k, hd]
+        return out[0].transpose(0, 1).reshape(k, nq * hd)
 
     def _causal_mask(self, start: int, k: int) -> torch.Tensor:
         """True where query i (at start + i) must not see key j: j > start + i. Shape [k, start + k]."""
@@ -224,12 +217,11 @@ class NativeModel(Model):
         backend = self._gemm.get(k, self._default_gemm)
         x = self.embed[tokens.to(self.device)]  # [k, hidden]
         for i, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.attn_norm)
-            attn = self._attention(i, layer.qkv(h, backend), start)
+            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start)
             x = x + layer.o(attn, backend)
-            h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = layer.gate_up(h, backend).chunk(2, dim=-1)
-            x = x + layer.down(torch.nn.functional.silu(gate) * up, backend)
+            gate_up = layer.gate_up(self._rms_norm(x, layer.mlp_norm), backend)  # [k, 2 * intermediate]
+            gate, up = gate_up.chunk(2, dim=-1)
+            x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up), backend))
         self._length = start + k
         keep = k if num_logits is None else num_logits
         if keep == 0:
