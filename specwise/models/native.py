@@ -13,7 +13,6 @@ The Hugging Face model it is built from stays the reference: the tests check tha
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
