@@ -5,9 +5,10 @@ requests (the prompts below, in turn) with the official openai client, split ove
 each sending its share one after another. Levels are interleaved over --rounds (1, 4, 8, 1, 4, 8, ...) so that
 drift in the machine's load hits them alike. Records per request: time to first token, end-to-end latency,
 tokens and the speculative statistics from `usage`; per level and round: wall time, aggregate tokens/s and
-requests/s. Writes JSON (with the command that made it) and prints a Markdown table of medians.
+requests/s. With several --drafter values, one server per drafter runs and every (drafter, level) pair is
+interleaved in each round. Writes JSON (with the command that made it) and prints a Markdown table of medians.
 
-    python benchmarks/server_load.py --target default --drafter ngram --concurrency 1 4 8 --max-tokens 64 \\
+    python benchmarks/server_load.py --target default --drafter ngram none --concurrency 1 4 8 --max-tokens 64 \\
         --threads 1 --out benchmarks/results/server_load.json
 """
 
@@ -24,7 +25,7 @@ import statistics
 import sys
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -44,9 +45,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=None, help="an already running server (default: start one on 127.0.0.1)")
     p.add_argument("--target", default="default")
-    p.add_argument("--drafter", default="ngram")
+    p.add_argument("--drafter", nargs="+", default=["ngram"], help="one server per drafter, interleaved")
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--impl", default="auto", choices=["auto", "native", "hf"], help="model implementation")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=16, help="requests per level and round (default: 16)")
@@ -59,14 +61,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextmanager
-def local_server(args: argparse.Namespace):
-    """Serve the model with uvicorn on 127.0.0.1 (a free port) in a thread; yields (base URL, model id)."""
+def local_server(args: argparse.Namespace, drafter: str):
+    """Serve the model with uvicorn on 127.0.0.1 (a free port) in a thread; yields its url, model id and class."""
     import uvicorn
 
     from specwise.runtime import build_runtime
     from specwise.server.app import create_app
 
-    app = create_app(build_runtime(args.target, args.drafter, args.gamma, args.device))
+    app = create_app(build_runtime(args.target, drafter, args.gamma, args.device, args.impl))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
@@ -78,7 +80,9 @@ def local_server(args: argparse.Namespace):
     if not server.started:
         raise RuntimeError("the server did not start")
     try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", app.state.server.model_name
+        state = app.state.server
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield {"url": url, "model": state.model_name, "implementation": type(state.runtime.engine.target).__name__}
     finally:
         server.should_exit = True
         thread.join(30)
@@ -174,16 +178,16 @@ def environment(args: argparse.Namespace) -> dict:
     }
 
 
-def table(levels: list[dict]) -> str:
+def table(results: dict[str, list[dict]]) -> str:
     rows = [
-        "| clients | requests | tokens/s, all clients | requests/s | latency median (p90) s | TTFT median (p90) s | "
-        "tokens/s per request (median) | α | τ |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| drafter | clients | requests | tokens/s, all clients | requests/s | latency median (p90) s "
+        "| TTFT median (p90) s | tokens/s per request (median) | α | τ |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for lv in levels:
+    for drafter, lv in ((d, lv) for d, levels in results.items() for lv in levels):
         lat, ttft = lv["latency_seconds"], lv["ttft_seconds"]
         rows.append(
-            f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput_tokens_per_second']:.1f} | "
+            f"| {drafter} | {lv['concurrency']} | {lv['requests']} | {lv['throughput_tokens_per_second']:.1f} | "
             f"{lv['requests_per_second']:.2f} | {lat['median']:.2f} ({lat['p90']:.2f}) | "
             f"{ttft['median']:.2f} ({ttft['p90']:.2f}) | {lv['per_request_tokens_per_second']['median']:.1f} | "
             f"{lv['acceptance_rate']:.2f} | {lv['mean_accepted_length']:.2f} |"
@@ -191,22 +195,21 @@ def table(levels: list[dict]) -> str:
     return "\n".join(rows)
 
 
-async def run_all(url: str, model: str, args: argparse.Namespace) -> list[dict]:
+async def run_all(servers: dict[str, dict], args: argparse.Namespace) -> dict[str, list[dict]]:
+    """Every (drafter, level) once per round, interleaved; returns each drafter's level summaries."""
     import openai
 
-    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout) as api:
-        await one_request(api, model, "Hello.", args)  # warm-up, not measured
-    rounds: dict[int, list[dict]] = {c: [] for c in args.concurrency}
+    for url, model in ((s["url"], s["model"]) for s in servers.values()):
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout) as api:
+            await one_request(api, model, "Hello.", args)  # warm-up, not measured
+    rounds: dict[tuple[str, int], list[dict]] = {(d, c): [] for d in servers for c in args.concurrency}
     for index in range(args.rounds):
-        for concurrency in args.concurrency:
-            result = await run_level(url, model, concurrency, args)
-            rounds[concurrency].append(result)
-            print(
-                f"round {index + 1}, {concurrency} clients: {result['tokens_per_second']:.1f} tokens/s",
-                file=sys.stderr,
-                flush=True,
-            )
-    return [summarize(c, rs) for c, rs in rounds.items()]
+        for (drafter, concurrency), done in rounds.items():
+            url, model = servers[drafter]["url"], servers[drafter]["model"]
+            done.append(await run_level(url, model, concurrency, args))
+            speed = done[-1]["tokens_per_second"]
+            print(f"round {index + 1}, {drafter}, {concurrency} clients: {speed:.1f} tokens/s", file=sys.stderr)
+    return {d: [summarize(c, rounds[d, c]) for c in args.concurrency] for d in servers}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,24 +219,27 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
-    if args.url:
-        import httpx
+    with ExitStack() as stack:
+        if args.url:
+            import httpx
 
-        model = httpx.get(f"{args.url}/v1/models", timeout=30).json()["data"][0]["id"]
-        levels = asyncio.run(run_all(args.url.rstrip("/"), model, args))
-    else:
-        with local_server(args) as (url, model):
-            levels = asyncio.run(run_all(url, model, args))
+            url = args.url.rstrip("/")
+            model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+            servers = {"server": {"url": url, "model": model, "implementation": "unknown"}}
+        else:
+            servers = {d: stack.enter_context(local_server(args, d)) for d in args.drafter}
+        results = asyncio.run(run_all(servers, args))
     report = {
         "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/server_load.py", *argv]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": {k: v for k, v in vars(args).items() if k != "out"} | {"model": model},
+        "config": {k: v for k, v in vars(args).items() if k != "out"},
         "environment": environment(args) | {"load_average_before": load_before},
-        "levels": levels,
+        "servers": servers,
+        "results": results,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(table(levels))
+    print(table(results))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

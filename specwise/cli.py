@@ -15,7 +15,7 @@ DEFAULT_DRAFTER = "ngram"
 _SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli"]
 
 
-def _add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help=DRAFTER_HELP + f" (default: {DEFAULT_DRAFTER})")
     p.add_argument("--gamma", type=int, default=4, help="tokens drafted per step (default: 4)")
@@ -29,7 +29,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, help="0 disables (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="1 disables (default: 1)")
@@ -42,8 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate a reply to a prompt, streaming it, then print statistics")
     gen.add_argument("prompt", help="the prompt (a user message for chat models)")
-    _add_model_args(gen)
-    _add_sampling_args(gen)
+    add_model_args(gen)
+    add_sampling_args(gen)
     gen.add_argument("--max-new-tokens", type=int, default=256, help="(default: 256)")
     gen.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings (not included in the output)")
     gen.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
-    _add_model_args(prof)
+    add_model_args(prof)
     prof.add_argument("--max-k", type=int, default=16, help="largest number of tokens per forward (default: 16)")
     prof.add_argument("--repeats", type=int, default=9, help="timed forwards per k (default: 9)")
     prof.add_argument("--json", action="store_true", help="print the profile as JSON")

@@ -113,19 +113,31 @@ class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
     gamma: tokens drafted per step (0 gives plain decoding).
+    tokenizer: decodes text and stop strings (optional when working with token ids only).
+    eos_token_ids: tokens that end generation (default: the tokenizer's EOS token); a request can override them.
     """
 
-    def __init__(self, target: Model, drafter: Drafter | None = None, gamma: int = 4, tokenizer=None) -> None:
+    def __init__(
+        self,
+        target: Model,
+        drafter: Drafter | None = None,
+        gamma: int = 4,
+        tokenizer=None,
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
             raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
         self.target = target
         self.drafter = drafter if drafter is not None else NoDrafter(target.device)
         self.gamma = gamma
         self.tokenizer = tokenizer
+        self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
             return set(eos_token_ids)
+        if self.eos_token_ids is not None:
+            return set(self.eos_token_ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return {eos} if eos is not None else set()
 

@@ -76,5 +76,17 @@ def build_runtime(
     device = resolve_device(device)
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
     draft = make_drafter(drafter, loaded, device=device, impl=impl)
-    engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer)
+    engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
     return Runtime(engine, loaded, drafter, device)
+
+
+def eos_ids(loaded) -> set[int] | None:
+    """End-of-sequence tokens: the model's generation config (which may list several) and the tokenizer's."""
+    ids: set[int] = set()
+    config = getattr(loaded.hf_model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(tok_eos)
+    return ids or None

@@ -108,7 +108,8 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # mass of strictly more likely tokens
-        drop_sorted = mass_before >= params.top_p  # the most likely token is always kept
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False  # the most likely token is always kept (even when top_p rounds to 0)
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
     if params.min_p > 0.0:

@@ -285,3 +285,11 @@ def test_stop_string_through_engine(tiny_target):
     assert tok.decode(result.token_ids).endswith(stop) or stop in tok.decode(result.token_ids)
     assert len(result.token_ids) == len(tok.decode(result.token_ids))
     assert result.stats.new_tokens == len(result.token_ids)
+
+
+def test_engine_default_eos_ids_and_request_override(tiny_target):
+    plain = greedy_ids(Engine(tiny_target, NoDrafter()), [1, 5, 9, 2], 20)
+    eos = plain[5]
+    engine = Engine(tiny_target, NgramDrafter(), gamma=3, eos_token_ids=[eos])
+    assert engine.generate([1, 5, 9, 2], max_new_tokens=20).token_ids == plain[: plain.index(eos) + 1]
+    assert engine.generate([1, 5, 9, 2], max_new_tokens=20, eos_token_ids=[]).token_ids == plain

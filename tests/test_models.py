@@ -63,7 +63,7 @@ def test_rollback_and_forward_errors(tiny_target):
 
 def test_hf_model_loads_from_a_directory(tmp_path, tiny_target):
     tiny_target.model.save_pretrained(tmp_path / "m")
-    loaded = load_model(str(tmp_path / "m"))
+    loaded = load_model(str(tmp_path / "m"), impl="hf")
     assert isinstance(loaded.model, HFModel)
     assert loaded.tokenizer is None  # no tokenizer saved
     ids = [5, 6, 7]

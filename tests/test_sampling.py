@@ -308,3 +308,10 @@ def test_sample_respects_support():
     assert (probs.gather(-1, tokens[:, None]) > 0).all()
     one_hot = torch.zeros(10, 16).scatter(-1, torch.arange(10)[:, None], 1.0)
     assert sample(one_hot, torch.Generator().manual_seed(2)).tolist() == list(range(10))
+
+
+def test_tiny_top_p_keeps_the_most_likely_token():
+    """A top_p that rounds to 0 in float32 keeps the argmax instead of dropping every token (found by fuzzing)."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-215))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]

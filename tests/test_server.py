@@ -57,7 +57,7 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory, smollm) -> str:
+def tiny_server_dir(tmp_path_factory, smollm) -> str:
     """A tiny random Llama with the default model's tokenizer and a 128-token context, saved as a directory."""
     path = tmp_path_factory.mktemp("tiny-server")
     model = tiny_llama(seed=3, vocab=smollm.model.vocab_size, hidden=16, layers=1)
@@ -105,9 +105,9 @@ def live_server(app) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tiny_dir):
+def served(tiny_server_dir):
     """A live server with the ngram drafter (throttle-able); yields (base URL, app, drafter)."""
-    runtime = build_runtime(tiny_dir, "ngram", 4, "cpu")
+    runtime = build_runtime(tiny_server_dir, "ngram", 4, "cpu")
     drafter = ThrottledDrafter(runtime.engine.drafter)
     runtime.engine.drafter = drafter
     app = create_app(runtime, model_name=MODEL)
@@ -126,9 +126,9 @@ def client(url) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def plain_app(tiny_dir):
+def plain_app(tiny_server_dir):
     """The same model without speculation (drafter none), in-process."""
-    app = create_app(build_runtime(tiny_dir, "none", 4, "cpu"), model_name=MODEL)
+    app = create_app(build_runtime(tiny_server_dir, "none", 4, "cpu"), model_name=MODEL)
     with TestClient(app) as test_client:
         yield test_client
 
@@ -228,6 +228,14 @@ def test_sampling_parameters_seed_and_stop(client):
     assert stop not in cut.choices[0].message.content and text.startswith(cut.choices[0].message.content)
 
 
+def test_a_vanishing_top_p_keeps_only_the_top_token(client):
+    """A fuzzer's top_p of 1e-200 once became 0 in float32, dropped every token and failed with HTTP 500."""
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": CHATS[0]}], "max_tokens": 16}
+    greedy = client.chat.completions.create(**kw, temperature=0)
+    tiny = client.chat.completions.create(**kw, temperature=0.7, top_p=1e-200, seed=1)
+    assert tiny.choices[0].message.content == greedy.choices[0].message.content
+
+
 def test_sampling_params_map_onto_sampling_params():
     def params(**kw) -> SamplingParams:
         return sampling_params(ChatCompletionRequest(model=MODEL, messages=[{"role": "user", "content": "x"}], **kw))
@@ -256,9 +264,9 @@ def test_speculation_does_not_change_greedy_output(client, plain_app, content):
     assert plain["usage"]["speculative"]["drafted"] == 0
 
 
-def test_a_drafter_equal_to_the_target_is_always_accepted_and_changes_nothing(tiny_dir, plain_app):
+def test_a_drafter_equal_to_the_target_is_always_accepted_and_changes_nothing(tiny_server_dir, plain_app):
     body = chat_body(CHATS[1], max_tokens=32, temperature=0)
-    app = create_app(build_runtime(tiny_dir, f"model:{tiny_dir}", 3, "cpu"), model_name=MODEL)
+    app = create_app(build_runtime(tiny_server_dir, f"model:{tiny_server_dir}", 3, "cpu"), model_name=MODEL)
     with TestClient(app) as same:
         reply = same.post("/v1/chat/completions", json=body).json()
     spec = reply["usage"]["speculative"]
@@ -491,7 +499,17 @@ def fuzz(operation, mode, url: str, examples: int = 25) -> list[int]:
     return seen
 
 
-def test_schema_driven_fuzzing_finds_no_server_error(url):
+@pytest.fixture
+def hypothesis_home(tmp_path):
+    """Keep Hypothesis's cache out of the working tree."""
+    from hypothesis.configuration import set_hypothesis_home_dir
+
+    set_hypothesis_home_dir(tmp_path / "hypothesis")
+    yield
+    set_hypothesis_home_dir(None)
+
+
+def test_schema_driven_fuzzing_finds_no_server_error(url, hypothesis_home):
     schemathesis = pytest.importorskip("schemathesis")
     from hypothesis.errors import Unsatisfiable
 
@@ -515,10 +533,10 @@ def test_schema_driven_fuzzing_finds_no_server_error(url):
 # ----------------------------------------------------------------------------------------------------- CLI
 
 
-def test_specwise_serve_starts_answers_and_stops(tiny_dir):
+def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "specwise.cli", "serve", "--target", tiny_dir, "--drafter", "ngram"]
-    command += ["--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL, "--device", "cpu"]
+    command = [sys.executable, "-m", "specwise.cli", "serve", "--target", tiny_server_dir, "--drafter", "ngram"]
+    command += ["--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL, "--device", "cpu", "--threads", "1"]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
@@ -542,7 +560,8 @@ def test_specwise_serve_starts_answers_and_stops(tiny_dir):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--port", "70000"], "--port must be in 0..65535"), (["--max-queue", "0"], "--max-queue must be >= 1")]
-    + [(["--default-max-tokens", "0"], "--default-max-tokens must be >= 1"), (["--gamma", "-1"], "--gamma")],
+    + [(["--default-max-tokens", "0"], "--default-max-tokens must be >= 1"), (["--gamma", "-1"], "--gamma")]
+    + [(["--threads", "0"], "--threads must be >= 1")],
 )
 def test_serve_rejects_bad_arguments(capsys, flags, message):
     assert main(["serve", *flags]) == 2

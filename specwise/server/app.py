@@ -39,10 +39,6 @@ __all__ = ["APIError", "ServerState", "create_app", "sampling_params"]
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 UNKNOWN_CONTEXT_MAX_TOKENS = 256  # chat's default budget when the model's context size is unknown
-# probs_from_logits compares float32 masses with top_p, and a top_p below float32's range (1e-215) rounds to 0 and
-# drops every token (NaN). Any top_p below the least non-zero mass keeps exactly the top token, so this floor
-# changes nothing else.
-TOP_P_FLOOR = 1e-30
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
 _ERRORS = {400: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 
@@ -232,7 +228,7 @@ def sampling_params(body: SamplingRequest) -> SamplingParams:
         return SamplingParams(
             temperature=1.0 if body.temperature is None else float(body.temperature),
             top_k=top_k,
-            top_p=1.0 if body.top_p is None else max(float(body.top_p), TOP_P_FLOOR),
+            top_p=1.0 if body.top_p is None else float(body.top_p),
             min_p=0.0 if body.min_p is None else float(body.min_p),
             seed=body.seed,
         )
@@ -281,24 +277,21 @@ async def _generate(state: ServerState, request: Request, spec: JobSpec, fmt: Re
     except QueueFullError as err:
         raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
     events = job.events(request.is_disconnected)
+    handed_over = False
     try:
         first = await anext(events)  # a bad request fails here, before any byte of the response is sent
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    except Exception as err:
-        job.cancel()
-        raise _as_api_error(err) from err
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return JobStreamingResponse(job, _sse(state, fmt, first, events, include_usage))
-    try:
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            handed_over = True  # the streaming response cancels the job when it ends
+            return JobStreamingResponse(job, _sse(state, fmt, first, events, include_usage))
         return JSONResponse(await _collect(state, fmt, first, events))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as err:
         raise _as_api_error(err) from err
     finally:
-        job.cancel()  # a no-op when it finished
+        if not handed_over:
+            job.cancel()  # a no-op when it finished; stops it when the handler failed or was cancelled
 
 
 async def _collect(state: ServerState, fmt: ResponseFormat, event, events) -> dict:

@@ -12,14 +12,14 @@ LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
 
 def register(subparsers) -> None:
     """Add the `serve` subcommand."""
-    from specwise.cli import _add_model_args
+    from specwise.cli import add_model_args
 
     p = subparsers.add_parser(
         "serve",
         help="serve an OpenAI-compatible HTTP API (completions, chat, streaming, Prometheus metrics)",
         description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.",
     )
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind, 0 for any free one (default: 8000)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
@@ -29,6 +29,9 @@ def register(subparsers) -> None:
         type=int,
         default=None,
         help="token budget of requests that give none (default: rest of the context for chat, 16 for completions)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 suits small shared CPUs)"
     )
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (default: info)")
     p.set_defaults(func=cmd_serve)
@@ -43,6 +46,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.default_max_tokens is not None and args.default_max_tokens < 1:
         raise ValueError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -53,7 +58,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specwise.runtime import build_runtime
     from specwise.server.app import create_app
 
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)
     app = create_app(
         runtime,
         model_name=args.served_model_name,
@@ -62,7 +71,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     name = app.state.server.model_name
     print(
-        f"specwise: serving {name!r} (drafter {args.drafter}, gamma {args.gamma}, device {runtime.device}) "
+        f"specwise: serving {name!r} ({type(runtime.engine.target).__name__}, drafter {args.drafter}, "
+        f"gamma {args.gamma}, device {runtime.device}) "
         f"at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
         flush=True,
