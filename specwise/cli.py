@@ -10,15 +10,34 @@ import sys
 from specwise.drafters import DRAFTER_HELP
 
 DEFAULT_DRAFTER = "ngram"
+DEFAULT_GAMMA = 4
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
 _SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli"]
 
 
+def parse_gamma(value: str) -> int | str:
+    """`auto` or an integer >= 0 (argparse type for --gamma)."""
+    if value == "auto":
+        return value
+    try:
+        gamma = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0 or auto, got {value!r}") from None
+    if gamma < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {gamma}")
+    return gamma
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help=DRAFTER_HELP + f" (default: {DEFAULT_DRAFTER})")
-    p.add_argument("--gamma", type=int, default=4, help="tokens drafted per step (default: 4)")
+    p.add_argument(
+        "--gamma",
+        type=parse_gamma,
+        default=DEFAULT_GAMMA,
+        help=f"tokens drafted per step, or auto: chosen per step to maximise tokens/s (default: {DEFAULT_GAMMA})",
+    )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     p.add_argument(
         "--impl",
@@ -70,8 +89,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from specwise.sampling import SamplingParams
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
-    if args.gamma < 0:
-        raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)

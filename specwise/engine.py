@@ -20,6 +20,7 @@ from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.rejection import verify_greedy, verify_stochastic
 from specwise.sampling import SamplingParams, check_logits, probs_from_logits
+from specwise.schedule import Schedule, make_schedule
 
 __all__ = ["Engine", "GenerationEvent", "GenerationResult", "StopText"]
 
@@ -112,7 +113,7 @@ class StopText:
 class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
-    gamma: tokens drafted per step (0 gives plain decoding).
+    gamma: tokens drafted per step (0 gives plain decoding), ``"auto"`` for the adaptive schedule, or a Schedule.
     tokenizer: decodes text and stop strings (optional when working with token ids only).
     eos_token_ids: tokens that end generation (default: the tokenizer's EOS token); a request can override them.
     """
@@ -121,15 +122,14 @@ class Engine:
         self,
         target: Model,
         drafter: Drafter | None = None,
-        gamma: int = 4,
+        gamma: int | str | Schedule = 4,
         tokenizer=None,
         eos_token_ids: Iterable[int] | None = None,
     ) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-            raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+        self.schedule = gamma if isinstance(gamma, Schedule) else make_schedule(gamma)
         self.target = target
         self.drafter = drafter if drafter is not None else NoDrafter(target.device)
-        self.gamma = gamma
+        self.gamma = gamma if isinstance(gamma, (int, str)) else "custom"
         self.tokenizer = tokenizer
         self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
 
@@ -177,6 +177,7 @@ class Engine:
         t0 = time.perf_counter()
         self.target.reset()
         self.drafter.begin(prompt_ids)
+        self.schedule.begin()
         if len(prompt_ids) > 1:
             self.target.forward(torch.tensor(prompt_ids[:-1], device=self.target.device), num_logits=0)
         stats.prefill_seconds = time.perf_counter() - t0
@@ -210,15 +211,19 @@ class Engine:
     ) -> tuple[list[int], int, str | None]:
         """One draft-and-verify step. Returns (emitted tokens, how many came from the draft, finish reason)."""
         target = self.target
-        k = min(self.gamma, remaining - 1)
+        limit = remaining - 1
         if target.max_length is not None:
-            k = min(k, target.max_length - len(context))
+            limit = min(limit, target.max_length - len(context))
+        asked = self.schedule.choose(limit) if limit > 0 else 0
         t0 = time.perf_counter()
-        draft = self.drafter.propose(context, k, params, generator) if k > 0 else Draft.empty(target.device)
-        if len(draft) > k:
-            raise RuntimeError(f"drafter {self.drafter.name!r} proposed {len(draft)} tokens when asked for {k}")
+        draft = self.drafter.propose(context, asked, params, generator) if asked > 0 else Draft.empty(target.device)
+        if len(draft) > asked:
+            raise RuntimeError(f"drafter {self.drafter.name!r} proposed {len(draft)} tokens when asked for {asked}")
         t1 = time.perf_counter()
         k = len(draft)
+        if k == 0:
+            reason = "budget" if limit <= 0 else "schedule" if asked == 0 else "no_draft"
+            stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1
         start = target.length  # == len(context) - 1: the last token is not yet in the cache
         fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
         logits = target.forward(fed)  # [k + 1, vocab]
@@ -237,6 +242,7 @@ class Engine:
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
+        self.schedule.observe(k, accepted, t1 - t0, t2 - t1)
 
         finish = None
         for i, token in enumerate(new):

@@ -35,6 +35,7 @@ class SpecStats:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
+    plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | no_draft
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -93,6 +94,8 @@ class SpecStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, count in other.gamma_histogram.items():
             self.gamma_histogram[k] = self.gamma_histogram.get(k, 0) + count
+        for reason, count in other.plain_step_reasons.items():
+            self.plain_step_reasons[reason] = self.plain_step_reasons.get(reason, 0) + count
         grow = len(other.drafted_by_position) - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
@@ -117,6 +120,7 @@ class SpecStats:
             "drafted_by_position": list(self.drafted_by_position),
             "accepted_by_position": list(self.accepted_by_position),
             "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
+            "plain_step_reasons": dict(sorted(self.plain_step_reasons.items())),
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specwise.engine import Engine
+from specwise.schedule import make_schedule
 
 __all__ = ["Runtime", "build_runtime", "encode_chat", "encode_prompt", "resolve_device"]
 
@@ -60,7 +61,11 @@ class Runtime:
 
 
 def build_runtime(
-    target: str = "default", drafter: str = "ngram", gamma: int = 4, device: str = "auto", impl: str = "auto"
+    target: str = "default",
+    drafter: str = "ngram",
+    gamma: int | str = 4,
+    device: str = "auto",
+    impl: str = "auto",
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
 
@@ -71,8 +76,7 @@ def build_runtime(
     from specwise.drafters import make_drafter
     from specwise.models import load_model
 
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
-        raise ValueError(f"gamma must be an integer >= 0, got {gamma!r}")
+    make_schedule(gamma)  # validates gamma before anything is loaded
     device = resolve_device(device)
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
     draft = make_drafter(drafter, loaded, device=device, impl=impl)

@@ -78,7 +78,8 @@ def test_stop_string_and_sampling_flags(capsys, tiny_dir):
         (["--top-p", "1.5"], "top_p must be in (0, 1]"),
         (["--min-p", "1"], "min_p must be in [0, 1)"),
         (["--top-k", "-2"], "top_k must be >= 0"),
-        (["--gamma", "-1"], "--gamma must be >= 0"),
+        (["--gamma", "-1"], "argument --gamma: must be >= 0"),
+        (["--gamma", "lots"], "argument --gamma: must be an integer >= 0 or auto"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["--drafter", "bogus"], "unknown drafter"),
         (["--target", "/no/such/model"], "not found"),
@@ -94,7 +95,10 @@ def test_bad_arguments_exit_nonzero_with_a_clear_message(capsys, tiny_dir, flags
 
         if torch.cuda.is_available():
             pytest.skip("CUDA present")
-    code = main(args)
+    try:
+        code = main(args)
+    except SystemExit as exit_:  # argparse rejects badly typed values itself
+        code = exit_.code
     captured = capsys.readouterr()
     assert code != 0
     assert message in captured.err

@@ -40,8 +40,6 @@ def register(subparsers) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
-    if args.gamma < 0:
-        raise ValueError(f"--gamma must be >= 0, got {args.gamma}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.default_max_tokens is not None and args.default_max_tokens < 1:

@@ -1,0 +1,164 @@
+"""How many tokens to draft next: a fixed gamma, or an adaptive choice that maximises expected tokens per second.
+
+The adaptive schedule keeps, per request, an estimate of the acceptance probability at each draft position (given
+that the previous positions were accepted) and the measured time of a target pass over k tokens and of drafting
+one token. Before each step it picks the gamma (0 included: a plain step) with the largest
+
+    E[tokens](gamma) / (gamma * t_draft + t_verify(gamma + 1)),   E[tokens](gamma) = 1 + sum_j prod_{i<=j} a_i
+
+Any gamma chosen from the past keeps the output exact: the rejection rule is exact for every gamma.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+__all__ = ["Schedule", "FixedGamma", "AdaptiveGamma", "make_schedule"]
+
+
+class Schedule(ABC):
+    """Chooses the number of tokens to draft; told the outcome of every step."""
+
+    max_gamma: int
+
+    def begin(self) -> None:
+        """A new request starts."""
+
+    @abstractmethod
+    def choose(self, limit: int) -> int:
+        """Tokens to draft in the next step, at most ``limit``."""
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """The outcome of the step: tokens drafted and accepted, and the time spent drafting and verifying."""
+
+
+class FixedGamma(Schedule):
+    """Always draft ``gamma`` tokens (fewer near the end of the budget)."""
+
+    def __init__(self, gamma: int) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
+        self.max_gamma = gamma
+
+    def choose(self, limit: int) -> int:
+        return min(self.max_gamma, limit)
+
+
+class AdaptiveGamma(Schedule):
+    """Pick gamma per step from online estimates of acceptance per position and of the costs.
+
+    max_gamma: the largest gamma considered.
+    cost_curve: optional prior c(k) = time(forward of k) / time(forward of 1), e.g. from `specwise profile`;
+        measured pass times replace it as they come in.
+    draft_cost: optional prior for the time of drafting one token, relative to a 1-token target pass.
+    prior: the acceptance probability assumed at the first position before anything is observed, with
+        ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before); ``decay`` (< 1) forgets old observations so the estimate follows the text.
+    probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
+        is noticed.
+    """
+
+    def __init__(
+        self,
+        max_gamma: int = 8,
+        cost_curve: dict[int, float] | None = None,
+        draft_cost: float = 0.0,
+        prior: float = 0.5,
+        prior_weight: float = 2.0,
+        decay: float = 0.95,
+        probe_every: int = 8,
+    ) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+        self.max_gamma = max_gamma
+        self.prior_curve = dict(cost_curve or {})
+        self.prior_draft_cost = draft_cost
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.probe_every = probe_every
+        self.begin()
+
+    def begin(self) -> None:
+        self._reached = [0.0] * self.max_gamma  # decayed count of steps that drafted position i
+        self._accepted = [0.0] * self.max_gamma  # ... and accepted it
+        self._verify: dict[int, float] = {}  # k -> smoothed seconds of a target pass over k tokens
+        self._draft_per_token: float | None = None
+        self._plain_run = 0
+
+    # ---- estimates -------------------------------------------------------------------------------------------
+
+    def acceptance(self) -> list[float]:
+        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1.
+
+        Each position's prior is the estimate of the position before it, so positions rarely drafted so far
+        inherit what was seen just before them (and a drafter that is always right gets to draft longer).
+        """
+        w, prior, out = self.prior_weight, self.prior, []
+        for a, r in zip(self._accepted, self._reached):
+            prior = (a + w * prior) / (r + w)
+            out.append(prior)
+        return out
+
+    def _prior_c(self, k: int) -> float:
+        return self.prior_curve.get(k, 1.0 + 0.1 * (k - 1))
+
+    def _verify_time(self, k: int) -> float:
+        """Measured seconds of a pass over k tokens; for an unmeasured k, the nearest measured one scaled by c(k)."""
+        if k in self._verify:
+            return self._verify[k]
+        if not self._verify:
+            return self._prior_c(k)
+        near = min(self._verify, key=lambda j: abs(j - k))
+        return self._verify[near] / self._prior_c(near) * self._prior_c(k)
+
+    def _draft_time(self) -> float:
+        if self._draft_per_token is not None:
+            return self._draft_per_token
+        return self.prior_draft_cost * self._verify_time(1)
+
+    def expected_rate(self, gamma: int) -> float:
+        """Expected tokens per second when drafting ``gamma`` tokens now."""
+        tokens, reach = 1.0, 1.0
+        for a in self.acceptance()[:gamma]:
+            reach *= a
+            tokens += reach
+        return tokens / (gamma * self._draft_time() + self._verify_time(gamma + 1))
+
+    # ---- the contract ----------------------------------------------------------------------------------------
+
+    def choose(self, limit: int) -> int:
+        top = min(self.max_gamma, limit)
+        if top <= 0:
+            return 0
+        best = max(range(top + 1), key=self.expected_rate)
+        if best == 0 and self._plain_run >= self.probe_every:
+            return 1  # probe
+        return best
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        k = drafted + 1
+        old = self._verify.get(k)
+        self._verify[k] = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds
+        self._plain_run = self._plain_run + 1 if drafted == 0 else 0
+        if drafted == 0:
+            return
+        per_token = draft_seconds / drafted
+        old_d = self._draft_per_token
+        self._draft_per_token = per_token if old_d is None else 0.8 * old_d + 0.2 * per_token
+        for i in range(min(drafted, self.max_gamma)):
+            self._reached[i] = self.decay * self._reached[i] + 1.0
+            self._accepted[i] = self.decay * self._accepted[i] + (1.0 if i < accepted else 0.0)
+            if i >= accepted:
+                break  # positions after the first rejection were not judged
+
+
+def make_schedule(gamma: int | str, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Schedule:
+    """``gamma``: an integer (fixed) or ``"auto"`` (adaptive, up to ``max_gamma``)."""
+    if gamma == "auto":
+        return AdaptiveGamma(max_gamma=max_gamma, cost_curve=cost_curve)
+    if isinstance(gamma, str):
+        try:
+            gamma = int(gamma)
+        except ValueError:
+            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}") from None
+    return FixedGamma(gamma)

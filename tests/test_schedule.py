@@ -1,0 +1,110 @@
+"""The schedule: fixed and adaptive gamma, on synthetic acceptance and costs, and exactness with gamma=auto."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specwise.engine import Engine
+from specwise.models.toy import ToyModel
+from specwise.sampling import SamplingParams
+from specwise.schedule import AdaptiveGamma, FixedGamma, make_schedule
+
+
+def feed(schedule, steps, accept_prob_fn, verify_cost, draft_cost=0.0, limit=8):
+    """Drive a schedule with a synthetic drafter: position i accepted when accept_prob_fn(i) says so."""
+    chosen = []
+    for _ in range(steps):
+        g = schedule.choose(limit)
+        chosen.append(g)
+        accepted = 0
+        while accepted < g and accept_prob_fn(accepted):
+            accepted += 1
+        schedule.observe(g, accepted, g * draft_cost, verify_cost(g + 1))
+    return chosen
+
+
+def cost(k):
+    return 1.0 + 0.15 * (k - 1)  # a pass over k tokens, relative to one
+
+
+def test_never_accepted_drafter_leads_to_plain_steps():
+    s = AdaptiveGamma(max_gamma=6, probe_every=1000)
+    chosen = feed(s, 60, lambda i: False, cost)
+    assert chosen[-40:] == [0] * 40
+
+
+def test_never_accepted_drafter_is_still_probed_now_and_then():
+    s = AdaptiveGamma(max_gamma=6, probe_every=8)
+    chosen = feed(s, 200, lambda i: False, cost)
+    tail = chosen[100:]
+    assert set(tail) <= {0, 1}
+    assert 0 < tail.count(1) <= len(tail) // 8 + 1
+
+
+def test_perfect_drafter_leads_to_the_largest_gamma():
+    s = AdaptiveGamma(max_gamma=6)
+    chosen = feed(s, 40, lambda i: True, cost)
+    assert chosen[-20:] == [6] * 20
+
+
+def test_gamma_follows_the_cost_of_verification():
+    """With acceptance 0.7 per position, cheap verification favours long drafts and expensive verification short."""
+    import random
+
+    rng = random.Random(0)
+    cheap = feed(AdaptiveGamma(max_gamma=8), 300, lambda i: rng.random() < 0.7, lambda k: 1.0 + 0.02 * (k - 1))
+    dear = feed(AdaptiveGamma(max_gamma=8), 300, lambda i: rng.random() < 0.7, lambda k: 1.0 + 0.6 * (k - 1))
+    assert sum(cheap[100:]) / 200 > sum(dear[100:]) / 200 + 1.5
+
+
+def test_costly_drafter_drafts_less():
+    s_free = AdaptiveGamma(max_gamma=8)
+    s_dear = AdaptiveGamma(max_gamma=8)
+    free = feed(s_free, 100, lambda i: i < 3, cost, draft_cost=0.0)
+    dear = feed(s_dear, 100, lambda i: i < 3, cost, draft_cost=2.0)
+    assert sum(dear[50:]) < sum(free[50:])
+
+
+def test_limit_and_fixed_gamma():
+    assert AdaptiveGamma(max_gamma=6).choose(0) == 0
+    assert AdaptiveGamma(max_gamma=6).choose(2) <= 2
+    assert FixedGamma(4).choose(10) == 4 and FixedGamma(4).choose(2) == 2
+    assert isinstance(make_schedule("auto"), AdaptiveGamma)
+    assert make_schedule("3").choose(10) == 3
+    for bad in (-1, "x", 1.5):
+        with pytest.raises(ValueError, match="gamma must be"):
+            make_schedule(bad)
+
+
+def test_greedy_identity_with_gamma_auto(tiny_target, tiny_target_twin, tiny_draft):
+    prompt = [1, 5, 9, 2]
+    plain = Engine(tiny_target, NoDrafter()).generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+    for drafter in (ModelDrafter(tiny_target_twin), ModelDrafter(tiny_draft), NgramDrafter()):
+        spec = Engine(tiny_target, drafter, gamma="auto").generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+        assert spec.token_ids == plain.token_ids
+        assert sum(spec.stats.plain_step_reasons.values()) == spec.stats.gamma_histogram.get(0, 0)
+
+
+class OracleDrafter(Drafter):
+    """Proposes the toy target's own greedy continuation by table lookup: always right, almost free."""
+
+    def __init__(self, model: ToyModel) -> None:
+        self.model = model
+
+    def propose(self, context, k, params, generator) -> Draft:
+        ctx = list(context)
+        for _ in range(k):
+            ctx.append(int(self.model.next_logits(len(ctx) - 1, ctx[-1]).argmax()))
+        return Draft(torch.tensor(ctx[len(context) :], dtype=torch.int64))
+
+
+def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
+    target = ToyModel.random(6, seed=3)
+    result = Engine(target, OracleDrafter(ToyModel.random(6, seed=3)), gamma="auto").generate(
+        [1], max_new_tokens=200, eos_token_ids=[]
+    )
+    hist = result.stats.gamma_histogram
+    assert result.stats.acceptance_rate == 1.0
+    assert hist.get(8, 0) >= 0.8 * result.stats.target_passes
