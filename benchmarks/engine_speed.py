@@ -68,20 +68,24 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", nargs="*", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--gamma", nargs="+", default=["4"], help="gammas for the ngram drafter: integers and/or auto")
+    ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face adapter and generate")
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
     loaded = load_model("default")  # the native model (the default for the Llama family)
     native, tok, hf_module = loaded.model, loaded.tokenizer, loaded.hf_model
-    methods = {
-        "native_plain": lambda ids: run_engine(Engine(native, NoDrafter()), ids, args.max_new_tokens),
-        "hf_adapter_plain": lambda ids: run_engine(Engine(HFModel(hf_module), NoDrafter()), ids, args.max_new_tokens),
-        "hf_generate": lambda ids: run_hf_generate(hf_module, ids, args.max_new_tokens),
-        f"native_ngram_g{args.gamma}": lambda ids: run_engine(
-            Engine(native, NgramDrafter(), gamma=args.gamma), ids, args.max_new_tokens
-        ),
-    }
+    methods = {"native_plain": lambda ids: run_engine(Engine(native, NoDrafter()), ids, args.max_new_tokens)}
+    if not args.no_hf:
+        methods["hf_adapter_plain"] = lambda ids: run_engine(
+            Engine(HFModel(hf_module), NoDrafter()), ids, args.max_new_tokens
+        )
+        methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, args.max_new_tokens)
+    for g in args.gamma:
+        gamma = g if g == "auto" else int(g)
+        methods[f"native_ngram_g{g}"] = lambda ids, gamma=gamma: run_engine(
+            Engine(native, NgramDrafter(), gamma=gamma), ids, args.max_new_tokens
+        )
     questions = load_questions(args.questions, args.per_category, args.categories)
     warm = encode_prompt(tok, "Hello!", chat=True)
     for fn in methods.values():  # warm-up
@@ -123,7 +127,8 @@ def main() -> int:
 
     summary = {name: {"median_tokens_per_second": med(name)} for name in names}
     for name in names:
-        summary[name]["ratio_to_hf_generate"] = med(name) / med("hf_generate")
+        if "hf_generate" in names:
+            summary[name]["ratio_to_hf_generate"] = med(name) / med("hf_generate")
         summary[name]["ratio_to_native_plain"] = med(name) / med("native_plain")
     by_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
@@ -131,7 +136,12 @@ def main() -> int:
             n: statistics.median(r["tokens_per_second"] for r in rows if r["method"] == n and r["category"] == cat)
             for n in names
         }
-        by_cat[cat] = {"tokens_per_second": per, "ngram_speedup_over_native_plain": per[names[3]] / per["native_plain"]}
+        by_cat[cat] = {
+            "tokens_per_second": per,
+            "speedup_over_native_plain": {
+                n: per[n] / per["native_plain"] for n in names if n.startswith("native_ngram")
+            },
+        }
     result = {
         "command": "python " + " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
@@ -146,7 +156,9 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps({"summary": summary, "all_outputs_equal": result["all_outputs_equal_native_plain"]}, indent=2))
     for cat, v in by_cat.items():
-        print(f"{cat:>16}: ngram/native plain = {v['ngram_speedup_over_native_plain']:.2f}")
+        print(
+            f"{cat:>16}: " + "  ".join(f"{n}/native plain = {r:.2f}" for n, r in v["speedup_over_native_plain"].items())
+        )
     return 0
 
 
