@@ -52,7 +52,8 @@ class AdaptiveGamma(Schedule):
         measured pass times replace it as they come in.
     draft_cost: optional prior for the time of drafting one token, relative to a 1-token target pass.
     prior: the acceptance probability assumed at the first position before anything is observed, with
-        ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before); ``decay`` (< 1) forgets old observations so the estimate follows the text.
+        ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
+        ``decay`` (< 1) forgets old observations so the estimate follows the text.
     probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
         is noticed.
     """
