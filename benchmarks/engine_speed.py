@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.drafters import NgramDrafter, NoDrafter
+from specwise.drafters import NoDrafter, make_drafter
 from specwise.engine import Engine
 from specwise.models import HFModel, load_model
 from specwise.runtime import encode_prompt
@@ -70,6 +70,7 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", nargs="+", default=["4"], help="gammas for the ngram drafter: integers and/or auto")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face adapter and generate")
+    ap.add_argument("--drafter", nargs="+", default=["ngram"], help="ngram drafter specs, e.g. ngram ngram:3:2")
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
@@ -81,11 +82,13 @@ def main() -> int:
             Engine(HFModel(hf_module), NoDrafter()), ids, args.max_new_tokens
         )
         methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, args.max_new_tokens)
-    for g in args.gamma:
-        gamma = g if g == "auto" else int(g)
-        methods[f"native_ngram_g{g}"] = lambda ids, gamma=gamma: run_engine(
-            Engine(native, NgramDrafter(), gamma=gamma), ids, args.max_new_tokens
-        )
+    for spec in args.drafter:
+        for g in args.gamma:
+            gamma = g if g == "auto" else int(g)
+            name = f"native_{spec.replace(':', '_')}_g{g}"
+            methods[name] = lambda ids, gamma=gamma, spec=spec: run_engine(
+                Engine(native, make_drafter(spec, loaded), gamma=gamma), ids, args.max_new_tokens
+            )
     questions = load_questions(args.questions, args.per_category, args.categories)
     warm = encode_prompt(tok, "Hello!", chat=True)
     for fn in methods.values():  # warm-up

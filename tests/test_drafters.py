@@ -116,7 +116,8 @@ def test_vocabulary_string_mismatch_names_the_token():
 def test_make_drafter_specs_and_errors():
     assert isinstance(make_drafter("none", None), NoDrafter)
     assert make_drafter("ngram:5", None).max_ngram == 5
+    assert make_drafter("ngram:4:2", None).min_ngram == 2
     with pytest.raises(ValueError, match="unknown drafter"):
         make_drafter("magic", None)
-    with pytest.raises(ValueError, match="ngram takes an integer"):
+    with pytest.raises(ValueError, match="ngram takes integers"):
         make_drafter("ngram:x", None)

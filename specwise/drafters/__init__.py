@@ -18,7 +18,7 @@ __all__ = [
     "make_drafter",
 ]
 
-DRAFTER_HELP = "none | ngram[:MAX_N] | model:ID (ID: default, a .gguf file, a model directory or a hub id)"
+DRAFTER_HELP = "none | ngram[:MAX_N[:MIN_N]] | model:ID (ID: default, a .gguf file, a model directory or a hub id)"
 
 
 class VocabularyMismatchError(ValueError):
@@ -54,11 +54,13 @@ def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto"
     if kind == "none" and not arg:
         return NoDrafter(device)
     if kind == "ngram":
+        max_s, _, min_s = arg.partition(":")
         try:
-            max_n = int(arg) if arg else 3
+            max_n = int(max_s) if max_s else 3
+            min_n = int(min_s) if min_s else 1
         except ValueError:
-            raise ValueError(f"bad drafter {spec!r}: ngram takes an integer, as in ngram:3") from None
-        return NgramDrafter(max_ngram=max_n, device=device)
+            raise ValueError(f"bad drafter {spec!r}: ngram takes integers, as in ngram:3 or ngram:3:2") from None
+        return NgramDrafter(max_ngram=max_n, min_ngram=min_n, device=device)
     if kind == "model" and arg:
         import torch
 
