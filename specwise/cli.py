@@ -125,7 +125,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     backends: dict[str, dict[int, float]] = {}
     if isinstance(model, NativeModel):
         for backend in GEMM_BACKENDS:
-            if backend == "kernel" and not _kernel_usable(model):
+            if backend == "kernel" and not model.kernel_usable:
                 continue
             model.set_gemm(default=backend)
             print(f"measuring forward passes with the {backend} backend ...", file=sys.stderr)
@@ -165,14 +165,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"drafter {args.drafter}: {drafter_s * 1000:.3f} ms per token = {data['drafter_relative_cost']:.4f} of c(1)")
     print(f"saved to {path}")
     return 0
-
-
-def _kernel_usable(model) -> bool:
-    import torch
-
-    from specwise.models import kernels
-
-    return model.device.type == "cpu" and model.dtype == torch.float32 and kernels.small_gemm_available()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -398,11 +398,11 @@ def _warn_mismatch(record: RunRecord) -> None:
     )
 
 
-def _eos_ids(settings: BenchSettings, tokenizer) -> list[int]:
-    if not settings.stop_at_eos:
-        return []
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return [int(eos)] if eos is not None else []
+def _eos_ids(settings: BenchSettings, loaded) -> list[int]:
+    """The end tokens the engine would use (generation config and tokenizer), or none without --stop-at-eos."""
+    from specwise.runtime import eos_ids
+
+    return sorted(eos_ids(loaded) or []) if settings.stop_at_eos else []
 
 
 def run_bench(
@@ -435,7 +435,7 @@ def run_bench(
     records: list[RunRecord] = []
     bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     try:
-        job = _Job(settings, runners, _eos_ids(settings, loaded.tokenizer), bar)
+        job = _Job(settings, runners, _eos_ids(settings, loaded), bar)
         if settings.warmup:
             first = encoded[prompts[0].id]
             for config in configs:

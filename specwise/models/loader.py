@@ -22,7 +22,6 @@ import torch
 
 from specwise.models.base import Model
 from specwise.models.hf import HFModel
-from specwise.models.kernels import small_gemm_available as kernel_ok
 from specwise.models.native import NativeModel, native_supported
 
 __all__ = ["LoadedModel", "load_model", "cache_dir", "default_gguf_path", "DEFAULT_MODEL"]
@@ -182,7 +181,7 @@ def _apply_profile(native: NativeModel, device: str) -> None:
     gemm = (profile or {}).get("gemm") or {}
     try:
         by_rows = {int(k): v for k, v in gemm.items()}
-        if by_rows and (native.device.type != "cpu" or "kernel" not in by_rows.values() or kernel_ok()):
+        if by_rows:  # a "kernel" choice falls back to torch where the kernel does not serve the weights
             native.set_gemm(by_rows, default=by_rows[max(by_rows)])
     except (ValueError, TypeError):
         pass  # an unreadable profile: keep the defaults

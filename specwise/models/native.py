@@ -58,10 +58,12 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight.contiguous()  # [out, in]
         self.bias = bias
-        self._cpu_f32 = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
+        # the kernel serves float32 CPU weights where it was built; anything else uses torch
+        self.kernel_ok = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
+        self.kernel_ok = self.kernel_ok and small_gemm_available()
 
     def __call__(self, x: torch.Tensor, backend: str) -> torch.Tensor:
-        if backend == "kernel" and self._cpu_f32 and x.dtype == torch.float32 and x.shape[0] <= 32:
+        if backend == "kernel" and self.kernel_ok and x.dtype == torch.float32 and x.shape[0] <= 32:
             return small_gemm(x, self.weight, self.bias)
         return torch.nn.functional.linear(x, self.weight, self.bias)
 
@@ -108,9 +110,9 @@ class NativeModel(Model):
         self._rope_scale = float(getattr(rotary, "attention_scaling", 1.0))
         self._gemm: dict[int, str] = {}  # rows -> backend
         self._default_gemm = "torch"
-        if self.device.type == "cpu" and self.dtype == torch.float32:
+        if self.kernel_usable:
             # measured on the development machine (specwise profile): the small-row kernel wins at 1..16 rows
-            self._default_gemm = "kernel" if small_gemm_available() else "torch"
+            self._default_gemm = "kernel"
         self._length = 0
         self._capacity = 0
         self._grow(min(capacity, self.max_length or capacity))
@@ -164,6 +166,11 @@ class NativeModel(Model):
     # ---- kernels ---------------------------------------------------------------------------------------------
 
     @property
+    def kernel_usable(self) -> bool:
+        """Whether the small-row kernel serves this model's weights (float32 on a CPU with the kernel built)."""
+        return self.lm_head.kernel_ok
+
+    @property
     def gemm(self) -> tuple[dict[int, str], str]:
         """The backend per row count and the default backend."""
         return dict(self._gemm), self._default_gemm
@@ -192,17 +199,17 @@ class NativeModel(Model):
         q = qk[:, :nq].transpose(0, 1)  # [heads, k, hd]
         keys = self.k_cache[layer, :, :end]  # [kv, end, hd]
         values = self.v_cache[layer, :, :end]
-        mask = None if k == 1 else self._causal_mask(start, k).logical_not()  # True = may attend
+        mask = None if k == 1 else self._causal_mask(start, k)
         out = torch.nn.functional.scaled_dot_product_attention(
             q[None], keys[None], values[None], attn_mask=mask, enable_gqa=nq != nkv
         )  # [1, heads, k, hd]
         return out[0].transpose(0, 1).reshape(k, nq * hd)
 
     def _causal_mask(self, start: int, k: int) -> torch.Tensor:
-        """True where query i (at start + i) must not see key j: j > start + i. Shape [k, start + k]."""
+        """True where query i (at start + i) may see key j: j <= start + i. Shape [k, start + k]."""
         rows = torch.arange(k, device=self.device)[:, None] + start
         cols = torch.arange(start + k, device=self.device)[None, :]
-        return cols > rows
+        return cols <= rows
 
     # ---- forward ---------------------------------------------------------------------------------------------
 
