@@ -13,7 +13,7 @@ DEFAULT_DRAFTER = "ngram"
 DEFAULT_GAMMA = 4
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
-_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli"]
+_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli"]
 
 
 def parse_gamma(value: str) -> int | str:
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, NotImplementedError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as err:
         print(f"specwise: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,8 +1,10 @@
-"""Drafters: `none` (plain decoding), `ngram` (prompt lookup), `model:ID` (a draft model)."""
+"""Drafters: `none` (plain decoding), `ngram` (prompt lookup), `model:ID` (a draft model), `head:DIR` (a trained
+head on the target's features)."""
 
 from __future__ import annotations
 
 from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.head import HeadDrafter, TargetMismatchError
 from specwise.drafters.model import ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.none import NoDrafter
@@ -10,6 +12,8 @@ from specwise.drafters.none import NoDrafter
 __all__ = [
     "Draft",
     "Drafter",
+    "HeadDrafter",
+    "TargetMismatchError",
     "ModelDrafter",
     "NgramDrafter",
     "NoDrafter",
@@ -18,7 +22,10 @@ __all__ = [
     "make_drafter",
 ]
 
-DRAFTER_HELP = "none | ngram[:MAX_N[:MIN_N]] | model:ID (ID: default, a .gguf file, a model directory or a hub id)"
+DRAFTER_HELP = (
+    "none | ngram[:MAX_N[:MIN_N]] | model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
+    "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model)"
+)
 
 
 class VocabularyMismatchError(ValueError):
@@ -69,4 +76,35 @@ def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto"
         draft = load_model(arg, device=device, dtype=dtype or torch.float32, impl=impl)
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
+    if kind == "head":
+        return _head_drafter(arg, target, device)
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
+
+
+def shipped_head_dir(target_name: str):
+    """The head shipped with specwise for the model named ``target_name`` (the default model has one), or None."""
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "heads"
+    for config in sorted(root.glob("*/config.json")):
+        if json.loads(config.read_text()).get("target", {}).get("name") == target_name:
+            return config.parent
+    return None
+
+
+def _head_drafter(arg: str, target, device) -> Drafter:
+    from specwise.drafters.head import HeadDrafter, check_target, load_head
+
+    directory = arg or shipped_head_dir(target.name)
+    if directory is None:
+        raise ValueError(
+            f"no head is shipped for target {target.name!r}: train one with `specwise distill --target "
+            f"{target.name} --out DIR`, then use --drafter head:DIR"
+        )
+    head = load_head(directory, device=device)
+    if target.hf_model is None:
+        raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
+    check_target(head.config, target.hf_model, target.name)
+    head.attach_target(target.hf_model)
+    return HeadDrafter(head, target.model)

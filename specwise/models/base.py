@@ -20,6 +20,7 @@ class Model(ABC):
     vocab_size: int
     device: torch.device
     max_length: int | None = None  # the longest sequence the model supports, when known
+    keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
 
     @property
     @abstractmethod
@@ -38,6 +39,18 @@ class Model(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Discard everything after the first ``length`` cached tokens."""
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """The last hidden states (after the final norm: the output layer's input) at cached positions
+        ``start .. end - 1``, as ``[end - start, hidden]``. Needs ``keep_features = True`` before those positions
+        were fed; drafters that read the target's features (the trained head) set it."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states")
+
+    def _check_features(self, start: int, end: int) -> None:
+        if not self.keep_features:
+            raise RuntimeError("features were not kept: set keep_features = True before feeding tokens")
+        if not 0 <= start <= end <= self.length:
+            raise ValueError(f"features [{start}, {end}) outside the cache of {self.length} tokens")
 
     def reset(self) -> None:
         """Empty the cache."""

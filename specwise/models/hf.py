@@ -29,6 +29,7 @@ class HFModel(Model):
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._length = 0
         self._cache = self._new_cache()
+        self._features = torch.empty(0)  # [length, hidden] when keep_features is set
 
     def _new_cache(self):
         try:
@@ -46,6 +47,8 @@ class HFModel(Model):
         k = tokens.numel()
         keep = k if num_logits is None else num_logits
         positions = torch.arange(self._length, self._length + k, device=self.device)[None]
+        if self.keep_features:
+            return self._forward_features(tokens, positions, keep)
         out = self.model(
             input_ids=tokens.to(self.device)[None],
             position_ids=positions,
@@ -57,6 +60,23 @@ class HFModel(Model):
         if keep == 0:
             return out.logits.new_empty((0, self.vocab_size)).float()
         return out.logits[0, -keep:].float()
+
+    def _forward_features(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
+        """The base model's last hidden states (kept), then the output layer on the last ``keep`` rows."""
+        base = self.model.base_model
+        kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+        hidden = base(
+            input_ids=tokens.to(self.device)[None], position_ids=positions, use_cache=True, **{kw: self._cache}
+        ).last_hidden_state[0]  # [k, hidden]
+        self._features = torch.cat([self._features[: self._length], hidden])
+        self._length += tokens.numel()
+        if keep == 0:
+            return hidden.new_empty((0, self.vocab_size)).float()
+        return self.model.get_output_embeddings()(hidden[hidden.shape[0] - keep :]).float()
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        self._check_features(start, end)
+        return self._features[start:end]
 
     def rollback(self, length: int) -> None:
         self._check_rollback(length)

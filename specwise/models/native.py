@@ -145,6 +145,10 @@ class NativeModel(Model):
             k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
         self.k_cache, self.v_cache = k_cache, v_cache  # [layers, kv_heads, capacity, head_dim]
+        feats = torch.zeros((capacity, self.hidden), dtype=self.dtype, device=self.device)
+        if self._capacity:
+            feats[: self._length] = self._features[: self._length]
+        self._features = feats  # [capacity, hidden], written when keep_features is set
         positions = torch.arange(capacity, device=self.device, dtype=torch.float32)
         freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
         emb = torch.cat([freqs, freqs], dim=-1)
@@ -162,6 +166,10 @@ class NativeModel(Model):
     def rollback(self, length: int) -> None:
         self._check_rollback(length)
         self._length = length  # stale entries past `length` are overwritten before they are read
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        self._check_features(start, end)
+        return self._features[start:end]
 
     # ---- kernels ---------------------------------------------------------------------------------------------
 
@@ -230,8 +238,13 @@ class NativeModel(Model):
             x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up), backend))
         self._length = start + k
         keep = k if num_logits is None else num_logits
+        if self.keep_features:
+            h = self._rms_norm(x, self.final_norm)
+            self._features[start : start + k] = h
+            h = h[k - keep :]
+        elif keep:
+            h = self._rms_norm(x[k - keep :], self.final_norm)
         if keep == 0:
             return x.new_empty((0, self.vocab_size), dtype=torch.float32)
-        h = self._rms_norm(x[k - keep :], self.final_norm)
         head_backend = self._gemm.get(keep, self._default_gemm)
         return self.lm_head(h, head_backend).float()

@@ -1,0 +1,197 @@
+"""Training drafters from a target: ``specwise distill``.
+
+Stages, each cached and resumable:
+
+1. data (:mod:`specwise.distill.data`): the target answers human-written instruction prompts; its features and
+   log-normalisers are stored in shards under the data directory;
+2. training (:mod:`specwise.distill.train`): a head drafter (:mod:`specwise.drafters.head`) learns the target's
+   next-token distribution from those features, with several drafting steps unrolled;
+3. report: held-out fidelity before and after (top-1 agreement, alpha per drafting step) and tau at a fixed
+   gamma on held-out prompts, run through the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DistillOptions", "run_distill", "held_out_split"]
+
+
+@dataclass
+class DistillOptions:
+    target: str = "default"
+    out: Path = Path("head")
+    data_dir: Path | None = None
+    prompts_dir: Path | None = None
+    prompt_limits: dict[str, int | None] = field(
+        default_factory=lambda: {
+            "oasst_en.prompts.jsonl": None,
+            "mbpp.prompts.jsonl": None,
+            "gsm8k_train.prompts.jsonl": 1000,
+        }
+    )
+    max_prompts: int | None = None  # stop generating after this many prompts (None: all)
+    max_new_tokens: int = 192
+    gen_batch_size: int = 64
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
+    draft_vocab: int = 8192
+    intermediate_size: int | None = None
+    eval_prompts: int = 12
+    eval_max_new_tokens: int = 96
+    eval_gamma: int = 4
+    device: str = "cpu"
+    seed: int = 0
+    resume: bool = False
+    progress: bool = True
+
+
+def held_out_split(paths: list[Path], every: int = 10) -> tuple[list[Path], list[Path]]:
+    """Split shards into (train, held-out): every ``every``-th shard (by index, from the 10th) is held out."""
+    train = [p for i, p in enumerate(paths) if i % every != every - 1]
+    held = [p for i, p in enumerate(paths) if i % every == every - 1]
+    if not held and len(paths) > 1:
+        held, train = paths[-1:], paths[:-1]
+    return train, held
+
+
+def default_data_dir(target: str) -> Path:
+    from specwise.models.loader import cache_dir
+
+    slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in target)
+    return cache_dir() / "distill" / slug
+
+
+def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
+    """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
+    import torch
+
+    from specwise.distill.data import PromptSource, collect_prompts, generate_shards, load_shards
+    from specwise.distill.train import (
+        draft_vocabulary,
+        make_batches,
+        train_head,
+        write_json_atomic,
+    )
+    from specwise.drafters.head import load_head, new_head, save_head
+    from specwise.models.loader import load_model
+    from specwise.runtime import eos_ids
+
+    out = Path(opts.out)
+    state_path = out / "train_state.pt"
+    if state_path.exists() and not opts.resume:
+        raise FileExistsError(
+            f"{out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
+        )
+    if opts.prompts_dir is None:
+        raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
+    started = time.time()
+    torch.manual_seed(opts.seed)
+    loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
+    data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
+    sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
+    prompts = collect_prompts(sources, opts.seed)
+    if opts.max_prompts is not None:
+        prompts = prompts[: opts.max_prompts]
+    log(f"data: {len(prompts)} prompts -> {data_dir / 'answers'}")
+    paths = generate_shards(
+        loaded,
+        prompts,
+        data_dir / "answers",
+        batch_size=opts.gen_batch_size,
+        max_new_tokens=opts.max_new_tokens,
+        temperatures=opts.temperatures,
+        seed=opts.seed,
+        progress=opts.progress,
+    )
+    train_paths, held_paths = held_out_split(paths)
+    train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
+    n_train = sum(len(s.tokens) for s in train_shards)
+    n_held = sum(len(s.tokens) for s in held_shards)
+    log(f"data: {n_train} training tokens in {len(train_paths)} shards, {n_held} held out in {len(held_paths)}")
+
+    hf = loaded.hf_model
+    eos = eos_ids(loaded) or set()
+    if opts.resume and (out / "config.json").exists():
+        head = load_head(out)
+        head.attach_target(hf)
+    else:
+        vocab = draft_vocabulary(train_shards, opts.draft_vocab, eos, loaded.model.vocab_size)
+        head = new_head(hf, loaded.name, vocab, opts.intermediate_size, seed=opts.seed)
+        out.mkdir(parents=True, exist_ok=True)
+        save_head(head, out, dtype=torch.float32)  # the config and the initial weights, replaced at the end
+    coverage = _coverage(held_shards, head.vocab_ids, loaded.model.vocab_size)
+    log(f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of held-out tokens")
+    train = make_batches(train_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
+    held = make_batches(held_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
+    full_head = hf.get_output_embeddings().weight.detach()
+    result = train_head(head, train, held, full_head, cfg, state_path, resume=opts.resume, progress=opts.progress)
+    head.config.training = {
+        "command": os.environ.get("SPECWISE_COMMAND", ""),
+        "train_tokens": n_train,
+        "held_out_tokens": n_held,
+        "loss": cfg.loss,
+        "steps_unrolled": cfg.steps_unrolled,
+        "epochs": cfg.epochs,
+        "seed": cfg.seed,
+    }
+    save_head(head, out, dtype=torch.float16)
+    tau = measure_tau(loaded, out, held_shards, opts)
+    report = {
+        "target": opts.target,
+        "draft_vocab_size": head.config.draft_vocab_size,
+        "draft_vocab_coverage": round(coverage, 4),
+        "train_tokens": n_train,
+        "held_out_tokens": n_held,
+        "seconds": round(time.time() - started, 1),
+        "threads": torch.get_num_threads(),
+        **result,
+        "engine": tau,
+    }
+    write_json_atomic(out / "report.json", report)
+    return report
+
+
+def _coverage(shards, vocab_ids, vocab_size: int) -> float:
+    import torch
+
+    if not shards:
+        return float("nan")
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for s in shards:
+        counts += torch.bincount(s.tokens.long(), minlength=vocab_size)
+    return float(counts[vocab_ids].sum() / counts.sum().clamp_min(1))
+
+
+def measure_tau(loaded, head_dir: Path, held_shards, opts: DistillOptions) -> dict:
+    """Greedy tau and acceptance of the saved head at ``eval_gamma`` on held-out prompts, through the engine."""
+    from specwise.drafters import make_drafter
+    from specwise.engine import Engine
+    from specwise.metrics import SpecStats
+    from specwise.models.loader import LoadedModel
+    from specwise.models.native import NativeModel, native_supported
+    from specwise.runtime import eos_ids
+
+    model = loaded.model
+    if native_supported(loaded.hf_model) is None and not isinstance(model, NativeModel):
+        model = NativeModel(loaded.hf_model, name=loaded.name)
+    target = LoadedModel(model, loaded.tokenizer, loaded.name, loaded.hf_model)
+    drafter = make_drafter(f"head:{head_dir}", target, device=opts.device)
+    engine = Engine(model, drafter, gamma=opts.eval_gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
+    prompts = [seq[0][: seq[3]].tolist() for s in held_shards for seq in s.sequences() if seq[3] > 0]
+    prompts = prompts[: opts.eval_prompts]
+    total = SpecStats()
+    for prompt in prompts:
+        stats = engine.generate(prompt, max_new_tokens=opts.eval_max_new_tokens).stats
+        total.merge(stats)
+    out = total.to_dict()
+    return {
+        "prompts": len(prompts),
+        "gamma": opts.eval_gamma,
+        "max_new_tokens": opts.eval_max_new_tokens,
+        "tau": out.get("mean_accepted_length"),
+        "acceptance_rate": out.get("acceptance_rate"),
+        "accepted_by_position": out.get("acceptance_by_position"),
+    }

@@ -1,0 +1,282 @@
+"""Distillation data: the target's own answers to instruction prompts, with its features, cached to disk.
+
+For every sequence (chat-formatted prompt followed by the target's answer) a shard stores, per token:
+
+- ``tokens``: the token id (int32);
+- ``features``: the target's last hidden state after the final norm (float16), the input of its output layer;
+- ``lse``: log-sum-exp of the target's logits over the full vocabulary (float32), so that the target's
+  probability of any token v is ``exp(lm_head(feature)[v] - lse)`` without storing ``[vocab]`` per token.
+
+Answers are generated in batches (left-padded, the batch's rows share each forward pass), which is several
+times faster than one sequence at a time on a CPU. Shards are written atomically and the run resumes where it
+stopped: a prompt whose shard exists is not generated again.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["PromptSource", "Shard", "collect_prompts", "generate_shards", "load_shards", "corpus_shards"]
+
+# the shared data layout (see ../shared/data/README.md)
+PROMPT_FILES = ("oasst_en.prompts.jsonl", "mbpp.prompts.jsonl", "gsm8k_train.prompts.jsonl")
+
+
+@dataclass
+class PromptSource:
+    """A prompts file and how many of its rows to use (None: all)."""
+
+    path: Path
+    limit: int | None = None
+
+
+@dataclass
+class Shard:
+    """Sequences of one batch: flat per-token arrays and each sequence's [start, end) and prompt length."""
+
+    tokens: torch.Tensor  # [n] int32
+    features: torch.Tensor  # [n, hidden] float16
+    lse: torch.Tensor  # [n] float32
+    offsets: torch.Tensor  # [num_seqs + 1] int64
+    prompt_lengths: torch.Tensor  # [num_seqs] int64
+
+    def sequences(self):
+        """Yield (tokens, features, lse, prompt_length) per sequence."""
+        for i in range(len(self.prompt_lengths)):
+            a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+            yield self.tokens[a:b], self.features[a:b], self.lse[a:b], int(self.prompt_lengths[i])
+
+
+def collect_prompts(sources: list[PromptSource], seed: int) -> list[str]:
+    """Prompts from the given files, each subsampled with ``seed`` to its limit, then shuffled together."""
+    rng = random.Random(seed)
+    prompts: list[str] = []
+    for source in sources:
+        if not source.path.exists():
+            raise FileNotFoundError(f"prompts file {source.path} not found: pass --prompts-dir pointing at shared/data")
+        lines = source.path.read_text(encoding="utf-8").split("\n")  # not splitlines: prompts may hold U+2028
+        rows = [json.loads(line)["prompt"] for line in lines if line.strip()]
+        if source.limit is not None and source.limit < len(rows):
+            rows = rng.sample(rows, source.limit)
+        prompts.extend(r for r in rows if r.strip())
+    rng.shuffle(prompts)
+    return prompts
+
+
+def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
+    tmp.replace(path)
+
+
+def _features_and_lse(hf_model, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """log-sum-exp of the output layer over ``hidden`` [n, d], in chunks of rows (the logits are large)."""
+    head = hf_model.get_output_embeddings()
+    out = []
+    for i in range(0, hidden.shape[0], chunk):
+        out.append(torch.logsumexp(head(hidden[i : i + chunk]).float(), dim=-1))
+    return torch.cat(out) if out else hidden.new_empty(0)
+
+
+@torch.inference_mode()
+def _generate_batch(
+    hf_model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    eos: set[int],
+    pad_id: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """Generate answers for a batch of token-id prompts (left-padded); return (tokens, features, lse) per row.
+
+    features/lse cover every token of the sequence except the last (whose features nothing needs).
+    """
+    from transformers import DynamicCache
+
+    device = next(hf_model.parameters()).device
+    batch = len(prompts)
+    width = max(len(p) for p in prompts)
+    ids = torch.full((batch, width), pad_id, dtype=torch.int64)
+    mask = torch.zeros((batch, width), dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    cache = DynamicCache(config=hf_model.config)
+    base = hf_model.model
+    head = hf_model.get_output_embeddings()
+    feats: list[torch.Tensor] = []  # [batch, t, d] pieces
+    lses: list[torch.Tensor] = []
+    tokens = ids
+    step_ids = ids
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.full((batch,), max_new_tokens, dtype=torch.int64)
+    eos_t = torch.tensor(sorted(eos), device=device)
+    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    for step in range(max_new_tokens):
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
+        hidden = base(
+            input_ids=step_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{cache_kw: cache}
+        ).last_hidden_state  # [batch, t, d], after the final norm
+        feats.append(hidden.to(torch.float16))
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        lses.append(_features_and_lse(hf_model, flat).view(batch, -1))
+        logits = head(hidden[:, -1]).float()  # [batch, vocab]
+        if temperature == 0:
+            nxt = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
+        finished_now = torch.isin(nxt, eos_t) & ~done
+        lengths[finished_now.cpu()] = step + 1
+        done |= finished_now
+        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        mask = torch.cat([mask, (~done | finished_now).long()[:, None]], dim=1)
+        step_ids = nxt[:, None]
+        if bool(done.all()):
+            break
+    all_feats = torch.cat(feats, dim=1)  # [batch, width + steps - 1, d]
+    all_lse = torch.cat(lses, dim=1)
+    out = []
+    for i, p in enumerate(prompts):
+        a = width - len(p)
+        b = width + int(lengths[i])  # end of the row's tokens (answer included)
+        b = min(b, tokens.shape[1])
+        row_tokens = tokens[i, a:b].tolist()
+        out.append((row_tokens, all_feats[i, a : b - 1].cpu(), all_lse[i, a : b - 1].cpu()))
+    return out
+
+
+def generate_shards(
+    loaded,
+    prompts: list[str],
+    out_dir: Path,
+    batch_size: int = 64,
+    max_prompt_tokens: int = 256,
+    max_new_tokens: int = 192,
+    temperatures: tuple[float, ...] = (0.0,),
+    seed: int = 0,
+    progress: bool = True,
+) -> list[Path]:
+    """Have the target answer ``prompts`` and store shards in ``out_dir`` (resumable). Returns the shard paths.
+
+    Prompts are grouped in blocks of 8 batches, sorted by length inside a block so that a batch pads little.
+    Batch j is generated at ``temperatures[j % len(temperatures)]`` (0 is greedy).
+    """
+    from tqdm import tqdm
+
+    from specwise.runtime import encode_prompt, eos_ids
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = loaded.tokenizer
+    encoded = [encode_prompt(tok, p, chat=True) for p in prompts]
+    encoded = [e for e in encoded if len(e) <= max_prompt_tokens]
+    batches: list[list[list[int]]] = []
+    block = 8 * batch_size
+    for i in range(0, len(encoded), block):
+        chunk = sorted(encoded[i : i + block], key=len)
+        batches.extend(chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size))
+    eos = eos_ids(loaded) or set()
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
+    paths = []
+    bar = tqdm(total=len(batches), desc="generating answers", unit="batch", disable=not progress)
+    for j, batch in enumerate(batches):
+        path = out_dir / f"shard_{j:05d}.safetensors"
+        paths.append(path)
+        if path.exists():
+            bar.update(1)
+            continue
+        temperature = temperatures[j % len(temperatures)]
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + j)
+        rows = _generate_batch(loaded.hf_model, batch, max_new_tokens, eos, pad_id, temperature, generator)
+        shard = _pack(rows, [len(p) for p in batch])
+        meta = {"temperature": str(temperature), "source": "answers"}
+        _save_atomic(_shard_tensors(shard), path, meta)
+        bar.update(1)
+        bar.set_postfix(tokens=int(shard.offsets[-1]))
+    bar.close()
+    return paths
+
+
+def _pack(rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], prompt_lengths: list[int]) -> Shard:
+    """Concatenate sequences. Each keeps the tokens that have features (all but its last token)."""
+    toks = [torch.tensor(r[0][: len(r[1])], dtype=torch.int32) for r in rows]
+    offsets = [0]
+    for t in toks:
+        offsets.append(offsets[-1] + len(t))
+    return Shard(
+        tokens=torch.cat(toks),
+        features=torch.cat([r[1] for r in rows]),
+        lse=torch.cat([r[2] for r in rows]).float(),
+        offsets=torch.tensor(offsets, dtype=torch.int64),
+        prompt_lengths=torch.tensor(prompt_lengths, dtype=torch.int64),
+    )
+
+
+def _shard_tensors(shard: Shard) -> dict[str, torch.Tensor]:
+    return {
+        "tokens": shard.tokens,
+        "features": shard.features,
+        "lse": shard.lse,
+        "offsets": shard.offsets,
+        "prompt_lengths": shard.prompt_lengths,
+    }
+
+
+@torch.inference_mode()
+def corpus_shards(
+    loaded,
+    texts: list[str],
+    out_dir: Path,
+    seq_len: int = 256,
+    batch_size: int = 16,
+    max_sequences: int | None = None,
+    progress: bool = True,
+) -> list[Path]:
+    """Teacher-forced target features over plain text cut into ``seq_len``-token pieces (resumable shards)."""
+    from tqdm import tqdm
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok = loaded.tokenizer
+    pieces: list[list[int]] = []
+    for text in texts:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        pieces.extend(ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
+    if max_sequences is not None:
+        pieces = pieces[:max_sequences]
+    base = loaded.hf_model.model
+    paths = []
+    groups = [pieces[i : i + batch_size] for i in range(0, len(pieces), batch_size)]
+    for j, group in enumerate(tqdm(groups, desc="corpus features", unit="batch", disable=not progress)):
+        path = out_dir / f"corpus_{j:05d}.safetensors"
+        paths.append(path)
+        if path.exists():
+            continue
+        ids = torch.tensor(group)
+        hidden = base(input_ids=ids.to(next(base.parameters()).device)).last_hidden_state  # [b, seq, d]
+        rows = []
+        for i in range(len(group)):
+            rows.append((group[i], hidden[i, :-1].half().cpu(), _features_and_lse(loaded.hf_model, hidden[i, :-1])))
+        shard = _pack(rows, [0] * len(group))
+        _save_atomic(_shard_tensors(shard), path, {"source": "corpus"})
+    return paths
+
+
+def load_shards(paths: list[Path]) -> list[Shard]:
+    from safetensors.torch import load_file
+
+    shards = []
+    for path in paths:
+        t = load_file(str(path))
+        shards.append(Shard(t["tokens"], t["features"], t["lse"], t["offsets"], t["prompt_lengths"]))
+    return shards

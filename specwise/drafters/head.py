@@ -1,0 +1,433 @@
+"""The `head` drafter: a small trained decoder layer on the target's own features (in the spirit of EAGLE).
+
+At each position the head reads the target's last hidden state (after the final norm, the input of the output
+layer) and the embedding of the next token, and predicts the next position's hidden state; the target's own
+output layer, restricted to a draft vocabulary of the most frequent tokens, turns that into q. Drafting more
+than one token feeds the head its own predicted state. The target's embedding and output layer are reused
+frozen, so a head file holds only the small layer (a few MB).
+
+q is zero outside the draft vocabulary; the rejection rule handles that exactly (such tokens are never
+drafted, and the residual distribution can still produce them).
+
+Training is in :mod:`specwise.distill`; ``specwise distill`` writes a directory with ``config.json`` and
+``model.safetensors`` that ``--drafter head:DIR`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.sampling import SamplingParams, probs_from_logits, sample
+
+__all__ = ["HeadConfig", "EagleHead", "HeadDrafter", "TargetMismatchError", "load_head", "new_head", "save_head"]
+
+FORMAT = "specwise-head"
+FORMAT_VERSION = 1
+
+
+class TargetMismatchError(ValueError):
+    """The head was trained for another target model."""
+
+
+@dataclass
+class HeadConfig:
+    """Shape of a head and the identity of the target it was trained for."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    draft_vocab_size: int
+    target: dict = field(default_factory=dict)  # name, architecture, vocab_size, hidden_size, layers, fingerprint
+    training: dict = field(default_factory=dict)  # how it was made (free-form, written by distill)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> HeadConfig:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a specwise head config (format {data.get('format')!r}, expected {FORMAT!r})")
+        if data.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(
+                f"head format version {data['format_version']} is newer than this specwise ({FORMAT_VERSION}): "
+                "upgrade specwise"
+            )
+        keys = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in keys})
+
+
+def target_identity(hf_model, name: str) -> dict:
+    """What a head records about its target, to refuse another target later (see :func:`check_target`).
+
+    The fingerprint is the mean of 16 slices of the output layer's weight: it tells models apart and survives
+    a change of dtype or file format of the same weights.
+    """
+    config = hf_model.config
+    weight = hf_model.get_output_embeddings().weight.detach().float()
+    chunks = weight.flatten().chunk(16)
+    return {
+        "name": name,
+        "architecture": type(hf_model).__name__,
+        "vocab_size": int(weight.shape[0]),
+        "hidden_size": int(config.hidden_size),
+        "num_layers": int(config.num_hidden_layers),
+        "fingerprint": [round(float(c.double().abs().mean()), 6) for c in chunks],
+    }
+
+
+def check_target(config: HeadConfig, hf_model, name: str) -> None:
+    """Raise TargetMismatchError when ``hf_model`` is not the target the head was trained for."""
+    recorded = config.target
+    actual = target_identity(hf_model, name)
+    for key in ("architecture", "vocab_size", "hidden_size", "num_layers"):
+        if recorded.get(key) != actual[key]:
+            raise TargetMismatchError(
+                f"this head was trained for {recorded.get('name')!r} ({key} {recorded.get(key)}), but the target "
+                f"{name!r} has {key} {actual[key]}: train a head for this target with `specwise distill`"
+            )
+    fp_a, fp_b = recorded.get("fingerprint", []), actual["fingerprint"]
+    if len(fp_a) != len(fp_b) or any(abs(a - b) > 1e-3 * max(abs(a), 1e-6) + 1e-5 for a, b in zip(fp_a, fp_b)):
+        raise TargetMismatchError(
+            f"this head was trained for {recorded.get('name')!r}, and the target {name!r} has the same shape but "
+            "different weights: train a head for this target with `specwise distill`"
+        )
+
+
+def _rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin for rotate-half rotary embeddings. Shapes [n, head_dim]."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    half = inv_freq.numel()
+    sin = emb.sin()
+    return emb.cos(), torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., n, heads, hd] with cos/sin [n, 1, hd]."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
+
+
+class EagleHead(nn.Module):
+    """One decoder layer mapping (target feature at t, embedding of token t+1) to the feature at t+1.
+
+    Trainable: input norms, the fusing projection, the decoder layer and the output norm. Frozen and not saved:
+    the target's embedding and its output layer's rows for the draft vocabulary (``attach_target``).
+    """
+
+    def __init__(self, config: HeadConfig) -> None:
+        super().__init__()
+        c = config
+        self.config = c
+        d, hd = c.hidden_size, c.head_dim
+        self.feature_norm = nn.Parameter(torch.ones(d))
+        self.embed_norm = nn.Parameter(torch.ones(d))
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        self.attn_norm = nn.Parameter(torch.ones(d))
+        self.qkv = nn.Linear(d, (c.num_heads + 2 * c.num_kv_heads) * hd, bias=False)
+        self.o = nn.Linear(c.num_heads * hd, d, bias=False)
+        self.mlp_norm = nn.Parameter(torch.ones(d))
+        self.gate_up = nn.Linear(d, 2 * c.intermediate_size, bias=False)
+        self.down = nn.Linear(c.intermediate_size, d, bias=False)
+        self.out_norm = nn.Parameter(torch.ones(d))
+        self.register_buffer("vocab_ids", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
+        self.register_buffer("inv_freq", torch.ones(hd // 2))
+        # frozen target parts, set by attach_target (not saved)
+        self.embed: torch.Tensor | None = None  # [vocab, d]
+        self.head_weight: torch.Tensor | None = None  # [draft_vocab, d]
+
+    def attach_target(self, hf_model) -> None:
+        """Take the target's embedding and the draft-vocabulary rows of its output layer (frozen, shared)."""
+        self.embed = hf_model.get_input_embeddings().weight.detach()
+        head = hf_model.get_output_embeddings().weight.detach()
+        self.head_weight = head[self.vocab_ids.to(head.device)].contiguous()
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_eps)
+
+    def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+        """Input of the layer: [..., d] from features [..., d] and token ids [...]."""
+        emb = self.embed[next_tokens]
+        both = torch.cat([self._norm(features, self.feature_norm), self._norm(emb, self.embed_norm)], dim=-1)
+        return self.fc(both)
+
+    def qkv_heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Rotated queries and keys, and values: [..., n, heads or kv_heads, hd]."""
+        c = self.config
+        qkv = self.qkv(self._norm(x, self.attn_norm))
+        heads = qkv.view(*qkv.shape[:-1], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        qk = _rotate(heads[..., : c.num_heads + c.num_kv_heads, :], cos, sin)
+        return qk[..., : c.num_heads, :], qk[..., c.num_heads :, :], heads[..., c.num_heads + c.num_kv_heads :, :]
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual, MLP and output norm after attention: the predicted feature [..., d]."""
+        h = x + self.o(attn)
+        gate, up = self.gate_up(self._norm(h, self.mlp_norm)).chunk(2, dim=-1)
+        h = h + self.down(F.silu(gate) * up)
+        return self._norm(h, self.out_norm)
+
+    def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., draft_vocab] of (predicted or true) features."""
+        return features @ self.head_weight.T
+
+    # ---- training: several drafting steps unrolled over whole sequences -------------------------------------
+
+    def forward(self, features: torch.Tensor, next_tokens: torch.Tensor, steps: int = 1) -> list[torch.Tensor]:
+        """Teacher-forced drafting, unrolled ``steps`` times as it happens at inference.
+
+        features: [B, T, d] the target's features at positions 0..T-1; next_tokens: [B, T] the token at t+1.
+        Returns one [B, T, d] tensor per step s (1-based): row t predicts the feature at t+1 when the inputs
+        at positions > t - s + 1 are the head's own earlier predictions (valid for t >= s - 1). At step s,
+        position t attends to true keys up to t - s + 1 and to its own predictions at t - s + 2 .. t, which is
+        what the cache holds when the s-th token of a draft is made.
+        """
+        c = self.config
+        B, T, _ = features.shape
+        positions = torch.arange(T, device=features.device)
+        cos, sin = _rotary_tables(self.inv_freq, positions)
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]
+        group = c.num_heads // c.num_kv_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        outputs: list[torch.Tensor] = []
+        keys: list[torch.Tensor] = []  # per step: [B, heads, T, hd]
+        values: list[torch.Tensor] = []
+        feats = features
+        for s in range(1, steps + 1):
+            x = self.fuse(feats, next_tokens)  # [B, T, d]
+            q, k, v = self.qkv_heads(x, cos, sin)  # [B, T, h, hd]
+            q = q.transpose(1, 2)  # [B, heads, T, hd]
+            k = k.transpose(1, 2).repeat_interleave(group, dim=1)
+            v = v.transpose(1, 2).repeat_interleave(group, dim=1)
+            keys.append(k)
+            values.append(v)
+            # scores against the first step's (true) keys, at j <= t - s + 1
+            scores = [q @ keys[0].transpose(-1, -2) * scale]  # [B, heads, T, T]
+            allowed = positions[None, :] <= positions[:, None] - (s - 1)
+            scores[0] = scores[0].masked_fill(~allowed, float("-inf"))
+            # and against each later step m's key at position t - (s - m)
+            for m in range(2, s + 1):
+                shift = s - m
+                km = _shift(keys[m - 1], shift)
+                scores.append(((q * km).sum(-1) * scale)[..., None])
+            weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # [B, heads, T, T + s - 1]
+            weights = torch.nan_to_num(weights)  # rows with no allowed key (t < s - 1) are invalid anyway
+            attn = weights[..., :T] @ values[0]
+            for m in range(2, s + 1):
+                attn = attn + weights[..., T + m - 2 : T + m - 1] * _shift(values[m - 1], s - m)
+            attn = attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
+            pred = self.finish(x, attn)  # [B, T, d]
+            outputs.append(pred)
+            # next step: position t reads the prediction made at t - 1
+            feats = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)
+        return outputs
+
+
+def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[..., t - n, :] at t along dim -2 (zeros for t < n)."""
+    if n == 0:
+        return x
+    pad = torch.zeros_like(x[..., :n, :])
+    return torch.cat([pad, x[..., :-n, :]], dim=-2)
+
+
+def save_head(head: EagleHead, directory: Path, dtype: torch.dtype = torch.float16) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (trainable weights, the draft vocabulary) atomically."""
+    from safetensors.torch import save_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, value in head.state_dict().items():
+        value = value.detach().cpu()
+        tensors[name] = value.to(dtype) if value.is_floating_point() and name != "inv_freq" else value
+    tmp = directory / "model.safetensors.tmp"
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(directory / "model.safetensors")
+    tmp_cfg = directory / "config.json.tmp"
+    tmp_cfg.write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
+    tmp_cfg.replace(directory / "config.json")
+
+
+def load_head(directory: Path | str, device: torch.device | str = "cpu") -> EagleHead:
+    """Read a head directory (weights in float32 on ``device``); attach a target before use."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(
+            f"{directory} is not a head directory (no config.json): train one with `specwise distill --out DIR`"
+        )
+    config = HeadConfig.from_json(json.loads(cfg_path.read_text()))
+    head = EagleHead(config)
+    state = load_file(str(directory / "model.safetensors"))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    head.load_state_dict(state)
+    return head.to(device).eval()
+
+
+class HeadDrafter(Drafter):
+    """Drafts with an :class:`EagleHead` from the target's features.
+
+    The target must keep its features (``target.keep_features = True``, set here). The head has its own KV cache
+    (one layer) written by position: positions whose features came from the target are kept between steps,
+    the speculative ones are overwritten by the next proposal.
+    """
+
+    name = "head"
+
+    def __init__(self, head: EagleHead, target, capacity: int = 1024) -> None:
+        from specwise.models.native import Linear
+
+        self.head = head.eval()
+        self.target = target
+        self.device = target.device
+        target.keep_features = True
+        c = head.config
+        self._c = c
+        self._group = c.num_heads // c.num_kv_heads
+        with torch.no_grad():
+            fc = head.fc.weight.detach()
+            self._fc = Linear(fc)
+            self._qkv = Linear(head.qkv.weight.detach())
+            self._o = Linear(head.o.weight.detach())
+            self._gate_up = Linear(head.gate_up.weight.detach())
+            self._down = Linear(head.down.weight.detach())
+            self._lm = Linear(head.head_weight)
+        self._backend = "kernel" if self._lm.kernel_ok else "torch"
+        self._vocab_ids = head.vocab_ids.to(self.device)
+        self._capacity = 0
+        self._grow(capacity)
+        self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
+
+    def _grow(self, capacity: int) -> None:
+        c = self._c
+        shape = (c.num_kv_heads, capacity, c.head_dim)
+        k_cache = torch.zeros(shape, device=self.device)
+        v_cache = torch.zeros(shape, device=self.device)
+        if self._capacity:
+            k_cache[:, : self._capacity] = self.k_cache
+            v_cache[:, : self._capacity] = self.v_cache
+        self.k_cache, self.v_cache = k_cache, v_cache
+        cos, sin = _rotary_tables(self.head.inv_freq, torch.arange(capacity, device=self.device))
+        self._cos, self._sin = cos[:, None, :], sin[:, None, :]
+        self._capacity = capacity
+
+    def begin(self, prompt: list[int]) -> None:
+        self._fed = []
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), weight, self._c.rms_eps)
+
+    def _step(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Feed n positions at ``start``; return predicted features [n, d]."""
+        c, h, b = self._c, self.head, self._backend
+        n = features.shape[0]
+        if start + n > self._capacity:
+            self._grow(max(2 * self._capacity, start + n))
+        emb = h.embed[next_tokens]
+        x = self._fc(torch.cat([self._norm(features, h.feature_norm), self._norm(emb, h.embed_norm)], dim=-1), b)
+        qkv = self._qkv(self._norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        nq, nkv = c.num_heads, c.num_kv_heads
+        qk = _rotate(qkv[:, : nq + nkv], self._cos[start : start + n], self._sin[start : start + n])
+        end = start + n
+        self.k_cache[:, start:end] = qk[:, nq:].transpose(0, 1)
+        self.v_cache[:, start:end] = qkv[:, nq + nkv :].transpose(0, 1)
+        mask = None
+        if n > 1:
+            rows = torch.arange(start, end, device=self.device)[:, None]
+            mask = torch.arange(end, device=self.device)[None, :] <= rows
+        attn = F.scaled_dot_product_attention(
+            qk[:, :nq].transpose(0, 1)[None],
+            self.k_cache[None, :, :end],
+            self.v_cache[None, :, :end],
+            attn_mask=mask,
+            enable_gqa=nq != nkv,
+        )[0]  # [heads, n, hd]
+        x = x + self._o(attn.transpose(0, 1).reshape(n, nq * c.head_dim), b)
+        gate, up = self._gate_up(self._norm(x, h.mlp_norm), b).chunk(2, dim=-1)
+        x = x + self._down(F.silu(gate) * up, b)
+        return self._norm(x, h.out_norm)
+
+    def _choose(self, feature: torch.Tensor, params: SamplingParams, generator) -> tuple[int, torch.Tensor | None]:
+        """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary."""
+        logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
+        if params.greedy:
+            return int(self._vocab_ids[int(logits.argmax())]), None
+        full = torch.full((self.target.vocab_size,), float("-inf"), device=self.device)
+        full[self._vocab_ids] = logits
+        q = probs_from_logits(full, params)  # [vocab], zero outside the draft vocabulary
+        return int(sample(q, generator)), q
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        known = min(self.target.length, len(context) - 1)  # positions with target features
+        if k <= 0 or known <= 0:
+            return Draft.empty(self.device)
+        # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching
+        fed = context[: known + 1]
+        limit = min(len(self._fed), len(fed))
+        match = limit
+        if self._fed[:limit] != fed[:limit]:
+            match = next(i for i in range(limit) if self._fed[i] != fed[i])
+        common = min(max(match - 1, 0), known - 1)  # feed at least the last position to predict from it
+        features = self.target.features(common, known)  # [known - common, d]
+        next_tokens = torch.tensor(fed[common + 1 :], device=self.device)
+        pred = self._step(features, next_tokens, common)[-1]
+        self._fed = fed
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            token, q = self._choose(pred, params, generator)
+            tokens.append(token)
+            if q is not None:
+                probs.append(q)
+            if i + 1 < k:
+                pred = self._step(pred[None], torch.tensor([token], device=self.device), known + i)[-1]
+        return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), torch.stack(probs) if probs else None)
+
+
+def new_head(
+    hf_model, name: str, vocab_ids: torch.Tensor, intermediate_size: int | None = None, seed: int = 0
+) -> EagleHead:
+    """A freshly initialised head for ``hf_model`` (shaped like one of its layers), attached to it."""
+    config = hf_model.config
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    cfg = HeadConfig(
+        hidden_size=hidden,
+        num_heads=heads,
+        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
+        intermediate_size=int(intermediate_size or config.intermediate_size),
+        rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        draft_vocab_size=int(vocab_ids.numel()),
+        target=target_identity(hf_model, name),
+    )
+    torch.manual_seed(seed)
+    head = EagleHead(cfg)
+    for module in (head.fc, head.qkv, head.o, head.gate_up, head.down):
+        nn.init.normal_(module.weight, std=0.02)
+    with torch.no_grad():
+        head.vocab_ids.copy_(vocab_ids)
+        rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
+        if rotary is not None:
+            head.inv_freq.copy_(rotary.inv_freq.float())
+        else:
+            base = float(getattr(config, "rope_theta", 10000.0))
+            hd = cfg.head_dim
+            head.inv_freq.copy_(1.0 / base ** (torch.arange(0, hd, 2).float() / hd))
+        norm = getattr(getattr(hf_model, "model", None), "norm", None)
+        if norm is not None:  # predicted features live where the target's final norm puts them
+            head.out_norm.copy_(norm.weight.float())
+    head.attach_target(hf_model)
+    return head

@@ -1,0 +1,132 @@
+"""Distillation: batched data generation, losses, training with checkpoints and resume, the CLI end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from specwise.distill.data import PromptSource, _generate_batch, _pack, collect_prompts, load_shards
+from specwise.distill.train import (
+    TrainConfig,
+    _token_loss,
+    draft_vocabulary,
+    evaluate,
+    make_batches,
+    train_head,
+)
+from specwise.drafters.head import new_head
+from specwise.engine import Engine
+from specwise.models import HFModel
+
+
+def _tiny_shards(hf, n_prompts=6, max_new=12, temperature=0.0):
+    prompts = [[1 + i, 5, 7 + i, 3][: 2 + i % 3] for i in range(n_prompts)]
+    gen = torch.Generator().manual_seed(0)
+    rows = _generate_batch(hf, prompts, max_new, eos={0}, pad_id=0, temperature=temperature, generator=gen)
+    return [_pack(rows, [len(p) for p in prompts])], prompts, rows
+
+
+def test_batched_generation_equals_one_sequence_at_a_time():
+    hf = tiny_llama(seed=1)
+    _, prompts, rows = _tiny_shards(hf)
+    engine = Engine(HFModel(hf), None, gamma=0)
+    for prompt, (tokens, feats, lse) in zip(prompts, rows):
+        want = engine.generate(prompt, max_new_tokens=12, eos_token_ids=[0]).token_ids
+        assert tokens == prompt + want
+        with torch.no_grad():
+            ids = torch.tensor([tokens[:-1]])
+            hidden = hf.model(input_ids=ids).last_hidden_state[0]
+            logits = hf(input_ids=ids).logits[0]
+        torch.testing.assert_close(feats.float(), hidden, atol=2e-3, rtol=2e-3)  # stored as float16
+        torch.testing.assert_close(lse, torch.logsumexp(logits, -1), atol=1e-4, rtol=1e-4)
+
+
+def test_collect_prompts_is_seeded_and_limited(tmp_path):
+    path = tmp_path / "a.prompts.jsonl"
+    # a U+2028 inside a prompt must not split the line
+    path.write_text("".join(json.dumps({"prompt": f"q{i}\u2028x", "source": "t"}) + "\n" for i in range(20)))
+    a = collect_prompts([PromptSource(path, 5)], seed=1)
+    assert a == collect_prompts([PromptSource(path, 5)], seed=1) and len(a) == 5
+    assert a != collect_prompts([PromptSource(path, 5)], seed=2)
+    with pytest.raises(FileNotFoundError, match="prompts-dir"):
+        collect_prompts([PromptSource(tmp_path / "missing.jsonl")], seed=0)
+
+
+def test_token_losses_are_zero_at_p_equals_q_and_positive_otherwise():
+    p = torch.log_softmax(torch.randn(4, 10), -1)
+    q = torch.log_softmax(torch.randn(4, 10), -1)
+    for kind in ("tv", "jsd"):
+        assert float(_token_loss(kind, p, p).abs().max()) < 1e-6
+        assert float(_token_loss(kind, q, p).min()) > 0
+    # kl is a cross-entropy: minimised (down to the entropy of p) at q = p
+    assert float((_token_loss("kl", q, p) - _token_loss("kl", p, p)).min()) > 0
+
+
+def _setup(steps=2):
+    hf = tiny_llama(seed=1, vocab=40)
+    shards, _, _ = _tiny_shards(hf, n_prompts=16, max_new=16, temperature=1.0)
+    vocab = draft_vocabulary(shards, 32, {0}, 40)
+    head = new_head(hf, "tiny", vocab, seed=0)
+    batches = make_batches(shards, batch_tokens=64, max_len=32, seed=0)
+    cfg = TrainConfig(steps_unrolled=steps, epochs=6, lr=3e-3, warmup=5, eval_every=1000, checkpoint_every_s=1e9)
+    return hf, head, batches, cfg
+
+
+def test_training_improves_held_out_fidelity_and_resume_is_exact(tmp_path):
+    hf, head, batches, cfg = _setup()
+    full = hf.get_output_embeddings().weight.detach()
+    report = train_head(head, batches, batches[:2], full, cfg, tmp_path / "s.pt", progress=False, log=lambda m: None)
+    before, after = report["before"], report["after"]
+    assert 0 <= before["alpha"][0] <= 1 and 0 <= after["top1_agreement"][0] <= 1
+    assert after["alpha"][0] > before["alpha"][0] + 0.05
+    assert len(after["alpha"]) == 2
+    # the same run in two halves, through a checkpoint, ends with identical weights
+    _, head2, _, _ = _setup()
+    half = TrainConfig(**{**cfg.__dict__})
+    state = tmp_path / "r.pt"
+    total = int(cfg.epochs * len(batches))
+    train_head(head2, batches, batches[:2], full, half, state, progress=False, log=lambda m: None, max_steps=total // 2)
+    _, head3, _, _ = _setup()
+    train_head(head3, batches, batches[:2], full, cfg, state, resume=True, progress=False, log=lambda m: None)
+    for (name, a), b in zip(head.state_dict().items(), head3.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_evaluate_an_untrained_head():
+    hf, head, batches, _ = _setup(steps=1)
+    ev = evaluate(head, batches[:2], 1, hf.get_output_embeddings().weight.detach())
+    assert ev["positions"] > 0 and ev["top1_agreement"][0] < 0.9
+
+
+@pytest.mark.slow
+def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
+    from specwise.cli import main
+
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for name in ("oasst_en", "mbpp", "gsm8k_train"):
+        rows = [{"prompt": f"Tell me about {name} number {i}.", "source": "test"} for i in range(10)]
+        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "head"
+    args = ["distill", "--target", tiny_dir, "--out", str(out), "--prompts-dir", str(prompts)]
+    args += ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "8", "--gen-batch-size", "4"]
+    args += ["--draft-vocab", "512", "--epochs", "2", "--eval-prompts", "2", "--no-progress", "--gsm8k-limit", "4"]
+    assert main(args) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["after"]["positions"] > 0 and report["engine"]["prompts"] == 2
+    assert (out / "model.safetensors").exists() and (out / "config.json").exists()
+    assert main(args) == 2  # a checkpoint exists: refuse to overwrite it without --resume
+    assert "--resume" in capsys.readouterr().err
+    assert main([*args, "--resume"]) == 0
+    gen = ["generate", "hello", "--target", tiny_dir, "--drafter", f"head:{out}", "--max-new-tokens", "8", "--json"]
+    assert main(gen) == 0
+    plain = ["generate", "hello", "--target", tiny_dir, "--drafter", "none", "--max-new-tokens", "8", "--json"]
+    capsys.readouterr()
+    main(gen)
+    with_head = json.loads(capsys.readouterr().out)
+    main(plain)
+    assert json.loads(capsys.readouterr().out)["token_ids"] == with_head["token_ids"]
+    assert load_shards(sorted((tmp_path / "data" / "answers").glob("*.safetensors")))

@@ -1,0 +1,171 @@
+"""The head drafter: target features, training-time unrolling equal to inference, exactness, files, errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from test_engine import chi2_pvalue
+
+from conftest import tiny_llama
+from specwise.drafters import TargetMismatchError, make_drafter
+from specwise.drafters.head import HeadDrafter, load_head, new_head, save_head
+from specwise.engine import Engine
+from specwise.models import HFModel
+from specwise.models.loader import LoadedModel
+from specwise.models.native import NativeModel
+from specwise.sampling import SamplingParams, probs_from_logits
+
+
+def _head(hf, vocab_ids=None, seed=0):
+    vocab_ids = torch.arange(hf.config.vocab_size) if vocab_ids is None else vocab_ids
+    head = new_head(hf, "tiny", vocab_ids, seed=seed)
+    for p in head.parameters():  # a random head with peaked outputs (not an identity-like init)
+        p.data.normal_(0, 0.3)
+    return head.eval()
+
+
+@pytest.mark.parametrize("impl", ["native", "hf"])
+def test_features_are_the_final_normed_hidden_states_and_roll_back(impl):
+    hf = tiny_llama(seed=1)
+    model = NativeModel(hf) if impl == "native" else HFModel(hf)
+    model.keep_features = True
+    ids = torch.tensor([3, 7, 1, 9, 4, 4, 2, 8])
+    model.forward(ids[:5], num_logits=0)
+    model.forward(ids[5:])
+    with torch.no_grad():
+        ref = hf.model(input_ids=ids[None]).last_hidden_state[0]
+    torch.testing.assert_close(model.features(0, 8), ref, atol=1e-5, rtol=1e-5)
+    model.rollback(3)
+    model.forward(torch.tensor([5, 6]))
+    with torch.no_grad():
+        ref2 = hf.model(input_ids=torch.tensor([[3, 7, 1, 5, 6]])).last_hidden_state[0]
+    torch.testing.assert_close(model.features(0, 5), ref2, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="outside the cache"):
+        model.features(0, 6)
+
+
+def test_features_need_keep_features():
+    model = NativeModel(tiny_llama(seed=1))
+    model.forward(torch.tensor([1, 2]))
+    with pytest.raises(RuntimeError, match="keep_features"):
+        model.features(0, 1)
+
+
+def test_unrolled_training_forward_equals_drafting_with_the_cache():
+    """Step s of the training forward at position t is what the drafter computes for the s-th draft token."""
+    hf = tiny_llama(seed=1)
+    head = _head(hf)
+    target = NativeModel(hf)
+    drafter = HeadDrafter(head, target)
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4])
+    target.keep_features = True
+    target.forward(ids)
+    feats = target.features(0, 10)
+    nxt = torch.cat([ids[1:], ids[:1]])
+    with torch.no_grad():
+        preds = head(feats[None], nxt[None], steps=3)
+    L = 6  # the cache holds true positions 0..L-1; drafting continues at L, L+1 with the true next tokens
+    with torch.no_grad():
+        out = drafter._step(feats[:L], nxt[:L], 0)
+        torch.testing.assert_close(out[-1], preds[0][0, L - 1], atol=1e-5, rtol=1e-4)
+        out2 = drafter._step(out[-1:], nxt[L : L + 1], L)
+        torch.testing.assert_close(out2[-1], preds[1][0, L], atol=1e-5, rtol=1e-4)
+        out3 = drafter._step(out2[-1:], nxt[L + 1 : L + 2], L + 1)
+        torch.testing.assert_close(out3[-1], preds[2][0, L + 1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_identity_with_a_head_drafter(gamma):
+    hf = tiny_llama(seed=1)
+    plain = Engine(NativeModel(hf), None, gamma=0)
+    target = NativeModel(hf)
+    engine = Engine(target, HeadDrafter(_head(hf, torch.arange(0, 96, 2)), target), gamma=gamma)
+    for prompt in ([4], [1, 2, 3], [9, 9, 9, 9, 9, 30, 31]):
+        greedy = SamplingParams(temperature=0.0)
+        want = plain.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[]).token_ids
+        got = engine.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[])
+        assert got.token_ids == want
+        assert got.stats.drafted > 0
+
+
+def test_drafts_stay_in_the_draft_vocabulary_and_q_is_zero_outside():
+    hf = tiny_llama(seed=1)
+    target = NativeModel(hf)
+    vocab = torch.arange(10, 60)
+    drafter = HeadDrafter(_head(hf, vocab), target)
+    target.forward(torch.tensor([1, 2, 3]), num_logits=0)
+    drafter.begin([1, 2, 3, 4])
+    draft = drafter.propose([1, 2, 3, 4], 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert len(draft) == 5 and all(10 <= t < 60 for t in draft.tokens.tolist())
+    outside = torch.ones(96, dtype=torch.bool)
+    outside[vocab] = False
+    assert float(draft.probs[:, outside].sum()) == 0.0
+    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(5))
+
+
+def _exact_joint(hf, prompt, params, length):
+    out = {}
+    vocab = hf.config.vocab_size
+    for seq in itertools.product(range(vocab), repeat=length):
+        ids = torch.tensor([prompt + list(seq)])
+        with torch.no_grad():
+            logits = hf(input_ids=ids).logits[0]
+        prob = 1.0
+        for i, tok in enumerate(seq):
+            prob *= float(probs_from_logits(logits[len(prompt) - 1 + i], params)[tok])
+        out[seq] = prob
+    return out
+
+
+def test_sampled_output_with_a_head_follows_the_target():
+    """Through the engine, with a reduced draft vocabulary (q zero elsewhere), emitted sequences follow p."""
+    hf = tiny_llama(seed=4, vocab=5, std=0.3)
+    target = NativeModel(hf)
+    engine = Engine(target, HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target), gamma=3)
+    params = SamplingParams(temperature=1.0)
+    n, counts = 4000, {}
+    for i in range(n):
+        run = SamplingParams(temperature=1.0, seed=5000 + i)
+        ids = tuple(engine.generate([1, 4], run, max_new_tokens=3, eos_token_ids=[]).token_ids)
+        counts[ids] = counts.get(ids, 0) + 1
+    pvalue = chi2_pvalue(counts, _exact_joint(hf, [1, 4], params, 3), n)
+    assert pvalue > 1e-4, f"emitted sequences do not follow p (chi-square p-value {pvalue:.2e})"
+
+
+def test_save_load_and_make_drafter(tmp_path):
+    hf = tiny_llama(seed=1)
+    head = _head(hf, torch.arange(0, 96, 3))
+    save_head(head, tmp_path / "h", dtype=torch.float32)
+    loaded = load_head(tmp_path / "h")
+    for (name, a), b in zip(head.state_dict().items(), loaded.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+    target = LoadedModel(NativeModel(hf, name="tiny"), None, "tiny", hf)
+    drafter = make_drafter(f"head:{tmp_path / 'h'}", target)
+    assert isinstance(drafter, HeadDrafter)
+    ref = Engine(NativeModel(hf), None, gamma=0).generate([3, 4], max_new_tokens=10, eos_token_ids=[]).token_ids
+    out = Engine(target.model, drafter, gamma=3).generate([3, 4], max_new_tokens=10, eos_token_ids=[]).token_ids
+    assert out == ref
+
+
+def test_a_head_refuses_another_target(tmp_path):
+    hf = tiny_llama(seed=1)
+    save_head(_head(hf), tmp_path / "h")
+    other = tiny_llama(seed=2)  # same shapes, other weights
+    target = LoadedModel(NativeModel(other, name="other"), None, "other", other)
+    with pytest.raises(TargetMismatchError, match="different weights"):
+        make_drafter(f"head:{tmp_path / 'h'}", target)
+    wider = tiny_llama(seed=1, hidden=64)
+    target = LoadedModel(NativeModel(wider, name="wide"), None, "wide", wider)
+    with pytest.raises(TargetMismatchError, match="hidden_size"):
+        make_drafter(f"head:{tmp_path / 'h'}", target)
+
+
+def test_head_errors_are_clear(tmp_path):
+    hf = tiny_llama(seed=1)
+    target = LoadedModel(NativeModel(hf, name="tiny"), None, "tiny", hf)
+    with pytest.raises(ValueError, match="no head is shipped"):
+        make_drafter("head", target)
+    with pytest.raises(FileNotFoundError, match="specwise distill"):
+        make_drafter(f"head:{tmp_path}", target)
