@@ -9,7 +9,7 @@ import sys
 
 from specwise.drafters import DRAFTER_HELP
 
-DEFAULT_DRAFTER = "ngram"
+DEFAULT_DRAFTER = "auto"
 DEFAULT_GAMMA = 4
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.

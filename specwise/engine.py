@@ -176,6 +176,7 @@ class Engine:
         text = StopText(self.tokenizer, stop)
         t0 = time.perf_counter()
         self.target.reset()
+        self.target.keep_features = self.drafter.needs_features
         self.drafter.begin(prompt_ids)
         self.schedule.begin()
         if len(prompt_ids) > 1:

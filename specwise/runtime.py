@@ -62,7 +62,7 @@ class Runtime:
 
 def build_runtime(
     target: str = "default",
-    drafter: str = "ngram",
+    drafter: str = "auto",
     gamma: int | str = 4,
     device: str = "auto",
     impl: str = "auto",

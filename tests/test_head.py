@@ -88,6 +88,9 @@ def test_greedy_identity_with_a_head_drafter(gamma):
         got = engine.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[])
         assert got.token_ids == want
         assert got.stats.drafted > 0
+    assert target.keep_features  # the engine turned features on for the head ...
+    Engine(target, None, gamma=0).generate([4], max_new_tokens=2)
+    assert not target.keep_features  # ... and off for plain decoding
 
 
 def test_drafts_stay_in_the_draft_vocabulary_and_q_is_zero_outside():
@@ -95,6 +98,7 @@ def test_drafts_stay_in_the_draft_vocabulary_and_q_is_zero_outside():
     target = NativeModel(hf)
     vocab = torch.arange(10, 60)
     drafter = HeadDrafter(_head(hf, vocab), target)
+    target.keep_features = True
     target.forward(torch.tensor([1, 2, 3]), num_logits=0)
     drafter.begin([1, 2, 3, 4])
     draft = drafter.propose([1, 2, 3, 4], 5, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))

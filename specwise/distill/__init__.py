@@ -33,7 +33,7 @@ class DistillOptions:
             "gsm8k_train.prompts.jsonl": 1000,
         }
     )
-    max_prompts: int | None = None  # stop generating after this many prompts (None: all)
+    max_prompts: int | None = None  # answer only the first batches covering this many prompts (None: all)
     max_new_tokens: int = 192
     gen_batch_size: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -93,9 +93,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
     sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
     prompts = collect_prompts(sources, opts.seed)
-    if opts.max_prompts is not None:
-        prompts = prompts[: opts.max_prompts]
-    log(f"data: {len(prompts)} prompts -> {data_dir / 'answers'}")
+    max_batches = None if opts.max_prompts is None else -(-opts.max_prompts // opts.gen_batch_size)
+    log(f"data: {len(prompts)} prompts (using {opts.max_prompts or 'all'}) -> {data_dir / 'answers'}")
     paths = generate_shards(
         loaded,
         prompts,
@@ -105,6 +104,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         temperatures=opts.temperatures,
         seed=opts.seed,
         progress=opts.progress,
+        max_batches=max_batches,
     )
     train_paths, held_paths = held_out_split(paths)
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
@@ -151,7 +151,79 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "engine": tau,
     }
     write_json_atomic(out / "report.json", report)
+    write_model_card(out, report, head.config, opts)
     return report
+
+
+def _machine() -> str:
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+
+
+def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> None:
+    """README.md next to the weights: how the head was made and how well it drafts (from ``report``)."""
+    after, before, engine = report["after"], report.get("before"), report["engine"]
+    steps = len(after["alpha"])
+    rows = [
+        f"| {i + 1} | {after['top1_agreement'][i]:.3f} | {after['alpha'][i]:.3f} |"
+        + (f" {before['top1_agreement'][i]:.3f} | {before['alpha'][i]:.3f} |" if before else " - | - |")
+        for i in range(steps)
+    ]
+    training = config.training
+    limits = ", ".join(f"{k}: {'all' if v is None else v}" for k, v in opts.prompt_limits.items())
+    text = f"""# Head drafter for {report["target"]} ({config.target.get("name")})
+
+A specwise head drafter: one decoder layer (hidden {config.hidden_size}, {config.num_heads} heads,
+{config.num_kv_heads} KV heads, MLP {config.intermediate_size}) that reads the target's last hidden states and
+reuses its embedding and output layer, restricted to a draft vocabulary of {config.draft_vocab_size} tokens
+({report["draft_vocab_coverage"]:.1%} of held-out tokens). Use it with `--drafter head:DIR` (for the default
+model, `--drafter head` or the default `auto`). Speculative decoding with it is exact: the output follows the
+target's distribution whatever the head proposes.
+
+## How it was made
+
+- Command: `{training.get("command") or "(library call)"}`
+- Data: the target's own answers (max {opts.max_new_tokens} new tokens; temperatures {list(opts.temperatures)} by
+  batch) to human-written prompts from `shared/data/prompts` ({limits}; first {opts.max_prompts or "all"}
+  prompts of the seeded shuffle). No Spec-Bench question was used.
+  {report["train_tokens"]} training tokens, {report["held_out_tokens"]} held-out tokens (every 10th shard).
+- Training: loss `{training.get("loss")}`, {training.get("steps_unrolled")} drafting steps unrolled, {
+        training.get("epochs")
+    } epochs, {report["steps"]} optimizer steps, seed {training.get("seed")}.
+- Time: {report["seconds"] / 60:.1f} minutes for the training and report (data generation not included when
+  it was cached). Hardware: {_machine()}.
+
+## Fidelity on held-out data (teacher-forced, per drafting step)
+
+Top-1 agreement is the greedy acceptance rate of one drafted token; alpha = sum min(p, q) is the acceptance rate
+when sampling at temperature 1.
+
+| step | top-1 agreement | alpha | top-1 before training | alpha before |
+|---|---|---|---|---|
+{chr(10).join(rows)}
+
+## Through the engine
+
+Greedy, gamma = {engine["gamma"]}, {engine["prompts"]} held-out prompts, {engine["max_new_tokens"]} new tokens each:
+tau (tokens per target pass) = {engine["tau"]:.2f}, acceptance rate = {engine["acceptance_rate"]:.3f}, acceptance by
+position {[round(x, 3) for x in engine["accepted_by_position"] or []]}.
+
+The full numbers are in `report.json`.
+"""
+    tmp = out / "README.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(out / "README.md")
 
 
 def _coverage(shards, vocab_ids, vocab_size: int) -> float:

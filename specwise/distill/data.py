@@ -14,6 +14,7 @@ stopped: a prompt whose shard exists is not generated again.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import random
@@ -167,11 +168,14 @@ def generate_shards(
     temperatures: tuple[float, ...] = (0.0,),
     seed: int = 0,
     progress: bool = True,
+    max_batches: int | None = None,
 ) -> list[Path]:
     """Have the target answer ``prompts`` and store shards in ``out_dir`` (resumable). Returns the shard paths.
 
     Prompts are grouped in blocks of 8 batches, sorted by length inside a block so that a batch pads little.
-    Batch j is generated at ``temperatures[j % len(temperatures)]`` (0 is greedy).
+    Batch j is generated at ``temperatures[j % len(temperatures)]`` (0 is greedy). ``max_batches`` generates
+    only the first batches of the same plan, so a later, larger run extends the same directory. A manifest
+    records the plan; a directory made with another plan is refused.
     """
     from tqdm import tqdm
 
@@ -186,6 +190,20 @@ def generate_shards(
     for i in range(0, len(encoded), block):
         chunk = sorted(encoded[i : i + block], key=len)
         batches.extend(chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size))
+    _check_manifest(
+        out_dir,
+        {
+            "target": loaded.name,
+            "prompts_sha256": hashlib.sha256(json.dumps(encoded).encode()).hexdigest(),
+            "batch_size": batch_size,
+            "max_prompt_tokens": max_prompt_tokens,
+            "max_new_tokens": max_new_tokens,
+            "temperatures": list(temperatures),
+            "seed": seed,
+        },
+    )
+    if max_batches is not None:
+        batches = batches[:max_batches]
     eos = eos_ids(loaded) or set()
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos))
     paths = []
@@ -206,6 +224,22 @@ def generate_shards(
         bar.set_postfix(tokens=int(shard.offsets[-1]))
     bar.close()
     return paths
+
+
+def _check_manifest(out_dir: Path, plan: dict) -> None:
+    path = out_dir / "manifest.json"
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        if recorded != plan:
+            diff = sorted(k for k in plan if recorded.get(k) != plan[k])
+            raise ValueError(
+                f"{out_dir} holds data made with other settings ({', '.join(diff)} differ): "
+                "pass another --data-dir, or the settings that made it"
+            )
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(plan, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def _pack(rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], prompt_lengths: list[int]) -> Shard:

@@ -23,7 +23,8 @@ __all__ = [
 ]
 
 DRAFTER_HELP = (
-    "none | ngram[:MAX_N[:MIN_N]] | model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
+    "auto (the shipped head when the target has one, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
+    "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model)"
 )
 
@@ -58,6 +59,8 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
 def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto") -> Drafter:
     """Build a drafter from its CLI spec for ``target`` (a LoadedModel)."""
     kind, _, arg = spec.partition(":")
+    if spec == "auto":
+        kind = "head" if shipped_head_dir(target.name) is not None else "ngram"
     if kind == "none" and not arg:
         return NoDrafter(device)
     if kind == "ngram":

@@ -39,6 +39,7 @@ class Drafter(ABC):
     """
 
     name: str = "drafter"
+    needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""

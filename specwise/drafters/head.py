@@ -278,12 +278,13 @@ def load_head(directory: Path | str, device: torch.device | str = "cpu") -> Eagl
 class HeadDrafter(Drafter):
     """Drafts with an :class:`EagleHead` from the target's features.
 
-    The target must keep its features (``target.keep_features = True``, set here). The head has its own KV cache
-    (one layer) written by position: positions whose features came from the target are kept between steps,
-    the speculative ones are overwritten by the next proposal.
+    The target must keep its features (``needs_features``: the engine sets ``target.keep_features``). The head
+    has its own KV cache (one layer) written by position: positions whose features came from the target are
+    kept between steps, the speculative ones are overwritten by the next proposal.
     """
 
     name = "head"
+    needs_features = True
 
     def __init__(self, head: EagleHead, target, capacity: int = 1024) -> None:
         from specwise.models.native import Linear
@@ -291,7 +292,6 @@ class HeadDrafter(Drafter):
         self.head = head.eval()
         self.target = target
         self.device = target.device
-        target.keep_features = True
         c = head.config
         self._c = c
         self._group = c.num_heads // c.num_kv_heads
