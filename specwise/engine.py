@@ -216,6 +216,7 @@ class Engine:
         if target.max_length is not None:
             limit = min(limit, target.max_length - len(context))
         asked = self.schedule.choose(limit) if limit > 0 else 0
+        self.drafter.min_confidence = self.schedule.min_confidence()
         t0 = time.perf_counter()
         draft = self.drafter.propose(context, asked, params, generator) if asked > 0 else Draft.empty(target.device)
         if len(draft) > asked:

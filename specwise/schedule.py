@@ -31,6 +31,10 @@ class Schedule(ABC):
     def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
         """The outcome of the step: tokens drafted and accepted, and the time spent drafting and verifying."""
 
+    def min_confidence(self) -> float:
+        """Below which estimated probability of the draft so far being accepted a drafter should stop (0: never)."""
+        return 0.0
+
 
 class FixedGamma(Schedule):
     """Always draft ``gamma`` tokens (fewer near the end of the budget)."""
@@ -124,6 +128,13 @@ class AdaptiveGamma(Schedule):
             reach *= a
             tokens += reach
         return tokens / (gamma * self._draft_time() + self._verify_time(gamma + 1))
+
+    def min_confidence(self) -> float:
+        """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
+        of a plain step, which is what an accepted token saves. A drafter stops once the probability that its
+        draft so far is all accepted falls below this."""
+        extra = self._draft_time() + max(self._verify_time(2) - self._verify_time(1), 0.0)
+        return min(extra / self._verify_time(1), 1.0)
 
     # ---- the contract ----------------------------------------------------------------------------------------
 

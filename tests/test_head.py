@@ -16,6 +16,7 @@ from specwise.models import HFModel
 from specwise.models.loader import LoadedModel
 from specwise.models.native import NativeModel
 from specwise.sampling import SamplingParams, probs_from_logits
+from specwise.schedule import FixedGamma
 
 
 def _head(hf, vocab_ids=None, seed=0):
@@ -173,3 +174,21 @@ def test_head_errors_are_clear(tmp_path):
         make_drafter("head", target)
     with pytest.raises(FileNotFoundError, match="specwise distill"):
         make_drafter(f"head:{tmp_path}", target)
+
+
+def test_low_confidence_stops_drafting_and_output_is_unchanged():
+    hf = tiny_llama(seed=1)
+    target = NativeModel(hf)
+    drafter = HeadDrafter(_head(hf), target)
+    greedy = SamplingParams(temperature=0.0)
+    ref = Engine(NativeModel(hf), None, gamma=0).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
+    full = Engine(target, drafter, gamma=4).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
+
+    class Strict(FixedGamma):
+        def min_confidence(self) -> float:
+            return 0.999999  # a random head is never this sure
+
+    strict = Engine(target, drafter, gamma=Strict(4)).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
+    assert strict.token_ids == full.token_ids == ref.token_ids
+    assert full.stats.drafted > 0 and strict.stats.drafted == 0
+    assert strict.stats.plain_step_reasons.get("no_draft", 0) > 0

@@ -108,3 +108,14 @@ def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
     hist = result.stats.gamma_histogram
     assert result.stats.acceptance_rate == 1.0
     assert hist.get(8, 0) >= 0.8 * result.stats.target_passes
+
+
+def test_min_confidence_is_the_break_even_of_one_more_token():
+    """(draft time + extra verify time of one more token) / plain step time, from what was measured."""
+    s = AdaptiveGamma(max_gamma=4)
+    feed(s, 30, lambda i: i < 2, lambda k: 0.030 + 0.003 * (k - 1), draft_cost=0.0015)
+    assert s.min_confidence() == pytest.approx((0.0015 + 0.003) / 0.030, rel=0.05)
+    assert FixedGamma(4).min_confidence() == 0.0  # a fixed gamma drafts exactly gamma tokens
+    dear = AdaptiveGamma(max_gamma=4)
+    feed(dear, 30, lambda i: i < 2, lambda k: 0.030 + 0.003 * (k - 1), draft_cost=0.1)
+    assert dear.min_confidence() == 1.0

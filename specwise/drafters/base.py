@@ -40,6 +40,9 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
+    # Set by the engine from the schedule before each proposal: a drafter that can estimate the probability that
+    # all its tokens so far will be accepted stops drafting once that falls below this (0: never stop early).
+    min_confidence: float = 0.0
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""

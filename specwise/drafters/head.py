@@ -358,15 +358,23 @@ class HeadDrafter(Drafter):
         x = x + self._down(F.silu(gate) * up, b)
         return self._norm(x, h.out_norm)
 
-    def _choose(self, feature: torch.Tensor, params: SamplingParams, generator) -> tuple[int, torch.Tensor | None]:
-        """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary."""
+    def _choose(
+        self, feature: torch.Tensor, params: SamplingParams, generator
+    ) -> tuple[int, torch.Tensor | None, float]:
+        """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
+
+        Also returns the head's confidence: its largest probability at temperature 1, an estimate of the chance
+        that the target's greedy choice is this token.
+        """
         logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
         if params.greedy:
-            return int(self._vocab_ids[int(logits.argmax())]), None
+            best = int(logits.argmax())
+            confidence = 1.0 if self.min_confidence <= 0 else float(torch.softmax(logits, -1)[best])
+            return int(self._vocab_ids[best]), None, confidence
         full = torch.full((self.target.vocab_size,), float("-inf"), device=self.device)
         full[self._vocab_ids] = logits
         q = probs_from_logits(full, params)  # [vocab], zero outside the draft vocabulary
-        return int(sample(q, generator)), q
+        return int(sample(q, generator)), q, float(q.max())
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
@@ -386,8 +394,12 @@ class HeadDrafter(Drafter):
         self._fed = fed
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        reach = 1.0  # estimated probability that the whole draft so far is accepted
         for i in range(k):
-            token, q = self._choose(pred, params, generator)
+            token, q, confidence = self._choose(pred, params, generator)
+            reach *= confidence
+            if reach < self.min_confidence:
+                break  # not worth verifying: below the schedule's break-even
             tokens.append(token)
             if q is not None:
                 probs.append(q)
