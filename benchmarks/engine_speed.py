@@ -40,9 +40,9 @@ def load_questions(path: str, per_category: int, categories: list[str] | None) -
     return [q for qs in chosen.values() for q in qs]
 
 
-def run_engine(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, dict]:
+def run_engine(engine: Engine, ids: list[int], n: int, params: SamplingParams) -> tuple[list[int], float, dict]:
     t0 = time.perf_counter()
-    result = engine.generate(ids, SamplingParams(), max_new_tokens=n, eos_token_ids=[])
+    result = engine.generate(ids, params, max_new_tokens=n, eos_token_ids=[])
     return result.token_ids, time.perf_counter() - t0, result.stats.to_dict()
 
 
@@ -70,24 +70,33 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--gamma", nargs="+", default=["4"], help="gammas for the ngram drafter: integers and/or auto")
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face adapter and generate")
-    ap.add_argument("--drafter", nargs="+", default=["ngram"], help="ngram drafter specs, e.g. ngram ngram:3:2")
+    ap.add_argument("--drafter", nargs="+", default=["ngram"], help="drafter specs, e.g. ngram ngram:3:2 head")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with plain)")
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
     loaded = load_model("default")  # the native model (the default for the Llama family)
     native, tok, hf_module = loaded.model, loaded.tokenizer, loaded.hf_model
-    methods = {"native_plain": lambda ids: run_engine(Engine(native, NoDrafter()), ids, args.max_new_tokens)}
+    greedy = args.temperature == 0
+    if not greedy:
+        args.no_hf = True  # the Hugging Face baselines here are greedy only
+    n = args.max_new_tokens
+    seed = {"value": 0}  # per question: every method samples with the same seed
+
+    def params() -> SamplingParams:
+        return SamplingParams(temperature=args.temperature, seed=None if greedy else seed["value"])
+
+    methods = {"native_plain": lambda ids: run_engine(Engine(native, NoDrafter()), ids, n, params())}
     if not args.no_hf:
-        methods["hf_adapter_plain"] = lambda ids: run_engine(
-            Engine(HFModel(hf_module), NoDrafter()), ids, args.max_new_tokens
-        )
-        methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, args.max_new_tokens)
+        methods["hf_adapter_plain"] = lambda ids: run_engine(Engine(HFModel(hf_module), NoDrafter()), ids, n, params())
+        methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, n)
     for spec in args.drafter:
+        drafter = make_drafter(spec, loaded)
         for g in args.gamma:
             gamma = g if g == "auto" else int(g)
             name = f"native_{spec.replace(':', '_')}_g{g}"
-            methods[name] = lambda ids, gamma=gamma, spec=spec: run_engine(
-                Engine(native, make_drafter(spec, loaded), gamma=gamma), ids, args.max_new_tokens
+            methods[name] = lambda ids, gamma=gamma, drafter=drafter: run_engine(
+                Engine(native, drafter, gamma=gamma), ids, n, params()
             )
     questions = load_questions(args.questions, args.per_category, args.categories)
     warm = encode_prompt(tok, "Hello!", chat=True)
@@ -97,6 +106,7 @@ def main() -> int:
     names = list(methods)
     for i, q in enumerate(questions):
         ids = encode_prompt(tok, q["turns"][0], chat=True)
+        seed["value"] = 1000 + i
         order = names[i % len(names) :] + names[: i % len(names)]  # rotate to cancel drift
         outputs = {}
         for name in order:
@@ -114,7 +124,7 @@ def main() -> int:
                     "stats": stats,
                 }
             )
-        same = {name: outputs[name] == outputs["native_plain"] for name in names}
+        same = {name: not greedy or outputs[name] == outputs["native_plain"] for name in names}
         for r in rows[-len(names) :]:
             r["equals_native_plain"] = same[r["method"]]
         speeds = {r["method"]: r["tokens_per_second"] for r in rows[-len(names) :]}
@@ -128,7 +138,12 @@ def main() -> int:
     def med(name: str) -> float:
         return statistics.median(r["tokens_per_second"] for r in rows if r["method"] == name)
 
-    summary = {name: {"median_tokens_per_second": med(name)} for name in names}
+    def tau(name: str) -> float | None:
+        stats = [r["stats"] for r in rows if r["method"] == name and r["stats"].get("target_passes")]
+        passes = sum(st["target_passes"] for st in stats)
+        return sum(st["new_tokens"] for st in stats) / passes if passes else None
+
+    summary = {name: {"median_tokens_per_second": med(name), "tau": tau(name)} for name in names}
     for name in names:
         if "hf_generate" in names:
             summary[name]["ratio_to_hf_generate"] = med(name) / med("hf_generate")
@@ -142,13 +157,14 @@ def main() -> int:
         by_cat[cat] = {
             "tokens_per_second": per,
             "speedup_over_native_plain": {
-                n: per[n] / per["native_plain"] for n in names if n.startswith("native_ngram")
+                n: per[n] / per["native_plain"] for n in names if n.startswith("native_") and n != "native_plain"
             },
         }
     result = {
         "command": "python " + " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
         "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
         "eos_ignored": True,
         "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),
         "summary": summary,

@@ -217,7 +217,7 @@ when sampling at temperature 1.
 
 Greedy, gamma = {engine["gamma"]}, {engine["prompts"]} held-out prompts, {engine["max_new_tokens"]} new tokens each:
 tau (tokens per target pass) = {engine["tau"]:.2f}, acceptance rate = {engine["acceptance_rate"]:.3f}, acceptance by
-position {[round(x, 3) for x in engine["accepted_by_position"] or []]}.
+position {[round(x, 3) for x in engine["acceptance_by_position"] or []]}.
 
 The full numbers are in `report.json`.
 """
@@ -265,5 +265,5 @@ def measure_tau(loaded, head_dir: Path, held_shards, opts: DistillOptions) -> di
         "max_new_tokens": opts.eval_max_new_tokens,
         "tau": out.get("mean_accepted_length"),
         "acceptance_rate": out.get("acceptance_rate"),
-        "accepted_by_position": out.get("acceptance_by_position"),
+        "acceptance_by_position": out.get("acceptance_by_position"),
     }
