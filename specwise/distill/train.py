@@ -66,6 +66,7 @@ class Batch:
     tokens: torch.Tensor  # [B, T] int64 (the token at each position)
     lse: torch.Tensor  # [B, T] float32
     lengths: torch.Tensor  # [B]
+    answer_starts: torch.Tensor  # [B] first position in the answer (0 for text without a prompt)
 
 
 def draft_vocabulary(shards: list[Shard], size: int, always: set[int], vocab_size: int) -> torch.Tensor:
@@ -82,10 +83,11 @@ def draft_vocabulary(shards: list[Shard], size: int, always: set[int], vocab_siz
 def _sequences(shards: list[Shard], max_len: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     out = []
     for shard in shards:
-        for tokens, feats, lse, _ in shard.sequences():
+        for tokens, feats, lse, prompt_len in shard.sequences():
             for a in range(0, len(tokens), max_len):
                 if len(tokens) - a >= 3:  # at least one position with a next feature and token
-                    out.append((tokens[a : a + max_len], feats[a : a + max_len], lse[a : a + max_len]))
+                    piece = (tokens[a : a + max_len], feats[a : a + max_len], lse[a : a + max_len])
+                    out.append((*piece, max(prompt_len - a, 0)))
     return out
 
 
@@ -110,10 +112,11 @@ def _collate(group) -> Batch:
     feats = torch.zeros(len(group), T, d, dtype=torch.float16)
     tokens = torch.zeros(len(group), T, dtype=torch.int64)
     lse = torch.zeros(len(group), T)
-    for i, (t, f, norm) in enumerate(group):
+    for i, (t, f, norm, _) in enumerate(group):
         n = len(t)
         tokens[i, :n], feats[i, :n], lse[i, :n] = t.long(), f, norm
-    return Batch(feats, tokens, lse, torch.tensor([len(s[0]) for s in group]))
+    lengths = torch.tensor([len(s[0]) for s in group])
+    return Batch(feats, tokens, lse, lengths, torch.tensor([s[3] for s in group]))
 
 
 def _step_terms(head: EagleHead, batch: Batch, steps: int):
@@ -159,7 +162,8 @@ def head_loss(head: EagleHead, batch: Batch, cfg: TrainConfig) -> tuple[torch.Te
 
 @torch.no_grad()
 def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch.Tensor) -> dict:
-    """Top-1 agreement and alpha per drafting step on held-out batches.
+    """Top-1 agreement and alpha per drafting step on held-out batches, at the answers' positions (where drafting
+    happens; the prompts' chat template is easy to predict and would flatter the figures).
 
     full_head: the target's output layer [vocab, d], for the target's argmax over the whole vocabulary.
     """
@@ -169,6 +173,8 @@ def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch
     for batch in batches:
         target_top = None
         for s, valid, log_q, log_p, _, target in _step_terms(head, batch, steps):
+            t = torch.arange(valid.shape[1])
+            valid = valid & (t[None, :] + 1 >= batch.answer_starts[:, None])  # predicting an answer token
             if target_top is None:  # the target's argmax over the full vocabulary, in chunks of rows
                 flat = target.reshape(-1, target.shape[-1])
                 target_top = torch.cat([(c @ full_head.T).argmax(-1) for c in flat.split(512)]).view(valid.shape)
