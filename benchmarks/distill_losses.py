@@ -2,7 +2,7 @@
 
 Uses the data cached by `specwise distill` (or `--data-dir`). Example (the committed run):
 
-    python benchmarks/distill_losses.py --train-shards 6 --epochs 1 --out benchmarks/results/distill_losses.json
+    python benchmarks/distill_losses.py --train-shards 4 --epochs 1 --out benchmarks/results/distill_losses.json
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=float, default=1.0)
     ap.add_argument("--steps-unrolled", type=int, default=3)
     ap.add_argument("--draft-vocab", type=int, default=8192)
+    ap.add_argument("--batch-tokens", type=int, default=1024)
+    ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -47,7 +49,14 @@ def main() -> int:
     full = loaded.hf_model.get_output_embeddings().weight.detach()
     results = {}
     for loss in args.losses:
-        cfg = TrainConfig(loss=loss, epochs=args.epochs, steps_unrolled=args.steps_unrolled, eval_every=10**9)
+        cfg = TrainConfig(
+            loss=loss,
+            epochs=args.epochs,
+            steps_unrolled=args.steps_unrolled,
+            batch_tokens=args.batch_tokens,
+            warmup=args.warmup,
+            eval_every=10**9,
+        )
         head = new_head(loaded.hf_model, loaded.name, vocab, seed=cfg.seed)
         batches = make_batches(train, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
         held_batches = make_batches(held, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)

@@ -40,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--feature-weight", type=float, default=0.1, help="weight of the feature loss (default: 0.1)")
     p.add_argument("--epochs", type=float, default=2.0, help="passes over the training data (default: 2)")
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
-    p.add_argument("--batch-tokens", type=int, default=4096, help="tokens per training batch (default: 4096)")
+    p.add_argument("--batch-tokens", type=int, default=1024, help="tokens per training batch (default: 1024)")
     p.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the tau check (default: 12)")
     p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

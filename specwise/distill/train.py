@@ -46,7 +46,7 @@ class TrainConfig:
     weight_decay: float = 0.0
     warmup: int = 50
     epochs: float = 2.0
-    batch_tokens: int = 4096
+    batch_tokens: int = 1024
     max_seq_len: int = 384
     grad_clip: float = 1.0
     seed: int = 0
