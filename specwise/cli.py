@@ -103,7 +103,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.flush()
         if event.finish_reason is not None:
             print(
-                f"\n\n[finish: {event.finish_reason}; target {target.name}, drafter {args.drafter}, gamma {args.gamma}]"
+                f"\n\n[finish: {event.finish_reason}; target {target.name}, drafter {runtime.drafter_spec}, "
+                f"gamma {args.gamma}]"
             )
             print(event.stats.summary())
     return 0
@@ -137,7 +138,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print("measuring forward passes ...", file=sys.stderr)
         seconds = cost_curve(model, args.max_k, args.repeats)
         best = {}
-    drafter_s = drafter_cost(runtime.engine.drafter, model.vocab_size)
+    drafter_s = drafter_cost(runtime.engine.drafter, model.vocab_size, target=model)
     data = {
         "model": runtime.target.name,
         "implementation": type(model).__name__,
@@ -149,7 +150,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "cost_curve": {str(k): v / seconds[1] for k, v in seconds.items()},
         "gemm": {str(k): v for k, v in best.items()},
         "backends": {b: {str(k): v for k, v in c.items()} for b, c in backends.items()},
-        "drafter": args.drafter,
+        "drafter": runtime.drafter_spec,
         "drafter_seconds_per_token": drafter_s,
         "drafter_relative_cost": drafter_s / seconds[1],
     }
@@ -162,7 +163,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(" k  forward ms   c(k)" + ("  backend" if best else ""))
     for k, v in seconds.items():
         print(f"{k:2d}  {v * 1000:10.1f}  {v / seconds[1]:5.2f}" + (f"  {best[k]}" if best else ""))
-    print(f"drafter {args.drafter}: {drafter_s * 1000:.3f} ms per token = {data['drafter_relative_cost']:.4f} of c(1)")
+    relative = data["drafter_relative_cost"]
+    print(f"drafter {runtime.drafter_spec}: {drafter_s * 1000:.3f} ms per token = {relative:.4f} of c(1)")
     print(f"saved to {path}")
     return 0
 

@@ -54,8 +54,11 @@ def cost_curve(model, max_k: int = 16, repeats: int = 7) -> dict[int, float]:
     return {k: statistics.median(v) for k, v in rounds.items()}
 
 
-def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeats: int = 5) -> float:
-    """Median seconds per drafted token of ``drafter.propose`` (greedy) on a repetitive synthetic context."""
+def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeats: int = 5, target=None) -> float:
+    """Median seconds per drafted token of ``drafter.propose`` (greedy) on a repetitive synthetic context.
+
+    A drafter that reads the target's features (the head) needs ``target``: the context is fed to it first.
+    """
     from specwise.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(0)
@@ -63,6 +66,12 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
     ctx = base + base  # repeats, so that prompt lookup finds matches
     params = SamplingParams()
     times = []
+    if getattr(drafter, "needs_features", False):
+        if target is None:
+            raise ValueError(f"drafter {drafter.name!r} reads the target's features: pass target=")
+        target.reset()
+        target.keep_features = True
+        target.forward(torch.tensor(ctx[:-1], device=target.device), num_logits=0)
     for _ in range(repeats + 1):
         drafter.begin(ctx)
         t0 = time.perf_counter()

@@ -69,16 +69,19 @@ def build_runtime(
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
 
+    drafter: a spec as in ``make_drafter``; ``auto`` resolves to the shipped head or ngram (``Runtime.drafter_spec``
+    holds what was chosen).
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
     """
     import torch
 
-    from specwise.drafters import make_drafter
+    from specwise.drafters import make_drafter, resolve_drafter_spec
     from specwise.models import load_model
 
     make_schedule(gamma)  # validates gamma before anything is loaded
     device = resolve_device(device)
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
+    drafter = resolve_drafter_spec(drafter, loaded)
     draft = make_drafter(drafter, loaded, device=device, impl=impl)
     engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
     return Runtime(engine, loaded, drafter, device)

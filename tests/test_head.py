@@ -192,3 +192,45 @@ def test_low_confidence_stops_drafting_and_output_is_unchanged():
     assert strict.token_ids == full.token_ids == ref.token_ids
     assert full.stats.drafted > 0 and strict.stats.drafted == 0
     assert strict.stats.plain_step_reasons.get("no_draft", 0) > 0
+
+
+def test_combined_drafter_is_exact_and_chooses_by_expected_acceptance(tmp_path):
+    from specwise.drafters import NgramDrafter
+    from specwise.drafters.combined import CombinedDrafter
+
+    hf = tiny_llama(seed=1)
+    target = NativeModel(hf)
+    combined = CombinedDrafter([NgramDrafter(), HeadDrafter(_head(hf), target)])
+    assert combined.needs_features and combined.name == "ngram+head"
+    plain = Engine(NativeModel(hf), None, gamma=0)
+    engine = Engine(target, combined, gamma=4)
+    prompt = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # repetitive: prompt lookup has matches
+    want = plain.generate(prompt, max_new_tokens=30, eos_token_ids=[]).token_ids
+    assert engine.generate(prompt, max_new_tokens=30, eos_token_ids=[]).token_ids == want
+    assert sum(combined.uses) > 0
+    # a drafter that keeps being rejected loses the steps to the other
+    combined.begin([])
+    combined._drafted, combined._accepted = [40.0, 40.0], [0.0, 36.0]
+    combined.propose(prompt, 4, SamplingParams(), None)
+    assert combined.chosen == 1
+    save_head(_head(hf), tmp_path / "h")
+    loaded = LoadedModel(NativeModel(hf, name="tiny"), None, "tiny", hf)
+    assert make_drafter(f"ngram+head:{tmp_path / 'h'}", loaded).name == "ngram+head"
+
+
+def test_sampled_output_with_ngram_and_head_follows_the_target():
+    from specwise.drafters import NgramDrafter
+    from specwise.drafters.combined import CombinedDrafter
+
+    hf = tiny_llama(seed=4, vocab=5, std=0.3)
+    target = NativeModel(hf)
+    head = HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target)
+    engine = Engine(target, CombinedDrafter([NgramDrafter(max_ngram=1), head]), gamma=3)
+    params = SamplingParams(temperature=1.0)
+    n, counts = 4000, {}
+    for i in range(n):
+        run = SamplingParams(temperature=1.0, seed=9000 + i)
+        ids = tuple(engine.generate([1, 4, 1], run, max_new_tokens=3, eos_token_ids=[]).token_ids)
+        counts[ids] = counts.get(ids, 0) + 1
+    pvalue = chi2_pvalue(counts, _exact_joint(hf, [1, 4, 1], params, 3), n)
+    assert pvalue > 1e-4, f"emitted sequences do not follow p (chi-square p-value {pvalue:.2e})"

@@ -189,15 +189,15 @@ def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch
     }
 
 
-def _save_state(path: Path, head: EagleHead, opt, step: int, epoch_pos: int, history: list) -> None:
+def _save_state(path: Path, head: EagleHead, opt, step: int, history: list, before: dict | None) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(
         {
             "head": head.state_dict(),
             "optimizer": opt.state_dict(),
             "step": step,
-            "epoch_pos": epoch_pos,
             "history": history,
+            "before": before,
             "torch_rng": torch.get_rng_state(),
         },
         tmp,
@@ -227,12 +227,12 @@ def train_head(
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     total_steps = max(1, int(cfg.epochs * len(train)))
-    step, history = 0, []
+    step, history, before = 0, [], None
     if resume and state_path.exists():
         state = torch.load(state_path, weights_only=False)
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
-        step, history = state["step"], state["history"]
+        step, history, before = state["step"], state["history"], state.get("before")
         torch.set_rng_state(state["torch_rng"])
         log(f"resumed from {state_path} at step {step}/{total_steps}")
 
@@ -242,7 +242,8 @@ def train_head(
         frac = (i - cfg.warmup) / max(1, total_steps - cfg.warmup)
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
 
-    before = evaluate(head, held_out, cfg.steps_unrolled, full_head) if step == 0 else None
+    if step == 0:
+        before = evaluate(head, held_out, cfg.steps_unrolled, full_head)
     last_ckpt = time.monotonic()
     bar = tqdm(total=total_steps, initial=step, desc="training head", unit="step", disable=not progress)
     bar.set_postfix_str("")
@@ -267,7 +268,7 @@ def train_head(
             history.append({"step": step, "loss": float(loss.detach()), **ev})
             log(f"step {step}: held-out top-1 {ev['top1_agreement']}, alpha {ev['alpha']}")
         if time.monotonic() - last_ckpt > cfg.checkpoint_every_s or step == stop_at:
-            _save_state(state_path, head, opt, step, step % len(train), history)
+            _save_state(state_path, head, opt, step, history, before)
             last_ckpt = time.monotonic()
     bar.close()
     head.eval()

@@ -20,12 +20,14 @@ __all__ = [
     "VocabularyMismatchError",
     "check_same_vocabulary",
     "make_drafter",
+    "resolve_drafter_spec",
 ]
 
 DRAFTER_HELP = (
     "auto (the shipped head when the target has one, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
-    "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model)"
+    "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
+    "A+B (several drafters, e.g. ngram+head: each step uses the one expected to be accepted most)"
 )
 
 
@@ -58,9 +60,12 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
 
 def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto") -> Drafter:
     """Build a drafter from its CLI spec for ``target`` (a LoadedModel)."""
+    spec = resolve_drafter_spec(spec, target)
+    if "+" in spec:
+        from specwise.drafters.combined import CombinedDrafter
+
+        return CombinedDrafter([make_drafter(part, target, device, dtype, impl) for part in spec.split("+")])
     kind, _, arg = spec.partition(":")
-    if spec == "auto":
-        kind = "head" if shipped_head_dir(target.name) is not None else "ngram"
     if kind == "none" and not arg:
         return NoDrafter(device)
     if kind == "ngram":
@@ -82,6 +87,13 @@ def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto"
     if kind == "head":
         return _head_drafter(arg, target, device)
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
+
+
+def resolve_drafter_spec(spec: str, target) -> str:
+    """``auto`` becomes ``head`` when a head is shipped for the target (a LoadedModel), else ``ngram``."""
+    if spec != "auto":
+        return spec
+    return "head" if shipped_head_dir(target.name) is not None else "ngram"
 
 
 def shipped_head_dir(target_name: str):

@@ -69,7 +69,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     name = app.state.server.model_name
     print(
-        f"specwise: serving {name!r} ({type(runtime.engine.target).__name__}, drafter {args.drafter}, "
+        f"specwise: serving {name!r} ({type(runtime.engine.target).__name__}, drafter {runtime.drafter_spec}, "
         f"gamma {args.gamma}, device {runtime.device}) "
         f"at http://{args.host}:{args.port}/v1",
         file=sys.stderr,

@@ -1,0 +1,87 @@
+"""Several drafters at once (``ngram+head``): each step drafts with the one expected to be accepted most.
+
+Each drafter keeps a per-request estimate of its acceptance rate (accepted / drafted, decayed so that it follows
+the text). Before a step the drafters are asked in turn, cheapest first as listed; a later drafter is asked only
+if it could do better than the draft in hand: drafter d with estimate a_d and a draft of n tokens is expected to have
+a_d + a_d^2 + ... + a_d^n of them accepted. A drafter with nothing to propose (prompt lookup without a match) is
+skipped, and a sampled draft is used as soon as it is drawn. So the choice depends only on the context, past
+outcomes and deterministic drafts, never on what a sampled draft contains: the output stays exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.sampling import SamplingParams
+
+__all__ = ["CombinedDrafter"]
+
+
+def _expected_accepted(alpha: float, n: int) -> float:
+    return sum(alpha**i for i in range(1, n + 1))
+
+
+class CombinedDrafter(Drafter):
+    """Chooses per step among ``drafters`` by expected accepted tokens.
+
+    prior: the acceptance assumed before a drafter has been judged, with ``prior_weight`` pseudo-observations;
+    decay: how fast old observations are forgotten (per judged step).
+    """
+
+    def __init__(self, drafters: list[Drafter], prior: float = 0.5, prior_weight: float = 4.0, decay: float = 0.9):
+        if len(drafters) < 2:
+            raise ValueError("a combined drafter needs at least two drafters, as in ngram+head")
+        self.drafters = drafters
+        self.name = "+".join(d.name for d in drafters)
+        self.needs_features = any(d.needs_features for d in drafters)
+        self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
+        self.chosen: int | None = None
+        self.uses = [0] * len(drafters)  # steps drafted by each, this request
+        self.begin([])
+
+    def begin(self, prompt: list[int]) -> None:
+        for d in self.drafters:
+            d.begin(prompt)
+        self._drafted = [0.0] * len(self.drafters)
+        self._accepted = [0.0] * len(self.drafters)
+        self.uses = [0] * len(self.drafters)
+        self.chosen = None
+
+    def acceptance(self, i: int) -> float:
+        """Estimated acceptance rate of drafter i."""
+        w = self.prior_weight
+        return (self._accepted[i] + w * self.prior) / (self._drafted[i] + w)
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        best: tuple[float, int, Draft] | None = None
+        for i, drafter in enumerate(self.drafters):
+            alpha = self.acceptance(i)
+            if best is not None and _expected_accepted(alpha, k) <= best[0]:
+                continue  # cannot beat the draft in hand even with all k tokens
+            drafter.min_confidence = self.min_confidence
+            draft = drafter.propose(context, k, params, generator)
+            if not len(draft):
+                continue
+            if draft.probs is not None:
+                # a sampled draft is used as soon as it is drawn: choosing among drafts by what was sampled
+                # would bias its tokens away from q and break exactness
+                best = (0.0, i, draft)
+                break
+            value = _expected_accepted(alpha, len(draft))
+            if best is None or value > best[0]:
+                best = (value, i, draft)
+        if best is None:
+            self.chosen = None
+            return Draft.empty(getattr(self.drafters[0], "device", "cpu"))
+        self.chosen, self._pending = best[1], len(best[2])
+        self.uses[best[1]] += 1
+        return best[2]
+
+    def observe(self, num_accepted: int) -> None:
+        if self.chosen is None:
+            return
+        i = self.chosen
+        self.drafters[i].observe(num_accepted)
+        self._accepted[i] = self.decay * self._accepted[i] + num_accepted
+        self._drafted[i] = self.decay * self._drafted[i] + self._pending
