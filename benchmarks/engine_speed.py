@@ -72,6 +72,9 @@ def main() -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip the Hugging Face adapter and generate")
     ap.add_argument("--drafter", nargs="+", default=["ngram"], help="drafter specs, e.g. ngram ngram:3:2 head")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with plain)")
+    ap.add_argument(
+        "--pairs", nargs="+", default=None, metavar="SPEC@GAMMA", help="drafter@gamma pairs instead of the product"
+    )
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
@@ -90,14 +93,15 @@ def main() -> int:
     if not args.no_hf:
         methods["hf_adapter_plain"] = lambda ids: run_engine(Engine(HFModel(hf_module), NoDrafter()), ids, n, params())
         methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, n)
-    for spec in args.drafter:
-        drafter = make_drafter(spec, loaded)
-        for g in args.gamma:
-            gamma = g if g == "auto" else int(g)
-            name = f"native_{spec.replace(':', '_')}_g{g}"
-            methods[name] = lambda ids, gamma=gamma, drafter=drafter: run_engine(
-                Engine(native, drafter, gamma=gamma), ids, n, params()
-            )
+    pairs = [tuple(p.rsplit("@", 1)) for p in args.pairs] if args.pairs else []
+    pairs = pairs or [(spec, g) for spec in args.drafter for g in args.gamma]
+    drafters = {spec: make_drafter(spec, loaded) for spec in dict.fromkeys(spec for spec, _ in pairs)}
+    for spec, g in pairs:
+        gamma = g if g == "auto" else int(g)
+        name = f"native_{spec.replace(':', '_')}_g{g}"
+        methods[name] = lambda ids, gamma=gamma, drafter=drafters[spec]: run_engine(
+            Engine(native, drafter, gamma=gamma), ids, n, params()
+        )
     questions = load_questions(args.questions, args.per_category, args.categories)
     warm = encode_prompt(tok, "Hello!", chat=True)
     for fn in methods.values():  # warm-up
