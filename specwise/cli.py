@@ -10,7 +10,7 @@ import sys
 from specwise.drafters import DRAFTER_HELP
 
 DEFAULT_DRAFTER = "auto"
-DEFAULT_GAMMA = 4
+DEFAULT_GAMMA = "auto"
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
 _SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli"]

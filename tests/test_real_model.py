@@ -63,7 +63,7 @@ def test_greedy_identity_on_the_default_model(smollm, smollm_twin, random_draft,
 def shipped_head(smollm):
     from specwise.drafters import make_drafter, resolve_drafter_spec
 
-    assert resolve_drafter_spec("auto", smollm) == "head"  # the default drafter for the default model
+    assert resolve_drafter_spec("auto", smollm) == "ngram+head"  # the default drafter for the default model
     return make_drafter("head", smollm)
 
 

@@ -24,7 +24,7 @@ __all__ = [
 ]
 
 DRAFTER_HELP = (
-    "auto (the shipped head when the target has one, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
+    "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
     "A+B (several drafters, e.g. ngram+head: each step uses the one expected to be accepted most)"
@@ -90,10 +90,12 @@ def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto"
 
 
 def resolve_drafter_spec(spec: str, target) -> str:
-    """``auto`` becomes ``head`` when a head is shipped for the target (a LoadedModel), else ``ngram``."""
+    """``auto`` becomes ``ngram+head`` when a head is shipped for the target (a LoadedModel), else ``ngram``.
+
+    ngram+head was the fastest configuration measured with the shipped head (docs/DISTILL.md)."""
     if spec != "auto":
         return spec
-    return "head" if shipped_head_dir(target.name) is not None else "ngram"
+    return "ngram+head" if shipped_head_dir(target.name) is not None else "ngram"
 
 
 def shipped_head_dir(target_name: str):

@@ -144,7 +144,7 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
-def usage(stats: SpecStats, drafter: str, gamma: int) -> dict:
+def usage(stats: SpecStats, drafter: str, gamma: int | str) -> dict:
     """OpenAI's token counts plus the request's speculative statistics (the CLI's ``stats``) under ``speculative``."""
     return {
         "prompt_tokens": stats.prompt_tokens,
