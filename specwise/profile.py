@@ -8,15 +8,14 @@ native model takes its choice of matrix-product backend per row count from, and 
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+from specwise.files import write_json_atomic
 from specwise.models.loader import cache_dir
 
 __all__ = ["measure_forward", "cost_curve", "drafter_cost", "profile_path", "save_profile", "load_profile"]
@@ -87,11 +86,7 @@ def profile_path(model_name: str, device: str) -> Path:
 
 def save_profile(path: Path, data: dict) -> None:
     """Write JSON atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".json", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
+    write_json_atomic(path, data)
 
 
 def load_profile(model_name: str, device: str) -> dict | None:

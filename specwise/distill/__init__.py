@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specwise.files import write_json_atomic, write_text_atomic
+
 __all__ = ["DistillOptions", "run_distill", "held_out_split"]
 
 
@@ -69,12 +71,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     import torch
 
     from specwise.distill.data import PromptSource, collect_prompts, generate_shards, load_shards
-    from specwise.distill.train import (
-        draft_vocabulary,
-        make_batches,
-        train_head,
-        write_json_atomic,
-    )
+    from specwise.distill.train import draft_vocabulary, make_batches, train_head
     from specwise.drafters.head import load_head, new_head, save_head
     from specwise.models.loader import load_model
     from specwise.runtime import eos_ids
@@ -221,9 +218,7 @@ position {[round(x, 3) for x in engine["acceptance_by_position"] or []]}.
 
 The full numbers are in `report.json`.
 """
-    tmp = out / "README.md.tmp"
-    tmp.write_text(text)
-    tmp.replace(out / "README.md")
+    write_text_atomic(out / "README.md", text)
 
 
 def _coverage(shards, vocab_ids, vocab_size: int) -> float:

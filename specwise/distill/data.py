@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from specwise.files import atomic_path, write_json_atomic
+
 __all__ = ["PromptSource", "Shard", "collect_prompts", "generate_shards", "load_shards", "corpus_shards"]
 
 # the shared data layout (see ../shared/data/README.md)
@@ -73,9 +75,8 @@ def collect_prompts(sources: list[PromptSource], seed: int) -> list[str]:
 def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
     from safetensors.torch import save_file
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
 def _features_and_lse(hf_model, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
@@ -237,9 +238,7 @@ def _check_manifest(out_dir: Path, plan: dict) -> None:
                 "pass another --data-dir, or the settings that made it"
             )
         return
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(plan, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, plan)
 
 
 def _pack(rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], prompt_lengths: list[int]) -> Shard:

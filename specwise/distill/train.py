@@ -18,7 +18,6 @@ temperature 1), per drafting step.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -30,6 +29,7 @@ import torch.nn.functional as F
 
 from specwise.distill.data import Shard
 from specwise.drafters.head import EagleHead
+from specwise.files import atomic_path
 
 __all__ = ["TrainConfig", "Batch", "make_batches", "head_loss", "evaluate", "train_head", "draft_vocabulary"]
 
@@ -190,19 +190,16 @@ def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch
 
 
 def _save_state(path: Path, head: EagleHead, opt, step: int, history: list, before: dict | None) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "head": head.state_dict(),
-            "optimizer": opt.state_dict(),
-            "step": step,
-            "history": history,
-            "before": before,
-            "torch_rng": torch.get_rng_state(),
-        },
-        tmp,
-    )
-    tmp.replace(path)
+    state = {
+        "head": head.state_dict(),
+        "optimizer": opt.state_dict(),
+        "step": step,
+        "history": history,
+        "before": before,
+        "torch_rng": torch.get_rng_state(),
+    }
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def train_head(
@@ -274,9 +271,3 @@ def train_head(
     head.eval()
     after = evaluate(head, held_out, cfg.steps_unrolled, full_head)
     return {"config": asdict(cfg), "steps": step, "before": before, "after": after, "history": history}
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)

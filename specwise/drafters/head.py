@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from specwise.drafters.base import Draft, Drafter
+from specwise.files import atomic_path, write_json_atomic
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["HeadConfig", "EagleHead", "HeadDrafter", "TargetMismatchError", "load_head", "new_head", "save_head"]
@@ -244,17 +245,13 @@ def save_head(head: EagleHead, directory: Path, dtype: torch.dtype = torch.float
     """Write ``config.json`` and ``model.safetensors`` (trainable weights, the draft vocabulary) atomically."""
     from safetensors.torch import save_file
 
-    directory.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, value in head.state_dict().items():
         value = value.detach().cpu()
         tensors[name] = value.to(dtype) if value.is_floating_point() and name != "inv_freq" else value
-    tmp = directory / "model.safetensors.tmp"
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(directory / "model.safetensors")
-    tmp_cfg = directory / "config.json.tmp"
-    tmp_cfg.write_text(json.dumps(head.config.to_json(), indent=2) + "\n")
-    tmp_cfg.replace(directory / "config.json")
+    with atomic_path(directory / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    write_json_atomic(directory / "config.json", head.config.to_json())
 
 
 def load_head(directory: Path | str, device: torch.device | str = "cpu") -> EagleHead:
