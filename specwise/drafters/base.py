@@ -9,7 +9,15 @@ import torch
 
 from specwise.sampling import SamplingParams
 
-__all__ = ["Draft", "Drafter"]
+__all__ = ["Draft", "Drafter", "common_prefix"]
+
+
+def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
+    """Length of the longest common prefix of ``a`` and ``b`` (counting at most ``limit`` items)."""
+    n = min(len(a), len(b)) if limit is None else min(len(a), len(b), limit)
+    if a[:n] == b[:n]:  # the usual case, compared at C speed
+        return n
+    return next(i for i in range(n) if a[i] != b[i])
 
 
 @dataclass

@@ -24,8 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.files import atomic_path, write_json_atomic
+from specwise.models.native import Linear, apply_rotary, rotary_tables
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["HeadConfig", "EagleHead", "HeadDrafter", "TargetMismatchError", "load_head", "new_head", "save_head"]
@@ -105,20 +106,6 @@ def check_target(config: HeadConfig, hf_model, name: str) -> None:
         )
 
 
-def _rotary_tables(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sign-folded sin for rotate-half rotary embeddings. Shapes [n, head_dim]."""
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    half = inv_freq.numel()
-    sin = emb.sin()
-    return emb.cos(), torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [..., n, heads, hd] with cos/sin [n, 1, hd]."""
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * sin
-
-
 class EagleHead(nn.Module):
     """One decoder layer mapping (target feature at t, embedding of token t+1) to the feature at t+1.
 
@@ -167,7 +154,7 @@ class EagleHead(nn.Module):
         c = self.config
         qkv = self.qkv(self._norm(x, self.attn_norm))
         heads = qkv.view(*qkv.shape[:-1], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-        qk = _rotate(heads[..., : c.num_heads + c.num_kv_heads, :], cos, sin)
+        qk = apply_rotary(heads[..., : c.num_heads + c.num_kv_heads, :], cos, sin)
         return qk[..., : c.num_heads, :], qk[..., c.num_heads :, :], heads[..., c.num_heads + c.num_kv_heads :, :]
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -195,7 +182,7 @@ class EagleHead(nn.Module):
         c = self.config
         B, T, _ = features.shape
         positions = torch.arange(T, device=features.device)
-        cos, sin = _rotary_tables(self.inv_freq, positions)
+        cos, sin = rotary_tables(self.inv_freq, positions)
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]
         group = c.num_heads // c.num_kv_heads
         scale = 1.0 / math.sqrt(c.head_dim)
@@ -284,17 +271,12 @@ class HeadDrafter(Drafter):
     needs_features = True
 
     def __init__(self, head: EagleHead, target, capacity: int = 1024) -> None:
-        from specwise.models.native import Linear
-
         self.head = head.eval()
         self.target = target
         self.device = target.device
-        c = head.config
-        self._c = c
-        self._group = c.num_heads // c.num_kv_heads
+        self._c = head.config
         with torch.no_grad():
-            fc = head.fc.weight.detach()
-            self._fc = Linear(fc)
+            self._fc = Linear(head.fc.weight.detach())
             self._qkv = Linear(head.qkv.weight.detach())
             self._o = Linear(head.o.weight.detach())
             self._gate_up = Linear(head.gate_up.weight.detach())
@@ -315,27 +297,25 @@ class HeadDrafter(Drafter):
             k_cache[:, : self._capacity] = self.k_cache
             v_cache[:, : self._capacity] = self.v_cache
         self.k_cache, self.v_cache = k_cache, v_cache
-        cos, sin = _rotary_tables(self.head.inv_freq, torch.arange(capacity, device=self.device))
+        cos, sin = rotary_tables(self.head.inv_freq, torch.arange(capacity, device=self.device))
         self._cos, self._sin = cos[:, None, :], sin[:, None, :]
         self._capacity = capacity
 
     def begin(self, prompt: list[int]) -> None:
         self._fed = []
 
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self._c.rms_eps)
-
     def _step(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed n positions at ``start``; return predicted features [n, d]."""
         c, h, b = self._c, self.head, self._backend
+        norm = h._norm
         n = features.shape[0]
         if start + n > self._capacity:
             self._grow(max(2 * self._capacity, start + n))
         emb = h.embed[next_tokens]
-        x = self._fc(torch.cat([self._norm(features, h.feature_norm), self._norm(emb, h.embed_norm)], dim=-1), b)
-        qkv = self._qkv(self._norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        x = self._fc(torch.cat([norm(features, h.feature_norm), norm(emb, h.embed_norm)], dim=-1), b)
+        qkv = self._qkv(norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         nq, nkv = c.num_heads, c.num_kv_heads
-        qk = _rotate(qkv[:, : nq + nkv], self._cos[start : start + n], self._sin[start : start + n])
+        qk = apply_rotary(qkv[:, : nq + nkv], self._cos[start : start + n], self._sin[start : start + n])
         end = start + n
         self.k_cache[:, start:end] = qk[:, nq:].transpose(0, 1)
         self.v_cache[:, start:end] = qkv[:, nq + nkv :].transpose(0, 1)
@@ -351,9 +331,9 @@ class HeadDrafter(Drafter):
             enable_gqa=nq != nkv,
         )[0]  # [heads, n, hd]
         x = x + self._o(attn.transpose(0, 1).reshape(n, nq * c.head_dim), b)
-        gate, up = self._gate_up(self._norm(x, h.mlp_norm), b).chunk(2, dim=-1)
+        gate, up = self._gate_up(norm(x, h.mlp_norm), b).chunk(2, dim=-1)
         x = x + self._down(F.silu(gate) * up, b)
-        return self._norm(x, h.out_norm)
+        return norm(x, h.out_norm)
 
     def _choose(
         self, feature: torch.Tensor, params: SamplingParams, generator
@@ -378,13 +358,10 @@ class HeadDrafter(Drafter):
         known = min(self.target.length, len(context) - 1)  # positions with target features
         if k <= 0 or known <= 0:
             return Draft.empty(self.device)
-        # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching
+        # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching, and
+        # feed at least the last position, to predict from it
         fed = context[: known + 1]
-        limit = min(len(self._fed), len(fed))
-        match = limit
-        if self._fed[:limit] != fed[:limit]:
-            match = next(i for i in range(limit) if self._fed[i] != fed[i])
-        common = min(max(match - 1, 0), known - 1)  # feed at least the last position to predict from it
+        common = min(max(common_prefix(self._fed, fed) - 1, 0), known - 1)
         features = self.target.features(common, known)  # [known - common, d]
         next_tokens = torch.tensor(fed[common + 1 :], device=self.device)
         pred = self._step(features, next_tokens, common)[-1]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.models.base import Model
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
@@ -30,10 +30,7 @@ class ModelDrafter(Drafter):
 
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token."""
-        limit = min(len(self._fed), len(context) - 1)
-        common = limit
-        if self._fed[:limit] != context[:limit]:
-            common = next(i for i in range(limit) if self._fed[i] != context[i])
+        common = common_prefix(self._fed, context, limit=len(context) - 1)
         self.model.rollback(common)
         del self._fed[common:]
         new = context[common:]

@@ -20,7 +20,7 @@ import torch
 from specwise.models.base import Model
 from specwise.models.kernels import small_gemm, small_gemm_available
 
-__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS"]
+__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary"]
 
 _ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 GEMM_BACKENDS = ("torch", "kernel")
@@ -43,6 +43,24 @@ def native_supported(hf_model) -> str | None:
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp != 1 is not supported"
     return None
+
+
+def rotary_tables(
+    inv_freq: torch.Tensor, positions: torch.Tensor, scale: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables ``[n, head_dim]`` for rotate-half rotary embeddings at ``positions``, for
+    :func:`apply_rotary`. rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1]*half + [1]*half, so the sign is
+    folded into the sine table."""
+    freqs = torch.outer(positions.float(), inv_freq.float())  # [n, head_dim / 2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sin = emb.sin() * scale
+    half = inv_freq.numel()
+    return emb.cos() * scale, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of x ``[..., head_dim]`` with tables from :func:`rotary_tables` broadcast to it."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
 
 
 class Linear:
@@ -149,14 +167,9 @@ class NativeModel(Model):
         if self._capacity:
             feats[: self._length] = self._features[: self._length]
         self._features = feats  # [capacity, hidden], written when keep_features is set
-        positions = torch.arange(capacity, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self._cos = (emb.cos() * self._rope_scale).to(self.dtype)  # [capacity, head_dim]
-        sin = emb.sin() * self._rope_scale
-        half = self.head_dim // 2
-        # rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1]*half + [1]*half: fold the sign into the table
-        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).to(self.dtype)
+        positions = torch.arange(capacity, device=self.device)
+        cos, sin = rotary_tables(self._inv_freq, positions, self._rope_scale)  # [capacity, head_dim]
+        self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
         self._capacity = capacity
 
     @property
@@ -200,7 +213,7 @@ class NativeModel(Model):
         heads = qkv.view(k, nq + 2 * nkv, hd)
         qk = heads[:, : nq + nkv]  # rotary on queries and keys at once
         cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
-        qk = torch.addcmul(qk * cos, qk.roll(hd // 2, dims=-1), sin)  # rotate-half with a signed sin table
+        qk = apply_rotary(qk, cos, sin)
         end = start + k
         self.k_cache[layer, :, start:end] = qk[:, nq:].transpose(0, 1)
         self.v_cache[layer, :, start:end] = heads[:, nq + nkv :].transpose(0, 1)
