@@ -15,7 +15,6 @@ stopped: a prompt whose shard exists is not generated again.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import random
 from dataclasses import dataclass
@@ -104,6 +103,8 @@ def _generate_batch(
     """
     from transformers import DynamicCache
 
+    from specwise.models.hf import cache_keyword
+
     device = next(hf_model.parameters()).device
     batch = len(prompts)
     width = max(len(p) for p in prompts)
@@ -123,7 +124,7 @@ def _generate_batch(
     done = torch.zeros(batch, dtype=torch.bool, device=device)
     lengths = torch.full((batch,), max_new_tokens, dtype=torch.int64)
     eos_t = torch.tensor(sorted(eos), device=device)
-    cache_kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    cache_kw = cache_keyword(base)
     for step in range(max_new_tokens):
         positions = (mask.cumsum(-1) - 1).clamp(min=0)[:, -step_ids.shape[1] :]
         hidden = base(

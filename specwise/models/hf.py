@@ -8,7 +8,13 @@ import torch
 
 from specwise.models.base import Model
 
-__all__ = ["HFModel"]
+__all__ = ["HFModel", "cache_keyword"]
+
+
+def cache_keyword(module) -> str:
+    """The keyword a transformers module's forward takes its KV cache by (``cache`` since 5.x, else
+    ``past_key_values``, which 5.x deprecates)."""
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
 class HFModel(Model):
@@ -25,11 +31,11 @@ class HFModel(Model):
         self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(model.config.vocab_size)
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self._cache_cls = DynamicCache
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._cache_kw = cache_keyword(model)
+        self._base_cache_kw = cache_keyword(model.base_model)
         self._length = 0
         self._cache = self._new_cache()
-        self._features = torch.empty(0)  # [length, hidden] when keep_features is set
+        self._features = torch.empty(0)  # [capacity, hidden], written at positions < length when keep_features
 
     def _new_cache(self):
         try:
@@ -63,13 +69,20 @@ class HFModel(Model):
 
     def _forward_features(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
         """The base model's last hidden states (kept), then the output layer on the last ``keep`` rows."""
-        base = self.model.base_model
-        kw = "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
-        hidden = base(
-            input_ids=tokens.to(self.device)[None], position_ids=positions, use_cache=True, **{kw: self._cache}
+        hidden = self.model.base_model(
+            input_ids=tokens.to(self.device)[None],
+            position_ids=positions,
+            use_cache=True,
+            **{self._base_cache_kw: self._cache},
         ).last_hidden_state[0]  # [k, hidden]
-        self._features = torch.cat([self._features[: self._length], hidden])
-        self._length += tokens.numel()
+        start, end = self._length, self._length + tokens.numel()
+        if end > self._features.shape[0]:  # grow by doubling, keeping what is cached
+            grown = hidden.new_zeros((max(2 * self._features.shape[0], end), hidden.shape[-1]))
+            if start:
+                grown[:start] = self._features[:start]
+            self._features = grown
+        self._features[start:end] = hidden
+        self._length = end
         if keep == 0:
             return hidden.new_empty((0, self.vocab_size)).float()
         return self.model.get_output_embeddings()(hidden[hidden.shape[0] - keep :]).float()
