@@ -222,13 +222,12 @@ The full numbers are in `report.json`.
 
 
 def _coverage(shards, vocab_ids, vocab_size: int) -> float:
-    import torch
+    """Share of the shards' tokens inside the draft vocabulary."""
+    from specwise.distill.train import token_counts
 
     if not shards:
         return float("nan")
-    counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for s in shards:
-        counts += torch.bincount(s.tokens.long(), minlength=vocab_size)
+    counts = token_counts(shards, vocab_size)
     return float(counts[vocab_ids].sum() / counts.sum().clamp_min(1))
 
 

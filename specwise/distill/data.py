@@ -78,8 +78,8 @@ def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[st
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp), metadata=metadata)
 
 
-def _features_and_lse(hf_model, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
-    """log-sum-exp of the output layer over ``hidden`` [n, d], in chunks of rows (the logits are large)."""
+def _logsumexp(hf_model, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:
+    """log-sum-exp of the output layer's logits for ``hidden`` [n, d], in chunks of rows (the logits are large)."""
     head = hf_model.get_output_embeddings()
     out = []
     for i in range(0, hidden.shape[0], chunk):
@@ -132,7 +132,7 @@ def _generate_batch(
         ).last_hidden_state  # [batch, t, d], after the final norm
         feats.append(hidden.to(torch.float16))
         flat = hidden.reshape(-1, hidden.shape[-1])
-        lses.append(_features_and_lse(hf_model, flat).view(batch, -1))
+        lses.append(_logsumexp(hf_model, flat).view(batch, -1))
         logits = head(hidden[:, -1]).float()  # [batch, vocab]
         if temperature == 0:
             nxt = logits.argmax(-1)
@@ -300,7 +300,7 @@ def corpus_shards(
         hidden = base(input_ids=ids.to(next(base.parameters()).device)).last_hidden_state  # [b, seq, d]
         rows = []
         for i in range(len(group)):
-            rows.append((group[i], hidden[i, :-1].half().cpu(), _features_and_lse(loaded.hf_model, hidden[i, :-1])))
+            rows.append((group[i], hidden[i, :-1].half().cpu(), _logsumexp(loaded.hf_model, hidden[i, :-1])))
         shard = _pack(rows, [0] * len(group))
         _save_atomic(_shard_tensors(shard), path, {"source": "corpus"})
     return paths

@@ -31,7 +31,16 @@ from specwise.distill.data import Shard
 from specwise.drafters.head import EagleHead
 from specwise.files import atomic_path
 
-__all__ = ["TrainConfig", "Batch", "make_batches", "head_loss", "evaluate", "train_head", "draft_vocabulary"]
+__all__ = [
+    "TrainConfig",
+    "Batch",
+    "make_batches",
+    "head_loss",
+    "evaluate",
+    "train_head",
+    "draft_vocabulary",
+    "token_counts",
+]
 
 LOSSES = ("kl", "tv", "jsd")
 
@@ -69,11 +78,17 @@ class Batch:
     answer_starts: torch.Tensor  # [B] first position in the answer (0 for text without a prompt)
 
 
-def draft_vocabulary(shards: list[Shard], size: int, always: set[int], vocab_size: int) -> torch.Tensor:
-    """The ``size`` most frequent tokens of the data (plus ``always``, e.g. EOS), sorted ids."""
+def token_counts(shards: list[Shard], vocab_size: int) -> torch.Tensor:
+    """How often each token id occurs in the shards: ``[vocab_size]`` int64."""
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for shard in shards:
         counts += torch.bincount(shard.tokens.long(), minlength=vocab_size)
+    return counts
+
+
+def draft_vocabulary(shards: list[Shard], size: int, always: set[int], vocab_size: int) -> torch.Tensor:
+    """The ``size`` most frequent tokens of the data (plus ``always``, e.g. EOS), sorted ids."""
+    counts = token_counts(shards, vocab_size)
     for t in always:
         counts[t] = counts.max() + 1
     size = min(size, vocab_size)
@@ -171,10 +186,11 @@ def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch
     alpha = [0.0] * steps
     count = [0] * steps
     for batch in batches:
+        t = torch.arange(batch.tokens.shape[1] - 1)
+        in_answer = t[None, :] + 1 >= batch.answer_starts[:, None]  # [B, T-1]: position t predicts an answer token
         target_top = None
         for s, valid, log_q, log_p, _, target in _step_terms(head, batch, steps):
-            t = torch.arange(valid.shape[1])
-            valid = valid & (t[None, :] + 1 >= batch.answer_starts[:, None])  # predicting an answer token
+            valid = valid & in_answer
             if target_top is None:  # the target's argmax over the full vocabulary, in chunks of rows
                 flat = target.reshape(-1, target.shape[-1])
                 target_top = torch.cat([(c @ full_head.T).argmax(-1) for c in flat.split(512)]).view(valid.shape)

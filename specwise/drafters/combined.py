@@ -36,8 +36,6 @@ class CombinedDrafter(Drafter):
         self.name = "+".join(d.name for d in drafters)
         self.needs_features = any(d.needs_features for d in drafters)
         self.prior, self.prior_weight, self.decay = prior, prior_weight, decay
-        self.chosen: int | None = None
-        self.uses = [0] * len(drafters)  # steps drafted by each, this request
         self.begin([])
 
     def begin(self, prompt: list[int]) -> None:
@@ -45,8 +43,8 @@ class CombinedDrafter(Drafter):
             d.begin(prompt)
         self._drafted = [0.0] * len(self.drafters)
         self._accepted = [0.0] * len(self.drafters)
-        self.uses = [0] * len(self.drafters)
-        self.chosen = None
+        self.uses = [0] * len(self.drafters)  # steps drafted by each, this request
+        self.chosen: int | None = None  # the drafter of the last proposal
 
     def acceptance(self, i: int) -> float:
         """Estimated acceptance rate of drafter i."""
