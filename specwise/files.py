@@ -9,7 +9,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["atomic_path", "write_text_atomic", "write_json_atomic"]
+__all__ = ["atomic_path", "safe_name", "write_text_atomic", "write_json_atomic"]
+
+
+def safe_name(name: str) -> str:
+    """``name`` as one file name: characters other than letters, digits and ``-_.`` become ``_``."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
 @contextmanager

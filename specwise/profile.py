@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.files import write_json_atomic
+from specwise.files import safe_name, write_json_atomic
 from specwise.models.loader import cache_dir
 
 __all__ = ["measure_forward", "cost_curve", "drafter_cost", "profile_path", "save_profile", "load_profile"]
@@ -80,7 +80,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
 
 
 def profile_path(model_name: str, device: str) -> Path:
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in model_name)
+    safe = safe_name(model_name)
     return cache_dir() / "profiles" / f"{safe}-{device.replace(':', '')}-{platform.machine()}.json"
 
 
