@@ -315,3 +315,47 @@ def test_tiny_top_p_keeps_the_most_likely_token():
     logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-215))
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_top_p_widens_past_the_first_candidates_on_a_large_flat_vocabulary():
+    """A flat distribution needs hundreds of tokens for top_p = 0.9: the partial sort must widen and agree."""
+    logits = random_logits(19, (3, 3000), scale=0.3)
+    for top_p in (0.5, 0.9, 0.999):
+        params = SamplingParams(temperature=1.0, top_p=top_p)
+        probs = probs_from_logits(logits, params)
+        expected = reference_batch(logits, params)
+        assert torch.equal(probs > 0, expected > 0), top_p
+        assert int((probs[0] > 0).sum()) > 64  # more than the first topk window
+        torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-4)
+
+
+def test_top_p_keeps_every_token_tied_with_the_last_kept_one():
+    """Ties never depend on sort order: tokens as likely as the least likely kept token are all kept."""
+    logits = torch.tensor([[1.0, 0.0, 1.0, 1.0, -2.0]])
+    probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.4))
+    assert (probs > 0).tolist() == [[True, False, True, True, False]]
+    torch.testing.assert_close(probs.sum(), torch.tensor(1.0))
+
+
+def test_sample_follows_the_distribution_on_a_large_vocabulary():
+    """Inverse-CDF sampling: chi-square goodness of fit, zero-probability tokens never drawn."""
+    from scipy.stats import chisquare
+
+    vocab = 49152
+    ids = torch.tensor([3, 17, 1000, 20000, 49151])
+    weights = torch.tensor([0.05, 0.4, 0.15, 0.1, 0.3])
+    probs = torch.zeros(vocab).index_put_((ids,), weights)
+    n = 20000
+    tokens = sample(probs.expand(n, vocab), torch.Generator().manual_seed(3))
+    assert bool(torch.isin(tokens, ids).all())
+    counts = torch.stack([(tokens == i).sum() for i in ids]).double()
+    expected = weights.double() / weights.double().sum() * counts.sum()
+    assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
+
+
+def test_sample_accepts_unnormalised_rows_and_rejects_invalid_ones():
+    tokens = sample(torch.tensor([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]]), torch.Generator().manual_seed(0))
+    assert tokens.tolist() == [1, 0]
+    for bad in ([0.0, 0.0, 0.0], [0.5, float("nan"), 0.5], [1.0, -0.5, 0.5], [float("inf"), 0.0, 1.0]):
+        with pytest.raises(ValueError, match="cannot sample"):
+            sample(torch.tensor(bad), None)

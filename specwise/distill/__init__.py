@@ -47,6 +47,8 @@ class DistillOptions:
     device: str = "cpu"
     seed: int = 0
     resume: bool = False
+    init: Path | None = None  # warm start: a trained head's directory (same target)
+    data_only: bool = False
     progress: bool = True
 
 
@@ -71,7 +73,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
 
     from specwise.distill.data import PromptSource, collect_prompts, generate_shards, load_shards
     from specwise.distill.train import draft_vocabulary, make_batches, train_head
-    from specwise.drafters.head import load_head, new_head, save_head
+    from specwise.drafters.head import check_target, load_head, new_head, save_head
     from specwise.models.loader import load_model
     from specwise.runtime import eos_ids
 
@@ -103,6 +105,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         max_batches=max_batches,
     )
     train_paths, held_paths = held_out_split(paths)
+    if opts.data_only:
+        return {"data_dir": str(data_dir / "answers"), "shards": len(paths), "train_shards": len(train_paths)}
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
     n_train = sum(len(s.tokens) for s in train_shards)
     n_held = sum(len(s.tokens) for s in held_shards)
@@ -113,6 +117,12 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     if opts.resume and (out / "config.json").exists():
         head = load_head(out)
         head.attach_target(hf)
+    elif opts.init is not None:
+        head = load_head(Path(opts.init))
+        check_target(head.config, hf, loaded.name)
+        head.attach_target(hf)
+        out.mkdir(parents=True, exist_ok=True)
+        save_head(head, out, dtype=torch.float32)
     else:
         vocab = draft_vocabulary(train_shards, opts.draft_vocab, eos, loaded.model.vocab_size)
         head = new_head(hf, loaded.name, vocab, opts.intermediate_size, seed=opts.seed)

@@ -46,6 +46,13 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
+    p.add_argument(
+        "--init",
+        type=Path,
+        default=None,
+        help="start from this trained head's weights and draft vocabulary (same target) instead of a new head",
+    )
+    p.add_argument("--data-only", action="store_true", help="generate (or complete) the data, then stop")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_distill)
 
@@ -82,10 +89,15 @@ def cmd_distill(args: argparse.Namespace) -> int:
         device=args.device,
         seed=args.seed,
         resume=args.resume,
+        init=args.init,
+        data_only=args.data_only,
         progress=not args.no_progress,
     )
     opts.prompt_limits["gsm8k_train.prompts.jsonl"] = args.gsm8k_limit
     report = run_distill(opts, cfg, log=lambda msg: print(msg, file=sys.stderr))
+    if args.data_only:
+        print(json.dumps(report, indent=2))
+        return 0
     before, after, engine = report["before"], report["after"], report["engine"]
     print(json.dumps({"out": str(args.out), "before": before, "after": after, "engine": engine}, indent=2))
     return 0

@@ -348,10 +348,12 @@ class HeadDrafter(Drafter):
             best = int(logits.argmax())
             confidence = 1.0 if self.min_confidence <= 0 else float(torch.softmax(logits, -1)[best])
             return int(self._vocab_ids[best]), None, confidence
-        full = torch.full((self.target.vocab_size,), float("-inf"), device=self.device)
-        full[self._vocab_ids] = logits
-        q = probs_from_logits(full, params)  # [vocab], zero outside the draft vocabulary
-        return int(sample(q, generator)), q, float(q.max())
+        # q over the draft vocabulary, then placed in the full vocabulary (zero elsewhere): top-k, top-p and
+        # min-p give the same result on the draft vocabulary as on the full one with -inf outside it
+        q_draft = probs_from_logits(logits, params)  # [draft_vocab]
+        q = torch.zeros(self.target.vocab_size, device=self.device)
+        q[self._vocab_ids] = q_draft
+        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, float(q_draft.max())
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
