@@ -224,7 +224,12 @@ class Engine:
         t1 = time.perf_counter()
         k = len(draft)
         if k == 0:
-            reason = "budget" if limit <= 0 else "schedule" if asked == 0 else "no_draft"
+            if limit <= 0:
+                reason = "budget"
+            elif asked == 0:
+                reason = "schedule"
+            else:
+                reason = "low_confidence" if self.drafter.declined else "no_draft"
             stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1
         start = target.length  # == len(context) - 1: the last token is not yet in the cache
         fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])

@@ -35,7 +35,7 @@ class SpecStats:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
-    plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | no_draft
+    plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | no_draft | low_confidence
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0

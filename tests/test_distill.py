@@ -130,3 +130,49 @@ def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
     main(plain)
     assert json.loads(capsys.readouterr().out)["token_ids"] == with_head["token_ids"]
     assert load_shards(sorted((tmp_path / "data" / "answers").glob("*.safetensors")))
+
+
+def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
+    """--data-only stops after the data; --corpus-dir adds teacher-forced text to training only; --init starts
+    from a trained head (same draft vocabulary), and the model card says so."""
+    from specwise.cli import main
+    from specwise.drafters.head import load_head
+
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for name in ("oasst_en", "mbpp", "gsm8k_train"):
+        rows = [{"prompt": f"Say something about {name} {i}.", "source": "test"} for i in range(8)]
+        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    corpus = tmp_path / "corpus" / "books"
+    corpus.mkdir(parents=True)
+    (corpus / "a.txt").write_text("It was a bright cold day in April, and the clocks were striking. " * 60)
+    (corpus / "b.txt").write_text("The sea was calm and the boats came home one by one at dusk. " * 60)
+    data = tmp_path / "data"
+    common = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data), "--no-progress"]
+    common += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
+    first = tmp_path / "first"
+    assert main(["distill", "--out", str(first), *common, "--data-only"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["answer_shards"] == 5 and summary["corpus_shards"] == 0
+    assert not first.exists()  # no head without training
+    with_corpus = [*common, "--corpus-dir", str(tmp_path / "corpus"), "--corpus-tokens", "512"]
+    assert main(["distill", "--out", str(first), *with_corpus, "--epochs", "1", "--eval-prompts", "1"]) == 0
+    corpus_files = sorted((data / "corpus").glob("corpus_*.safetensors"))
+    assert corpus_files
+    pieces = load_shards(corpus_files)
+    assert sum(len(s.prompt_lengths) for s in pieces) == 2  # 512 tokens in pieces of 256
+    assert all(int(p) == 0 for s in pieces for p in s.prompt_lengths)
+    report = json.loads((first / "report.json").read_text())
+    assert report["train_tokens"] > sum(len(s.tokens) for s in pieces)
+    assert "plain text" in (first / "README.md").read_text()
+
+    second = tmp_path / "second"
+    assert main(["distill", "--out", str(second), *common, "--init", str(first), "--epochs", "1"]) == 0
+    a, b = load_head(first), load_head(second)
+    assert torch.equal(a.vocab_ids, b.vocab_ids)
+    before = json.loads((second / "report.json").read_text())["before"]
+    # the warm start's starting point is the first head (saved in float16), on the same held-out data
+    for key in ("top1_agreement", "alpha"):
+        assert before[key] == pytest.approx(report["after"][key], abs=0.02)
+    card = (second / "README.md").read_text()
+    assert "started from the head" in card and "before this run" in card

@@ -191,7 +191,7 @@ def test_low_confidence_stops_drafting_and_output_is_unchanged():
     strict = Engine(target, drafter, gamma=Strict(4)).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
     assert strict.token_ids == full.token_ids == ref.token_ids
     assert full.stats.drafted > 0 and strict.stats.drafted == 0
-    assert strict.stats.plain_step_reasons.get("no_draft", 0) > 0
+    assert strict.stats.plain_step_reasons.get("low_confidence", 0) > 0
 
 
 def test_combined_drafter_is_exact_and_chooses_by_expected_acceptance(tmp_path):

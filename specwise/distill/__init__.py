@@ -36,6 +36,8 @@ class DistillOptions:
         }
     )
     max_prompts: int | None = None  # answer only the first batches covering this many prompts (None: all)
+    corpus_dir: Path | None = None  # plain text (*.txt) added to the training data as teacher-forced features
+    corpus_tokens: int = 100_000
     max_new_tokens: int = 192
     gen_batch_size: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -71,7 +73,14 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
     import torch
 
-    from specwise.distill.data import PromptSource, collect_prompts, generate_shards, load_shards
+    from specwise.distill.data import (
+        PromptSource,
+        collect_prompts,
+        corpus_files,
+        corpus_shards,
+        generate_shards,
+        load_shards,
+    )
     from specwise.distill.train import draft_vocabulary, make_batches, train_head
     from specwise.drafters.head import check_target, load_head, new_head, save_head
     from specwise.models.loader import load_model
@@ -105,8 +114,21 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         max_batches=max_batches,
     )
     train_paths, held_paths = held_out_split(paths)
+    corpus_paths: list[Path] = []
+    if opts.corpus_dir is not None and opts.corpus_tokens > 0:
+        files = corpus_files(Path(opts.corpus_dir))
+        log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
+        corpus_paths = corpus_shards(
+            loaded, files, data_dir / "corpus", opts.corpus_tokens, seed=opts.seed, progress=opts.progress
+        )
     if opts.data_only:
-        return {"data_dir": str(data_dir / "answers"), "shards": len(paths), "train_shards": len(train_paths)}
+        return {
+            "data_dir": str(data_dir),
+            "answer_shards": len(paths),
+            "train_answer_shards": len(train_paths),
+            "corpus_shards": len(corpus_paths),
+        }
+    train_paths = train_paths + corpus_paths  # held-out fidelity is measured on answers only
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
     n_train = sum(len(s.tokens) for s in train_shards)
     n_held = sum(len(s.tokens) for s in held_shards)
@@ -142,6 +164,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "steps_unrolled": cfg.steps_unrolled,
         "epochs": cfg.epochs,
         "seed": cfg.seed,
+        "init": str(opts.init) if opts.init else None,
+        "corpus_shards": len(corpus_paths),
     }
     save_head(head, out, dtype=torch.float16)
     tau = measure_tau(loaded, out, held_shards, opts)
@@ -187,6 +211,18 @@ def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> N
         for i in range(steps)
     ]
     training = config.training
+    corpus = (
+        f" Also about {opts.corpus_tokens} tokens of plain text from `{opts.corpus_dir}` (teacher-forced, in the"
+        " training split only)."
+        if training.get("corpus_shards")
+        else ""
+    )
+    start = (
+        f" started from the head in `{training['init']}` (its weights and draft vocabulary);"
+        if training.get("init")
+        else ""
+    )
+    when = "before this run" if training.get("init") else "before training"
     limits = ", ".join(f"{k}: {'all' if v is None else v}" for k, v in opts.prompt_limits.items())
     text = f"""# Head drafter for {report["target"]} ({config.target.get("name")})
 
@@ -202,9 +238,9 @@ target's distribution whatever the head proposes.
 - Command: `{training.get("command") or "(library call)"}`
 - Data: the target's own answers (max {opts.max_new_tokens} new tokens; temperatures {list(opts.temperatures)} by
   batch) to human-written prompts from `shared/data/prompts` ({limits}; first {opts.max_prompts or "all"}
-  prompts of the seeded shuffle). No Spec-Bench question was used.
+  prompts of the seeded shuffle).{corpus} No Spec-Bench question was used.
   {report["train_tokens"]} training tokens, {report["held_out_tokens"]} held-out tokens (every 10th shard).
-- Training: loss `{training.get("loss")}`, {training.get("steps_unrolled")} drafting steps unrolled, {
+- Training:{start} loss `{training.get("loss")}`, {training.get("steps_unrolled")} drafting steps unrolled, {
         training.get("epochs")
     } epochs, {report["steps"]} optimizer steps, seed {training.get("seed")}.
 - Time: {report["seconds"] / 60:.1f} minutes for the training and report (data generation not included when
@@ -215,7 +251,7 @@ target's distribution whatever the head proposes.
 Top-1 agreement is the greedy acceptance rate of one drafted token; alpha = sum min(p, q) is the acceptance rate
 when sampling at temperature 1.
 
-| step | top-1 agreement | alpha | top-1 before training | alpha before |
+| step | top-1 agreement | alpha | top-1 {when} | alpha {when} |
 |---|---|---|---|---|
 {chr(10).join(rows)}
 

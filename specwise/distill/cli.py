@@ -31,6 +31,13 @@ def register(sub) -> None:
     p.add_argument("--data-dir", type=Path, default=None, help="cache of generated data (default: under the cache)")
     p.add_argument("--gsm8k-limit", type=int, default=1000, help="GSM8K prompts to use, sampled (default: 1000)")
     p.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts (default: all)")
+    p.add_argument(
+        "--corpus-dir",
+        type=Path,
+        default=None,
+        help="plain-text corpora (*.txt, e.g. shared/data/corpora) added to the training data (default: none)",
+    )
+    p.add_argument("--corpus-tokens", type=int, default=100_000, help="tokens of corpus text to use (default: 100000)")
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default: 192)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="prompts answered together (default: 64)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default: 8192)")
@@ -81,6 +88,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         prompts_dir=args.prompts_dir,
         max_prompts=args.max_prompts,
+        corpus_dir=args.corpus_dir,
+        corpus_tokens=args.corpus_tokens,
         max_new_tokens=args.max_new_tokens,
         gen_batch_size=args.gen_batch_size,
         draft_vocab=args.draft_vocab,

@@ -24,7 +24,15 @@ import torch
 
 from specwise.files import atomic_path, write_json_atomic
 
-__all__ = ["PromptSource", "Shard", "collect_prompts", "generate_shards", "load_shards", "corpus_shards"]
+__all__ = [
+    "PromptSource",
+    "Shard",
+    "collect_prompts",
+    "generate_shards",
+    "load_shards",
+    "corpus_files",
+    "corpus_shards",
+]
 
 # the shared data layout (see ../shared/data/README.md)
 PROMPT_FILES = ("oasst_en.prompts.jsonl", "mbpp.prompts.jsonl", "gsm8k_train.prompts.jsonl")
@@ -267,43 +275,74 @@ def _shard_tensors(shard: Shard) -> dict[str, torch.Tensor]:
     }
 
 
+def corpus_pieces(tokenizer, paths: list[Path], seq_len: int, count: int, seed: int) -> list[list[int]]:
+    """``count`` pieces of ``seq_len`` tokens drawn at random (seeded) from the text files, in file order.
+
+    Every file is cut into consecutive pieces; the pieces are sampled without replacement across all files,
+    so a long book does not crowd out the others more than its length warrants.
+    """
+    pieces: list[list[int]] = []
+    for path in paths:
+        ids = tokenizer(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+        pieces.extend(ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
+    if count < len(pieces):
+        chosen = sorted(random.Random(seed).sample(range(len(pieces)), count))
+        pieces = [pieces[i] for i in chosen]
+    return pieces
+
+
+def corpus_files(directory: Path) -> list[Path]:
+    """The ``*.txt`` files under ``directory`` (recursively), sorted."""
+    files = sorted(Path(directory).rglob("*.txt"))
+    if not files:
+        raise FileNotFoundError(f"no .txt files under {directory}: pass --corpus-dir pointing at shared/data/corpora")
+    return files
+
+
 @torch.inference_mode()
 def corpus_shards(
     loaded,
-    texts: list[str],
+    paths: list[Path],
     out_dir: Path,
+    max_tokens: int,
     seq_len: int = 256,
     batch_size: int = 16,
-    max_sequences: int | None = None,
+    seed: int = 0,
     progress: bool = True,
 ) -> list[Path]:
-    """Teacher-forced target features over plain text cut into ``seq_len``-token pieces (resumable shards)."""
+    """Teacher-forced target features over plain text: about ``max_tokens`` tokens in ``seq_len``-token pieces
+    sampled from the files (resumable shards, with a manifest like the answers')."""
     from tqdm import tqdm
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    tok = loaded.tokenizer
-    pieces: list[list[int]] = []
-    for text in texts:
-        ids = tok(text, add_special_tokens=False)["input_ids"]
-        pieces.extend(ids[i : i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len))
-    if max_sequences is not None:
-        pieces = pieces[:max_sequences]
+    count = max(1, max_tokens // seq_len)
+    pieces = corpus_pieces(loaded.tokenizer, paths, seq_len, count, seed)
+    _check_manifest(
+        out_dir,
+        {
+            "target": loaded.name,
+            "files": [p.name for p in paths],
+            "pieces_sha256": hashlib.sha256(json.dumps(pieces).encode()).hexdigest(),
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+        },
+    )
     base = loaded.hf_model.model
-    paths = []
+    device = next(base.parameters()).device
+    paths_out = []
     groups = [pieces[i : i + batch_size] for i in range(0, len(pieces), batch_size)]
     for j, group in enumerate(tqdm(groups, desc="corpus features", unit="batch", disable=not progress)):
         path = out_dir / f"corpus_{j:05d}.safetensors"
-        paths.append(path)
+        paths_out.append(path)
         if path.exists():
             continue
-        ids = torch.tensor(group)
-        hidden = base(input_ids=ids.to(next(base.parameters()).device)).last_hidden_state  # [b, seq, d]
+        hidden = base(input_ids=torch.tensor(group, device=device)).last_hidden_state  # [b, seq, d], final norm
         rows = []
         for i in range(len(group)):
-            rows.append((group[i], hidden[i, :-1].half().cpu(), _logsumexp(loaded.hf_model, hidden[i, :-1])))
+            rows.append((group[i], hidden[i, :-1].half().cpu(), _logsumexp(loaded.hf_model, hidden[i, :-1]).cpu()))
         shard = _pack(rows, [0] * len(group))
         _save_atomic(_shard_tensors(shard), path, {"source": "corpus"})
-    return paths
+    return paths_out
 
 
 def load_shards(paths: list[Path]) -> list[Shard]:

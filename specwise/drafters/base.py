@@ -51,6 +51,9 @@ class Drafter(ABC):
     # Set by the engine from the schedule before each proposal: a drafter that can estimate the probability that
     # all its tokens so far will be accepted stops drafting once that falls below this (0: never stop early).
     min_confidence: float = 0.0
+    # Set by propose: True when the drafter had a proposal but held it back for confidence below min_confidence
+    # (the engine then counts the plain step under "low_confidence" rather than "no_draft").
+    declined: bool = False
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""

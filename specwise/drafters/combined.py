@@ -53,6 +53,7 @@ class CombinedDrafter(Drafter):
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
         best: tuple[float, int, Draft] | None = None
+        declined = False
         for i, drafter in enumerate(self.drafters):
             alpha = self.acceptance(i)
             if best is not None and _expected_accepted(alpha, k) <= best[0]:
@@ -60,6 +61,7 @@ class CombinedDrafter(Drafter):
             drafter.min_confidence = self.min_confidence
             draft = drafter.propose(context, k, params, generator)
             if not len(draft):
+                declined = declined or drafter.declined
                 continue
             if draft.probs is not None:
                 # a sampled draft is used as soon as it is drawn: choosing among drafts by what was sampled
@@ -69,6 +71,7 @@ class CombinedDrafter(Drafter):
             value = _expected_accepted(alpha, len(draft))
             if best is None or value > best[0]:
                 best = (value, i, draft)
+        self.declined = best is None and declined
         if best is None:
             self.chosen = None
             return Draft.empty(getattr(self.drafters[0], "device", "cpu"))

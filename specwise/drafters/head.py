@@ -358,6 +358,7 @@ class HeadDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
         known = min(self.target.length, len(context) - 1)  # positions with target features
+        self.declined = False
         if k <= 0 or known <= 0:
             return Draft.empty(self.device)
         # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching, and
@@ -375,6 +376,7 @@ class HeadDrafter(Drafter):
             token, q, confidence = self._choose(pred, params, generator)
             reach *= confidence
             if reach < self.min_confidence:
+                self.declined = not tokens
                 break  # not worth verifying: below the schedule's break-even
             tokens.append(token)
             if q is not None:
