@@ -132,6 +132,24 @@ def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
     assert load_shards(sorted((tmp_path / "data" / "answers").glob("*.safetensors")))
 
 
+def test_passage_prompts_are_seeded_tasks_on_whole_paragraphs(tmp_path):
+    from specwise.distill.data import PASSAGE_TASKS, passage_prompts
+
+    book = tmp_path / "book.txt"
+    paras = [f"Paragraph {i} tells of a walk by the river and a talk about the weather." for i in range(40)]
+    book.write_text("The Project Gutenberg licence applies.\n\n" + "\n\n".join(paras))
+    prompts = passage_prompts([book], 3, seed=1, words=30)
+    assert prompts == passage_prompts([book], 3, seed=1, words=30) != passage_prompts([book], 3, seed=2, words=30)
+    assert len(prompts) == 3
+    for prompt in prompts:
+        assert "Gutenberg" not in prompt
+        assert any(
+            prompt.startswith(t.split("{text}")[0]) and prompt.endswith(t.split("{text}")[1]) for t in PASSAGE_TASKS
+        )
+    with pytest.raises(ValueError, match="no passages"):
+        passage_prompts([book], 3, seed=1, words=10_000)
+
+
 def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
     """--data-only stops after the data; --corpus-dir adds teacher-forced text to training only; --init starts
     from a trained head (same draft vocabulary), and the model card says so."""
@@ -145,8 +163,8 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
         (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     corpus = tmp_path / "corpus" / "books"
     corpus.mkdir(parents=True)
-    (corpus / "a.txt").write_text("It was a bright cold day in April, and the clocks were striking. " * 60)
-    (corpus / "b.txt").write_text("The sea was calm and the boats came home one by one at dusk. " * 60)
+    (corpus / "a.txt").write_text("It was a bright cold day in April, and the clocks were striking.\n\n" * 60)
+    (corpus / "b.txt").write_text("The sea was calm and the boats came home one by one at dusk.\n\n" * 60)
     data = tmp_path / "data"
     common = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data), "--no-progress"]
     common += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
@@ -155,16 +173,19 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["answer_shards"] == 5 and summary["corpus_shards"] == 0
     assert not first.exists()  # no head without training
-    with_corpus = [*common, "--corpus-dir", str(tmp_path / "corpus"), "--corpus-tokens", "512"]
+    with_corpus = [*common, "--corpus-dir", str(tmp_path / "corpus"), "--corpus-tokens", "512", "--passages", "4"]
     assert main(["distill", "--out", str(first), *with_corpus, "--epochs", "1", "--eval-prompts", "1"]) == 0
     corpus_files = sorted((data / "corpus").glob("corpus_*.safetensors"))
     assert corpus_files
     pieces = load_shards(corpus_files)
     assert sum(len(s.prompt_lengths) for s in pieces) == 2  # 512 tokens in pieces of 256
     assert all(int(p) == 0 for s in pieces for p in s.prompt_lengths)
+    tasks = load_shards(sorted((data / "passages").glob("shard_*.safetensors")))
+    assert sum(len(s.prompt_lengths) for s in tasks) == 4
     report = json.loads((first / "report.json").read_text())
-    assert report["train_tokens"] > sum(len(s.tokens) for s in pieces)
-    assert "plain text" in (first / "README.md").read_text()
+    assert report["train_tokens"] > sum(len(s.tokens) for s in pieces + tasks)
+    card = (first / "README.md").read_text()
+    assert "plain text" in card and "tasks on passages" in card
 
     second = tmp_path / "second"
     assert main(["distill", "--out", str(second), *common, "--init", str(first), "--epochs", "1"]) == 0

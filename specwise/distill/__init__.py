@@ -38,6 +38,7 @@ class DistillOptions:
     max_prompts: int | None = None  # answer only the first batches covering this many prompts (None: all)
     corpus_dir: Path | None = None  # plain text (*.txt) added to the training data as teacher-forced features
     corpus_tokens: int = 100_000
+    passages: int = 0  # prompts made of a corpus passage and a task (summarise, extract, ...), answered by the target
     max_new_tokens: int = 192
     gen_batch_size: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -80,6 +81,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         corpus_shards,
         generate_shards,
         load_shards,
+        passage_prompts,
     )
     from specwise.distill.train import draft_vocabulary, make_batches, train_head
     from specwise.drafters.head import check_target, load_head, new_head, save_head
@@ -115,6 +117,22 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     )
     train_paths, held_paths = held_out_split(paths)
     corpus_paths: list[Path] = []
+    passage_paths: list[Path] = []
+    if opts.corpus_dir is not None and opts.passages > 0:
+        files = corpus_files(Path(opts.corpus_dir))
+        tasks = passage_prompts(files, opts.passages, opts.seed)
+        log(f"data: {len(tasks)} passage tasks from {len(files)} files -> {data_dir / 'passages'}")
+        passage_paths = generate_shards(
+            loaded,
+            tasks,
+            data_dir / "passages",
+            batch_size=opts.gen_batch_size,
+            max_prompt_tokens=512,
+            max_new_tokens=opts.max_new_tokens,
+            temperatures=opts.temperatures,
+            seed=opts.seed,
+            progress=opts.progress,
+        )
     if opts.corpus_dir is not None and opts.corpus_tokens > 0:
         files = corpus_files(Path(opts.corpus_dir))
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
@@ -126,9 +144,10 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             "data_dir": str(data_dir),
             "answer_shards": len(paths),
             "train_answer_shards": len(train_paths),
+            "passage_shards": len(passage_paths),
             "corpus_shards": len(corpus_paths),
         }
-    train_paths = train_paths + corpus_paths  # held-out fidelity is measured on answers only
+    train_paths = train_paths + passage_paths + corpus_paths  # held-out fidelity is measured on answers only
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
     n_train = sum(len(s.tokens) for s in train_shards)
     n_held = sum(len(s.tokens) for s in held_shards)
@@ -166,6 +185,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "seed": cfg.seed,
         "init": str(opts.init) if opts.init else None,
         "corpus_shards": len(corpus_paths),
+        "passage_shards": len(passage_paths),
     }
     save_head(head, out, dtype=torch.float16)
     tau = measure_tau(loaded, out, held_shards, opts)
@@ -211,12 +231,17 @@ def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> N
         for i in range(steps)
     ]
     training = config.training
-    corpus = (
-        f" Also about {opts.corpus_tokens} tokens of plain text from `{opts.corpus_dir}` (teacher-forced, in the"
-        " training split only)."
-        if training.get("corpus_shards")
-        else ""
-    )
+    corpus = ""
+    if training.get("passage_shards"):
+        corpus += (
+            f" Also the target's answers to {opts.passages} tasks on passages of `{opts.corpus_dir}` (summarise,"
+            " extract, rewrite, continue; training split only)."
+        )
+    if training.get("corpus_shards"):
+        corpus += (
+            f" Also about {opts.corpus_tokens} tokens of plain text from `{opts.corpus_dir}` (teacher-forced,"
+            " training split only)."
+        )
     start = (
         f" started from the head in `{training['init']}` (its weights and draft vocabulary);"
         if training.get("init")

@@ -38,6 +38,12 @@ def register(sub) -> None:
         help="plain-text corpora (*.txt, e.g. shared/data/corpora) added to the training data (default: none)",
     )
     p.add_argument("--corpus-tokens", type=int, default=100_000, help="tokens of corpus text to use (default: 100000)")
+    p.add_argument(
+        "--passages",
+        type=int,
+        default=0,
+        help="also have the target answer this many tasks on --corpus-dir passages (summarise, extract, ...)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default: 192)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="prompts answered together (default: 64)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default: 8192)")
@@ -90,6 +96,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         max_prompts=args.max_prompts,
         corpus_dir=args.corpus_dir,
         corpus_tokens=args.corpus_tokens,
+        passages=args.passages,
         max_new_tokens=args.max_new_tokens,
         gen_batch_size=args.gen_batch_size,
         draft_vocab=args.draft_vocab,

@@ -31,6 +31,7 @@ __all__ = [
     "generate_shards",
     "load_shards",
     "corpus_files",
+    "passage_prompts",
     "corpus_shards",
 ]
 
@@ -289,6 +290,48 @@ def corpus_pieces(tokenizer, paths: list[Path], seq_len: int, count: int, seed: 
         chosen = sorted(random.Random(seed).sample(range(len(pieces)), count))
         pieces = [pieces[i] for i in chosen]
     return pieces
+
+
+# Instructions wrapped around corpus passages: tasks on a given text (summarising, extracting, rewriting,
+# answering, continuing), the kind of request that instruction prompts rarely contain.
+PASSAGE_TASKS = (
+    "Summarize the following passage in two or three sentences.\n\n{text}",
+    "What is this passage about? Answer in a short paragraph.\n\n{text}",
+    "List the people, places and objects mentioned in the text below.\n\n{text}",
+    "Rewrite this passage in plain modern English.\n\n{text}",
+    "{text}\n\nWhat happens in the passage above, and why does it matter?",
+    "Here is a passage from a book:\n\n{text}\n\nWrite three questions a reader could answer from it, with answers.",
+    "Read the passage and describe the mood and the feelings of the people in it.\n\n{text}",
+    "{text}\n\nContinue this text for a few sentences in the same style.",
+)
+
+
+def passage_prompts(paths: list[Path], count: int, seed: int, words: int = 150) -> list[str]:
+    """``count`` prompts pairing a random passage of about ``words`` words from the files with a task.
+
+    Passages are runs of whole paragraphs (blank-line separated); those naming Project Gutenberg (licence and
+    header text) are skipped.
+    """
+    rng = random.Random(seed)
+    passages: list[str] = []
+    for path in paths:
+        paragraphs = [" ".join(p.split()) for p in path.read_text(encoding="utf-8", errors="replace").split("\n\n")]
+        current: list[str] = []
+        size = 0
+        for para in paragraphs:
+            if not para:
+                continue
+            current.append(para)
+            size += len(para.split())
+            if size >= words:
+                text = "\n\n".join(current)
+                if "gutenberg" not in text.lower() and size <= 2 * words:
+                    passages.append(text)
+                current, size = [], 0
+    if not passages:
+        raise ValueError("no passages found in the corpus files: they need blank-line separated paragraphs")
+    chosen = rng.sample(passages, min(count, len(passages)))
+    return [rng.choice(PASSAGE_TASKS).format(text=text) for text in chosen]
 
 
 def corpus_files(directory: Path) -> list[Path]:
