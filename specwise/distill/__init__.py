@@ -118,8 +118,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     train_paths, held_paths = held_out_split(paths)
     corpus_paths: list[Path] = []
     passage_paths: list[Path] = []
-    if opts.corpus_dir is not None and opts.passages > 0:
-        files = corpus_files(Path(opts.corpus_dir))
+    files = corpus_files(Path(opts.corpus_dir)) if opts.corpus_dir is not None else []
+    if files and opts.passages > 0:
         tasks = passage_prompts(files, opts.passages, opts.seed)
         log(f"data: {len(tasks)} passage tasks from {len(files)} files -> {data_dir / 'passages'}")
         passage_paths = generate_shards(
@@ -133,8 +133,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             seed=opts.seed,
             progress=opts.progress,
         )
-    if opts.corpus_dir is not None and opts.corpus_tokens > 0:
-        files = corpus_files(Path(opts.corpus_dir))
+    if files and opts.corpus_tokens > 0:
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
         corpus_paths = corpus_shards(
             loaded, files, data_dir / "corpus", opts.corpus_tokens, seed=opts.seed, progress=opts.progress
