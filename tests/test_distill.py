@@ -169,6 +169,8 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
     common = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data), "--no-progress"]
     common += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
     first = tmp_path / "first"
+    assert main(["distill", "--out", str(first), *common, "--data-only", "--passages", "4"]) == 2
+    assert "--corpus-dir" in capsys.readouterr().err
     assert main(["distill", "--out", str(first), *common, "--data-only"]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["answer_shards"] == 5 and summary["corpus_shards"] == 0

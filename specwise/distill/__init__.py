@@ -94,6 +94,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         raise FileExistsError(
             f"{out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
         )
+    if opts.passages > 0 and opts.corpus_dir is None:
+        raise ValueError("passage tasks need a corpus: pass --corpus-dir (shared/data/corpora) with --passages")
     if opts.prompts_dir is None:
         raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
     started = time.time()
