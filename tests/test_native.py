@@ -48,6 +48,38 @@ def test_native_logits_match_hf(arch, backend):
     torch.testing.assert_close(logits(native, ids), logits(HFModel(hf), ids), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
+def test_native_layer_kernel_matches_hf_on_odd_shapes():
+    """The one-call layer kernel (kernel backend): head_dim 12 (not a multiple of 8), GQA, biases on q/k/v and o,
+    1..32 rows after a cached prefix, and a cache that grows; the same logits as the Hugging Face model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=70,
+        hidden_size=48,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        initializer_range=0.4,
+        attention_bias=True,
+    )
+    torch.manual_seed(11)
+    hf = LlamaForCausalLM(config).eval()
+    native = NativeModel(hf, capacity=16)
+    native.set_gemm(default="kernel")
+    assert native._fused is not None  # the kernel path is the one under test
+    ids = [(7 * i) % 69 + 1 for i in range(80)]
+    ref = logits(HFModel(hf), ids)
+    native.reset()
+    out, pos = [], 0
+    for k in (20, 1, 3, 32, 5, 19):  # 20 + 1 + 3 + 32 + 5 + 19 = 80
+        out.append(native.forward(torch.tensor(ids[pos : pos + k])))
+        pos += k
+    torch.testing.assert_close(torch.cat(out), ref, atol=1e-4, rtol=1e-4)
+
+
 def test_native_rollback_and_incremental_forward_match_one_pass():
     native = NativeModel(tiny_llama(seed=6))
     ids = list(range(1, 30))

@@ -6,19 +6,22 @@ Built for decoding one sequence fast on a small machine:
 - a preallocated KV cache written by position: rollback moves a length, nothing is copied or freed;
 - rotary tables precomputed for every position;
 - the output layer only on the rows whose logits are asked for;
-- a choice of matrix-product kernel per number of rows (see :class:`Linear`), measured by ``specwise profile``.
+- a choice of matrix-product kernel per number of rows (see :class:`Linear`), measured by ``specwise profile``;
+- on CPUs where specwise's kernels are built, all decoder layers of a pass over a few rows in one native call
+  (``kernels/llama.c``), which removes the per-operator overhead of ~20 small torch operators per layer.
 
 The Hugging Face model it is built from stays the reference: the tests check that the logits match it.
 """
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import torch
 
 from specwise.models.base import Model
-from specwise.models.kernels import small_gemm, small_gemm_available
+from specwise.models.kernels import kernel_library, small_gemm, small_gemm_available
 
 __all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary"]
 
@@ -134,6 +137,68 @@ class NativeModel(Model):
         self._length = 0
         self._capacity = 0
         self._grow(min(capacity, self.max_length or capacity))
+        self._fused = self._fused_setup()
+
+    def _fused_setup(self):
+        """Pointer tables for the native layer kernel, or None where it does not serve this model."""
+        lib = kernel_library()
+        if lib is None or not self.kernel_usable or self.head_dim > 512 or self.n_heads % self.n_kv:
+            return None
+        tensors = [self._cos, self._sin, self.final_norm]
+        for layer in self.layers:
+            tensors += [layer.attn_norm, layer.mlp_norm]
+        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
+            return None
+
+        def table(items):
+            return (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items])
+
+        layers = self.layers
+        inter = layers[0].down.weight.shape[1]
+        tables = [
+            table([layer.attn_norm for layer in layers]),
+            table([layer.qkv.weight for layer in layers]),
+            table([layer.qkv.bias for layer in layers]),
+            table([layer.o.weight for layer in layers]),
+            table([layer.o.bias for layer in layers]),
+            table([layer.mlp_norm for layer in layers]),
+            table([layer.gate_up.weight for layer in layers]),
+            table([layer.down.weight for layer in layers]),
+        ]
+        size = lib.specwise_llama_scratch_floats(self.hidden, self.n_heads, self.n_kv, self.head_dim, inter, 32)
+        scratch = torch.empty(int(size), dtype=torch.float32)
+        return {"lib": lib, "tables": tables, "inter": inter, "scratch": scratch, "scores": torch.empty(0)}
+
+    def _fused_layers(self, x: torch.Tensor, start: int) -> None:
+        """Run every decoder layer on x ``[k, hidden]`` (in place) with the native kernel; writes the cache."""
+        f = self._fused
+        k = x.shape[0]
+        need = self.n_heads * k * (start + k)
+        if f["scores"].numel() < need:
+            f["scores"] = torch.empty(max(need, 2 * f["scores"].numel()), dtype=torch.float32)
+        status = f["lib"].specwise_llama_layers(
+            len(self.layers),
+            self.hidden,
+            self.n_heads,
+            self.n_kv,
+            self.head_dim,
+            f["inter"],
+            self.eps,
+            *f["tables"],
+            self.k_cache.data_ptr(),
+            self.v_cache.data_ptr(),
+            self._capacity,
+            self._cos.data_ptr(),
+            self._sin.data_ptr(),
+            x.data_ptr(),
+            k,
+            start,
+            f["scratch"].data_ptr(),
+            f["scores"].data_ptr(),
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(f"the native layer kernel failed (status {status})")
 
     @staticmethod
     def _layer(block) -> _Layer:
@@ -243,12 +308,11 @@ class NativeModel(Model):
             self._grow(min(max(2 * self._capacity, start + k), self.max_length or start + k))
         backend = self._gemm.get(k, self._default_gemm)
         x = self.embed[tokens.to(self.device)]  # [k, hidden]
-        for i, layer in enumerate(self.layers):
-            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start)
-            x = x + layer.o(attn, backend)
-            gate_up = layer.gate_up(self._rms_norm(x, layer.mlp_norm), backend)  # [k, 2 * intermediate]
-            gate, up = gate_up.chunk(2, dim=-1)
-            x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up), backend))
+        if backend == "kernel" and self._fused is not None and k <= 32:
+            x = x.contiguous()
+            self._fused_layers(x, start)
+        else:
+            x = self._torch_layers(x, start, backend)
         self._length = start + k
         keep = k if num_logits is None else num_logits
         if self.keep_features:
@@ -261,3 +325,12 @@ class NativeModel(Model):
             return x.new_empty((0, self.vocab_size), dtype=torch.float32)
         head_backend = self._gemm.get(keep, self._default_gemm)
         return self.lm_head(h, head_backend).float()
+
+    def _torch_layers(self, x: torch.Tensor, start: int, backend: str) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start)
+            x = x + layer.o(attn, backend)
+            gate_up = layer.gate_up(self._rms_norm(x, layer.mlp_norm), backend)  # [k, 2 * intermediate]
+            gate, up = gate_up.chunk(2, dim=-1)
+            x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up), backend))
+        return x

@@ -1,7 +1,9 @@
 """Small native kernels, compiled on first use with the system C compiler and cached.
 
-``small_gemm`` multiplies a few rows by a large weight (decoding and verification). It is used only where it was
-built and the CPU has AVX2 and FMA; everything else falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables it.
+``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``llama_layers`` runs the
+decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
+were built and the CPU has AVX2 and FMA; everything else falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables
+them.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["small_gemm", "small_gemm_available", "kernel_error"]
+__all__ = ["small_gemm", "small_gemm_available", "kernel_error", "kernel_library"]
 
-_SOURCE = Path(__file__).with_name("smallgemm.c")
+_SOURCES = [Path(__file__).with_name("smallgemm.c"), Path(__file__).with_name("llama.c")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lib = None
 _error: str | None = None
@@ -39,17 +41,19 @@ def _build() -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler found (install gcc)")
-    key = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"smallgemm-{key}.so"
+    source = b"".join(path.read_bytes() for path in _SOURCES)
+    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / "kernels" / f"specwise-{key}.so"
     if not target.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            subprocess.run([compiler, *_FLAGS, str(_SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+            command = [compiler, *_FLAGS, *map(str, _SOURCES), "-o", tmp, "-lm"]
+            subprocess.run(command, check=True, capture_output=True, text=True)
             os.replace(tmp, target)  # atomic
         except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"compiling {_SOURCE.name} failed: {err.stderr.strip()[:500]}") from err
+            raise RuntimeError(f"compiling the kernels failed: {err.stderr.strip()[:500]}") from err
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
@@ -57,6 +61,13 @@ def _build() -> ctypes.CDLL:
     fn = lib.specwise_small_gemm
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    size = lib.specwise_llama_scratch_floats
+    size.restype = ctypes.c_size_t
+    size.argtypes = [ctypes.c_int] * 6
+    layers = lib.specwise_llama_layers
+    layers.restype = ctypes.c_int
+    layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
+    layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
     return lib
 
 
@@ -79,6 +90,11 @@ def _load():
 def small_gemm_available() -> bool:
     """True when the kernel is built and usable on this CPU."""
     return _load() is not None
+
+
+def kernel_library() -> ctypes.CDLL | None:
+    """The loaded kernel library (None when unavailable): ``specwise_small_gemm``, ``specwise_llama_layers``."""
+    return _load()
 
 
 def kernel_error() -> str | None:
