@@ -249,7 +249,7 @@ class Engine:
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        self.schedule.observe(k, accepted, t1 - t0, t2 - t1)
+        self.schedule.observe(k, accepted, t1 - t0, t2 - t1, asked=asked)
 
         finish = None
         for i, token in enumerate(new):

@@ -6,6 +6,11 @@ one token. Before each step it picks the gamma (0 included: a plain step) with t
 
     E[tokens](gamma) / (gamma * t_draft + t_verify(gamma + 1)),   E[tokens](gamma) = 1 + sum_j prod_{i<=j} a_i
 
+A drafter may also propose nothing when asked (prompt lookup without a match, a head below its confidence
+threshold), and asking can cost time (the head runs its layer to find out). The schedule learns how often that
+happens and what an empty ask costs, so a drafter that keeps declining stops being asked (until the next probe)
+instead of slowing every plain step down.
+
 Any gamma chosen from the past keeps the output exact: the rejection rule is exact for every gamma.
 """
 
@@ -28,8 +33,11 @@ class Schedule(ABC):
     def choose(self, limit: int) -> int:
         """Tokens to draft in the next step, at most ``limit``."""
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """The outcome of the step: tokens drafted and accepted, and the time spent drafting and verifying."""
+    def observe(
+        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, asked: int | None = None
+    ) -> None:
+        """The outcome of the step: tokens drafted and accepted, the time spent drafting and verifying, and how
+        many tokens were asked for (``None``: as many as were drafted)."""
 
     def min_confidence(self) -> float:
         """Below which estimated probability of the draft so far being accepted a drafter should stop (0: never)."""
@@ -60,6 +68,9 @@ class AdaptiveGamma(Schedule):
         ``decay`` (< 1) forgets old observations so the estimate follows the text.
     probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
         is noticed.
+    margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
+        break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
+        in expectation and keeps speculation from ever being measurably slower than plain decoding.
     """
 
     def __init__(
@@ -71,6 +82,7 @@ class AdaptiveGamma(Schedule):
         prior_weight: float = 2.0,
         decay: float = 0.95,
         probe_every: int = 8,
+        margin: float = 0.03,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
@@ -81,6 +93,7 @@ class AdaptiveGamma(Schedule):
         self.prior_weight = prior_weight
         self.decay = decay
         self.probe_every = probe_every
+        self.margin = margin
         self.begin()
 
     def begin(self) -> None:
@@ -89,6 +102,9 @@ class AdaptiveGamma(Schedule):
         self._verify: dict[int, float] = {}  # k -> smoothed seconds of a target pass over k tokens
         self._draft_per_token: float | None = None
         self._plain_run = 0
+        self._asks = 0.0  # decayed count of steps that asked the drafter for tokens
+        self._empty = 0.0  # ... and got none
+        self._empty_seconds: float | None = None  # smoothed time of an ask that got nothing
 
     # ---- estimates -------------------------------------------------------------------------------------------
 
@@ -121,13 +137,24 @@ class AdaptiveGamma(Schedule):
             return self._draft_per_token
         return self.prior_draft_cost * self._verify_time(1)
 
+    def draft_probability(self) -> float:
+        """Estimated probability that asking the drafter yields a draft (half a pseudo-observation of "yes")."""
+        return (self._asks - self._empty + 0.5) / (self._asks + 0.5)
+
     def expected_rate(self, gamma: int) -> float:
-        """Expected tokens per second when drafting ``gamma`` tokens now."""
+        """Expected tokens per second when asking for ``gamma`` drafted tokens now: with the estimated
+        probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
+        empty ask."""
         tokens, reach = 1.0, 1.0
         for a in self.acceptance()[:gamma]:
             reach *= a
             tokens += reach
-        return tokens / (gamma * self._draft_time() + self._verify_time(gamma + 1))
+        drafted = gamma * self._draft_time() + self._verify_time(gamma + 1)
+        if gamma == 0:
+            return tokens / drafted
+        p = self.draft_probability()
+        empty = (self._empty_seconds or 0.0) + self._verify_time(1)
+        return (p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
     def min_confidence(self) -> float:
         """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
@@ -142,16 +169,28 @@ class AdaptiveGamma(Schedule):
         top = min(self.max_gamma, limit)
         if top <= 0:
             return 0
-        best = max(range(top + 1), key=self.expected_rate)
+        rates = [self.expected_rate(g) for g in range(top + 1)]
+        best = max(range(top + 1), key=rates.__getitem__)
+        if rates[best] < (1.0 + self.margin) * rates[0]:
+            best = 0
         if best == 0 and self._plain_run >= self.probe_every:
             return 1  # probe
         return best
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+    def observe(
+        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, asked: int | None = None
+    ) -> None:
         k = drafted + 1
         old = self._verify.get(k)
         self._verify[k] = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds
-        self._plain_run = self._plain_run + 1 if drafted == 0 else 0
+        asked = drafted if asked is None else asked
+        self._plain_run = 0 if asked > 0 else self._plain_run + 1  # steps since the drafter was last asked
+        if asked > 0:
+            self._asks = self.decay * self._asks + 1.0
+            self._empty = self.decay * self._empty + (1.0 if drafted == 0 else 0.0)
+            if drafted == 0:
+                old_e = self._empty_seconds
+                self._empty_seconds = draft_seconds if old_e is None else 0.8 * old_e + 0.2 * draft_seconds
         if drafted == 0:
             return
         per_token = draft_seconds / drafted

@@ -67,6 +67,41 @@ def test_costly_drafter_drafts_less():
     assert sum(dear[50:]) < sum(free[50:])
 
 
+def feed_declining(schedule, steps, draft_prob_fn, ask_cost, limit=8):
+    """A drafter that, when asked, proposes a draft only when draft_prob_fn() says so (always accepted then);
+    an empty ask costs ``ask_cost`` (relative to a 1-token pass of cost 1)."""
+    chosen = []
+    for _ in range(steps):
+        g = schedule.choose(limit)
+        chosen.append(g)
+        if g > 0 and draft_prob_fn():
+            schedule.observe(g, g, 0.0, cost(g + 1), asked=g)
+        else:
+            schedule.observe(0, 0, ask_cost if g > 0 else 0.0, cost(1), asked=g)
+    return chosen
+
+
+def test_a_drafter_that_keeps_declining_costly_asks_is_rarely_asked():
+    """A head-like drafter that declines 98% of asks, each empty ask costing 20% of a pass: asking does not pay, so
+    the schedule takes plain steps and only probes now and then."""
+    import random
+
+    rng = random.Random(1)
+    chosen = feed_declining(AdaptiveGamma(max_gamma=6, probe_every=8), 400, lambda: rng.random() < 0.02, 0.2)
+    asked = sum(g > 0 for g in chosen[100:])
+    assert asked <= 300 // 8 + 5
+
+
+def test_a_drafter_whose_empty_asks_are_free_is_still_asked():
+    """Prompt lookup without a match costs nothing to ask: a drafter that drafts (and is accepted) 30% of the
+    time keeps being asked every step."""
+    import random
+
+    rng = random.Random(2)
+    chosen = feed_declining(AdaptiveGamma(max_gamma=6), 300, lambda: rng.random() < 0.3, 0.0)
+    assert all(g > 0 for g in chosen[50:])
+
+
 def test_limit_and_fixed_gamma():
     assert AdaptiveGamma(max_gamma=6).choose(0) == 0
     assert AdaptiveGamma(max_gamma=6).choose(2) <= 2
@@ -104,8 +139,8 @@ class SyntheticTimes(AdaptiveGamma):
     """The adaptive schedule fed fixed costs instead of wall-clock times (a toy model's passes take microseconds,
     so measured times are mostly noise and would make the choice depend on the machine's load)."""
 
-    def observe(self, drafted, accepted, draft_seconds, verify_seconds):
-        super().observe(drafted, accepted, 1e-4 * drafted, 0.01 * cost(drafted + 1))
+    def observe(self, drafted, accepted, draft_seconds, verify_seconds, asked=None):
+        super().observe(drafted, accepted, 1e-4 * drafted, 0.01 * cost(drafted + 1), asked)
 
 
 def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
