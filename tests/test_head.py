@@ -59,7 +59,7 @@ def test_unrolled_training_forward_equals_drafting_with_the_cache():
     hf = tiny_llama(seed=1)
     head = _head(hf)
     target = NativeModel(hf)
-    drafter = HeadDrafter(head, target)
+    drafter = HeadDrafter(head, target, half_weights=False)
     ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4])
     target.keep_features = True
     target.forward(ids)
@@ -75,6 +75,33 @@ def test_unrolled_training_forward_equals_drafting_with_the_cache():
         torch.testing.assert_close(out2[-1], preds[1][0, L], atol=1e-5, rtol=1e-4)
         out3 = drafter._step(out2[-1:], nxt[L + 1 : L + 2], L + 1)
         torch.testing.assert_close(out3[-1], preds[2][0, L + 1], atol=1e-5, rtol=1e-4)
+
+
+def test_half_weight_drafting_matches_float32_on_a_float16_head():
+    """The drafter's float16 weight copies (kernel path) give the float32 drafter's predictions when the head's
+    weights are float16 values (as a shipped head's are); only the output layer's rows are rounded."""
+    from specwise.models import kernels
+
+    if not kernels.small_gemm_available():
+        pytest.skip(f"kernel unavailable: {kernels.kernel_error()}")
+    hf = tiny_llama(seed=1)
+    head = _head(hf)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(p.half().float())
+    target = NativeModel(hf)
+    target.keep_features = True
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4])
+    target.forward(ids)
+    feats, nxt = target.features(0, 10), torch.cat([ids[1:], ids[:1]])
+    full = HeadDrafter(head, target, half_weights=False)
+    half = HeadDrafter(head, target)
+    assert half._qkv.weight.dtype == torch.float16 and full._qkv.weight.dtype == torch.float32
+    with torch.no_grad():
+        a, b = full._step(feats, nxt, 0), half._step(feats, nxt, 0)
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        la, lb = full._lm(a, "kernel"), half._lm(b, "kernel")
+    torch.testing.assert_close(lb, la, atol=2e-2, rtol=1e-2)  # output rows rounded to float16
 
 
 @pytest.mark.parametrize("gamma", [1, 4])

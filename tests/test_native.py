@@ -147,6 +147,18 @@ def test_small_gemm_matches_float64_reference(rows, n_out, n_in):
     torch.testing.assert_close(kernels.small_gemm(x, w), ref - b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 40])
+@pytest.mark.parametrize(("n_out", "n_in"), [(96, 64), (7, 9), (130, 576)])
+def test_small_gemm_with_float16_weights_matches_float64_reference(rows, n_out, n_in):
+    gen = torch.Generator().manual_seed(rows * 1000 + n_out)
+    x = torch.randn(rows, n_in, generator=gen)
+    w = torch.randn(n_out, n_in, generator=gen).half()
+    b = torch.randn(n_out, generator=gen)
+    ref = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
+    torch.testing.assert_close(kernels.small_gemm(x, w, b), ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_native_matches_hf_on_the_default_model(smollm):
     """Max abs logit difference <= 1e-4 in float32 on the real model, and the same greedy output."""

@@ -26,6 +26,7 @@ from torch import nn
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.files import atomic_path, write_json_atomic
+from specwise.models.kernels import small_gemm_available
 from specwise.models.native import Linear, apply_rotary, rotary_tables
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
@@ -270,18 +271,28 @@ class HeadDrafter(Drafter):
     name = "head"
     needs_features = True
 
-    def __init__(self, head: EagleHead, target, capacity: int = 1024) -> None:
+    def __init__(self, head: EagleHead, target, capacity: int = 1024, half_weights: bool = True) -> None:
         self.head = head.eval()
         self.target = target
         self.device = target.device
         self._c = head.config
+        # On a CPU with specwise's kernels the products read float16 copies of the weights (computed in float32):
+        # half the memory traffic per drafted token. A shipped head is stored in float16, so its own weights are
+        # the same values; the output layer (rows of the target's) is rounded. That changes q slightly, never the
+        # output: verification uses the q the draft was drawn from.
+        half = half_weights and small_gemm_available() and torch.device(self.device).type == "cpu"
         with torch.no_grad():
-            self._fc = Linear(head.fc.weight.detach())
-            self._qkv = Linear(head.qkv.weight.detach())
-            self._o = Linear(head.o.weight.detach())
-            self._gate_up = Linear(head.gate_up.weight.detach())
-            self._down = Linear(head.down.weight.detach())
-            self._lm = Linear(head.head_weight)
+
+            def linear(weight: torch.Tensor) -> Linear:
+                weight = weight.detach()
+                return Linear(weight.half().contiguous() if half else weight)
+
+            self._fc = linear(head.fc.weight)
+            self._qkv = linear(head.qkv.weight)
+            self._o = linear(head.o.weight)
+            self._gate_up = linear(head.gate_up.weight)
+            self._down = linear(head.down.weight)
+            self._lm = linear(head.head_weight)
         self._backend = "kernel" if self._lm.kernel_ok else "torch"
         self._vocab_ids = head.vocab_ids.to(self.device)
         self._capacity = 0

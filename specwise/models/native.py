@@ -79,14 +79,17 @@ class Linear:
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         self.weight = weight.contiguous()  # [out, in]
         self.bias = bias
-        # the kernel serves float32 CPU weights where it was built; anything else uses torch
-        self.kernel_ok = self.weight.device.type == "cpu" and self.weight.dtype == torch.float32
-        self.kernel_ok = self.kernel_ok and small_gemm_available()
+        # the kernel serves float32 and float16 CPU weights where it was built; anything else uses torch. A float16
+        # weight with float32 inputs (a drafter's, for half the memory traffic) always goes through the kernel.
+        cpu = self.weight.device.type == "cpu"
+        self.kernel_ok = cpu and self.weight.dtype in (torch.float32, torch.float16) and small_gemm_available()
 
     def __call__(self, x: torch.Tensor, backend: str) -> torch.Tensor:
-        if backend == "kernel" and self.kernel_ok and x.dtype == torch.float32 and x.shape[0] <= 32:
+        use_kernel = self.weight.dtype == torch.float16 or (backend == "kernel" and x.shape[0] <= 32)
+        if self.kernel_ok and x.dtype == torch.float32 and use_kernel:
             return small_gemm(x, self.weight, self.bias)
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        return torch.nn.functional.linear(x, weight, self.bias)
 
 
 @dataclass
@@ -254,7 +257,7 @@ class NativeModel(Model):
     @property
     def kernel_usable(self) -> bool:
         """Whether the small-row kernel serves this model's weights (float32 on a CPU with the kernel built)."""
-        return self.lm_head.kernel_ok
+        return self.lm_head.kernel_ok and self.lm_head.weight.dtype == torch.float32
 
     @property
     def gemm(self) -> tuple[dict[int, str], str]:

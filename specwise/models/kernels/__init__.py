@@ -21,7 +21,7 @@ import torch
 __all__ = ["small_gemm", "small_gemm_available", "kernel_error", "kernel_library"]
 
 _SOURCES = [Path(__file__).with_name("smallgemm.c"), Path(__file__).with_name("llama.c")]
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lib = None
 _error: str | None = None
 _tried = False
@@ -32,7 +32,7 @@ def _cpu_ok() -> bool:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
         return False
-    return " avx2" in flags and " fma" in flags
+    return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
 def _build() -> ctypes.CDLL:
@@ -61,6 +61,9 @@ def _build() -> ctypes.CDLL:
     fn = lib.specwise_small_gemm
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
+    half = lib.specwise_small_gemm_f16
+    half.restype = None
+    half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     size = lib.specwise_llama_scratch_floats
     size.restype = ctypes.c_size_t
     size.argtypes = [ctypes.c_int] * 6
@@ -78,7 +81,7 @@ def _load():
         if os.environ.get("SPECWISE_NO_KERNELS") == "1":
             _error = "disabled by SPECWISE_NO_KERNELS=1"
         elif not _cpu_ok():
-            _error = "the CPU lacks AVX2/FMA"
+            _error = "the CPU lacks AVX2/FMA/F16C"
         else:
             try:
                 _lib = _build()
@@ -104,21 +107,24 @@ def kernel_error() -> str | None:
 
 
 def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` for float32 CPU tensors; x ``[k, in]``, weight ``[out, in]`` contiguous."""
+    """``x @ weight.T (+ bias)`` for float32 CPU tensors; x ``[k, in]``, weight ``[out, in]`` contiguous, float32
+    or float16 (read as float16, computed in float32: half the memory traffic, for drafters)."""
     lib = _load()
     if lib is None:
         raise RuntimeError(f"small_gemm is unavailable: {_error}")
     x = x.contiguous()
     k, n_in = x.shape
     n_out = weight.shape[0]
-    ok = x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == "cpu"
+    ok = x.dtype == torch.float32 and weight.dtype in (torch.float32, torch.float16)
+    ok = ok and x.device.type == weight.device.type == "cpu" and (bias is None or bias.dtype == torch.float32)
     if not ok or not weight.is_contiguous() or weight.shape[1] != n_in or (bias is not None and bias.numel() != n_out):
         raise ValueError(
-            f"small_gemm takes float32 CPU tensors x [k, in] and a contiguous weight [out, in], got x "
-            f"{tuple(x.shape)} {x.dtype} {x.device}, weight {tuple(weight.shape)} {weight.dtype} {weight.device}"
+            f"small_gemm takes a float32 CPU tensor x [k, in] and a contiguous float32 or float16 weight [out, in], "
+            f"got x {tuple(x.shape)} {x.dtype} {x.device}, weight {tuple(weight.shape)} {weight.dtype} {weight.device}"
         )
     y = torch.empty((k, n_out), dtype=torch.float32)
-    lib.specwise_small_gemm(
+    fn = lib.specwise_small_gemm_f16 if weight.dtype == torch.float16 else lib.specwise_small_gemm
+    fn(
         x.data_ptr(),
         weight.data_ptr(),
         bias.data_ptr() if bias is not None else None,

@@ -9,6 +9,7 @@
  */
 #include <immintrin.h>
 #include <stddef.h>
+#include <stdint.h>
 
 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
@@ -124,6 +125,56 @@ void specwise_small_gemm(const float *x, const float *w, const float *bias, floa
         int tiles = (out + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int t = 0; t < tiles; t++) rows(x, w, y, k, in, out, 4 * t, out - 4 * t < 4 ? out - 4 * t : 4);
+    }
+    if (bias) {
+        for (int r = 0; r < k; r++)
+            for (int o = 0; o < out; o++) y[(size_t)r * out + o] += bias[o];
+    }
+}
+
+/* As row_block, with a float16 weight row converted to float32 as it is read (F16C): half the bytes to stream. */
+static inline void row_block_h(const float *x, size_t ldx, const uint16_t *w, int in, float *y, size_t ldy, int R) {
+    __m256 a[6], b[6];
+    for (int r = 0; r < R; r++) { a[r] = _mm256_setzero_ps(); b[r] = _mm256_setzero_ps(); }
+    int c = 0;
+    for (; c + 16 <= in; c += 16) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + c)));
+        __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + c + 8)));
+        for (int r = 0; r < R; r++) {
+            a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + c), a[r]);
+            b[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * ldx + c + 8), b[r]);
+        }
+    }
+    for (; c + 8 <= in; c += 8) {
+        __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w + c)));
+        for (int r = 0; r < R; r++) a[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * ldx + c), a[r]);
+    }
+    for (int r = 0; r < R; r++) {
+        float s = hsum(_mm256_add_ps(a[r], b[r]));
+        for (int t = c; t < in; t++) s += _cvtsh_ss(w[t]) * x[r * ldx + t];
+        y[r * ldy] = s;
+    }
+}
+
+/* y = x . w^T (+ bias) with w stored as float16 [out][in]; x, bias and y float32 (layouts as above). */
+void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
+                             int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int o = 0; o < out; o++) {
+        const uint16_t *wo = w + (size_t)o * in;
+        for (int r0 = 0; r0 < k; r0 += 6) {
+            int R = k - r0 < 6 ? k - r0 : 6;
+            const float *xr = x + (size_t)r0 * in;
+            float *yr = y + (size_t)r0 * out + o;
+            switch (R) {
+                case 6: row_block_h(xr, in, wo, in, yr, out, 6); break;
+                case 5: row_block_h(xr, in, wo, in, yr, out, 5); break;
+                case 4: row_block_h(xr, in, wo, in, yr, out, 4); break;
+                case 3: row_block_h(xr, in, wo, in, yr, out, 3); break;
+                case 2: row_block_h(xr, in, wo, in, yr, out, 2); break;
+                default: row_block_h(xr, in, wo, in, yr, out, 1); break;
+            }
+        }
     }
     if (bias) {
         for (int r = 0; r < k; r++)
