@@ -154,16 +154,22 @@ def main() -> int:
         summary[name]["ratio_to_native_plain"] = med(name) / med("native_plain")
     by_cat = {}
     for cat in dict.fromkeys(r["category"] for r in rows):
-        per = {
-            n: statistics.median(r["tokens_per_second"] for r in rows if r["method"] == n and r["category"] == cat)
-            for n in names
-        }
+        # tokens per second over the category's questions together (total tokens / total seconds)
+        per = {}
+        for n in names:
+            mine = [r for r in rows if r["method"] == n and r["category"] == cat]
+            per[n] = sum(r["new_tokens"] for r in mine) / sum(r["seconds"] for r in mine)
         by_cat[cat] = {
             "tokens_per_second": per,
             "speedup_over_native_plain": {
                 n: per[n] / per["native_plain"] for n in names if n.startswith("native_") and n != "native_plain"
             },
         }
+    for name in names:
+        if name.startswith("native_") and name != "native_plain":
+            ups = [v["speedup_over_native_plain"][name] for v in by_cat.values()]
+            summary[name]["mean_category_speedup"] = statistics.mean(ups)
+            summary[name]["lowest_category_speedup"] = min(ups)
     result = {
         "command": "python " + " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},

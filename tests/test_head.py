@@ -102,6 +102,8 @@ def test_half_weight_drafting_matches_float32_on_a_float16_head():
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
         la, lb = full._lm(a, "kernel"), half._lm(b, "kernel")
     torch.testing.assert_close(lb, la, atol=2e-2, rtol=1e-2)  # output rows rounded to float16
+    many = torch.randn(40, feats.shape[1])  # beyond the kernel's 32 rows: torch with a float32 copy
+    torch.testing.assert_close(half._qkv(many, "kernel"), full._qkv(many, "kernel"), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("gamma", [1, 4])

@@ -19,7 +19,8 @@ PROMPTS = [
     "Write a Python function that reverses a string.",
 ]
 NEW_TOKENS = 64
-HEAD_TAU_FLOOR = 1.3  # the first shipped head on PROMPTS: tau 1.61 at gamma 4, 1.47 with auto (a random head: ~1.0)
+HEAD_TAU_FLOOR = 1.3  # the first shipped head on PROMPTS: tau 1.61 at gamma 4 (the second: 1.86; a random head: ~1.0)
+HEAD_AUTO_ACCEPTANCE_FLOOR = 0.35  # the second head with auto: 52-68% of drafted tokens accepted (at gamma 4: 22%)
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +70,13 @@ def shipped_head(smollm):
 
 @pytest.mark.parametrize("gamma", [4, "auto"])
 def test_shipped_head_is_exact_and_accepted_on_the_default_model(smollm, shipped_head, gamma):
-    """Greedy identity with the shipped head, and an acceptance floor well under what it was measured at."""
+    """Greedy identity with the shipped head, and an acceptance floor well under what it was measured at.
+
+    With a fixed gamma the floor is on tau. With auto, how much is drafted depends on measured times (a slow
+    moment makes the schedule draft less), so the floor is on the share of drafted tokens accepted: the schedule
+    and the head's confidence should draft mostly what the target accepts."""
     greedy = SamplingParams(temperature=0.0)
-    total_new, total_passes = 0, 0
+    total_new, total_passes, drafted, accepted = 0, 0, 0, 0
     for prompt in PROMPTS:
         ids = encode_prompt(smollm.tokenizer, prompt, chat=True)
         plain = Engine(smollm.model, None, gamma=0).generate(ids, greedy, max_new_tokens=NEW_TOKENS)
@@ -79,7 +84,12 @@ def test_shipped_head_is_exact_and_accepted_on_the_default_model(smollm, shipped
         assert spec.token_ids == plain.token_ids
         total_new += spec.stats.new_tokens
         total_passes += spec.stats.target_passes
-    assert total_new / total_passes > HEAD_TAU_FLOOR, "the shipped head is accepted far less than it was"
+        drafted += spec.stats.drafted
+        accepted += spec.stats.accepted
+    if gamma == "auto":
+        assert drafted >= 10 and accepted / drafted > HEAD_AUTO_ACCEPTANCE_FLOOR, (drafted, accepted)
+    else:
+        assert total_new / total_passes > HEAD_TAU_FLOOR, "the shipped head is accepted far less than it was"
 
 
 def test_sampling_on_the_default_model_is_seeded_and_valid(smollm):

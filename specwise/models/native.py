@@ -80,15 +80,21 @@ class Linear:
         self.weight = weight.contiguous()  # [out, in]
         self.bias = bias
         # the kernel serves float32 and float16 CPU weights where it was built; anything else uses torch. A float16
-        # weight with float32 inputs (a drafter's, for half the memory traffic) always goes through the kernel.
+        # weight with float32 inputs (a drafter's, for half the memory traffic) goes through the kernel up to 32
+        # rows, and through torch with a float32 copy (made once) beyond.
         cpu = self.weight.device.type == "cpu"
         self.kernel_ok = cpu and self.weight.dtype in (torch.float32, torch.float16) and small_gemm_available()
+        self._converted: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, backend: str) -> torch.Tensor:
-        use_kernel = self.weight.dtype == torch.float16 or (backend == "kernel" and x.shape[0] <= 32)
-        if self.kernel_ok and x.dtype == torch.float32 and use_kernel:
+        wanted = backend == "kernel" or self.weight.dtype != x.dtype
+        if self.kernel_ok and x.dtype == torch.float32 and x.shape[0] <= 32 and wanted:
             return small_gemm(x, self.weight, self.bias)
-        weight = self.weight if self.weight.dtype == x.dtype else self.weight.to(x.dtype)
+        weight = self.weight
+        if weight.dtype != x.dtype:
+            if self._converted is None or self._converted.dtype != x.dtype:
+                self._converted = weight.to(x.dtype)
+            weight = self._converted
         return torch.nn.functional.linear(x, weight, self.bias)
 
 
