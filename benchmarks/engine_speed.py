@@ -75,6 +75,9 @@ def main() -> int:
     ap.add_argument(
         "--pairs", nargs="+", default=None, metavar="SPEC@GAMMA", help="drafter@gamma pairs instead of the product"
     )
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="runs of every method per question (rotating order); the fastest is kept"
+    )
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
@@ -111,11 +114,20 @@ def main() -> int:
     for i, q in enumerate(questions):
         ids = encode_prompt(tok, q["turns"][0], chat=True)
         seed["value"] = 1000 + i
-        order = names[i % len(names) :] + names[: i % len(names)]  # rotate to cancel drift
-        outputs = {}
+        outputs, best, all_seconds = {}, {}, {name: [] for name in names}
+        for rep in range(args.repeats):
+            shift = (i + rep) % len(names)
+            order = names[shift:] + names[:shift]  # rotate to cancel drift
+            for name in order:
+                tokens, seconds, stats = methods[name](ids)
+                all_seconds[name].append(seconds)
+                if greedy and name in outputs and tokens != outputs[name]:
+                    raise RuntimeError(f"{name}: greedy output changed between repeats")
+                outputs.setdefault(name, tokens)
+                if name not in best or seconds < best[name][1]:
+                    best[name] = (tokens, seconds, stats)
         for name in order:
-            tokens, seconds, stats = methods[name](ids)
-            outputs[name] = tokens
+            tokens, seconds, stats = best[name]
             rows.append(
                 {
                     "question_id": q["question_id"],
@@ -123,7 +135,8 @@ def main() -> int:
                     "method": name,
                     "prompt_tokens": len(ids),
                     "new_tokens": len(tokens),
-                    "seconds": seconds,
+                    "seconds": seconds,  # the fastest of the repeats (noise on a shared machine only adds time)
+                    "seconds_all_repeats": all_seconds[name],
                     "tokens_per_second": len(tokens) / seconds,
                     "stats": stats,
                 }
@@ -174,6 +187,7 @@ def main() -> int:
         "command": "python " + " ".join(sys.argv),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
         "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
         "temperature": args.temperature,
         "eos_ignored": True,
         "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),
