@@ -54,12 +54,18 @@ def test_features_need_keep_features():
         model.features(0, 1)
 
 
-def test_unrolled_training_forward_equals_drafting_with_the_cache():
-    """Step s of the training forward at position t is what the drafter computes for the s-th draft token."""
+@pytest.mark.parametrize("layer_kernel", [True, False])
+def test_unrolled_training_forward_equals_drafting_with_the_cache(layer_kernel):
+    """Step s of the training forward at position t is what the drafter computes for the s-th draft token, with
+    the head's layer run by the native layer kernel or by torch operators."""
     hf = tiny_llama(seed=1)
     head = _head(hf)
     target = NativeModel(hf)
     drafter = HeadDrafter(head, target, half_weights=False)
+    if layer_kernel and drafter._fused is None:
+        pytest.skip("the native layer kernel is unavailable here")
+    if not layer_kernel:
+        drafter._fused = None
     ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4])
     target.keep_features = True
     target.forward(ids)
@@ -97,6 +103,7 @@ def test_half_weight_drafting_matches_float32_on_a_float16_head():
     full = HeadDrafter(head, target, half_weights=False)
     half = HeadDrafter(head, target)
     assert half._qkv.weight.dtype == torch.float16 and full._qkv.weight.dtype == torch.float32
+    assert half._fused is not None  # the layer kernel reading float16 weights
     with torch.no_grad():
         a, b = full._step(feats, nxt, 0), half._step(feats, nxt, 0)
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)

@@ -205,6 +205,7 @@ class NativeModel(Model):
             f["scratch"].data_ptr(),
             f["scores"].data_ptr(),
             torch.get_num_threads(),
+            0,  # float32 weights
         )
         if status != 0:
             raise RuntimeError(f"the native layer kernel failed (status {status})")

@@ -70,7 +70,7 @@ def _build() -> ctypes.CDLL:
     layers = lib.specwise_llama_layers
     layers.restype = ctypes.c_int
     layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
-    layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int]
+    layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2
     return lib
 
 

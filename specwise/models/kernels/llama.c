@@ -7,7 +7,7 @@
  * -> output product + residual -> RMSNorm -> fused gate/up product -> SiLU(gate) * up -> down product + residual.
  * The products use specwise_small_gemm (smallgemm.c); attention is parallel over (head, row) pairs.
  *
- * Layouts (all float32, row-major, contiguous):
+ * Layouts (float32 unless said otherwise, row-major, contiguous; the four product weights may be float16):
  *   x        [k, hidden]                     the residual stream, updated in place
  *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
@@ -16,10 +16,22 @@
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 void specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
                          int threads);
+void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
+                             int threads);
+
+/* The products read float32 weights, or float16 ones (half != 0: a drafter's copies, half the memory traffic). */
+static inline void gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
+                        int threads, int half) {
+    if (half)
+        specwise_small_gemm_f16(x, (const uint16_t *)w, bias, y, k, in, out, threads);
+    else
+        specwise_small_gemm(x, w, bias, y, k, in, out, threads);
+}
 
 static void rms_norm(const float *x, const float *w, float *y, int k, int n, float eps) {
     for (int r = 0; r < k; r++) {
@@ -66,7 +78,7 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
                           const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
                           const float *const *gate_up_w, const float *const *down_w, float *k_cache,
                           float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads) {
+                          int start, float *scratch, float *scores, int threads, int half) {
     if (head_dim > 512) return 1;
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
@@ -82,7 +94,7 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
         float *kc = k_cache + (size_t)l * n_kv * capacity * hd;
         float *vc = v_cache + (size_t)l * n_kv * capacity * hd;
         rms_norm(x, attn_norm[l], h, k, hidden, eps);
-        specwise_small_gemm(h, qkv_w[l], qkv_b[l], qkv, k, hidden, n_qkv, threads);
+        gemm(h, qkv_w[l], qkv_b[l], qkv, k, hidden, n_qkv, threads, half);
         for (int r = 0; r < k; r++) {
             int pos = start + r;
             float *row = qkv + (size_t)r * n_qkv;
@@ -118,16 +130,16 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }
-        specwise_small_gemm(attn, o_w[l], o_b[l], tmp, k, n_attn, hidden, threads);
+        gemm(attn, o_w[l], o_b[l], tmp, k, n_attn, hidden, threads, half);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
         rms_norm(x, mlp_norm[l], h, k, hidden, eps);
-        specwise_small_gemm(h, gate_up_w[l], NULL, gu, k, hidden, 2 * inter, threads);
+        gemm(h, gate_up_w[l], NULL, gu, k, hidden, 2 * inter, threads, half);
         for (int r = 0; r < k; r++) {
             const float *gr = gu + (size_t)r * 2 * inter, *ur = gr + inter;
             float *ar = act + (size_t)r * inter;
             for (int i = 0; i < inter; i++) ar[i] = gr[i] / (1.0f + expf(-gr[i])) * ur[i];
         }
-        specwise_small_gemm(act, down_w[l], NULL, tmp, k, inter, hidden, threads);
+        gemm(act, down_w[l], NULL, tmp, k, inter, hidden, threads, half);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
     return 0;
