@@ -15,7 +15,6 @@ Training is in :mod:`specwise.distill`; ``specwise distill`` writes a directory 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 from dataclasses import asdict, dataclass, field
@@ -27,7 +26,7 @@ from torch import nn
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.files import atomic_path, write_json_atomic
-from specwise.models.kernels import kernel_library, small_gemm_available
+from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm_available
 from specwise.models.native import Linear, apply_rotary, rotary_tables
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
@@ -295,65 +294,33 @@ class HeadDrafter(Drafter):
             self._down = linear(head.down.weight)
             self._lm = linear(head.head_weight)
         self._backend = "kernel" if self._lm.kernel_ok else "torch"
-        self._half = half
         self._fused = self._fused_setup()
         self._vocab_ids = head.vocab_ids.to(self.device)
         self._capacity = 0
         self._grow(capacity)
         self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
 
-    def _fused_setup(self):
-        """Pointer tables to run the head's decoder layer with the native layer kernel (None where unavailable)."""
-        lib, h = kernel_library(), self.head
-        if lib is None or self._backend != "kernel" or self._c.head_dim > 512:
+    def _fused_setup(self) -> LayerKernel | None:
+        """The native layer kernel over the head's decoder layer (None where unavailable)."""
+        if self._backend != "kernel":
             return None
-        norms = [h.attn_norm.detach(), h.mlp_norm.detach()]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in norms):
-            return None
-        self._norms = norms  # kept alive: the kernel reads them by address
-
-        def table(t):
-            return (ctypes.c_void_p * 1)(0 if t is None else t.data_ptr())
-
-        c = self._c
-        tables = [table(norms[0]), table(self._qkv.weight), table(None), table(self._o.weight), table(None)]
-        tables += [table(norms[1]), table(self._gate_up.weight), table(self._down.weight)]
-        size = lib.specwise_llama_scratch_floats(
-            c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, 32
-        )
-        return {"lib": lib, "tables": tables, "scratch": torch.empty(int(size)), "scores": torch.empty(0)}
-
-    def _fused_layer(self, x: torch.Tensor, start: int) -> None:
-        """The head's decoder layer on x ``[n, d]`` (n <= 32) in place, writing the head's cache at ``start``."""
-        f, c = self._fused, self._c
-        n = x.shape[0]
-        need = c.num_heads * n * (start + n)
-        if f["scores"].numel() < need:
-            f["scores"] = torch.empty(max(need, 2 * f["scores"].numel()))
-        status = f["lib"].specwise_llama_layers(
-            1,
+        c, h = self._c, self.head
+        return layer_kernel(
             c.hidden_size,
             c.num_heads,
             c.num_kv_heads,
             c.head_dim,
             c.intermediate_size,
             c.rms_eps,
-            *f["tables"],
-            self.k_cache.data_ptr(),
-            self.v_cache.data_ptr(),
-            self._capacity,
-            self._cos.data_ptr(),
-            self._sin.data_ptr(),
-            x.data_ptr(),
-            n,
-            start,
-            f["scratch"].data_ptr(),
-            f["scores"].data_ptr(),
-            torch.get_num_threads(),
-            1 if self._qkv.weight.dtype == torch.float16 else 0,
+            attn_norm=[h.attn_norm.detach()],
+            qkv=[self._qkv.weight],
+            qkv_bias=[None],
+            o=[self._o.weight],
+            o_bias=[None],
+            mlp_norm=[h.mlp_norm.detach()],
+            gate_up=[self._gate_up.weight],
+            down=[self._down.weight],
         )
-        if status != 0:
-            raise RuntimeError(f"the native layer kernel failed (status {status})")
 
     def _grow(self, capacity: int) -> None:
         c = self._c
@@ -380,9 +347,9 @@ class HeadDrafter(Drafter):
             self._grow(max(2 * self._capacity, start + n))
         emb = h.embed[next_tokens]
         x = self._fc(torch.cat([norm(features, h.feature_norm), norm(emb, h.embed_norm)], dim=-1), b)
-        if self._fused is not None and n <= 32 and x.dtype == torch.float32:
+        if self._fused is not None and n <= LayerKernel.MAX_ROWS and x.dtype == torch.float32:
             x = x.contiguous()
-            self._fused_layer(x, start)
+            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
             return norm(x, h.out_norm)
         qkv = self._qkv(norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
         nq, nkv = c.num_heads, c.num_kv_heads

@@ -15,13 +15,12 @@ The Hugging Face model it is built from stays the reference: the tests check tha
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import torch
 
 from specwise.models.base import Model
-from specwise.models.kernels import kernel_library, small_gemm, small_gemm_available
+from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm, small_gemm_available
 
 __all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary"]
 
@@ -148,67 +147,28 @@ class NativeModel(Model):
         self._grow(min(capacity, self.max_length or capacity))
         self._fused = self._fused_setup()
 
-    def _fused_setup(self):
-        """Pointer tables for the native layer kernel, or None where it does not serve this model."""
-        lib = kernel_library()
-        if lib is None or not self.kernel_usable or self.head_dim > 512 or self.n_heads % self.n_kv:
+    def _fused_setup(self) -> LayerKernel | None:
+        """The native layer kernel over this model's layers, or None where it does not serve them."""
+        tables = (self._cos, self._sin)
+        if not self.kernel_usable or any(t.dtype != torch.float32 or not t.is_contiguous() for t in tables):
             return None
-        tensors = [self._cos, self._sin, self.final_norm]
-        for layer in self.layers:
-            tensors += [layer.attn_norm, layer.mlp_norm]
-        if any(t.dtype != torch.float32 or not t.is_contiguous() for t in tensors):
-            return None
-
-        def table(items):
-            return (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items])
-
         layers = self.layers
-        inter = layers[0].down.weight.shape[1]
-        tables = [
-            table([layer.attn_norm for layer in layers]),
-            table([layer.qkv.weight for layer in layers]),
-            table([layer.qkv.bias for layer in layers]),
-            table([layer.o.weight for layer in layers]),
-            table([layer.o.bias for layer in layers]),
-            table([layer.mlp_norm for layer in layers]),
-            table([layer.gate_up.weight for layer in layers]),
-            table([layer.down.weight for layer in layers]),
-        ]
-        size = lib.specwise_llama_scratch_floats(self.hidden, self.n_heads, self.n_kv, self.head_dim, inter, 32)
-        scratch = torch.empty(int(size), dtype=torch.float32)
-        return {"lib": lib, "tables": tables, "inter": inter, "scratch": scratch, "scores": torch.empty(0)}
-
-    def _fused_layers(self, x: torch.Tensor, start: int) -> None:
-        """Run every decoder layer on x ``[k, hidden]`` (in place) with the native kernel; writes the cache."""
-        f = self._fused
-        k = x.shape[0]
-        need = self.n_heads * k * (start + k)
-        if f["scores"].numel() < need:
-            f["scores"] = torch.empty(max(need, 2 * f["scores"].numel()), dtype=torch.float32)
-        status = f["lib"].specwise_llama_layers(
-            len(self.layers),
+        return layer_kernel(
             self.hidden,
             self.n_heads,
             self.n_kv,
             self.head_dim,
-            f["inter"],
+            layers[0].down.weight.shape[1],
             self.eps,
-            *f["tables"],
-            self.k_cache.data_ptr(),
-            self.v_cache.data_ptr(),
-            self._capacity,
-            self._cos.data_ptr(),
-            self._sin.data_ptr(),
-            x.data_ptr(),
-            k,
-            start,
-            f["scratch"].data_ptr(),
-            f["scores"].data_ptr(),
-            torch.get_num_threads(),
-            0,  # float32 weights
+            attn_norm=[layer.attn_norm for layer in layers],
+            qkv=[layer.qkv.weight for layer in layers],
+            qkv_bias=[layer.qkv.bias for layer in layers],
+            o=[layer.o.weight for layer in layers],
+            o_bias=[layer.o.bias for layer in layers],
+            mlp_norm=[layer.mlp_norm for layer in layers],
+            gate_up=[layer.gate_up.weight for layer in layers],
+            down=[layer.down.weight for layer in layers],
         )
-        if status != 0:
-            raise RuntimeError(f"the native layer kernel failed (status {status})")
 
     @staticmethod
     def _layer(block) -> _Layer:
@@ -318,9 +278,9 @@ class NativeModel(Model):
             self._grow(min(max(2 * self._capacity, start + k), self.max_length or start + k))
         backend = self._gemm.get(k, self._default_gemm)
         x = self.embed[tokens.to(self.device)]  # [k, hidden]
-        if backend == "kernel" and self._fused is not None and k <= 32:
+        if backend == "kernel" and self._fused is not None and k <= LayerKernel.MAX_ROWS:
             x = x.contiguous()
-            self._fused_layers(x, start)
+            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
         else:
             x = self._torch_layers(x, start, backend)
         self._length = start + k

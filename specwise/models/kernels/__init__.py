@@ -1,6 +1,6 @@
 """Small native kernels, compiled on first use with the system C compiler and cached.
 
-``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``llama_layers`` runs the
+``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``layer_kernel`` runs the
 decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
 were built and the CPU has AVX2 and FMA; everything else falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables
 them.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["small_gemm", "small_gemm_available", "kernel_error", "kernel_library"]
+__all__ = ["small_gemm", "small_gemm_available", "kernel_error", "LayerKernel", "layer_kernel"]
 
 _SOURCES = [Path(__file__).with_name("smallgemm.c"), Path(__file__).with_name("llama.c")]
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
@@ -95,11 +95,6 @@ def small_gemm_available() -> bool:
     return _load() is not None
 
 
-def kernel_library() -> ctypes.CDLL | None:
-    """The loaded kernel library (None when unavailable): ``specwise_small_gemm``, ``specwise_llama_layers``."""
-    return _load()
-
-
 def kernel_error() -> str | None:
     """Why the kernel is unavailable (None when it is available or was not tried)."""
     _load()
@@ -135,3 +130,92 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         torch.get_num_threads(),
     )
     return y
+
+
+class LayerKernel:
+    """Llama-family decoder layers run by ``specwise_llama_layers`` (``llama.c``) on up to ``MAX_ROWS`` rows.
+
+    Holds the addresses of the layers' weights (and references that keep them alive), the scratch space and the
+    attention-score buffer; built by :func:`layer_kernel`. The product weights are float32, or float16 (a drafter's
+    copies); norms, biases, caches, rotary tables and x are float32.
+    """
+
+    MAX_ROWS = 32
+
+    def __init__(self, lib, shape: tuple[int, int, int, int, int], eps: float, weights: list[list], half: bool):
+        self._lib = lib
+        self._shape = shape  # hidden, heads, kv_heads, head_dim, intermediate
+        self._eps = eps
+        self._weights = weights  # per kind, per layer: kept alive, the kernel reads them by address
+        self._tables = [
+            (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items]) for items in weights
+        ]
+        self._half = int(half)
+        size = lib.specwise_llama_scratch_floats(*shape, self.MAX_ROWS)
+        self._scratch = torch.empty(int(size), dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+
+    def run(self, x: torch.Tensor, start: int, k_cache, v_cache, capacity: int, cos, sin) -> None:
+        """All layers on x ``[k, hidden]`` (contiguous, updated in place) at positions ``start ..``; writes the
+        caches ``[layers, kv_heads, capacity, head_dim]``. cos and sin: ``[capacity, head_dim]`` tables."""
+        k = x.shape[0]
+        heads = self._shape[1]
+        need = heads * k * (start + k)
+        if self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        status = self._lib.specwise_llama_layers(
+            len(self._weights[0]),
+            *self._shape,
+            self._eps,
+            *self._tables,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            capacity,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            x.data_ptr(),
+            k,
+            start,
+            self._scratch.data_ptr(),
+            self._scores.data_ptr(),
+            torch.get_num_threads(),
+            self._half,
+        )
+        if status != 0:
+            raise RuntimeError(f"the native layer kernel failed (status {status})")
+
+
+def layer_kernel(
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    eps: float,
+    *,
+    attn_norm: list,
+    qkv: list,
+    qkv_bias: list,
+    o: list,
+    o_bias: list,
+    mlp_norm: list,
+    gate_up: list,
+    down: list,
+) -> LayerKernel | None:
+    """A :class:`LayerKernel` over per-layer weight lists (biases may be None), or None where it cannot serve
+    them: kernels unavailable, head_dim > 512, heads not a multiple of kv_heads, or weights of other dtypes or not
+    contiguous."""
+    lib = _load()
+    if lib is None or head_dim > 512 or heads % kv_heads:
+        return None
+    products = [*qkv, *o, *gate_up, *down]
+    dtype = products[0].dtype
+    floats = [*attn_norm, *mlp_norm, *(b for b in (*qkv_bias, *o_bias) if b is not None)]
+    ok = dtype in (torch.float32, torch.float16) and all(w.dtype == dtype for w in products)
+    ok = ok and all(t.dtype == torch.float32 for t in floats)
+    ok = ok and all(t.device.type == "cpu" and t.is_contiguous() for t in (*products, *floats))
+    if not ok:
+        return None
+    weights = [attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down]
+    shape = (hidden, heads, kv_heads, head_dim, intermediate)
+    return LayerKernel(lib, shape, eps, weights, half=dtype == torch.float16)
