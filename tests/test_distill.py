@@ -199,3 +199,92 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
         assert before[key] == pytest.approx(report["after"][key], abs=0.02)
     card = (second / "README.md").read_text()
     assert "started from the head" in card and "before this run" in card
+
+
+def test_self_prompts_sampling_stops_at_the_end_of_the_turn(tiny_dir):
+    """The sampler returns the tokens before a stop token, and None for rows that never stop."""
+    from specwise.distill.data import _sample_rows
+    from specwise.models import load_model
+
+    loaded = load_model(tiny_dir, impl="hf")
+    vocab = loaded.model.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    assert _sample_rows(loaded.hf_model, [1, 2, 3], 3, 4, set(), gen, "cpu") == [None, None, None]
+    # every token but token 7 stops: rows are runs of 7 (usually empty) ending at the first other token
+    rows = _sample_rows(loaded.hf_model, [1, 2, 3], 4, 5, set(range(vocab)) - {7}, gen, "cpu")
+    assert all(r is not None and set(r) <= {7} for r in rows)
+
+
+def test_self_prompts_are_filtered_cached_and_resumed(tmp_path, tiny_dir, monkeypatch):
+    """Requests written by the target: too short, unfinished and repeated ones are dropped, the kept ones are
+    cached after every batch, a second call continues from the cache, and another seed is refused."""
+    import specwise.distill.data as data
+    from specwise.models import load_model
+
+    loaded = load_model(tiny_dir, impl="hf")
+    tok = loaded.tokenizer
+    words = ["Tell me about rivers and lakes.", "How do bees make honey?", "Hi", "Write a poem about snow."]
+    calls = []
+
+    def fake_rows(hf_model, prefix, batch, max_tokens, stop, generator, device):
+        calls.append(prefix)
+        i = len(calls)
+        texts = [words[(i + j) % len(words)] for j in range(batch)]
+        rows = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        rows[0] = None  # did not end its turn
+        return rows
+
+    monkeypatch.setattr(data, "_sample_rows", fake_rows)
+    out = tmp_path / "self"
+    got = data.self_prompts(loaded, 2, out, seed=0, batch_size=3, min_tokens=3, progress=False)
+    assert len(got) == 2 and "Hi" not in got and len(set(got)) == 2
+    assert tok.decode(calls[0]).rstrip().endswith("user")  # the chat template opened up to the user's turn
+    cached = json.loads((out / "prompts.json").read_text())
+    assert cached["prompts"][:2] == got
+    more = data.self_prompts(loaded, 3, out, seed=0, batch_size=3, min_tokens=3, progress=False)
+    assert more[:2] == got and len(more) == 3 and len(set(more)) == 3
+    n = len(calls)
+    assert data.self_prompts(loaded, 3, out, seed=0, batch_size=3, min_tokens=3, progress=False) == more
+    assert len(calls) == n  # served from the cache
+    with pytest.raises(ValueError, match="another target or seed"):
+        data.self_prompts(loaded, 3, out, seed=1, batch_size=3, progress=False)
+    monkeypatch.setattr(data, "_sample_rows", lambda *a: [None] * 3)
+    with pytest.raises(RuntimeError, match="too few usable prompts"):
+        data.self_prompts(loaded, 5, tmp_path / "none", seed=0, batch_size=3, progress=False)
+
+
+def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
+    """--self-prompts: the target's own requests are answered into their own shards, used for training only,
+    and named in the model card."""
+    import specwise.distill.data as data
+    from specwise.cli import main
+
+    tok = __import__("transformers").AutoTokenizer.from_pretrained(tiny_dir)
+
+    def fake_rows(hf_model, prefix, batch, max_tokens, stop, generator, device):
+        seed = int(torch.randint(0, 10_000, (1,), generator=generator))
+        return [
+            tok(f"Question {seed} {j}: what is {j} + {j}?", add_special_tokens=False)["input_ids"] for j in range(batch)
+        ]
+
+    monkeypatch.setattr(data, "_sample_rows", fake_rows)
+    prompts = tmp_path / "prompts"
+    prompts.mkdir()
+    for name in ("oasst_en", "mbpp", "gsm8k_train"):
+        rows = [{"prompt": f"Say something about {name} {i}.", "source": "test"} for i in range(8)]
+        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data_dir = tmp_path / "data"
+    args = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data_dir), "--no-progress"]
+    args += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
+    out = tmp_path / "head"
+    assert (
+        main(["distill", "--out", str(out), *args, "--self-prompts", "6", "--epochs", "1", "--eval-prompts", "1"]) == 0
+    )
+    written = json.loads((data_dir / "self_prompts" / "prompts.json").read_text())["prompts"]
+    assert len(written) == 6
+    shards = load_shards(sorted((data_dir / "self_prompts").glob("shard_*.safetensors")))
+    assert sum(len(s.prompt_lengths) for s in shards) == 6
+    report = json.loads((out / "report.json").read_text())
+    answers = load_shards(sorted((data_dir / "answers").glob("shard_*.safetensors")))
+    assert report["train_tokens"] + report["held_out_tokens"] == sum(len(s.tokens) for s in answers + shards)
+    assert "requests the target wrote itself" in (out / "README.md").read_text()

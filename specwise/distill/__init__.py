@@ -39,6 +39,7 @@ class DistillOptions:
     corpus_dir: Path | None = None  # plain text (*.txt) added to the training data as teacher-forced features
     corpus_tokens: int = 100_000
     passages: int = 0  # prompts made of a corpus passage and a task (summarise, extract, ...), answered by the target
+    self_prompts: int = 0  # user requests written by the target itself (Magpie-style), answered by the target
     max_new_tokens: int = 192
     gen_batch_size: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -82,6 +83,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         generate_shards,
         load_shards,
         passage_prompts,
+        self_prompts,
     )
     from specwise.distill.train import draft_vocabulary, make_batches, train_head
     from specwise.drafters.head import check_target, load_head, new_head, save_head
@@ -135,6 +137,27 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             seed=opts.seed,
             progress=opts.progress,
         )
+    self_paths: list[Path] = []
+    if opts.self_prompts > 0:
+        requests = self_prompts(
+            loaded,
+            opts.self_prompts,
+            data_dir / "self_prompts",
+            opts.seed,
+            batch_size=opts.gen_batch_size,
+            progress=opts.progress,
+        )
+        log(f"data: {len(requests)} requests written by the target -> {data_dir / 'self_prompts'}")
+        self_paths = generate_shards(
+            loaded,
+            requests,
+            data_dir / "self_prompts",
+            batch_size=opts.gen_batch_size,
+            max_new_tokens=opts.max_new_tokens,
+            temperatures=opts.temperatures,
+            seed=opts.seed,
+            progress=opts.progress,
+        )
     if files and opts.corpus_tokens > 0:
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
         corpus_paths = corpus_shards(
@@ -146,9 +169,11 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             "answer_shards": len(paths),
             "train_answer_shards": len(train_paths),
             "passage_shards": len(passage_paths),
+            "self_prompt_shards": len(self_paths),
             "corpus_shards": len(corpus_paths),
         }
-    train_paths = train_paths + passage_paths + corpus_paths  # held-out fidelity is measured on answers only
+    # held-out fidelity is measured on answers only
+    train_paths = train_paths + passage_paths + self_paths + corpus_paths
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
     n_train = sum(len(s.tokens) for s in train_shards)
     n_held = sum(len(s.tokens) for s in held_shards)
@@ -187,6 +212,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "init": str(opts.init) if opts.init else None,
         "corpus_shards": len(corpus_paths),
         "passage_shards": len(passage_paths),
+        "self_prompt_shards": len(self_paths),
     }
     save_head(head, out, dtype=torch.float16)
     tau = measure_tau(loaded, out, held_shards, opts)
@@ -237,6 +263,11 @@ def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> N
         corpus += (
             f" Also the target's answers to {opts.passages} tasks on passages of `{opts.corpus_dir}` (summarise,"
             " extract, rewrite, continue; training split only)."
+        )
+    if training.get("self_prompt_shards"):
+        corpus += (
+            f" Also the target's answers to {opts.self_prompts} requests the target wrote itself (sampled from its"
+            " chat template's user turn; training split only)."
         )
     if training.get("corpus_shards"):
         corpus += (

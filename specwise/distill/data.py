@@ -334,6 +334,98 @@ def passage_prompts(paths: list[Path], count: int, seed: int, words: int = 150) 
     return [rng.choice(PASSAGE_TASKS).format(text=text) for text in chosen]
 
 
+def self_prompts(
+    loaded,
+    count: int,
+    out_dir: Path,
+    seed: int,
+    batch_size: int = 64,
+    max_tokens: int = 96,
+    min_tokens: int = 6,
+    progress: bool = True,
+) -> list[str]:
+    """``count`` user requests written by the target itself, cached in ``out_dir/prompts.json``.
+
+    The target's chat template is opened up to the start of a user turn and the target samples the user's
+    message at temperature 1 until it ends the turn (the prompt-synthesis idea of Magpie: an instruction-tuned
+    model reproduces the kind of requests it was tuned on). Messages that do not end within ``max_tokens``,
+    are shorter than ``min_tokens`` or repeat an earlier one are dropped; batches continue until ``count`` are
+    kept. The list is written atomically after every batch, so an interrupted run continues where it stopped.
+    """
+    from tqdm import tqdm
+
+    from specwise.runtime import encode_prompt, eos_ids
+
+    tok = loaded.tokenizer
+    marker = "\u0000specwise-user-message\u0000"
+    templated = tok.decode(encode_prompt(tok, marker, chat=True))
+    if marker not in templated:
+        raise ValueError("this target has no chat template with a user turn: --self-prompts needs one")
+    prefix = tok(templated[: templated.index(marker)], add_special_tokens=False)["input_ids"]
+    path = out_dir / "prompts.json"
+    state = json.loads(path.read_text()) if path.exists() else {"prefix": prefix, "seed": seed, "batches": 0}
+    if state.get("prefix") != prefix or state.get("seed") != seed:
+        raise ValueError(f"{path} was written for another target or seed: pass another --data-dir")
+    kept: list[str] = state.setdefault("prompts", [])
+    if len(kept) >= count:
+        return kept[:count]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    hf = loaded.hf_model
+    device = next(hf.parameters()).device
+    stop = sorted(eos_ids(loaded) or set())
+    seen = set(kept)
+    bar = tqdm(total=count, initial=len(kept), desc="writing prompts", unit="prompt", disable=not progress)
+    while len(kept) < count:
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + 7_919 + state["batches"])
+        rows = _sample_rows(hf, prefix, batch_size, max_tokens, set(stop), generator, device)
+        state["batches"] += 1
+        for row in rows:
+            if row is None or len(row) < min_tokens:
+                continue
+            text = tok.decode(row, skip_special_tokens=True).strip()
+            if text and text not in seen and len(kept) < count:
+                seen.add(text)
+                kept.append(text)
+                bar.update(1)
+        write_json_atomic(path, state)
+        if state["batches"] > 4 * count // batch_size + 8:
+            raise RuntimeError(f"the target wrote too few usable prompts ({len(kept)} of {count})")
+    bar.close()
+    return kept[:count]
+
+
+@torch.inference_mode()
+def _sample_rows(hf_model, prefix: list[int], batch: int, max_tokens: int, stop: set[int], generator, device):
+    """``batch`` continuations of ``prefix`` sampled at temperature 1: token lists ending before a stop token,
+    or None for rows that did not stop within ``max_tokens``."""
+    from transformers import DynamicCache
+
+    from specwise.models.hf import cache_keyword
+
+    base = hf_model.model
+    head = hf_model.get_output_embeddings()
+    cache = DynamicCache(config=hf_model.config)
+    step_ids = torch.tensor([prefix] * batch, device=device)
+    rows: list[list[int]] = [[] for _ in range(batch)]
+    done = [False] * batch
+    ended = [False] * batch
+    for _ in range(max_tokens):
+        hidden = base(input_ids=step_ids, use_cache=True, **{cache_keyword(base): cache}).last_hidden_state
+        probs = torch.softmax(head(hidden[:, -1]).float(), dim=-1)
+        nxt = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0]
+        for i, t in enumerate(nxt.tolist()):
+            if done[i]:
+                continue
+            if t in stop:
+                done[i] = ended[i] = True
+            else:
+                rows[i].append(t)
+        if all(done):
+            break
+        step_ids = nxt[:, None].to(device)
+    return [r if e else None for r, e in zip(rows, ended)]
+
+
 def corpus_files(directory: Path) -> list[Path]:
     """The ``*.txt`` files under ``directory`` (recursively), sorted."""
     files = sorted(Path(directory).rglob("*.txt"))
