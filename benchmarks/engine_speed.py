@@ -78,6 +78,12 @@ def main() -> int:
     ap.add_argument(
         "--repeats", type=int, default=1, help="runs of every method per question (rotating order); the fastest is kept"
     )
+    ap.add_argument(
+        "--keep-engines",
+        action="store_true",
+        help="one engine per method for the whole run, as a server keeps one: the adaptive schedule carries its "
+        "measured times and acceptance from request to request (gamma 'auto-cold' still starts every run afresh)",
+    )
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
@@ -99,11 +105,20 @@ def main() -> int:
     pairs = [tuple(p.rsplit("@", 1)) for p in args.pairs] if args.pairs else []
     pairs = pairs or [(spec, g) for spec in args.drafter for g in args.gamma]
     drafters = {spec: make_drafter(spec, loaded) for spec in dict.fromkeys(spec for spec, _ in pairs)}
+    kept: dict[str, Engine] = {}
+
+    def engine_for(name: str, drafter, gamma) -> Engine:
+        if not args.keep_engines or gamma == "auto-cold":
+            return Engine(native, drafter, gamma="auto" if gamma == "auto-cold" else gamma)
+        if name not in kept:
+            kept[name] = Engine(native, drafter, gamma=gamma)
+        return kept[name]
+
     for spec, g in pairs:
-        gamma = g if g == "auto" else int(g)
+        gamma = g if g in ("auto", "auto-cold") else int(g)
         name = f"native_{spec.replace(':', '_')}_g{g}"
-        methods[name] = lambda ids, gamma=gamma, drafter=drafters[spec]: run_engine(
-            Engine(native, drafter, gamma=gamma), ids, n, params()
+        methods[name] = lambda ids, gamma=gamma, drafter=drafters[spec], name=name: run_engine(
+            engine_for(name, drafter, gamma), ids, n, params()
         )
     questions = load_questions(args.questions, args.per_category, args.categories)
     warm = encode_prompt(tok, "Hello!", chat=True)
@@ -190,6 +205,7 @@ def main() -> int:
         "repeats": args.repeats,
         "temperature": args.temperature,
         "eos_ignored": True,
+        "engines": "kept per method across runs" if args.keep_engines else "a new engine per run",
         "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),
         "summary": summary,
         "by_category": by_cat,

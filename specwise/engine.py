@@ -126,7 +126,8 @@ class Engine:
         tokenizer=None,
         eos_token_ids: Iterable[int] | None = None,
     ) -> None:
-        self.schedule = gamma if isinstance(gamma, Schedule) else make_schedule(gamma)
+        curve = getattr(target, "cost_curve", None)  # measured by `specwise profile` on this machine, if it ran
+        self.schedule = gamma if isinstance(gamma, Schedule) else make_schedule(gamma, cost_curve=curve)
         self.target = target
         self.drafter = drafter if drafter is not None else NoDrafter(target.device)
         self.gamma = gamma if isinstance(gamma, (int, str)) else "custom"

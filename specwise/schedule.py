@@ -71,6 +71,12 @@ class AdaptiveGamma(Schedule):
     margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
         break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
+    carry: what a new request keeps from the ones before (one schedule serves an engine's requests one after
+        the other). Measured times (passes over k tokens, drafting a token, an empty ask) describe the machine
+        and are kept whole. Acceptance describes the text, so the observations are kept as a prior worth at
+        most ``carry`` observations per draft position (0: each request starts from ``prior`` again): a drafter
+        seen to be rarely accepted is not trusted at 50% at the start of the next request, and one seen to be
+        accepted often drafts long from its first step.
     """
 
     def __init__(
@@ -83,6 +89,7 @@ class AdaptiveGamma(Schedule):
         decay: float = 0.95,
         probe_every: int = 8,
         margin: float = 0.03,
+        carry: float = 4.0,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
@@ -94,9 +101,27 @@ class AdaptiveGamma(Schedule):
         self.decay = decay
         self.probe_every = probe_every
         self.margin = margin
-        self.begin()
+        if carry < 0:
+            raise ValueError(f"carry must be >= 0, got {carry}")
+        self.carry = carry
+        self._reset()
 
     def begin(self) -> None:
+        """A new request: keep the measured times, shrink the acceptance and empty-ask counts to ``carry``."""
+        self._plain_run = 0
+        if self.carry == 0:
+            verify, draft, empty = self._verify, self._draft_per_token, self._empty_seconds
+            self._reset()
+            self._verify, self._draft_per_token, self._empty_seconds = verify, draft, empty
+            return
+        scale = min(1.0, self.carry / self._reached[0]) if self._reached[0] > 0 else 1.0
+        self._reached = [r * scale for r in self._reached]
+        self._accepted = [a * scale for a in self._accepted]
+        scale = min(1.0, self.carry / self._asks) if self._asks > 0 else 1.0
+        self._asks *= scale
+        self._empty *= scale
+
+    def _reset(self) -> None:
         self._reached = [0.0] * self.max_gamma  # decayed count of steps that drafted position i
         self._accepted = [0.0] * self.max_gamma  # ... and accepted it
         self._verify: dict[int, float] = {}  # k -> smoothed seconds of a target pass over k tokens

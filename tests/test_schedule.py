@@ -162,3 +162,35 @@ def test_min_confidence_is_the_break_even_of_one_more_token():
     dear = AdaptiveGamma(max_gamma=4)
     feed(dear, 30, lambda i: i < 2, lambda k: 0.030 + 0.003 * (k - 1), draft_cost=0.1)
     assert dear.min_confidence() == 1.0
+
+
+def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior():
+    """begin(): times are kept whole; acceptance counts shrink to `carry` observations per position, so the next
+    request starts from what the drafter did (not from 0.5) and still follows new evidence quickly."""
+    s = AdaptiveGamma(max_gamma=6, probe_every=8, carry=4.0)
+    feed(s, 80, lambda i: False, cost)
+    times = dict(s._verify)
+    s.begin()
+    assert s._verify == times  # the machine did not change
+    assert s._reached[0] == pytest.approx(4.0) and s.acceptance()[0] < 0.2
+    assert s.choose(8) == 0  # a drafter never accepted is not asked at the start of the next request
+    # ... but a drafter that turns perfect is noticed at the next probe and trusted soon after
+    assert feed(s, 40, lambda i: True, cost)[-5:] == [6] * 5
+    s.begin()
+    assert s.acceptance()[0] > 0.7 and s.choose(8) >= 4  # and drafts long from the first step of the next one
+
+    fresh = AdaptiveGamma(max_gamma=6, probe_every=1000, carry=0.0)
+    feed(fresh, 80, lambda i: False, cost)
+    times = dict(fresh._verify)
+    fresh.begin()
+    assert fresh.acceptance()[0] == pytest.approx(fresh.prior) and fresh._verify == times
+    with pytest.raises(ValueError, match="carry"):
+        AdaptiveGamma(carry=-1)
+
+
+def test_the_engine_gives_the_schedule_the_model_s_measured_cost_curve():
+    target = ToyModel(torch.zeros(1, 16, 16))
+    target.cost_curve = {1: 1.0, 2: 1.02, 3: 1.05}
+    engine = Engine(target, NgramDrafter(), gamma="auto")
+    assert engine.schedule.prior_curve == target.cost_curve
+    assert engine.schedule._verify_time(3) == pytest.approx(1.05)  # before any pass is measured

@@ -21,6 +21,7 @@ class Model(ABC):
     device: torch.device
     max_length: int | None = None  # the longest sequence the model supports, when known
     keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
+    cost_curve: dict[int, float] | None = None  # time of a pass over k tokens / over 1 (a measured prior), if known
 
     @property
     @abstractmethod
