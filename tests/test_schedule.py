@@ -120,6 +120,12 @@ def test_greedy_identity_with_gamma_auto(tiny_target, tiny_target_twin, tiny_dra
         spec = Engine(tiny_target, drafter, gamma="auto").generate(prompt, SamplingParams(), 40, eos_token_ids=[])
         assert spec.token_ids == plain.token_ids
         assert sum(spec.stats.plain_step_reasons.values()) == spec.stats.gamma_histogram.get(0, 0)
+    # one engine serving requests one after the other (its schedule carries what it learnt): still exact
+    prompts = [prompt, [3, 3, 7], [1, 5, 9, 2, 8, 8]]
+    plains = [Engine(tiny_target, NoDrafter()).generate(p, SamplingParams(), 30, eos_token_ids=[]) for p in prompts]
+    engine = Engine(tiny_target, NgramDrafter(), gamma="auto")
+    for p, expected in zip(prompts * 2, plains * 2):
+        assert engine.generate(p, SamplingParams(), 30, eos_token_ids=[]).token_ids == expected.token_ids
 
 
 class OracleDrafter(Drafter):
