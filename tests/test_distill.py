@@ -254,8 +254,8 @@ def test_self_prompts_are_filtered_cached_and_resumed(tmp_path, tiny_dir, monkey
 
 
 def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
-    """--self-prompts: the target's own requests are answered into their own shards, used for training only,
-    and named in the model card."""
+    """--self-prompts: the target's own requests are answered into their own shards (the first batches only with
+    --max-self-prompts), used for training only, and named in the model card."""
     import specwise.distill.data as data
     from specwise.cli import main
 
@@ -278,12 +278,28 @@ def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
     args += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
     out = tmp_path / "head"
     assert (
-        main(["distill", "--out", str(out), *args, "--self-prompts", "6", "--epochs", "1", "--eval-prompts", "1"]) == 0
+        main(
+            [
+                "distill",
+                "--out",
+                str(out),
+                *args,
+                "--self-prompts",
+                "6",
+                "--max-self-prompts",
+                "4",
+                "--epochs",
+                "1",
+                "--eval-prompts",
+                "1",
+            ]
+        )
+        == 0
     )
     written = json.loads((data_dir / "self_prompts" / "prompts.json").read_text())["prompts"]
     assert len(written) == 6
     shards = load_shards(sorted((data_dir / "self_prompts").glob("shard_*.safetensors")))
-    assert sum(len(s.prompt_lengths) for s in shards) == 6
+    assert sum(len(s.prompt_lengths) for s in shards) == 4  # the first batch of the plan (--max-self-prompts)
     report = json.loads((out / "report.json").read_text())
     answers = load_shards(sorted((data_dir / "answers").glob("shard_*.safetensors")))
     assert report["train_tokens"] + report["held_out_tokens"] == sum(len(s.tokens) for s in answers + shards)

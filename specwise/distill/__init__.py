@@ -40,6 +40,7 @@ class DistillOptions:
     corpus_tokens: int = 100_000
     passages: int = 0  # prompts made of a corpus passage and a task (summarise, extract, ...), answered by the target
     self_prompts: int = 0  # user requests written by the target itself (Magpie-style), answered by the target
+    max_self_prompts: int | None = None  # answer only the first batches of those covering this many (None: all)
     max_new_tokens: int = 192
     gen_batch_size: int = 64
     temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
@@ -148,6 +149,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             progress=opts.progress,
         )
         log(f"data: {len(requests)} requests written by the target -> {data_dir / 'self_prompts'}")
+        limit = opts.max_self_prompts
         self_paths = generate_shards(
             loaded,
             requests,
@@ -157,6 +159,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             temperatures=opts.temperatures,
             seed=opts.seed,
             progress=opts.progress,
+            max_batches=None if limit is None else -(-limit // opts.gen_batch_size),
         )
     if files and opts.corpus_tokens > 0:
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
@@ -266,7 +269,8 @@ def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> N
         )
     if training.get("self_prompt_shards"):
         corpus += (
-            f" Also the target's answers to {opts.self_prompts} requests the target wrote itself (sampled from its"
+            f" Also the target's answers to {opts.max_self_prompts or opts.self_prompts} requests the target wrote"
+            f" itself (the first of {opts.self_prompts}, sampled from its"
             " chat template's user turn; training split only)."
         )
     if training.get("corpus_shards"):

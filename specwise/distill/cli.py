@@ -50,6 +50,12 @@ def register(sub) -> None:
         default=0,
         help="also have the target write this many user requests itself and answer them (default: 0)",
     )
+    p.add_argument(
+        "--max-self-prompts",
+        type=int,
+        default=None,
+        help="answer only the first batches of the --self-prompts plan covering this many (default: all)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default: 192)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="prompts answered together (default: 64)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default: 8192)")
@@ -104,6 +110,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         corpus_tokens=args.corpus_tokens,
         passages=args.passages,
         self_prompts=args.self_prompts,
+        max_self_prompts=args.max_self_prompts,
         max_new_tokens=args.max_new_tokens,
         gen_batch_size=args.gen_batch_size,
         draft_vocab=args.draft_vocab,
