@@ -109,12 +109,7 @@ class AdaptiveGamma(Schedule):
     def begin(self) -> None:
         """A new request: keep the measured times, shrink the acceptance and empty-ask counts to ``carry``."""
         self._plain_run = 0
-        if self.carry == 0:
-            verify, draft, empty = self._verify, self._draft_per_token, self._empty_seconds
-            self._reset()
-            self._verify, self._draft_per_token, self._empty_seconds = verify, draft, empty
-            return
-        scale = min(1.0, self.carry / self._reached[0]) if self._reached[0] > 0 else 1.0
+        scale = min(1.0, self.carry / self._reached[0]) if self._reached[0] > 0 else 1.0  # carry 0: all to 0
         self._reached = [r * scale for r in self._reached]
         self._accepted = [a * scale for a in self._accepted]
         scale = min(1.0, self.carry / self._asks) if self._asks > 0 else 1.0

@@ -101,15 +101,27 @@ def test_evaluate_an_untrained_head():
     assert ev["positions"] > 0 and ev["top1_agreement"][0] < 0.9
 
 
+def _write_prompts(directory, count: int, template: str):
+    """A prompts directory like shared/data/prompts: ``count`` prompts per file, ``template`` formatted with the
+    file's name and the prompt's index."""
+    directory.mkdir()
+    for name in ("oasst_en", "mbpp", "gsm8k_train"):
+        rows = [{"prompt": template.format(name=name, i=i), "source": "test"} for i in range(count)]
+        (directory / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return directory
+
+
+def _small_distill_args(tiny_dir, prompts, data) -> list[str]:
+    """`specwise distill` options for a fast run on the tiny target."""
+    args = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data), "--no-progress"]
+    return args + ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
+
+
 @pytest.mark.slow
 def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
     from specwise.cli import main
 
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    for name in ("oasst_en", "mbpp", "gsm8k_train"):
-        rows = [{"prompt": f"Tell me about {name} number {i}.", "source": "test"} for i in range(10)]
-        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = _write_prompts(tmp_path / "prompts", 10, "Tell me about {name} number {i}.")
     out = tmp_path / "head"
     args = ["distill", "--target", tiny_dir, "--out", str(out), "--prompts-dir", str(prompts)]
     args += ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "8", "--gen-batch-size", "4"]
@@ -156,18 +168,13 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
     from specwise.cli import main
     from specwise.drafters.head import load_head
 
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    for name in ("oasst_en", "mbpp", "gsm8k_train"):
-        rows = [{"prompt": f"Say something about {name} {i}.", "source": "test"} for i in range(8)]
-        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = _write_prompts(tmp_path / "prompts", 8, "Say something about {name} {i}.")
     corpus = tmp_path / "corpus" / "books"
     corpus.mkdir(parents=True)
     (corpus / "a.txt").write_text("It was a bright cold day in April, and the clocks were striking.\n\n" * 60)
     (corpus / "b.txt").write_text("The sea was calm and the boats came home one by one at dusk.\n\n" * 60)
     data = tmp_path / "data"
-    common = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data), "--no-progress"]
-    common += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
+    common = _small_distill_args(tiny_dir, prompts, data)
     first = tmp_path / "first"
     assert main(["distill", "--out", str(first), *common, "--data-only", "--passages", "4"]) == 2
     assert "--corpus-dir" in capsys.readouterr().err
@@ -256,10 +263,12 @@ def test_self_prompts_are_filtered_cached_and_resumed(tmp_path, tiny_dir, monkey
 def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
     """--self-prompts: the target's own requests are answered into their own shards (the first batches only with
     --max-self-prompts), used for training only, and named in the model card."""
+    from transformers import AutoTokenizer
+
     import specwise.distill.data as data
     from specwise.cli import main
 
-    tok = __import__("transformers").AutoTokenizer.from_pretrained(tiny_dir)
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
 
     def fake_rows(hf_model, prefix, batch, max_tokens, stop, generator, device):
         seed = int(torch.randint(0, 10_000, (1,), generator=generator))
@@ -268,34 +277,12 @@ def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
         ]
 
     monkeypatch.setattr(data, "_sample_rows", fake_rows)
-    prompts = tmp_path / "prompts"
-    prompts.mkdir()
-    for name in ("oasst_en", "mbpp", "gsm8k_train"):
-        rows = [{"prompt": f"Say something about {name} {i}.", "source": "test"} for i in range(8)]
-        (prompts / f"{name}.prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = _write_prompts(tmp_path / "prompts", 8, "Say something about {name} {i}.")
     data_dir = tmp_path / "data"
-    args = ["--target", tiny_dir, "--prompts-dir", str(prompts), "--data-dir", str(data_dir), "--no-progress"]
-    args += ["--max-new-tokens", "6", "--gen-batch-size", "4", "--gsm8k-limit", "4", "--draft-vocab", "256"]
     out = tmp_path / "head"
-    assert (
-        main(
-            [
-                "distill",
-                "--out",
-                str(out),
-                *args,
-                "--self-prompts",
-                "6",
-                "--max-self-prompts",
-                "4",
-                "--epochs",
-                "1",
-                "--eval-prompts",
-                "1",
-            ]
-        )
-        == 0
-    )
+    args = ["distill", "--out", str(out), *_small_distill_args(tiny_dir, prompts, data_dir)]
+    args += ["--self-prompts", "6", "--max-self-prompts", "4", "--epochs", "1", "--eval-prompts", "1"]
+    assert main(args) == 0
     written = json.loads((data_dir / "self_prompts" / "prompts.json").read_text())["prompts"]
     assert len(written) == 6
     shards = load_shards(sorted((data_dir / "self_prompts").glob("shard_*.safetensors")))

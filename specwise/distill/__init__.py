@@ -107,19 +107,24 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
     sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
     prompts = collect_prompts(sources, opts.seed)
-    max_batches = None if opts.max_prompts is None else -(-opts.max_prompts // opts.gen_batch_size)
+
+    def answer(requests: list[str], name: str, limit: int | None = None, **extra) -> list[Path]:
+        """The target's answers to ``requests`` in ``data_dir/name`` (only the first batches covering ``limit``)."""
+        return generate_shards(
+            loaded,
+            requests,
+            data_dir / name,
+            batch_size=opts.gen_batch_size,
+            max_new_tokens=opts.max_new_tokens,
+            temperatures=opts.temperatures,
+            seed=opts.seed,
+            progress=opts.progress,
+            max_batches=None if limit is None else -(-limit // opts.gen_batch_size),
+            **extra,
+        )
+
     log(f"data: {len(prompts)} prompts (using {opts.max_prompts or 'all'}) -> {data_dir / 'answers'}")
-    paths = generate_shards(
-        loaded,
-        prompts,
-        data_dir / "answers",
-        batch_size=opts.gen_batch_size,
-        max_new_tokens=opts.max_new_tokens,
-        temperatures=opts.temperatures,
-        seed=opts.seed,
-        progress=opts.progress,
-        max_batches=max_batches,
-    )
+    paths = answer(prompts, "answers", opts.max_prompts)
     train_paths, held_paths = held_out_split(paths)
     corpus_paths: list[Path] = []
     passage_paths: list[Path] = []
@@ -127,17 +132,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     if files and opts.passages > 0:
         tasks = passage_prompts(files, opts.passages, opts.seed)
         log(f"data: {len(tasks)} passage tasks from {len(files)} files -> {data_dir / 'passages'}")
-        passage_paths = generate_shards(
-            loaded,
-            tasks,
-            data_dir / "passages",
-            batch_size=opts.gen_batch_size,
-            max_prompt_tokens=512,
-            max_new_tokens=opts.max_new_tokens,
-            temperatures=opts.temperatures,
-            seed=opts.seed,
-            progress=opts.progress,
-        )
+        passage_paths = answer(tasks, "passages", max_prompt_tokens=512)
     self_paths: list[Path] = []
     if opts.self_prompts > 0:
         requests = self_prompts(
@@ -149,18 +144,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             progress=opts.progress,
         )
         log(f"data: {len(requests)} requests written by the target -> {data_dir / 'self_prompts'}")
-        limit = opts.max_self_prompts
-        self_paths = generate_shards(
-            loaded,
-            requests,
-            data_dir / "self_prompts",
-            batch_size=opts.gen_batch_size,
-            max_new_tokens=opts.max_new_tokens,
-            temperatures=opts.temperatures,
-            seed=opts.seed,
-            progress=opts.progress,
-            max_batches=None if limit is None else -(-limit // opts.gen_batch_size),
-        )
+        self_paths = answer(requests, "self_prompts", opts.max_self_prompts)
     if files and opts.corpus_tokens > 0:
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
         corpus_paths = corpus_shards(

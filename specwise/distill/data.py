@@ -372,12 +372,12 @@ def self_prompts(
     out_dir.mkdir(parents=True, exist_ok=True)
     hf = loaded.hf_model
     device = next(hf.parameters()).device
-    stop = sorted(eos_ids(loaded) or set())
+    stop = eos_ids(loaded) or set()
     seen = set(kept)
     bar = tqdm(total=count, initial=len(kept), desc="writing prompts", unit="prompt", disable=not progress)
     while len(kept) < count:
         generator = torch.Generator().manual_seed(seed * 1_000_003 + 7_919 + state["batches"])
-        rows = _sample_rows(hf, prefix, batch_size, max_tokens, set(stop), generator, device)
+        rows = _sample_rows(hf, prefix, batch_size, max_tokens, stop, generator, device)
         state["batches"] += 1
         for row in rows:
             if row is None or len(row) < min_tokens:
