@@ -47,7 +47,7 @@ def run_engine(engine: Engine, ids: list[int], n: int, params: SamplingParams) -
 
 
 def run_hf_generate(hf_model, ids: list[int], n: int) -> tuple[list[int], float, dict]:
-    inputs = torch.tensor([ids])
+    inputs = torch.tensor([ids], device=hf_model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
         out = hf_model.generate(
@@ -84,10 +84,11 @@ def main() -> int:
         help="one engine per method for the whole run, as a server keeps one: the adaptive schedule carries its "
         "measured times and acceptance from request to request (gamma 'auto-cold' still starts every run afresh)",
     )
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default: cpu)")
     ap.add_argument("--out", default="benchmarks/results/engine_speed.json")
     args = ap.parse_args()
 
-    loaded = load_model("default")  # the native model (the default for the Llama family)
+    loaded = load_model("default", device=args.device)  # the native model (the default for the Llama family)
     native, tok, hf_module = loaded.model, loaded.tokenizer, loaded.hf_model
     greedy = args.temperature == 0
     if not greedy:
@@ -104,7 +105,9 @@ def main() -> int:
         methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, n)
     pairs = [tuple(p.rsplit("@", 1)) for p in args.pairs] if args.pairs else []
     pairs = pairs or [(spec, g) for spec in args.drafter for g in args.gamma]
-    drafters = {spec: make_drafter(spec, loaded) for spec in dict.fromkeys(spec for spec, _ in pairs)}
+    drafters = {
+        spec: make_drafter(spec, loaded, device=args.device) for spec in dict.fromkeys(spec for spec, _ in pairs)
+    }
     kept: dict[str, Engine] = {}
 
     def engine_for(name: str, drafter, gamma) -> Engine:
@@ -200,7 +203,13 @@ def main() -> int:
             summary[name]["lowest_category_speedup"] = min(ups)
     result = {
         "command": "python " + " ".join(sys.argv),
-        "machine": {"platform": platform.platform(), "threads": torch.get_num_threads(), "torch": torch.__version__},
+        "machine": {
+            "platform": platform.platform(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "device": args.device,
+            "gpu": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else None,
+        },
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "temperature": args.temperature,

@@ -56,9 +56,23 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory, smollm):
+def smol_tokenizer(request):
+    """The default model's tokenizer: from $SPECWISE_TEST_TOKENIZER (a directory) when set, so that a machine
+    without the model's package can run the tests that need only the tokenizer, else from the model."""
+    import os
+
+    directory = os.environ.get("SPECWISE_TEST_TOKENIZER")
+    if directory:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(directory)
+    return request.getfixturevalue("smollm").tokenizer
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smol_tokenizer):
     """A tiny random Llama with the default model's tokenizer (same vocabulary), saved as a directory."""
     path = tmp_path_factory.mktemp("tiny-smol")
-    tiny_llama(seed=3, vocab=smollm.model.vocab_size, hidden=16, layers=1).save_pretrained(path)
-    smollm.tokenizer.save_pretrained(path)
+    tiny_llama(seed=3, vocab=len(smol_tokenizer), hidden=16, layers=1).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
     return str(path)

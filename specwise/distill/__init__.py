@@ -182,7 +182,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         head = new_head(hf, loaded.name, vocab, opts.intermediate_size, seed=opts.seed)
         out.mkdir(parents=True, exist_ok=True)
         save_head(head, out, dtype=torch.float32)  # the config and the initial weights, replaced at the end
-    coverage = _coverage(held_shards, head.vocab_ids, loaded.model.vocab_size)
+    head.to(opts.device)  # the frozen embedding and output rows are the target's, already there
+    coverage = _coverage(held_shards, head.vocab_ids.cpu(), loaded.model.vocab_size)
     log(f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of held-out tokens")
     train = make_batches(train_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
     held = make_batches(held_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
@@ -219,10 +220,14 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     return report
 
 
-def _machine() -> str:
+def _machine(device: str = "cpu") -> str:
     import platform
 
     import torch
+
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(device)
+        return f"{gpu} ({device}), torch {torch.__version__}, CUDA {torch.version.cuda}; {_machine('cpu')}"
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -289,7 +294,7 @@ target's distribution whatever the head proposes.
         training.get("epochs")
     } epochs, {report["steps"]} optimizer steps, seed {training.get("seed")}.
 - Time: {report["seconds"] / 60:.1f} minutes for the training and report (data generation not included when
-  it was cached). Hardware: {_machine()}.
+  it was cached). Hardware: {_machine(opts.device)}.
 
 ## Fidelity on held-out data (teacher-forced, per drafting step)
 

@@ -147,7 +147,8 @@ def _generate_batch(
             nxt = logits.argmax(-1)
         else:
             probs = torch.softmax(logits / temperature, dim=-1)
-            nxt = torch.multinomial(probs, 1, generator=generator)[:, 0]
+            # drawn on the CPU (the seeded generator is a CPU one): the same answers on any device
+            nxt = torch.multinomial(probs.cpu(), 1, generator=generator)[:, 0].to(device)
         nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
         finished_now = torch.isin(nxt, eos_t) & ~done
         lengths[finished_now.cpu()] = step + 1

@@ -134,15 +134,24 @@ def _collate(group) -> Batch:
     return Batch(feats, tokens, lse, lengths, torch.tensor([s[3] for s in group]))
 
 
+def _on(batch: Batch, device: torch.device) -> Batch:
+    """The batch's tensors on ``device`` (batches stay on the CPU; the head may train on a GPU)."""
+    if batch.tokens.device == device:
+        return batch
+    parts = (batch.features, batch.tokens, batch.lse, batch.lengths, batch.answer_starts)
+    return Batch(*(x.to(device, non_blocking=True) for x in parts))
+
+
 def _step_terms(head: EagleHead, batch: Batch, steps: int):
     """Run the unrolled head; yield per step (valid mask [B, T-1], log q, log p, predicted and true features)."""
+    batch = _on(batch, head.vocab_ids.device)
     feats = batch.features.float()
     nxt = torch.cat([batch.tokens[:, 1:], torch.zeros_like(batch.tokens[:, :1])], dim=1)
     preds = head(feats, nxt, steps)
     target_feat = feats[:, 1:]  # position t predicts the feature at t + 1
     with torch.no_grad():
         log_p = head.logits(target_feat) - batch.lse[:, 1:, None]  # [B, T-1, Vd]; sums to <= 1 over Vd
-    t = torch.arange(feats.shape[1] - 1)
+    t = torch.arange(feats.shape[1] - 1, device=feats.device)
     for s, pred in enumerate(preds, start=1):
         valid = (t[None, :] >= s - 1) & (t[None, :] < batch.lengths[:, None] - 1)
         log_q = torch.log_softmax(head.logits(pred[:, :-1]), dim=-1)
@@ -186,7 +195,8 @@ def evaluate(head: EagleHead, batches: list[Batch], steps: int, full_head: torch
     alpha = [0.0] * steps
     count = [0] * steps
     for batch in batches:
-        t = torch.arange(batch.tokens.shape[1] - 1)
+        batch = _on(batch, head.vocab_ids.device)
+        t = torch.arange(batch.tokens.shape[1] - 1, device=batch.tokens.device)
         in_answer = t[None, :] + 1 >= batch.answer_starts[:, None]  # [B, T-1]: position t predicts an answer token
         target_top = None
         for s, valid, log_q, log_p, _, target in _step_terms(head, batch, steps):

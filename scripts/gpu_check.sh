@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The checks that need a CUDA GPU, in order of importance:
+#   tests       the CUDA tests (tests/test_cuda.py: models, greedy identity, sampled distributions, distill)
+#   cuda_check  the default model on CUDA against the CPU's reference outputs, with every drafter
+#   profile     the cost curve c(k) on CUDA (`specwise profile --device cuda`)
+#   speed       the engine's speed on Spec-Bench on CUDA, greedy (2 questions per category) and temperature 1
+#
+# Usage: scripts/gpu_check.sh OUT_DIR [QUESTIONS]   (STAGES="tests cuda_check" runs only those; PER_CATEGORY=1
+# times one question per category instead of two)
+# Needs the project importable (its virtual environment, or PYTHONPATH) and the default model's package.
+# Every stage runs even when an earlier one fails; the exit status is 1 if any failed.
+set -u
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [QUESTIONS]}
+questions=${2:-../shared/data/spec_bench/question.jsonl}
+stages=${STAGES:-tests cuda_check profile speed}
+per_category=${PER_CATEGORY:-2}
+py=${PYTHON:-python3}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+status=0
+
+stage() {  # stage NAME COMMAND...: run it when NAME is selected, timing it and noting a failure
+    local name=$1
+    shift
+    case " $stages " in *" $name "*) ;; *) return 0 ;; esac
+    echo "== $name: $*"
+    local t0=$SECONDS
+    "$@" || { echo "!! $name failed"; status=1; }
+    echo "== $name took $((SECONDS - t0)) s"
+}
+
+profile() {
+    $py -m specwise profile --device cuda --json >"$out/profile_cuda.json" && cat "$out/profile_cuda.json"
+}
+
+"$py" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
+stage tests "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py
+stage cuda_check "$py" benchmarks/cuda_check.py --device cuda --questions "$questions" \
+    --reference benchmarks/results/cpu_reference.json --out "$out/cuda_check.json"
+stage profile profile
+stage speed "$py" benchmarks/engine_speed.py --device cuda --questions "$questions" --per-category "$per_category" \
+    --max-new-tokens 128 --keep-engines --pairs ngram@auto head@4 head@auto ngram+head@auto ngram+head@8 \
+    --out "$out/cuda_speed_greedy.json"
+stage speed "$py" benchmarks/engine_speed.py --device cuda --questions "$questions" --per-category 1 \
+    --max-new-tokens 128 --keep-engines --temperature 1 --pairs ngram@auto head@auto ngram+head@auto \
+    --out "$out/cuda_speed_t1.json"
+exit $status
