@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.drafters import NoDrafter, make_drafter
+from specwise.drafters import NoDrafter, make_drafter, parse_tree
 from specwise.engine import Engine
 from specwise.models import HFModel, load_model
 from specwise.runtime import encode_prompt
@@ -73,7 +73,11 @@ def main() -> int:
     ap.add_argument("--drafter", nargs="+", default=["ngram"], help="drafter specs, e.g. ngram ngram:3:2 head")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with plain)")
     ap.add_argument(
-        "--pairs", nargs="+", default=None, metavar="SPEC@GAMMA", help="drafter@gamma pairs instead of the product"
+        "--pairs",
+        nargs="+",
+        default=None,
+        metavar="SPEC@GAMMA[#TREE]",
+        help="drafter@gamma pairs instead of the product; #2,1 sets the head's draft tree (--tree), #none chains",
     )
     ap.add_argument(
         "--repeats", type=int, default=1, help="runs of every method per question (rotating order); the fastest is kept"
@@ -103,10 +107,17 @@ def main() -> int:
     if not args.no_hf:
         methods["hf_adapter_plain"] = lambda ids: run_engine(Engine(HFModel(hf_module), NoDrafter()), ids, n, params())
         methods["hf_generate"] = lambda ids: run_hf_generate(hf_module, ids, n)
-    pairs = [tuple(p.rsplit("@", 1)) for p in args.pairs] if args.pairs else []
-    pairs = pairs or [(spec, g) for spec in args.drafter for g in args.gamma]
+
+    def parse_pair(text: str) -> tuple[str, str, str | None]:  # SPEC@GAMMA or SPEC@GAMMA#TREE
+        body, _, tree = text.partition("#")
+        spec, gamma = body.rsplit("@", 1)
+        return spec, gamma, tree or None
+
+    pairs = [parse_pair(p) for p in args.pairs] if args.pairs else []
+    pairs = pairs or [(spec, g, None) for spec in args.drafter for g in args.gamma]
     drafters = {
-        spec: make_drafter(spec, loaded, device=args.device) for spec in dict.fromkeys(spec for spec, _ in pairs)
+        (spec, tree): make_drafter(spec, loaded, device=args.device, tree=None if tree is None else parse_tree(tree))
+        for spec, tree in dict.fromkeys((spec, tree) for spec, _, tree in pairs)
     }
     kept: dict[str, Engine] = {}
 
@@ -117,10 +128,10 @@ def main() -> int:
             kept[name] = Engine(native, drafter, gamma=gamma)
         return kept[name]
 
-    for spec, g in pairs:
+    for spec, g, tree in pairs:
         gamma = g if g in ("auto", "auto-cold") else int(g)
-        name = f"native_{spec.replace(':', '_')}_g{g}"
-        methods[name] = lambda ids, gamma=gamma, drafter=drafters[spec], name=name: run_engine(
+        name = f"native_{spec.replace(':', '_')}_g{g}" + ("" if tree is None else f"_tree{tree.replace(',', '-')}")
+        methods[name] = lambda ids, gamma=gamma, drafter=drafters[spec, tree], name=name: run_engine(
             engine_for(name, drafter, gamma), ids, n, params()
         )
     questions = load_questions(args.questions, args.per_category, args.categories)

@@ -29,6 +29,15 @@ def parse_gamma(value: str) -> int | str:
     return gamma
 
 
+def _tree_arg(text: str) -> tuple[int, ...]:
+    from specwise.drafters import parse_tree
+
+    try:
+        return parse_tree(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help=DRAFTER_HELP + f" (default: {DEFAULT_DRAFTER})")
@@ -37,6 +46,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         type=parse_gamma,
         default=DEFAULT_GAMMA,
         help=f"tokens drafted per step, or auto: chosen per step to maximise tokens/s (default: {DEFAULT_GAMMA})",
+    )
+    p.add_argument(
+        "--tree",
+        type=_tree_arg,
+        default=None,
+        metavar="W1,W2,..",
+        help="greedy drafts of a head: this many runner-up tokens at drafted positions 1, 2, .. verified in the same "
+        "pass (a draft tree; none: plain chains; default: the measured best)",
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     p.add_argument(
@@ -91,7 +108,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree)
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     if args.json:
@@ -121,7 +138,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if not 1 <= args.max_k <= 32:
         raise ValueError(f"--max-k must be in 1..32, got {args.max_k}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
     if isinstance(model, NativeModel):

@@ -233,19 +233,23 @@ class Engine:
                 reason = "low_confidence" if self.drafter.declined else "no_draft"
             stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1
         start = target.length  # == len(context) - 1: the last token is not yet in the cache
-        fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
-        logits = target.forward(fed)  # [k + 1, vocab]
-        check_logits(logits)
-        drafts = draft.tokens[None].to(target.device)  # [1, k]
-        if params.greedy:
-            result = verify_greedy(drafts, logits[None])
+        alternatives = self._alternatives(draft, params, start)
+        if alternatives:
+            new, accepted = self._verify_tree(context, draft, alternatives, start, stats)
         else:
-            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
-            q = None if draft.probs is None else draft.probs[None].to(target.device)
-            result = verify_stochastic(drafts, q, p, generator)
-        accepted = int(result.num_accepted[0])
-        new = result.tokens[0, : accepted + 1].tolist()
-        target.rollback(start + 1 + accepted)
+            fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
+            logits = target.forward(fed)  # [k + 1, vocab]
+            check_logits(logits)
+            drafts = draft.tokens[None].to(target.device)  # [1, k]
+            if params.greedy:
+                result = verify_greedy(drafts, logits[None])
+            else:
+                p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
+                q = None if draft.probs is None else draft.probs[None].to(target.device)
+                result = verify_stochastic(drafts, q, p, generator)
+            accepted = int(result.num_accepted[0])
+            new = result.tokens[0, : accepted + 1].tolist()
+            target.rollback(start + 1 + accepted)
         self.drafter.observe(accepted)
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
@@ -264,6 +268,50 @@ class Engine:
             finish = "length"
         stats.record_step(k, min(accepted, len(new)), len(new))
         return new, min(accepted, len(new)), finish
+
+    def _alternatives(self, draft: Draft, params: SamplingParams, start: int) -> list[tuple[int, int]]:
+        """The draft's tree alternatives that this step can verify: greedy, a target that verifies trees, room."""
+        k, target = len(draft), self.target
+        if not draft.alternatives or not k or not params.greedy or not target.supports_tree:
+            return []
+        alternatives = [(i, t) for i, t in draft.alternatives if 0 <= i < k]
+        rows = k + 1 + len(alternatives)
+        if target.max_length is not None and start + rows > target.max_length:
+            return []
+        return alternatives
+
+    def _verify_tree(
+        self, context: list[int], draft: Draft, alternatives: list[tuple[int, int]], start: int, stats: SpecStats
+    ) -> tuple[list[int], int]:
+        """Greedy verification of a chain with leaf alternatives in one pass. Returns (emitted tokens, accepted).
+
+        Rows: the last context token, the k drafted tokens, then the alternatives. The longest prefix of the chain
+        that matches the target's choices is kept; at the first mismatch (position a), an alternative for position
+        a equal to the target's choice is kept too, followed by the target's choice after it. Every emitted token
+        is the target's greedy choice given the tokens before it, so the output equals plain greedy decoding.
+        """
+        target, k = self.target, len(draft)
+        chain = draft.tokens.tolist()
+        tokens = [context[-1], *chain, *(t for _, t in alternatives)]
+        parents = [-1, *range(k), *(i for i, _ in alternatives)]
+        logits = target.forward_tree(torch.tensor(tokens, device=target.device), parents)  # [rows, vocab]
+        check_logits(logits)
+        choice = logits.argmax(-1).tolist()
+        accepted = 0
+        while accepted < k and chain[accepted] == choice[accepted]:
+            accepted += 1
+        new, path = chain[:accepted] + [choice[accepted]], list(range(accepted + 1))
+        stats.alternatives += len(alternatives)
+        if accepted < k:
+            for j, (i, token) in enumerate(alternatives):
+                if i == accepted and token == choice[accepted]:
+                    row = k + 1 + j
+                    new, path = chain[:accepted] + [token, choice[row]], [*path, row]
+                    stats.alternatives_accepted += 1
+                    accepted += 1
+                    break
+        target.keep_path(start, path)
+        return new, accepted
 
     def generate(
         self,

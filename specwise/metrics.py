@@ -36,6 +36,8 @@ class SpecStats:
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
     plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | no_draft | low_confidence
+    alternatives: int = 0  # draft-tree alternatives verified (siblings of drafted tokens; greedy)
+    alternatives_accepted: int = 0  # of those, how many replaced a rejected drafted token
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -88,8 +90,9 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> SpecStats:
         """Add another run's counters and times into this one; returns self."""
-        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted"):
+        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "alternatives"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.alternatives_accepted += other.alternatives_accepted
         for name in ("prefill_seconds", "draft_seconds", "verify_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, count in other.gamma_histogram.items():
@@ -121,6 +124,8 @@ class SpecStats:
             "accepted_by_position": list(self.accepted_by_position),
             "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
             "plain_step_reasons": dict(sorted(self.plain_step_reasons.items())),
+            "alternatives": self.alternatives,
+            "alternatives_accepted": self.alternatives_accepted,
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,

@@ -66,12 +66,14 @@ def build_runtime(
     gamma: int | str = 4,
     device: str = "auto",
     impl: str = "auto",
+    tree: tuple[int, ...] | None = None,
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
 
     drafter: a spec as in ``make_drafter``; ``auto`` resolves to the shipped head or ngram (``Runtime.drafter_spec``
     holds what was chosen).
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
+    tree: alternatives per drafted position for a head's greedy drafts (None: the default; see ``make_drafter``).
     """
     import torch
 
@@ -82,7 +84,7 @@ def build_runtime(
     device = resolve_device(device)
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
     drafter = resolve_drafter_spec(drafter, loaded)
-    draft = make_drafter(drafter, loaded, device=device, impl=impl)
+    draft = make_drafter(drafter, loaded, device=device, impl=impl, tree=tree)
     engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
     return Runtime(engine, loaded, drafter, device)
 

@@ -20,8 +20,27 @@ __all__ = [
     "VocabularyMismatchError",
     "check_same_vocabulary",
     "make_drafter",
+    "parse_tree",
     "resolve_drafter_spec",
 ]
+
+# Alternatives per drafted position that the head adds to greedy drafts (a draft tree; see HeadDrafter), unless
+# --tree says otherwise. Chosen by measurement (docs/ENGINE.md, "Draft trees").
+DEFAULT_TREE: tuple[int, ...] = ()
+
+
+def parse_tree(text: str) -> tuple[int, ...]:
+    """``--tree`` values: ``2,1`` (two alternatives at the first drafted position, one at the second), ``none``."""
+    if text.strip().lower() in ("none", "0", ""):
+        return ()
+    try:
+        widths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise ValueError(f"bad --tree {text!r}: give alternatives per drafted position, as in 2,1 (or none)") from None
+    if any(w < 0 for w in widths) or len(widths) > 8 or sum(widths) > 24:
+        raise ValueError(f"bad --tree {text!r}: widths must be >= 0, at most 8 positions and 24 alternatives")
+    return widths
+
 
 DRAFTER_HELP = (
     "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
@@ -58,13 +77,18 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
             )
 
 
-def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto") -> Drafter:
-    """Build a drafter from its CLI spec for ``target`` (a LoadedModel)."""
+def make_drafter(
+    spec: str, target, device="cpu", dtype=None, impl: str = "auto", tree: tuple[int, ...] | None = None
+) -> Drafter:
+    """Build a drafter from its CLI spec for ``target`` (a LoadedModel).
+
+    tree: alternatives per drafted position for the head's greedy drafts (None: ``DEFAULT_TREE``; ``()``: chains).
+    """
     spec = resolve_drafter_spec(spec, target)
     if "+" in spec:
         from specwise.drafters.combined import CombinedDrafter
 
-        return CombinedDrafter([make_drafter(part, target, device, dtype, impl) for part in spec.split("+")])
+        return CombinedDrafter([make_drafter(part, target, device, dtype, impl, tree) for part in spec.split("+")])
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
@@ -85,7 +109,7 @@ def make_drafter(spec: str, target, device="cpu", dtype=None, impl: str = "auto"
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
     if kind == "head":
-        return _head_drafter(arg, target, device)
+        return _head_drafter(arg, target, device, DEFAULT_TREE if tree is None else tuple(tree))
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
 
 
@@ -110,7 +134,7 @@ def shipped_head_dir(target_name: str):
     return None
 
 
-def _head_drafter(arg: str, target, device) -> Drafter:
+def _head_drafter(arg: str, target, device, tree: tuple[int, ...] = ()) -> Drafter:
     from specwise.drafters.head import HeadDrafter, check_target, load_head
 
     directory = arg or shipped_head_dir(target.name)
@@ -124,4 +148,4 @@ def _head_drafter(arg: str, target, device) -> Drafter:
         raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
     check_target(head.config, target.hf_model, target.name)
     head.attach_target(target.hf_model)
-    return HeadDrafter(head, target.model)
+    return HeadDrafter(head, target.model, alternatives=tree)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,10 +26,15 @@ class Draft:
 
     tokens: ``[k]`` int64 (k may be smaller than asked, even 0).
     probs: ``[k, vocab]`` q for each token, or None when the drafter proposes single tokens (q is one-hot).
+    alternatives: ``(i, token)`` pairs, greedy drafts only: ``token`` is another candidate for position i (a
+    sibling of ``tokens[i]``, a leaf of a draft tree). A target that verifies trees scores them in the same pass;
+    when ``tokens[i]`` is rejected and an alternative is the target's choice there, that alternative is kept
+    and the target's next token after it comes free. Others ignore them.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
+    alternatives: list[tuple[int, int]] = field(default_factory=list)
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> Draft:

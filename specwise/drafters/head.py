@@ -271,8 +271,18 @@ class HeadDrafter(Drafter):
     name = "head"
     needs_features = True
 
-    def __init__(self, head: EagleHead, target, capacity: int = 1024, half_weights: bool = True) -> None:
+    def __init__(
+        self,
+        head: EagleHead,
+        target,
+        capacity: int = 1024,
+        half_weights: bool = True,
+        alternatives: tuple[int, ...] = (),
+    ) -> None:
         self.head = head.eval()
+        # greedy drafts: this many runner-up tokens at each drafted position (a draft tree's leaves), verified in
+        # the same pass by targets that verify trees
+        self.alternatives = tuple(int(a) for a in alternatives)
         self.target = target
         self.device = target.device
         self._c = head.config
@@ -374,24 +384,28 @@ class HeadDrafter(Drafter):
         return norm(x, h.out_norm)
 
     def _choose(
-        self, feature: torch.Tensor, params: SamplingParams, generator
-    ) -> tuple[int, torch.Tensor | None, float]:
+        self, feature: torch.Tensor, params: SamplingParams, generator, extra: int = 0
+    ) -> tuple[int, torch.Tensor | None, float, list[int]]:
         """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
 
         Also returns the head's confidence: its largest probability at temperature 1, an estimate of the chance
-        that the target's greedy choice is this token.
+        that the target's greedy choice is this token; and (greedy, ``extra`` > 0) the next ``extra`` best tokens.
         """
         logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
         if params.greedy:
-            best = int(logits.argmax())
+            if extra > 0:
+                top = torch.topk(logits, extra + 1).indices
+                best, others = int(top[0]), self._vocab_ids[top[1:]].tolist()
+            else:
+                best, others = int(logits.argmax()), []
             confidence = 1.0 if self.min_confidence <= 0 else float(torch.softmax(logits, -1)[best])
-            return int(self._vocab_ids[best]), None, confidence
+            return int(self._vocab_ids[best]), None, confidence, others
         # q over the draft vocabulary, then placed in the full vocabulary (zero elsewhere): top-k, top-p and
         # min-p give the same result on the draft vocabulary as on the full one with -inf outside it
         q_draft = probs_from_logits(logits, params)  # [draft_vocab]
         q = torch.zeros(self.target.vocab_size, device=self.device)
         q[self._vocab_ids] = q_draft
-        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, float(q_draft.max())
+        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, float(q_draft.max()), []
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
@@ -409,19 +423,23 @@ class HeadDrafter(Drafter):
         self._fed = fed
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        alternatives: list[tuple[int, int]] = []
         reach = 1.0  # estimated probability that the whole draft so far is accepted
         for i in range(k):
-            token, q, confidence = self._choose(pred, params, generator)
+            extra = self.alternatives[i] if i < len(self.alternatives) else 0
+            token, q, confidence, others = self._choose(pred, params, generator, extra)
             reach *= confidence
             if reach < self.min_confidence:
                 self.declined = not tokens
                 break  # not worth verifying: below the schedule's break-even
             tokens.append(token)
+            alternatives.extend((i, t) for t in others)
             if q is not None:
                 probs.append(q)
             if i + 1 < k:
                 pred = self._step(pred[None], torch.tensor([token], device=self.device), known + i)[-1]
-        return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), torch.stack(probs) if probs else None)
+        draft = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        return Draft(draft, torch.stack(probs) if probs else None, alternatives)
 
 
 def new_head(

@@ -242,12 +242,18 @@ class NativeModel(Model):
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.rms_norm(x, (self.hidden,), weight, self.eps)
 
-    def _attention(self, layer: int, qkv: torch.Tensor, start: int) -> torch.Tensor:
-        """qkv: [k, (heads + 2 kv_heads) * head_dim] for positions start .. start + k - 1. Returns [k, heads * hd]."""
+    def _attention(self, layer: int, qkv: torch.Tensor, start: int, tree=None) -> torch.Tensor:
+        """qkv: [k, (heads + 2 kv_heads) * head_dim] for cache rows start .. start + k - 1. Returns [k, heads * hd].
+
+        tree: None (row i at position start + i, causal), or (positions [k], mask [k, start + k]) for a draft tree.
+        """
         k, hd, nq, nkv = qkv.shape[0], self.head_dim, self.n_heads, self.n_kv
         heads = qkv.view(k, nq + 2 * nkv, hd)
         qk = heads[:, : nq + nkv]  # rotary on queries and keys at once
-        cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
+        if tree is None:
+            cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
+        else:
+            cos, sin = self._cos[tree[0], None], self._sin[tree[0], None]
         qk = apply_rotary(qk, cos, sin)
         end = start + k
         self.k_cache[layer, :, start:end] = qk[:, nq:].transpose(0, 1)
@@ -255,7 +261,7 @@ class NativeModel(Model):
         q = qk[:, :nq].transpose(0, 1)  # [heads, k, hd]
         keys = self.k_cache[layer, :, :end]  # [kv, end, hd]
         values = self.v_cache[layer, :, :end]
-        mask = None if k == 1 else self._causal_mask(start, k)
+        mask = tree[1] if tree is not None else None if k == 1 else self._causal_mask(start, k)
         out = torch.nn.functional.scaled_dot_product_attention(
             q[None], keys[None], values[None], attn_mask=mask, enable_gqa=nq != nkv
         )  # [1, heads, k, hd]
@@ -272,6 +278,30 @@ class NativeModel(Model):
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
         self._check_forward(tokens)
+        return self._run(tokens, num_logits)
+
+    supports_tree = True
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+        self._check_forward(tokens)
+        if len(parents) != tokens.numel():
+            raise ValueError(f"{tokens.numel()} tokens but {len(parents)} parents")
+        depth, anc = self.tree_layout(parents)
+        return self._run(tokens, None, (depth, anc))
+
+    def keep_path(self, start: int, rows: list[int]) -> None:
+        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= self._length:
+            raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
+        for i, row in enumerate(rows):
+            if row != i:  # row >= i: moving down never overwrites a row still to be moved
+                self.k_cache[:, :, start + i] = self.k_cache[:, :, start + row]
+                self.v_cache[:, :, start + i] = self.v_cache[:, :, start + row]
+                if self.keep_features:
+                    self._features[start + i] = self._features[start + row]
+        self._length = start + len(rows)
+
+    def _run(self, tokens: torch.Tensor, num_logits: int | None, tree=None) -> torch.Tensor:
         k = tokens.numel()
         start = self._length
         if start + k > self._capacity:
@@ -280,9 +310,19 @@ class NativeModel(Model):
         x = self.embed[tokens.to(self.device)]  # [k, hidden]
         if backend == "kernel" and self._fused is not None and k <= LayerKernel.MAX_ROWS:
             x = x.contiguous()
-            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
+            extra = {}
+            if tree is not None:
+                extra["depth"] = torch.tensor(tree[0], dtype=torch.int32)
+                extra["ancestors"] = torch.tensor(tree[1], dtype=torch.uint8)
+            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin, **extra)
         else:
-            x = self._torch_layers(x, start, backend)
+            layout = None
+            if tree is not None:
+                positions = torch.tensor(tree[0], device=self.device) + start
+                mask = torch.ones((k, start + k), dtype=torch.bool, device=self.device)
+                mask[:, start:] = torch.tensor(tree[1], dtype=torch.bool, device=self.device)
+                layout = (positions, mask)
+            x = self._torch_layers(x, start, backend, layout)
         self._length = start + k
         keep = k if num_logits is None else num_logits
         if self.keep_features:
@@ -296,9 +336,9 @@ class NativeModel(Model):
         head_backend = self._gemm.get(keep, self._default_gemm)
         return self.lm_head(h, head_backend).float()
 
-    def _torch_layers(self, x: torch.Tensor, start: int, backend: str) -> torch.Tensor:
+    def _torch_layers(self, x: torch.Tensor, start: int, backend: str, tree=None) -> torch.Tensor:
         for i, layer in enumerate(self.layers):
-            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start)
+            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start, tree)
             x = x + layer.o(attn, backend)
             gate_up = layer.gate_up(self._rms_norm(x, layer.mlp_norm), backend)  # [k, 2 * intermediate]
             gate, up = gate_up.chunk(2, dim=-1)

@@ -12,6 +12,11 @@
  *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   scratch  see scratch_floats() below
+ *
+ * Draft trees: with depth and anc set (else NULL), row r sits at position start + depth[r] (rotary) while its
+ * keys and values go to cache row start + r as usual, and it attends to the whole cache before start and to the
+ * new rows j <= r with anc[r * k + j] != 0 (its ancestors and itself; rows are in topological order). Without
+ * them, row r is at position start + r and attends causally.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -78,7 +83,8 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
                           const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
                           const float *const *gate_up_w, const float *const *down_w, float *k_cache,
                           float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads, int half) {
+                          int start, float *scratch, float *scores, int threads, int half, const int *depth,
+                          const unsigned char *anc) {
     if (head_dim > 512) return 1;
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
@@ -96,13 +102,13 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
         rms_norm(x, attn_norm[l], h, k, hidden, eps);
         gemm(h, qkv_w[l], qkv_b[l], qkv, k, hidden, n_qkv, threads, half);
         for (int r = 0; r < k; r++) {
-            int pos = start + r;
+            int pos = start + (depth ? depth[r] : r), slot = start + r;
             float *row = qkv + (size_t)r * n_qkv;
             const float *c = cos_t + (size_t)pos * hd, *s = sin_t + (size_t)pos * hd;
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
             for (int g = 0; g < n_kv; g++) {
-                memcpy(kc + ((size_t)g * capacity + pos) * hd, row + (size_t)(nq + g) * hd, (size_t)hd * 4);
-                memcpy(vc + ((size_t)g * capacity + pos) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
+                memcpy(kc + ((size_t)g * capacity + slot) * hd, row + (size_t)(nq + g) * hd, (size_t)hd * 4);
+                memcpy(vc + ((size_t)g * capacity + slot) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
             }
         }
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -111,8 +117,13 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
             const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
             float *sc = scores + (size_t)t * end;
+            const unsigned char *seen = anc ? anc + (size_t)r * k : NULL; /* seen[j - start] for j >= start */
             float mx = -INFINITY;
             for (int j = 0; j < len; j++) {
+                if (seen && j >= start && !seen[j - start]) {
+                    sc[j] = -INFINITY; /* another branch of the tree: exp gives an exact zero below */
+                    continue;
+                }
                 sc[j] = dot(q, keys + (size_t)j * hd, hd) * scale;
                 if (sc[j] > mx) mx = sc[j];
             }
