@@ -10,8 +10,7 @@ import json
 
 import pytest
 import torch
-from test_engine import chi2_pvalue
-from test_head import _exact_joint, _head
+from test_head import _assert_follows_target, _head
 
 from conftest import tiny_llama
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
@@ -95,15 +94,7 @@ def test_sampled_output_on_cuda_follows_the_target(drafter_kind):
         drafter = ModelDrafter(HFModel(draft))
     else:
         drafter = HeadDrafter(_head(gpu, torch.tensor([0, 2, 3]), seed=1).to(CUDA), target)
-    engine = Engine(target, drafter, gamma=3)
-    params = SamplingParams(temperature=1.0)
-    n, counts = 2000, {}
-    for i in range(n):
-        run = SamplingParams(temperature=1.0, seed=7000 + i)
-        ids = tuple(engine.generate([1, 4], run, max_new_tokens=3, eos_token_ids=[]).token_ids)
-        counts[ids] = counts.get(ids, 0) + 1
-    pvalue = chi2_pvalue(counts, _exact_joint(cpu, [1, 4], params, 3), n)
-    assert pvalue > 1e-4, f"emitted sequences do not follow p on CUDA (chi-square p-value {pvalue:.2e})"
+    _assert_follows_target(Engine(target, drafter, gamma=3), cpu, [1, 4], 2000, seed=7000, where=" on CUDA")
 
 
 @pytest.mark.slow

@@ -160,19 +160,23 @@ def _exact_joint(hf, prompt, params, length):
     return out
 
 
+def _assert_follows_target(engine: Engine, hf, prompt: list[int], n: int, seed: int, where: str = "") -> None:
+    """n samples of 3 tokens after ``prompt`` at temperature 1 through ``engine`` follow p computed from ``hf``."""
+    counts: dict = {}
+    for i in range(n):
+        run = SamplingParams(temperature=1.0, seed=seed + i)
+        ids = tuple(engine.generate(prompt, run, max_new_tokens=3, eos_token_ids=[]).token_ids)
+        counts[ids] = counts.get(ids, 0) + 1
+    pvalue = chi2_pvalue(counts, _exact_joint(hf, prompt, SamplingParams(temperature=1.0), 3), n)
+    assert pvalue > 1e-4, f"emitted sequences do not follow p{where} (chi-square p-value {pvalue:.2e})"
+
+
 def test_sampled_output_with_a_head_follows_the_target():
     """Through the engine, with a reduced draft vocabulary (q zero elsewhere), emitted sequences follow p."""
     hf = tiny_llama(seed=4, vocab=5, std=0.3)
     target = NativeModel(hf)
     engine = Engine(target, HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target), gamma=3)
-    params = SamplingParams(temperature=1.0)
-    n, counts = 4000, {}
-    for i in range(n):
-        run = SamplingParams(temperature=1.0, seed=5000 + i)
-        ids = tuple(engine.generate([1, 4], run, max_new_tokens=3, eos_token_ids=[]).token_ids)
-        counts[ids] = counts.get(ids, 0) + 1
-    pvalue = chi2_pvalue(counts, _exact_joint(hf, [1, 4], params, 3), n)
-    assert pvalue > 1e-4, f"emitted sequences do not follow p (chi-square p-value {pvalue:.2e})"
+    _assert_follows_target(engine, hf, [1, 4], 4000, seed=5000)
 
 
 def test_save_load_and_make_drafter(tmp_path):
@@ -262,11 +266,4 @@ def test_sampled_output_with_ngram_and_head_follows_the_target():
     target = NativeModel(hf)
     head = HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target)
     engine = Engine(target, CombinedDrafter([NgramDrafter(max_ngram=1), head]), gamma=3)
-    params = SamplingParams(temperature=1.0)
-    n, counts = 4000, {}
-    for i in range(n):
-        run = SamplingParams(temperature=1.0, seed=9000 + i)
-        ids = tuple(engine.generate([1, 4, 1], run, max_new_tokens=3, eos_token_ids=[]).token_ids)
-        counts[ids] = counts.get(ids, 0) + 1
-    pvalue = chi2_pvalue(counts, _exact_joint(hf, [1, 4, 1], params, 3), n)
-    assert pvalue > 1e-4, f"emitted sequences do not follow p (chi-square p-value {pvalue:.2e})"
+    _assert_follows_target(engine, hf, [1, 4, 1], 4000, seed=9000)
