@@ -136,6 +136,9 @@ class SpecStats:
     def summary(self) -> str:
         """A few human-readable lines."""
         by_pos = " ".join(f"{x:.2f}" for x in self.acceptance_by_position) or "-"
+        tree = []
+        if self.alternatives:
+            tree = [f"draft-tree alternatives: {self.alternatives} verified, {self.alternatives_accepted} kept"]
         return "\n".join(
             [
                 f"tokens: {self.new_tokens} new ({self.prompt_tokens} prompt) in {self.total_seconds:.2f} s "
@@ -147,5 +150,6 @@ class SpecStats:
                 f"acceptance by position: {by_pos}",
                 f"time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
                 f"verify {self.verify_seconds:.2f} s",
+                *tree,
             ]
         )

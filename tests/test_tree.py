@@ -105,6 +105,8 @@ def test_greedy_with_alternatives_equals_plain_and_uses_them(backend):
         stats = result.stats
         assert stats.alternatives > 0 and stats.alternatives_accepted > 0
         assert stats.target_passes < len(plain)
+        assert f"{stats.alternatives} verified, {stats.alternatives_accepted} kept" in stats.summary()
+        assert stats.to_dict()["alternatives_accepted"] == stats.alternatives_accepted
 
 
 def test_alternatives_are_ignored_when_sampling_or_without_tree_support():
