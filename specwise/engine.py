@@ -296,17 +296,16 @@ class Engine:
         parents = [-1, *range(k), *(i for i, _ in alternatives)]
         logits = target.forward_tree(torch.tensor(tokens, device=target.device), parents)  # [rows, vocab]
         check_logits(logits)
-        choice = logits.argmax(-1).tolist()
-        accepted = 0
-        while accepted < k and chain[accepted] == choice[accepted]:
-            accepted += 1
-        new, path = chain[:accepted] + [choice[accepted]], list(range(accepted + 1))
+        result = verify_greedy(draft.tokens[None].to(target.device), logits[None, : k + 1])  # the chain's rows
+        accepted = int(result.num_accepted[0])
+        new, path = result.tokens[0, : accepted + 1].tolist(), list(range(accepted + 1))
         stats.alternatives += len(alternatives)
-        if accepted < k:
+        if accepted < k:  # new[-1] is the target's choice where the chain was rejected
             for j, (i, token) in enumerate(alternatives):
-                if i == accepted and token == choice[accepted]:
+                if i == accepted and token == new[-1]:
                     row = k + 1 + j
-                    new, path = chain[:accepted] + [token, choice[row]], [*path, row]
+                    new.append(int(logits[row].argmax()))
+                    path.append(row)
                     stats.alternatives_accepted += 1
                     accepted += 1
                     break
