@@ -21,12 +21,13 @@ import argparse
 import json
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine_speed import load_questions, run_engine  # noqa: E402  (beside this script)
 
 from specwise.drafters import make_drafter  # noqa: E402
 from specwise.engine import Engine  # noqa: E402
@@ -38,20 +39,8 @@ GREEDY = SamplingParams(temperature=0.0)
 DRAFTERS = ["ngram@4", "head@4", "head@auto", "ngram+head@auto", "ngram+head@8"]
 
 
-def first_questions(path: str) -> list[dict]:
-    """One question per Spec-Bench category, the first of each, in file order."""
-    seen: dict[str, dict] = {}
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            q = json.loads(line)
-            seen.setdefault(q["category"], q)
-    return list(seen.values())
-
-
 def decode(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, dict]:
-    t0 = time.perf_counter()
-    result = engine.generate(ids, GREEDY, max_new_tokens=n, eos_token_ids=[])
-    return result.token_ids, time.perf_counter() - t0, result.stats.to_dict()
+    return run_engine(engine, ids, n, GREEDY)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -87,7 +76,7 @@ def main() -> int:
     loaded = load_model("default", device=args.device)
     hf_loaded = load_model("default", device=args.device, impl="hf")
     tok, n = loaded.tokenizer, args.max_new_tokens
-    questions = first_questions(args.questions)
+    questions = load_questions(args.questions, per_category=1, categories=None)  # the first of each category
     prompts = [encode_prompt(tok, q["turns"][0], chat=True) for q in questions]
     reference = json.loads(Path(args.reference).read_text()) if args.reference else None
     plain_engine = Engine(loaded.model, None, gamma=0)
