@@ -56,12 +56,21 @@ class FixedGamma(Schedule):
         return min(self.max_gamma, limit)
 
 
+def _smooth(old: float | None, sample: float, weight: float = 0.2) -> float:
+    """Exponential smoothing of a time; a sample is first clipped to [1/2, 2] times the estimate, so one pause of
+    the machine moves the estimate by a bounded step."""
+    if old is None or old <= 0:
+        return sample
+    return (1.0 - weight) * old + weight * min(max(sample, 0.5 * old), 2.0 * old)
+
+
 class AdaptiveGamma(Schedule):
     """Pick gamma per step from online estimates of acceptance per position and of the costs.
 
     max_gamma: the largest gamma considered.
     cost_curve: optional prior c(k) = time(forward of k) / time(forward of 1), e.g. from `specwise profile`;
-        measured pass times replace it as they come in.
+        a pass over k tokens is estimated as (smoothed time of a 1-token pass) * ratio(k), where ratio(k) starts
+        at c(k) and moves towards the measured ratios as they come in.
     draft_cost: optional prior for the time of drafting one token, relative to a 1-token target pass.
     prior: the acceptance probability assumed at the first position before anything is observed, with
         ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
@@ -73,11 +82,15 @@ class AdaptiveGamma(Schedule):
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
     carry: what a new request keeps from the ones before (one schedule serves an engine's requests one after
         the other). Measured times (passes over k tokens, drafting a token, an empty ask) describe the machine
-        and are kept whole. Acceptance describes the text, so the observations are kept as a prior worth at
-        most ``carry`` observations per draft position (0: each request starts from ``prior`` again): a drafter
-        seen to be rarely accepted is not trusted at 50% at the start of the next request, and one seen to be
-        accepted often drafts long from its first step.
+        and are kept whole; the drafting time of a request's first ask is not used (the drafter then also takes
+        in the whole prompt, a one-off cost that would make every later token look dear). Acceptance describes
+        the text, so the observations are kept as a prior worth at most ``carry`` observations per draft position
+        (0: each request starts from ``prior`` again): a drafter seen to be rarely accepted is not trusted at 50%
+        at the start of the next request, and one seen to be accepted often drafts long from its first step.
     """
+
+    RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
+    RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
 
     def __init__(
         self,
@@ -109,6 +122,7 @@ class AdaptiveGamma(Schedule):
     def begin(self) -> None:
         """A new request: keep the measured times, shrink the acceptance and empty-ask counts to ``carry``."""
         self._plain_run = 0
+        self._time_asks = False
         scale = min(1.0, self.carry / self._reached[0]) if self._reached[0] > 0 else 1.0  # carry 0: all to 0
         self._reached = [r * scale for r in self._reached]
         self._accepted = [a * scale for a in self._accepted]
@@ -119,8 +133,16 @@ class AdaptiveGamma(Schedule):
     def _reset(self) -> None:
         self._reached = [0.0] * self.max_gamma  # decayed count of steps that drafted position i
         self._accepted = [0.0] * self.max_gamma  # ... and accepted it
-        self._verify: dict[int, float] = {}  # k -> smoothed seconds of a target pass over k tokens
+        # a pass over k tokens is estimated as scale * ratio(k): the scale (seconds of a 1-token pass) follows
+        # the plain steps' passes, so it tracks the machine's speed and the growing context; the ratios start
+        # from the cost curve and learn from the passes over k tokens actually measured. An estimate that is updated
+        # only by the choices it drives cannot get stuck on one slow measurement: a ratio moves by a fraction of
+        # each observation, and every observation is clipped to [1/2, 2] times the current estimate.
+        self._scale: float | None = None
+        self._scale_provisional = False  # True while the scale comes from passes over k > 1 tokens only
+        self._ratios: dict[int, list[float]] = {}  # k >= 2 -> [decayed sum of measured ratios, decayed count]
         self._draft_per_token: float | None = None
+        self._time_asks = True  # False for the first ask of a request (it also absorbs the prompt: not typical)
         self._plain_run = 0
         self._asks = 0.0  # decayed count of steps that asked the drafter for tokens
         self._empty = 0.0  # ... and got none
@@ -143,14 +165,17 @@ class AdaptiveGamma(Schedule):
     def _prior_c(self, k: int) -> float:
         return self.prior_curve.get(k, 1.0 + 0.1 * (k - 1))
 
+    def _ratio(self, k: int) -> float:
+        """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth
+        ``RATIO_PRIOR`` observations, then the measured ratios."""
+        if k <= 1:
+            return 1.0
+        total, count = self._ratios.get(k, (0.0, 0.0))
+        return (total + self.RATIO_PRIOR * self._prior_c(k)) / (count + self.RATIO_PRIOR)
+
     def _verify_time(self, k: int) -> float:
-        """Measured seconds of a pass over k tokens; for an unmeasured k, the nearest measured one scaled by c(k)."""
-        if k in self._verify:
-            return self._verify[k]
-        if not self._verify:
-            return self._prior_c(k)
-        near = min(self._verify, key=lambda j: abs(j - k))
-        return self._verify[near] / self._prior_c(near) * self._prior_c(k)
+        """Estimated seconds of a target pass over k tokens (relative units before anything was measured)."""
+        return (1.0 if self._scale is None else self._scale) * self._ratio(k)
 
     def _draft_time(self) -> float:
         if self._draft_per_token is not None:
@@ -201,21 +226,34 @@ class AdaptiveGamma(Schedule):
         self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, asked: int | None = None
     ) -> None:
         k = drafted + 1
-        old = self._verify.get(k)
-        self._verify[k] = verify_seconds if old is None else 0.8 * old + 0.2 * verify_seconds
+        ratio = self._ratio(k)
+        if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
+            if self._scale_provisional:  # the first 1-token pass: re-express the ratios measured so far
+                for entry in self._ratios.values():
+                    entry[0] *= self._scale / verify_seconds
+                self._scale, self._scale_provisional = verify_seconds, False
+            else:
+                self._scale = _smooth(self._scale, verify_seconds)
+        elif self._scale is None or self._scale_provisional:  # no 1-token pass yet: from the cost curve
+            self._scale = _smooth(self._scale, verify_seconds / ratio)
+            self._scale_provisional = True
+        if k >= 2:
+            total, count = self._ratios.get(k, (0.0, 0.0))
+            sample = min(max(verify_seconds / self._scale, 0.5 * ratio), 2.0 * ratio)
+            self._ratios[k] = [self.RATIO_DECAY * total + sample, self.RATIO_DECAY * count + 1.0]
         asked = drafted if asked is None else asked
         self._plain_run = 0 if asked > 0 else self._plain_run + 1  # steps since the drafter was last asked
+        timed = self._time_asks
         if asked > 0:
+            self._time_asks = True
             self._asks = self.decay * self._asks + 1.0
             self._empty = self.decay * self._empty + (1.0 if drafted == 0 else 0.0)
-            if drafted == 0:
-                old_e = self._empty_seconds
-                self._empty_seconds = draft_seconds if old_e is None else 0.8 * old_e + 0.2 * draft_seconds
+            if drafted == 0 and timed:
+                self._empty_seconds = _smooth(self._empty_seconds, draft_seconds)
         if drafted == 0:
             return
-        per_token = draft_seconds / drafted
-        old_d = self._draft_per_token
-        self._draft_per_token = per_token if old_d is None else 0.8 * old_d + 0.2 * per_token
+        if timed:
+            self._draft_per_token = _smooth(self._draft_per_token, draft_seconds / drafted)
         for i in range(min(drafted, self.max_gamma)):
             self._reached[i] = self.decay * self._reached[i] + 1.0
             self._accepted[i] = self.decay * self._accepted[i] + (1.0 if i < accepted else 0.0)

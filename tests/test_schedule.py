@@ -25,6 +25,11 @@ def feed(schedule, steps, accept_prob_fn, verify_cost, draft_cost=0.0, limit=8):
     return chosen
 
 
+def pass_times(schedule) -> list[float]:
+    """The schedule's estimated seconds of a pass over 1 .. 8 tokens."""
+    return [schedule._verify_time(k) for k in range(1, 9)]
+
+
 def cost(k):
     return 1.0 + 0.15 * (k - 1)  # a pass over k tokens, relative to one
 
@@ -175,9 +180,9 @@ def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior()
     request starts from what the drafter did (not from 0.5) and still follows new evidence quickly."""
     s = AdaptiveGamma(max_gamma=6, probe_every=8, carry=4.0)
     feed(s, 80, lambda i: False, cost)
-    times = dict(s._verify)
+    times = pass_times(s)
     s.begin()
-    assert s._verify == times  # the machine did not change
+    assert pass_times(s) == times  # the machine did not change
     assert s._reached[0] == pytest.approx(4.0) and s.acceptance()[0] < 0.2
     assert s.choose(8) == 0  # a drafter never accepted is not asked at the start of the next request
     # ... but a drafter that turns perfect is noticed at the next probe and trusted soon after
@@ -187,9 +192,9 @@ def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior()
 
     fresh = AdaptiveGamma(max_gamma=6, probe_every=1000, carry=0.0)
     feed(fresh, 80, lambda i: False, cost)
-    times = dict(fresh._verify)
+    times = pass_times(fresh)
     fresh.begin()
-    assert fresh.acceptance()[0] == pytest.approx(fresh.prior) and fresh._verify == times
+    assert fresh.acceptance()[0] == pytest.approx(fresh.prior) and pass_times(fresh) == times
     with pytest.raises(ValueError, match="carry"):
         AdaptiveGamma(carry=-1)
 
@@ -200,3 +205,34 @@ def test_the_engine_gives_the_schedule_the_model_s_measured_cost_curve():
     engine = Engine(target, NgramDrafter(), gamma="auto")
     assert engine.schedule.prior_curve == target.cost_curve
     assert engine.schedule._verify_time(3) == pytest.approx(1.05)  # before any pass is measured
+
+
+def test_the_first_ask_of_a_request_does_not_set_the_drafting_time():
+    """The first ask also takes in the prompt (a head runs its layer over every prompt position): that one-off time
+    must not make every later drafted token look as dear as a target pass."""
+    s = AdaptiveGamma(max_gamma=4)
+    s.begin()
+    s.observe(2, 1, 0.030, 0.032)  # first ask: 30 ms of drafting, most of it the prompt
+    assert s._draft_time() == pytest.approx(0.0)  # not measured yet (prior 0)
+    s.observe(2, 1, 0.004, 0.032)  # the next ask: 2 ms per token
+    assert s._draft_time() == pytest.approx(0.002)
+    s.begin()
+    s.observe(0, 0, 0.050, 0.030, asked=2)  # an empty first ask of the next request is not timed either
+    assert s._empty_seconds is None and s._draft_time() == pytest.approx(0.002)
+    assert s.min_confidence() < 0.5
+
+
+def test_one_slow_pass_does_not_stick_in_the_estimates():
+    """A pass over 2 tokens that once took three times as long (the machine paused) moves the estimate by a bounded
+    step, and the times of passes over 1 token keep the scale current."""
+    s = AdaptiveGamma(max_gamma=4, cost_curve={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4})
+    for _ in range(5):
+        s.observe(0, 0, 0.0, 0.030)
+    s.observe(1, 1, 0.002, 0.099)  # true: 0.033
+    assert s._verify_time(2) < 1.6 * 0.033
+    for _ in range(5):
+        s.observe(1, 1, 0.002, 0.033)
+    assert s._verify_time(2) == pytest.approx(0.033, rel=0.15)
+    for _ in range(20):  # the context grows: 1-token passes slow down, and so does the estimate for 2 tokens
+        s.observe(0, 0, 0.0, 0.045)
+    assert s._verify_time(1) == pytest.approx(0.045, rel=0.05) and s._verify_time(2) > 0.045
