@@ -163,7 +163,10 @@ class AdaptiveGamma(Schedule):
         return out
 
     def _prior_c(self, k: int) -> float:
-        return self.prior_curve.get(k, 1.0 + 0.1 * (k - 1))
+        """The cost curve as a prior, made non-decreasing from c(1) = 1: a pass over more tokens never costs less
+        (a measured curve can dip, e.g. c(2) = 0.98 after a short context, where extra rows are nearly free; at
+        answer lengths they are not, and a prior below 1 would make every 2-token pass look free)."""
+        return max([1.0] + [self.prior_curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
 
     def _ratio(self, k: int) -> float:
         """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth

@@ -232,6 +232,12 @@ def test_low_confidence_stops_drafting_and_output_is_unchanged():
     assert strict.token_ids == full.token_ids == ref.token_ids
     assert full.stats.drafted > 0 and strict.stats.drafted == 0
     assert strict.stats.plain_step_reasons.get("low_confidence", 0) > 0
+    # sampling: q's largest probability does not estimate acceptance (alpha = sum min(p, q)), so the threshold does
+    # not hold a sampled draft back; the schedule's measured acceptance decides its length
+    sampled = Engine(target, drafter, gamma=Strict(4)).generate(
+        [2, 5], SamplingParams(temperature=1.0, seed=0), max_new_tokens=16, eos_token_ids=[]
+    )
+    assert sampled.stats.drafted > 0 and "low_confidence" not in sampled.stats.plain_step_reasons
 
 
 def test_combined_drafter_is_exact_and_chooses_by_expected_acceptance(tmp_path):

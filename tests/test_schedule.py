@@ -236,3 +236,9 @@ def test_one_slow_pass_does_not_stick_in_the_estimates():
     for _ in range(20):  # the context grows: 1-token passes slow down, and so does the estimate for 2 tokens
         s.observe(0, 0, 0.0, 0.045)
     assert s._verify_time(1) == pytest.approx(0.045, rel=0.05) and s._verify_time(2) > 0.045
+
+
+def test_the_cost_curve_prior_never_decreases():
+    """A profile measured after a short context can dip (c(2) < c(1)); as a prior it is made non-decreasing."""
+    s = AdaptiveGamma(max_gamma=4, cost_curve={1: 1.0, 2: 0.98, 3: 1.22, 4: 1.19, 5: 1.40})
+    assert [s._prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]

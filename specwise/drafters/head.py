@@ -388,8 +388,9 @@ class HeadDrafter(Drafter):
     ) -> tuple[int, torch.Tensor | None, float, list[int]]:
         """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
 
-        Also returns the head's confidence: its largest probability at temperature 1, an estimate of the chance
-        that the target's greedy choice is this token; and (greedy, ``extra`` > 0) the next ``extra`` best tokens.
+        Also returns the head's confidence: greedy, its largest probability at temperature 1, an estimate of the
+        chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`);
+        sampling, 1; and (greedy, ``extra`` > 0) the next ``extra`` best tokens.
         """
         logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
         if params.greedy:
@@ -405,7 +406,10 @@ class HeadDrafter(Drafter):
         q_draft = probs_from_logits(logits, params)  # [draft_vocab]
         q = torch.zeros(self.target.vocab_size, device=self.device)
         q[self._vocab_ids] = q_draft
-        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, float(q_draft.max()), []
+        # confidence 1: a sampled token is accepted with probability min(1, p/q), alpha = sum min(p, q) on
+        # average, which q's largest probability does not estimate (a flat q at temperature 1 can match a flat p
+        # well); the schedule's measured acceptance per position decides the length instead
+        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, 1.0, []
 
     @torch.inference_mode()
     def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
