@@ -73,6 +73,13 @@ def main() -> int:
     ap.add_argument("--drafter", nargs="+", default=["ngram"], help="drafter specs, e.g. ngram ngram:3:2 head")
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (outputs compared with plain)")
     ap.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        help="sampling: answers per question, each with its own seed shared by every method (sampled texts differ "
+        "between methods, so more answers per cell average that out); ignored when greedy",
+    )
+    ap.add_argument(
         "--pairs",
         nargs="+",
         default=None,
@@ -140,9 +147,11 @@ def main() -> int:
         fn(warm)
     rows = []
     names = list(methods)
-    for i, q in enumerate(questions):
+    seeds = 1 if greedy else max(1, args.seeds)
+    jobs = [(q, 1000 + i * seeds + s) for i, q in enumerate(questions) for s in range(seeds)]
+    for i, (q, job_seed) in enumerate(jobs):
         ids = encode_prompt(tok, q["turns"][0], chat=True)
-        seed["value"] = 1000 + i
+        seed["value"] = job_seed
         outputs, best, all_seconds = {}, {}, {name: [] for name in names}
         for rep in range(args.repeats):
             shift = (i + rep) % len(names)
@@ -160,6 +169,7 @@ def main() -> int:
             rows.append(
                 {
                     "question_id": q["question_id"],
+                    "seed": None if greedy else job_seed,
                     "category": q["category"],
                     "method": name,
                     "prompt_tokens": len(ids),
@@ -175,7 +185,7 @@ def main() -> int:
             r["equals_native_plain"] = same[r["method"]]
         speeds = {r["method"]: r["tokens_per_second"] for r in rows[-len(names) :]}
         print(
-            f"[{i + 1}/{len(questions)}] {q['category']:>16}: "
+            f"[{i + 1}/{len(jobs)}] {q['category']:>16}: "
             + "  ".join(f"{n} {speeds[n]:.1f}" for n in names)
             + ("" if all(same.values()) else f"  OUTPUT DIFFERS: {same}"),
             file=sys.stderr,
@@ -224,6 +234,7 @@ def main() -> int:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "temperature": args.temperature,
+        "seeds_per_question": 1 if greedy else max(1, args.seeds),
         "eos_ignored": True,
         "engines": "kept per method across runs" if args.keep_engines else "a new engine per run",
         "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),
