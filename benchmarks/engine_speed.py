@@ -234,7 +234,7 @@ def main() -> int:
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
         "temperature": args.temperature,
-        "seeds_per_question": 1 if greedy else max(1, args.seeds),
+        "seeds_per_question": seeds,
         "eos_ignored": True,
         "engines": "kept per method across runs" if args.keep_engines else "a new engine per run",
         "all_outputs_equal_native_plain": all(r["equals_native_plain"] for r in rows),

@@ -56,12 +56,17 @@ class FixedGamma(Schedule):
         return min(self.max_gamma, limit)
 
 
+def _clip(sample: float, around: float) -> float:
+    """``sample`` limited to [1/2, 2] times the current estimate ``around``: one pause of the machine moves an
+    estimate by a bounded step."""
+    return min(max(sample, 0.5 * around), 2.0 * around)
+
+
 def _smooth(old: float | None, sample: float, weight: float = 0.2) -> float:
-    """Exponential smoothing of a time; a sample is first clipped to [1/2, 2] times the estimate, so one pause of
-    the machine moves the estimate by a bounded step."""
+    """Exponential smoothing of a time, the sample clipped first."""
     if old is None or old <= 0:
         return sample
-    return (1.0 - weight) * old + weight * min(max(sample, 0.5 * old), 2.0 * old)
+    return (1.0 - weight) * old + weight * _clip(sample, old)
 
 
 class AdaptiveGamma(Schedule):
@@ -242,7 +247,7 @@ class AdaptiveGamma(Schedule):
             self._scale_provisional = True
         if k >= 2:
             total, count = self._ratios.get(k, (0.0, 0.0))
-            sample = min(max(verify_seconds / self._scale, 0.5 * ratio), 2.0 * ratio)
+            sample = _clip(verify_seconds / self._scale, ratio)
             self._ratios[k] = [self.RATIO_DECAY * total + sample, self.RATIO_DECAY * count + 1.0]
         asked = drafted if asked is None else asked
         self._plain_run = 0 if asked > 0 else self._plain_run + 1  # steps since the drafter was last asked
