@@ -20,7 +20,7 @@ from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.rejection import verify_greedy, verify_stochastic
 from specwise.sampling import SamplingParams, check_logits, probs_from_logits
-from specwise.schedule import Schedule, make_schedule
+from specwise.schedule import AdaptiveGamma, Schedule, make_schedule
 
 __all__ = ["Engine", "GenerationEvent", "GenerationResult", "StopText"]
 
@@ -216,10 +216,17 @@ class Engine:
         limit = remaining - 1
         if target.max_length is not None:
             limit = min(limit, target.max_length - len(context))
-        asked = self.schedule.choose(limit) if limit > 0 else 0
-        self.drafter.min_confidence = self.schedule.min_confidence()
         t0 = time.perf_counter()
-        draft = self.drafter.propose(context, asked, params, generator) if asked > 0 else Draft.empty(target.device)
+        if limit <= 0:
+            asked, source, draft = 0, 0, Draft.empty(target.device)
+        elif hasattr(self.drafter, "propose_scheduled") and isinstance(self.schedule, AdaptiveGamma):
+            # several drafters: each is a source of the schedule, asked for its own best gamma
+            draft, source, asked = self.drafter.propose_scheduled(context, self.schedule, limit, params, generator)
+        else:
+            source, asked = 0, self.schedule.choose(limit)
+            self.drafter.min_confidence = self.schedule.min_confidence()
+            draft = self.drafter.propose(context, asked, params, generator) if asked > 0 else Draft.empty(target.device)
+            self.schedule.observe_ask(asked, len(draft), time.perf_counter() - t0)
         if len(draft) > asked:
             raise RuntimeError(f"drafter {self.drafter.name!r} proposed {len(draft)} tokens when asked for {asked}")
         t1 = time.perf_counter()
@@ -254,7 +261,7 @@ class Engine:
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        self.schedule.observe(k, accepted, t1 - t0, t2 - t1, asked=asked)
+        self.schedule.observe_pass(k, accepted, t2 - t1, source=source)
 
         finish = None
         for i, token in enumerate(new):
@@ -266,7 +273,7 @@ class Engine:
             finish = finish or "length"
         if finish is None and target.max_length is not None and len(context) + len(new) >= target.max_length:
             finish = "length"
-        stats.record_step(k, min(accepted, len(new)), len(new))
+        stats.record_step(k, min(accepted, len(new)), len(new), self.drafter.source_name() if k else None)
         return new, min(accepted, len(new)), finish
 
     def _alternatives(self, draft: Draft, params: SamplingParams, start: int) -> list[tuple[int, int]]:

@@ -36,6 +36,9 @@ class SpecStats:
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
     plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | no_draft | low_confidence
+    # per drafter (the parts of a combined one, e.g. ngram and head): steps that verified its draft, tokens drafted
+    # and accepted
+    by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)
     alternatives: int = 0  # draft-tree alternatives verified (siblings of drafted tokens; greedy)
     alternatives_accepted: int = 0  # of those, how many replaced a rejected drafted token
     prefill_seconds: float = 0.0
@@ -43,8 +46,11 @@ class SpecStats:
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
 
-    def record_step(self, drafted: int, accepted: int, emitted: int) -> None:
-        """One target pass that verified ``drafted`` tokens, kept ``accepted`` and emitted ``emitted``."""
+    def record_step(self, drafted: int, accepted: int, emitted: int, drafter: str | None = None) -> None:
+        """One target pass that verified ``drafted`` tokens (proposed by ``drafter``), kept ``accepted`` and
+        emitted ``emitted``."""
+        if drafter is not None and drafted > 0:
+            self._add_drafter(drafter, {"steps": 1, "drafted": drafted, "accepted": accepted})
         self.target_passes += 1
         self.drafted += drafted
         self.accepted += accepted
@@ -58,6 +64,11 @@ class SpecStats:
             self.drafted_by_position[i] += 1
             if i < accepted:
                 self.accepted_by_position[i] += 1
+
+    def _add_drafter(self, name: str, counts: dict[str, int]) -> None:
+        entry = self.by_drafter.setdefault(name, {"steps": 0, "drafted": 0, "accepted": 0})
+        for key, value in counts.items():
+            entry[key] = entry.get(key, 0) + value
 
     @property
     def acceptance_rate(self) -> float:
@@ -99,6 +110,8 @@ class SpecStats:
             self.gamma_histogram[k] = self.gamma_histogram.get(k, 0) + count
         for reason, count in other.plain_step_reasons.items():
             self.plain_step_reasons[reason] = self.plain_step_reasons.get(reason, 0) + count
+        for name, counts in other.by_drafter.items():
+            self._add_drafter(name, counts)
         grow = len(other.drafted_by_position) - len(self.drafted_by_position)
         if grow > 0:
             self.drafted_by_position.extend([0] * grow)
@@ -124,6 +137,7 @@ class SpecStats:
             "accepted_by_position": list(self.accepted_by_position),
             "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
             "plain_step_reasons": dict(sorted(self.plain_step_reasons.items())),
+            "by_drafter": {name: dict(counts) for name, counts in sorted(self.by_drafter.items())},
             "alternatives": self.alternatives,
             "alternatives_accepted": self.alternatives_accepted,
             "tokens_per_second": self.tokens_per_second,
@@ -136,9 +150,15 @@ class SpecStats:
     def summary(self) -> str:
         """A few human-readable lines."""
         by_pos = " ".join(f"{x:.2f}" for x in self.acceptance_by_position) or "-"
-        tree = []
+        extra = []
+        if len(self.by_drafter) > 1:
+            parts = ", ".join(
+                f"{name} {c['steps']} steps, {c['accepted']}/{c['drafted']} accepted"
+                for name, c in sorted(self.by_drafter.items())
+            )
+            extra.append(f"by drafter: {parts}")
         if self.alternatives:
-            tree = [f"draft-tree alternatives: {self.alternatives} verified, {self.alternatives_accepted} kept"]
+            extra.append(f"draft-tree alternatives: {self.alternatives} verified, {self.alternatives_accepted} kept")
         return "\n".join(
             [
                 f"tokens: {self.new_tokens} new ({self.prompt_tokens} prompt) in {self.total_seconds:.2f} s "
@@ -150,6 +170,6 @@ class SpecStats:
                 f"acceptance by position: {by_pos}",
                 f"time: prefill {self.prefill_seconds:.2f} s, draft {self.draft_seconds:.2f} s, "
                 f"verify {self.verify_seconds:.2f} s",
-                *tree,
+                *extra,
             ]
         )

@@ -11,6 +11,11 @@ threshold), and asking can cost time (the head runs its layer to find out). The 
 happens and what an empty ask costs, so a drafter that keeps declining stops being asked (until the next probe)
 instead of slowing every plain step down.
 
+Several drafters at once (``ngram+head``): every drafter is a separate *source* with its own acceptance per
+position, drafting time and empty-ask rate (prompt lookup is accepted differently from a trained head, and costs
+nothing to ask); the passes of the target are shared. A combined drafter asks the schedule for each source's best
+gamma and expected rate, and drafts with the source expected to give the most tokens per second.
+
 Any gamma chosen from the past keeps the output exact: the rejection rule is exact for every gamma.
 """
 
@@ -30,16 +35,33 @@ class Schedule(ABC):
         """A new request starts."""
 
     @abstractmethod
-    def choose(self, limit: int) -> int:
-        """Tokens to draft in the next step, at most ``limit``."""
+    def choose(self, limit: int, source: int = 0) -> int:
+        """Tokens to draft in the next step with drafter ``source``, at most ``limit``."""
 
     def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, asked: int | None = None
+        self,
+        drafted: int,
+        accepted: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        asked: int | None = None,
+        source: int = 0,
     ) -> None:
         """The outcome of the step: tokens drafted and accepted, the time spent drafting and verifying, and how
-        many tokens were asked for (``None``: as many as were drafted)."""
+        many tokens were asked for (``None``: as many as were drafted), from drafter ``source``."""
+        asked = drafted if asked is None else asked
+        if asked > 0:
+            self.observe_ask(asked, drafted, draft_seconds, source=source)
+        self.observe_pass(drafted, accepted, verify_seconds, source=source)
 
-    def min_confidence(self) -> float:
+    def observe_ask(self, asked: int, drafted: int, seconds: float, source: int = 0) -> None:
+        """Drafter ``source`` was asked for ``asked`` tokens and proposed ``drafted`` in ``seconds``."""
+
+    def observe_pass(self, drafted: int, accepted: int, seconds: float, source: int = 0) -> None:
+        """A target pass verified ``drafted`` tokens of drafter ``source`` (0 tokens: a plain step), kept
+        ``accepted``, and took ``seconds`` (sampling and acceptance included)."""
+
+    def min_confidence(self, source: int = 0) -> float:
         """Below which estimated probability of the draft so far being accepted a drafter should stop (0: never)."""
         return 0.0
 
@@ -52,7 +74,7 @@ class FixedGamma(Schedule):
             raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
         self.max_gamma = gamma
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, source: int = 0) -> int:
         return min(self.max_gamma, limit)
 
 
@@ -125,19 +147,12 @@ class AdaptiveGamma(Schedule):
         self._reset()
 
     def begin(self) -> None:
-        """A new request: keep the measured times, shrink the acceptance and empty-ask counts to ``carry``."""
-        self._plain_run = 0
-        self._time_asks = False
-        scale = min(1.0, self.carry / self._reached[0]) if self._reached[0] > 0 else 1.0  # carry 0: all to 0
-        self._reached = [r * scale for r in self._reached]
-        self._accepted = [a * scale for a in self._accepted]
-        scale = min(1.0, self.carry / self._asks) if self._asks > 0 else 1.0
-        self._asks *= scale
-        self._empty *= scale
+        """A new request: keep the measured times, shrink each source's acceptance and empty-ask counts to
+        ``carry``."""
+        for arm in self._arms:
+            arm.begin(self.carry)
 
     def _reset(self) -> None:
-        self._reached = [0.0] * self.max_gamma  # decayed count of steps that drafted position i
-        self._accepted = [0.0] * self.max_gamma  # ... and accepted it
         # a pass over k tokens is estimated as scale * ratio(k): the scale (seconds of a 1-token pass) follows
         # the plain steps' passes, so it tracks the machine's speed and the growing context; the ratios start
         # from the cost curve and learn from the passes over k tokens actually measured. An estimate that is updated
@@ -146,23 +161,27 @@ class AdaptiveGamma(Schedule):
         self._scale: float | None = None
         self._scale_provisional = False  # True while the scale comes from passes over k > 1 tokens only
         self._ratios: dict[int, list[float]] = {}  # k >= 2 -> [decayed sum of measured ratios, decayed count]
-        self._draft_per_token: float | None = None
-        self._time_asks = True  # False for the first ask of a request (it also absorbs the prompt: not typical)
-        self._plain_run = 0
-        self._asks = 0.0  # decayed count of steps that asked the drafter for tokens
-        self._empty = 0.0  # ... and got none
-        self._empty_seconds: float | None = None  # smoothed time of an ask that got nothing
+        self._arms: list[_Source] = []  # per drafter: acceptance, drafting time, empty asks
+
+    def _arm(self, source: int) -> _Source:
+        if source < 0:
+            raise ValueError(f"source must be >= 0, got {source}")
+        while len(self._arms) <= source:
+            self._arms.append(_Source(self.max_gamma))
+        return self._arms[source]
 
     # ---- estimates -------------------------------------------------------------------------------------------
 
-    def acceptance(self) -> list[float]:
-        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1.
+    def acceptance(self, source: int = 0) -> list[float]:
+        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1, for drafter
+        ``source``.
 
         Each position's prior is the estimate of the position before it, so positions rarely drafted so far
         inherit what was seen just before them (and a drafter that is always right gets to draft longer).
         """
+        arm = self._arm(source)
         w, prior, out = self.prior_weight, self.prior, []
-        for a, r in zip(self._accepted, self._reached):
+        for a, r in zip(arm.accepted, arm.reached):
             prior = (a + w * prior) / (r + w)
             out.append(prior)
         return out
@@ -185,88 +204,142 @@ class AdaptiveGamma(Schedule):
         """Estimated seconds of a target pass over k tokens (relative units before anything was measured)."""
         return (1.0 if self._scale is None else self._scale) * self._ratio(k)
 
-    def _draft_time(self) -> float:
-        if self._draft_per_token is not None:
-            return self._draft_per_token
+    def _draft_time(self, source: int = 0) -> float:
+        arm = self._arm(source)
+        if arm.draft_per_token is not None:
+            return arm.draft_per_token
         return self.prior_draft_cost * self._verify_time(1)
 
-    def draft_probability(self) -> float:
-        """Estimated probability that asking the drafter yields a draft (half a pseudo-observation of "yes")."""
-        return (self._asks - self._empty + 0.5) / (self._asks + 0.5)
+    def draft_probability(self, source: int = 0) -> float:
+        """Estimated probability that asking drafter ``source`` yields a draft (half a pseudo-observation of
+        "yes")."""
+        arm = self._arm(source)
+        return (arm.asks - arm.empty + 0.5) / (arm.asks + 0.5)
 
-    def expected_rate(self, gamma: int) -> float:
-        """Expected tokens per second when asking for ``gamma`` drafted tokens now: with the estimated
-        probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
-        empty ask."""
+    def _expected_tokens(self, gamma: int, source: int) -> float:
         tokens, reach = 1.0, 1.0
-        for a in self.acceptance()[:gamma]:
+        for a in self.acceptance(source)[:gamma]:
             reach *= a
             tokens += reach
-        drafted = gamma * self._draft_time() + self._verify_time(gamma + 1)
+        return tokens
+
+    def expected_rate(self, gamma: int, source: int = 0) -> float:
+        """Expected tokens per second when asking drafter ``source`` for ``gamma`` tokens now: with the estimated
+        probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
+        empty ask."""
+        tokens = self._expected_tokens(gamma, source)
+        drafted = gamma * self._draft_time(source) + self._verify_time(gamma + 1)
         if gamma == 0:
             return tokens / drafted
-        p = self.draft_probability()
-        empty = (self._empty_seconds or 0.0) + self._verify_time(1)
+        p = self.draft_probability(source)
+        empty = (self._arm(source).empty_seconds or 0.0) + self._verify_time(1)
         return (p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
-    def min_confidence(self) -> float:
+    def draft_rate(self, drafted: int, source: int = 0) -> float:
+        """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
+        in hand (its drafting time is spent)."""
+        return self._expected_tokens(drafted, source) / self._verify_time(drafted + 1)
+
+    def worth_drafting(self, rate: float) -> bool:
+        """Whether an expected rate beats a plain step's by the margin."""
+        return rate >= (1.0 + self.margin) * self.expected_rate(0)
+
+    def min_confidence(self, source: int = 0) -> float:
         """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
         of a plain step, which is what an accepted token saves. A drafter stops once the probability that its
         draft so far is all accepted falls below this."""
-        extra = self._draft_time() + max(self._verify_time(2) - self._verify_time(1), 0.0)
+        extra = self._draft_time(source) + max(self._verify_time(2) - self._verify_time(1), 0.0)
         return min(extra / self._verify_time(1), 1.0)
 
     # ---- the contract ----------------------------------------------------------------------------------------
 
-    def choose(self, limit: int) -> int:
+    def choose(self, limit: int, source: int = 0) -> int:
         top = min(self.max_gamma, limit)
         if top <= 0:
             return 0
-        rates = [self.expected_rate(g) for g in range(top + 1)]
+        rates = [self.expected_rate(g, source) for g in range(top + 1)]
         best = max(range(top + 1), key=rates.__getitem__)
         if rates[best] < (1.0 + self.margin) * rates[0]:
             best = 0
-        if best == 0 and self._plain_run >= self.probe_every:
-            return 1  # probe
-        return best
+        arm = self._arm(source)
+        arm.probing = best == 0 and arm.plain_run >= self.probe_every
+        return 1 if arm.probing else best
 
-    def observe(
-        self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float, asked: int | None = None
-    ) -> None:
+    def probing(self, source: int = 0) -> bool:
+        """Whether the last ``choose`` for ``source`` was a probe (one token drafted to keep its record current,
+        not because drafting was expected to pay): a probe's draft should be verified, or nothing is learnt."""
+        return self._arm(source).probing
+
+    def observe_ask(self, asked: int, drafted: int, seconds: float, source: int = 0) -> None:
+        if asked <= 0:
+            return
+        arm = self._arm(source)
+        arm.asked_now = True
+        timed, arm.time_asks = arm.time_asks, True
+        arm.asks = self.decay * arm.asks + 1.0
+        arm.empty = self.decay * arm.empty + (1.0 if drafted == 0 else 0.0)
+        if not timed:
+            return
+        if drafted == 0:
+            arm.empty_seconds = _smooth(arm.empty_seconds, seconds)
+        else:
+            arm.draft_per_token = _smooth(arm.draft_per_token, seconds / drafted)
+
+    def observe_pass(self, drafted: int, accepted: int, seconds: float, source: int = 0) -> None:
         k = drafted + 1
         ratio = self._ratio(k)
         if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
             if self._scale_provisional:  # the first 1-token pass: re-express the ratios measured so far
                 for entry in self._ratios.values():
-                    entry[0] *= self._scale / verify_seconds
-                self._scale, self._scale_provisional = verify_seconds, False
+                    entry[0] *= self._scale / seconds
+                self._scale, self._scale_provisional = seconds, False
             else:
-                self._scale = _smooth(self._scale, verify_seconds)
+                self._scale = _smooth(self._scale, seconds)
         elif self._scale is None or self._scale_provisional:  # no 1-token pass yet: from the cost curve
-            self._scale = _smooth(self._scale, verify_seconds / ratio)
+            self._scale = _smooth(self._scale, seconds / ratio)
             self._scale_provisional = True
         if k >= 2:
             total, count = self._ratios.get(k, (0.0, 0.0))
-            sample = _clip(verify_seconds / self._scale, ratio)
+            sample = _clip(seconds / self._scale, ratio)
             self._ratios[k] = [self.RATIO_DECAY * total + sample, self.RATIO_DECAY * count + 1.0]
-        asked = drafted if asked is None else asked
-        self._plain_run = 0 if asked > 0 else self._plain_run + 1  # steps since the drafter was last asked
-        timed = self._time_asks
-        if asked > 0:
-            self._time_asks = True
-            self._asks = self.decay * self._asks + 1.0
-            self._empty = self.decay * self._empty + (1.0 if drafted == 0 else 0.0)
-            if drafted == 0 and timed:
-                self._empty_seconds = _smooth(self._empty_seconds, draft_seconds)
+        for arm in self._arms:  # steps since each drafter was last asked
+            arm.plain_run = 0 if arm.asked_now else arm.plain_run + 1
+            arm.asked_now = False
         if drafted == 0:
             return
-        if timed:
-            self._draft_per_token = _smooth(self._draft_per_token, draft_seconds / drafted)
+        arm = self._arm(source)
         for i in range(min(drafted, self.max_gamma)):
-            self._reached[i] = self.decay * self._reached[i] + 1.0
-            self._accepted[i] = self.decay * self._accepted[i] + (1.0 if i < accepted else 0.0)
+            arm.reached[i] = self.decay * arm.reached[i] + 1.0
+            arm.accepted[i] = self.decay * arm.accepted[i] + (1.0 if i < accepted else 0.0)
             if i >= accepted:
                 break  # positions after the first rejection were not judged
+
+
+class _Source:
+    """What the adaptive schedule knows about one drafter: acceptance by position, drafting time, empty asks."""
+
+    def __init__(self, max_gamma: int) -> None:
+        self.reached = [0.0] * max_gamma  # decayed count of steps that drafted position i
+        self.accepted = [0.0] * max_gamma  # ... and accepted it
+        self.draft_per_token: float | None = None  # smoothed seconds per drafted token
+        self.time_asks = False  # False for the first ask of a request (it also absorbs the prompt: not typical)
+        self.plain_run = 0  # steps since this drafter was last asked
+        self.asked_now = False  # asked during the current step
+        self.probing = False  # the last choice for this drafter was a probe
+        self.asks = 0.0  # decayed count of steps that asked the drafter for tokens
+        self.empty = 0.0  # ... and got none
+        self.empty_seconds: float | None = None  # smoothed time of an ask that got nothing
+
+    def begin(self, carry: float) -> None:
+        self.plain_run = 0
+        self.time_asks = False
+        self.asked_now = False
+        scale = min(1.0, carry / self.reached[0]) if self.reached[0] > 0 else 1.0  # carry 0: all to 0
+        self.reached = [r * scale for r in self.reached]
+        self.accepted = [a * scale for a in self.accepted]
+        scale = min(1.0, carry / self.asks) if self.asks > 0 else 1.0
+        self.asks *= scale
+        self.empty *= scale
 
 
 def make_schedule(gamma: int | str, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Schedule:

@@ -12,6 +12,7 @@ from conftest import tiny_llama
 from specwise.drafters import TargetMismatchError, make_drafter
 from specwise.drafters.head import HeadDrafter, load_head, new_head, save_head
 from specwise.engine import Engine
+from specwise.metrics import SpecStats
 from specwise.models import HFModel
 from specwise.models.loader import LoadedModel
 from specwise.models.native import NativeModel
@@ -160,15 +161,19 @@ def _exact_joint(hf, prompt, params, length):
     return out
 
 
-def _assert_follows_target(engine: Engine, hf, prompt: list[int], n: int, seed: int, where: str = "") -> None:
+def _assert_follows_target(engine: Engine, hf, prompt: list[int], n: int, seed: int, where: str = "") -> SpecStats:
     """n samples of 3 tokens after ``prompt`` at temperature 1 through ``engine`` follow p computed from ``hf``."""
     counts: dict = {}
+    stats = SpecStats()
     for i in range(n):
         run = SamplingParams(temperature=1.0, seed=seed + i)
-        ids = tuple(engine.generate(prompt, run, max_new_tokens=3, eos_token_ids=[]).token_ids)
+        result = engine.generate(prompt, run, max_new_tokens=3, eos_token_ids=[])
+        ids = tuple(result.token_ids)
         counts[ids] = counts.get(ids, 0) + 1
+        stats.merge(result.stats)
     pvalue = chi2_pvalue(counts, _exact_joint(hf, prompt, SamplingParams(temperature=1.0), 3), n)
     assert pvalue > 1e-4, f"emitted sequences do not follow p{where} (chi-square p-value {pvalue:.2e})"
+    return stats
 
 
 def test_sampled_output_with_a_head_follows_the_target():
@@ -264,12 +269,33 @@ def test_combined_drafter_is_exact_and_chooses_by_expected_acceptance(tmp_path):
     assert make_drafter(f"ngram+head:{tmp_path / 'h'}", loaded).name == "ngram+head"
 
 
-def test_sampled_output_with_ngram_and_head_follows_the_target():
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_sampled_output_with_ngram_and_head_follows_the_target(gamma):
+    """gamma auto: each drafter is a source of the schedule, asked for its own gamma (propose_scheduled)."""
     from specwise.drafters import NgramDrafter
     from specwise.drafters.combined import CombinedDrafter
 
     hf = tiny_llama(seed=4, vocab=5, std=0.3)
     target = NativeModel(hf)
     head = HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target)
-    engine = Engine(target, CombinedDrafter([NgramDrafter(max_ngram=1), head]), gamma=3)
-    _assert_follows_target(engine, hf, [1, 4, 1], 4000, seed=9000)
+    combined = CombinedDrafter([NgramDrafter(max_ngram=1), head])
+    engine = Engine(target, combined, gamma=gamma)
+    stats = _assert_follows_target(engine, hf, [1, 4, 1], 4000, seed=9000)
+    assert {name for name, c in stats.by_drafter.items() if c["drafted"]} == {"ngram", "head"}
+
+
+def test_greedy_identity_with_ngram_and_head_and_gamma_auto():
+    from specwise.drafters import NgramDrafter
+    from specwise.drafters.combined import CombinedDrafter
+
+    hf = tiny_llama(seed=1)
+    target = NativeModel(hf)
+    combined = CombinedDrafter([NgramDrafter(), HeadDrafter(_head(hf), target)])
+    plain = Engine(NativeModel(hf), None, gamma=0)
+    engine = Engine(target, combined, gamma="auto")
+    for prompt in ([7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6]):
+        want = plain.generate(prompt, max_new_tokens=40, eos_token_ids=[]).token_ids
+        result = engine.generate(prompt, max_new_tokens=40, eos_token_ids=[])
+        assert result.token_ids == want
+        drafted = {name: c["drafted"] for name, c in result.stats.by_drafter.items()}
+        assert sum(drafted.values()) == result.stats.drafted

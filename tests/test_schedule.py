@@ -150,8 +150,11 @@ class SyntheticTimes(AdaptiveGamma):
     """The adaptive schedule fed fixed costs instead of wall-clock times (a toy model's passes take microseconds,
     so measured times are mostly noise and would make the choice depend on the machine's load)."""
 
-    def observe(self, drafted, accepted, draft_seconds, verify_seconds, asked=None):
-        super().observe(drafted, accepted, 1e-4 * drafted, 0.01 * cost(drafted + 1), asked)
+    def observe_ask(self, asked, drafted, seconds, source=0):
+        super().observe_ask(asked, drafted, 1e-4 * drafted, source)
+
+    def observe_pass(self, drafted, accepted, seconds, source=0):
+        super().observe_pass(drafted, accepted, 0.01 * cost(drafted + 1), source)
 
 
 def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
@@ -183,7 +186,7 @@ def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior()
     times = pass_times(s)
     s.begin()
     assert pass_times(s) == times  # the machine did not change
-    assert s._reached[0] == pytest.approx(4.0) and s.acceptance()[0] < 0.2
+    assert s._arm(0).reached[0] == pytest.approx(4.0) and s.acceptance()[0] < 0.2
     assert s.choose(8) == 0  # a drafter never accepted is not asked at the start of the next request
     # ... but a drafter that turns perfect is noticed at the next probe and trusted soon after
     assert feed(s, 40, lambda i: True, cost)[-5:] == [6] * 5
@@ -218,7 +221,7 @@ def test_the_first_ask_of_a_request_does_not_set_the_drafting_time():
     assert s._draft_time() == pytest.approx(0.002)
     s.begin()
     s.observe(0, 0, 0.050, 0.030, asked=2)  # an empty first ask of the next request is not timed either
-    assert s._empty_seconds is None and s._draft_time() == pytest.approx(0.002)
+    assert s._arm(0).empty_seconds is None and s._draft_time() == pytest.approx(0.002)
     assert s.min_confidence() < 0.5
 
 
@@ -242,3 +245,54 @@ def test_the_cost_curve_prior_never_decreases():
     """A profile measured after a short context can dip (c(2) < c(1)); as a prior it is made non-decreasing."""
     s = AdaptiveGamma(max_gamma=4, cost_curve={1: 1.0, 2: 0.98, 3: 1.22, 4: 1.19, 5: 1.40})
     assert [s._prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]
+
+
+def test_each_source_has_its_own_acceptance_and_drafting_time():
+    """Two drafters behind one schedule: one never accepted and dear, one always accepted and cheap. Each gets the
+    gamma its own record calls for; the target's pass times are shared."""
+    s = AdaptiveGamma(max_gamma=6, probe_every=1000)
+    s.begin()
+    for step in range(60):
+        source = step % 2
+        g = s.choose(8, source=source) or 1  # keep both drafting, to record both
+        accepted = g if source == 1 else 0
+        s.observe(g, accepted, g * (0.004 if source == 0 else 0.0001), 0.030 * cost(g + 1), source=source)
+    assert s.acceptance(0)[0] < 0.1 and s.acceptance(1)[0] > 0.9
+    assert s._draft_time(0) == pytest.approx(0.004, rel=0.2) and s._draft_time(1) < 0.001
+    assert s.choose(8, source=0) == 0 and s.choose(8, source=1) == 6
+    assert s.min_confidence(0) > s.min_confidence(1)
+    assert s.expected_rate(6, source=1) > s.expected_rate(0) > s.expected_rate(1, source=0)
+
+
+class WrongDrafter(Drafter):
+    """Proposes k tokens the toy target never emits next (deterministic, like prompt lookup gone wrong)."""
+
+    name = "wrong"
+
+    def __init__(self, model: ToyModel) -> None:
+        self.model = model
+
+    def propose(self, context, k, params, generator) -> Draft:
+        best = int(self.model.next_logits(len(context) - 1, context[-1]).argmax())
+        return Draft(torch.tensor([(best + 1) % self.model.vocab_size] * k, dtype=torch.int64))
+
+
+def test_combined_drafter_with_gamma_auto_drafts_with_the_source_that_pays():
+    """ngram-like drafter first, always wrong; an oracle second. With gamma auto the first is judged on its own
+    record and stops being used (probes aside), the oracle drafts long; the output equals plain decoding."""
+    from specwise.drafters.combined import CombinedDrafter
+
+    target = ToyModel.random(6, seed=3)
+    oracle = OracleDrafter(ToyModel.random(6, seed=3))
+    oracle.name = "oracle"
+    combined = CombinedDrafter([WrongDrafter(ToyModel.random(6, seed=3)), oracle])
+    plain = Engine(target, NoDrafter()).generate([1], max_new_tokens=200, eos_token_ids=[])
+    result = Engine(target, combined, gamma=SyntheticTimes(max_gamma=8)).generate(
+        [1], max_new_tokens=200, eos_token_ids=[]
+    )
+    assert result.token_ids == plain.token_ids
+    by = result.stats.by_drafter
+    assert by["oracle"]["accepted"] == by["oracle"]["drafted"] > 150
+    assert by.get("wrong", {"steps": 0})["steps"] <= 3
+    assert result.stats.gamma_histogram.get(8, 0) >= 0.7 * result.stats.target_passes
+    assert "by drafter: oracle" in result.stats.summary()

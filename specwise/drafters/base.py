@@ -71,5 +71,9 @@ class Drafter(ABC):
         ``params`` with ``generator``; one that returns None proposes deterministic tokens.
         """
 
+    def source_name(self) -> str:
+        """The name of the drafter that made the last proposal (a part of a combined drafter, or this one)."""
+        return self.name
+
     def observe(self, num_accepted: int) -> None:
         """Feedback after verification: how many of the last proposal's tokens were kept."""

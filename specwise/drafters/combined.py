@@ -6,9 +6,18 @@ if it could do better than the draft in hand: drafter d with estimate a_d and a 
 a_d + a_d^2 + ... + a_d^n of them accepted. A drafter with nothing to propose (prompt lookup without a match) is
 skipped, and a sampled draft is used as soon as it is drawn. So the choice depends only on the context, past
 outcomes and deterministic drafts, never on what a sampled draft contains: the output stays exact.
+
+With the adaptive schedule (``--gamma auto``) the engine calls :meth:`CombinedDrafter.propose_scheduled` instead:
+each drafter is a source of the schedule, with its own acceptance by position, drafting time and rate of empty
+asks, and is asked for its own best gamma. Drafters are asked in the order listed; a later one only when its
+expected tokens per second beat those of the draft in hand, and a draft in hand is used only when it beats a
+plain step. Prompt lookup at temperature 1 (a copied token is accepted with probability p(token)) and a trained
+head are then judged each on its own record, instead of sharing one estimate that fits neither.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -78,6 +87,43 @@ class CombinedDrafter(Drafter):
         self.chosen, self._pending = best[1], len(best[2])
         self.uses[best[1]] += 1
         return best[2]
+
+    def propose_scheduled(
+        self, context: list[int], schedule, limit: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[Draft, int, int]:
+        """Ask the drafters as an adaptive ``schedule`` advises (see the module's notes) and tell it how every ask
+        went (``observe_ask``). Returns (the draft, the index of its drafter, the most tokens asked of one)."""
+        best: tuple[float, int, Draft] | None = None  # (expected tokens/s, drafter, draft)
+        asked = 0
+        declined = False
+        for i, drafter in enumerate(self.drafters):
+            gamma = schedule.choose(limit, source=i)
+            if gamma <= 0 or (best is not None and schedule.expected_rate(gamma, source=i) <= best[0]):
+                continue
+            drafter.min_confidence = schedule.min_confidence(source=i)
+            t0 = time.perf_counter()
+            draft = drafter.propose(context, gamma, params, generator)
+            schedule.observe_ask(gamma, len(draft), time.perf_counter() - t0, source=i)
+            asked = max(asked, gamma)
+            if not len(draft):
+                declined = declined or drafter.declined
+                continue
+            if draft.probs is not None or schedule.probing(i):  # sampled: used as drawn (see the module's notes);
+                best = (float("inf"), i, draft)  # a probe: verified, so that its drafter's record is kept current
+                break
+            rate = schedule.draft_rate(len(draft), source=i)
+            if schedule.worth_drafting(rate) and (best is None or rate > best[0]):
+                best = (rate, i, draft)
+        self.declined = best is None and declined
+        if best is None:
+            self.chosen = None
+            return Draft.empty(getattr(self.drafters[0], "device", "cpu")), 0, asked
+        self.chosen, self._pending = best[1], len(best[2])
+        self.uses[best[1]] += 1
+        return best[2], best[1], asked
+
+    def source_name(self) -> str:
+        return self.name if self.chosen is None else self.drafters[self.chosen].name
 
     def observe(self, num_accepted: int) -> None:
         if self.chosen is None:
