@@ -1,9 +1,10 @@
 """What the adaptive schedule believes, step by step: a trace of its estimates on consecutive Spec-Bench answers.
 
 One engine (drafter and gamma auto) answers the first question of the given categories one after the other, as a
-server would; before every step the trace records gamma chosen, the confidence threshold, the estimated seconds of
-drafting one token and of passes over 1 and 2 tokens, the acceptance estimates of the first positions and the
-estimated probability that asking yields a draft.
+server would; before every step (for each drafter of a combined one: "source") the trace records gamma chosen, the
+confidence threshold, the estimated seconds of drafting one token and of passes over 1 and 2 tokens, the
+acceptance estimates of the first positions and the estimated probability that asking yields a draft; after
+every step, the measured time of the target pass (median per pass size in "measured_pass_ms").
 
     python benchmarks/schedule_trace.py --drafter head summarization qa translation \
         --out benchmarks/results/schedule_trace.json
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 
@@ -41,26 +43,35 @@ def main() -> int:
     choose = schedule.choose
     steps: list[dict] = []
 
-    def traced_choose(limit: int) -> int:
-        gamma = choose(limit)
+    def traced_choose(limit: int, source: int = 0) -> int:
+        gamma = choose(limit, source=source)
         steps.append(
             {
+                "source": source,
                 "gamma": gamma,
-                "min_confidence": round(schedule.min_confidence(), 3),
-                "draft_ms": round(1000 * schedule._draft_time(), 2),
+                "min_confidence": round(schedule.min_confidence(source), 3),
+                "draft_ms": round(1000 * schedule._draft_time(source), 2),
                 "pass_1_ms": round(1000 * schedule._verify_time(1), 2),
                 "pass_2_ms": round(1000 * schedule._verify_time(2), 2),
-                "acceptance": [round(a, 3) for a in schedule.acceptance()[:3]],
-                "draft_probability": round(schedule.draft_probability(), 3),
+                "acceptance": [round(a, 3) for a in schedule.acceptance(source)[:3]],
+                "draft_probability": round(schedule.draft_probability(source), 3),
             }
         )
         return gamma
 
+    observe_pass = schedule.observe_pass
+    passes: list[list] = []
+
+    def traced_observe_pass(drafted: int, accepted: int, seconds: float, source: int = 0) -> None:
+        passes.append([drafted, accepted, round(1000 * seconds, 2)])
+        observe_pass(drafted, accepted, seconds, source=source)
+
     schedule.choose = traced_choose
+    schedule.observe_pass = traced_observe_pass
     questions = {q["category"]: q for q in load_questions(args.questions, 1, args.categories)}
     answers = []
     for cat in args.categories:
-        steps = []
+        steps, passes = [], []
         ids = encode_prompt(loaded.tokenizer, questions[cat]["turns"][0], chat=True)
         params = SamplingParams(temperature=args.temperature, seed=0 if args.temperature > 0 else None)
         t0 = time.perf_counter()
@@ -79,6 +90,11 @@ def main() -> int:
                 "plain_step_reasons": stats.plain_step_reasons,
                 "gamma_histogram": stats.gamma_histogram,
                 "steps": steps,
+                "passes": passes,  # [tokens drafted, accepted, measured ms of the pass] per step
+                "measured_pass_ms": {
+                    str(k): round(statistics.median(p[2] for p in passes if p[0] + 1 == k), 2)
+                    for k in sorted({p[0] + 1 for p in passes})
+                },
             }
         )
     with open(args.out, "w") as f:

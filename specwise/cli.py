@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(prof)
     prof.add_argument("--max-k", type=int, default=16, help="largest number of tokens per forward (default: 16)")
     prof.add_argument("--repeats", type=int, default=9, help="timed forwards per k (default: 9)")
+    prof.add_argument(
+        "--context",
+        type=int,
+        default=256,
+        help="tokens in the cache before each timed forward, like a prompt and part of an answer (default: 256)",
+    )
     prof.add_argument("--json", action="store_true", help="print the profile as JSON")
     prof.set_defaults(func=cmd_profile)
     for module in _SUBCOMMAND_MODULES:
@@ -138,6 +144,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if not 1 <= args.max_k <= 32:
         raise ValueError(f"--max-k must be in 1..32, got {args.max_k}")
+    if args.context < 1:
+        raise ValueError(f"--context must be >= 1, got {args.context}")
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
@@ -147,13 +155,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 continue
             model.set_gemm(default=backend)
             print(f"measuring forward passes with the {backend} backend ...", file=sys.stderr)
-            backends[backend] = cost_curve(model, args.max_k, args.repeats)
+            backends[backend] = cost_curve(model, args.max_k, args.repeats, args.context)
         best = {k: min(backends, key=lambda b: backends[b][k]) for k in range(1, args.max_k + 1)}
         model.set_gemm(best, default=best[args.max_k])
         seconds = {k: backends[best[k]][k] for k in best}
     else:
         print("measuring forward passes ...", file=sys.stderr)
-        seconds = cost_curve(model, args.max_k, args.repeats)
+        seconds = cost_curve(model, args.max_k, args.repeats, args.context)
         best = {}
     drafter_s = drafter_cost(runtime.engine.drafter, model.vocab_size, target=model)
     data = {
@@ -163,6 +171,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "machine": platform.machine(),
+        "context": args.context,
         "forward_seconds": {str(k): v for k, v in seconds.items()},
         "cost_curve": {str(k): v / seconds[1] for k, v in seconds.items()},
         "gemm": {str(k): v for k, v in best.items()},

@@ -37,6 +37,16 @@ def test_profile_rejects_bad_max_k(capsys, cache, tiny_dir):
     assert "--max-k must be in 1..32" in capsys.readouterr().err
 
 
+def test_profile_measures_after_the_given_context(capsys, cache, tiny_dir):
+    args = ["profile", "--target", tiny_dir, "--drafter", "none", "--max-k", "2", "--repeats", "1", "--json"]
+    assert main([*args, "--context", "40"]) == 0
+    assert json.loads(capsys.readouterr().out)["context"] == 40
+    assert main([*args, "--context", "600"]) == 2  # the tiny model holds 512 positions
+    assert "lower --context" in capsys.readouterr().err
+    assert main([*args, "--context", "0"]) == 2
+    assert "--context must be >= 1" in capsys.readouterr().err
+
+
 def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
     save_profile(profile_path(tiny_dir, "cpu"), {"gemm": {"1": "torch", "2": "torch", "3": "torch"}})
     model = load_model(tiny_dir).model

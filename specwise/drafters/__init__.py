@@ -46,7 +46,7 @@ DRAFTER_HELP = (
     "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
-    "A+B (several drafters, e.g. ngram+head: each step uses the one expected to be accepted most)"
+    "A+B (several drafters, e.g. ngram+head: each step uses the one expected to give the most tokens per second)"
 )
 
 

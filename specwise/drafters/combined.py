@@ -1,18 +1,21 @@
-"""Several drafters at once (``ngram+head``): each step drafts with the one expected to be accepted most.
+"""Several drafters at once (``ngram+head``): each step drafts with the one expected to pay most.
 
-Each drafter keeps a per-request estimate of its acceptance rate (accepted / drafted, decayed so that it follows
-the text). Before a step the drafters are asked in turn, cheapest first as listed; a later drafter is asked only
-if it could do better than the draft in hand: drafter d with estimate a_d and a draft of n tokens is expected to have
-a_d + a_d^2 + ... + a_d^n of them accepted. A drafter with nothing to propose (prompt lookup without a match) is
-skipped, and a sampled draft is used as soon as it is drawn. So the choice depends only on the context, past
-outcomes and deterministic drafts, never on what a sampled draft contains: the output stays exact.
+With a fixed gamma, each drafter keeps a per-request estimate of its acceptance rate (accepted / drafted, decayed
+so that it follows the text). Before a step the drafters are asked in turn, cheapest first as listed; a later
+drafter is asked only if it could do better than the draft in hand: drafter d with estimate a_d and a draft of n
+tokens is expected to have a_d + a_d^2 + ... + a_d^n of them accepted. A drafter with nothing to propose (prompt
+lookup without a match) is skipped, and a sampled draft is used as soon as it is drawn. So the choice depends only
+on the context, past outcomes and deterministic drafts, never on what a sampled draft contains: the output stays
+exact.
 
 With the adaptive schedule (``--gamma auto``) the engine calls :meth:`CombinedDrafter.propose_scheduled` instead:
 each drafter is a source of the schedule, with its own acceptance by position, drafting time and rate of empty
 asks, and is asked for its own best gamma. Drafters are asked in the order listed; a later one only when its
 expected tokens per second beat those of the draft in hand, and a draft in hand is used only when it beats a
-plain step. Prompt lookup at temperature 1 (a copied token is accepted with probability p(token)) and a trained
-head are then judged each on its own record, instead of sharing one estimate that fits neither.
+plain step or is a probe (a drafter not worth asking for a while drafts one token now and then, and that draft is
+verified, so that its record follows the text). Prompt lookup at temperature 1 (a copied token is accepted
+with probability p(token)) and a trained head are then judged each on its own record, instead of sharing one
+estimate that fits neither.
 """
 
 from __future__ import annotations
