@@ -48,8 +48,9 @@ def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64) -> d
     """Seconds per forward for k = 1 .. max_k after ``context`` cached tokens (interleaved rounds, median per k).
 
     The context matters: attention over the cache grows with it, and extra rows cost more after a few hundred
-    tokens than after a few dozen (c(2) measured 0.98 after 64 tokens and about 1.1 after 300 on the development
-    machine). Measure after a context like the ones decoding sees.
+    tokens than after a few dozen (on the development machine c(2) = 0.98 after 64 tokens,
+    benchmarks/results/profile_s4_cpu.json, and 1.09 after 256, profile_s8_cpu.json). Measure after a context like
+    the ones decoding sees.
     """
     limit = getattr(model, "max_length", None)
     if limit is not None and context + max_k > limit:

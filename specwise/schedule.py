@@ -259,7 +259,7 @@ class AdaptiveGamma(Schedule):
             return 0
         rates = [self.expected_rate(g, source) for g in range(top + 1)]
         best = max(range(top + 1), key=rates.__getitem__)
-        if rates[best] < (1.0 + self.margin) * rates[0]:
+        if not self.worth_drafting(rates[best]):
             best = 0
         arm = self._arm(source)
         arm.probing = best == 0 and arm.plain_run >= self.probe_every

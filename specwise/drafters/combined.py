@@ -83,13 +83,7 @@ class CombinedDrafter(Drafter):
             value = _expected_accepted(alpha, len(draft))
             if best is None or value > best[0]:
                 best = (value, i, draft)
-        self.declined = best is None and declined
-        if best is None:
-            self.chosen = None
-            return Draft.empty(getattr(self.drafters[0], "device", "cpu"))
-        self.chosen, self._pending = best[1], len(best[2])
-        self.uses[best[1]] += 1
-        return best[2]
+        return self._take(best, declined)
 
     def propose_scheduled(
         self, context: list[int], schedule, limit: int, params: SamplingParams, generator: torch.Generator | None
@@ -117,13 +111,18 @@ class CombinedDrafter(Drafter):
             rate = schedule.draft_rate(len(draft), source=i)
             if schedule.worth_drafting(rate) and (best is None or rate > best[0]):
                 best = (rate, i, draft)
+        draft = self._take(best, declined)
+        return draft, self.chosen or 0, asked
+
+    def _take(self, best: tuple[float, int, Draft] | None, declined: bool) -> Draft:
+        """Record the chosen proposal (or none: ``declined`` when a drafter held one back) and return it."""
         self.declined = best is None and declined
         if best is None:
             self.chosen = None
-            return Draft.empty(getattr(self.drafters[0], "device", "cpu")), 0, asked
+            return Draft.empty(getattr(self.drafters[0], "device", "cpu"))
         self.chosen, self._pending = best[1], len(best[2])
         self.uses[best[1]] += 1
-        return best[2], best[1], asked
+        return best[2]
 
     def source_name(self) -> str:
         return self.name if self.chosen is None else self.drafters[self.chosen].name
