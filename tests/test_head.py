@@ -131,6 +131,53 @@ def test_greedy_identity_with_a_head_drafter(gamma):
     assert not target.keep_features  # ... and off for plain decoding
 
 
+def test_a_long_context_is_caught_up_on_its_sinks_and_last_window():
+    """With window W and S sinks, a new context longer than S + W feeds the head its first S positions and its
+    last W only (RoPE is relative: as if those positions were the whole sequence); later asks continue the cache."""
+    hf = tiny_llama(seed=1)
+    head = _head(hf)
+    target = NativeModel(hf)
+    drafter = HeadDrafter(head, target, half_weights=False, window=4, sinks=2)
+    ids = [5, 9, 2, 7, 7, 1, 3, 8, 6, 4, 11, 12, 13]
+    target.keep_features = True
+    target.forward(torch.tensor(ids[:11]), num_logits=0)  # features for positions 0..10; ids[11] is the newest
+    params = SamplingParams(temperature=1.0)
+
+    def expected_q(positions):
+        feats = target.features(0, target.length)[positions]
+        nxt = torch.tensor([ids[i + 1] for i in positions])
+        with torch.no_grad():
+            pred = head(feats[None], nxt[None], steps=1)[0][0, -1]
+            return probs_from_logits(head.logits(pred), params)
+
+    drafter.begin(ids[:12])
+    first = drafter.propose(ids[:12], 1, params, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(first.probs[0], expected_q([0, 1, 7, 8, 9, 10]), atol=1e-5, rtol=1e-4)
+    assert drafter.k_cache[:, 6:].abs().sum() == 0  # six positions fed, not eleven
+    target.forward(torch.tensor([ids[11]]), num_logits=0)
+    second = drafter.propose(ids, 1, params, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(second.probs[0], expected_q([0, 1, 7, 8, 9, 10, 11]), atol=1e-5, rtol=1e-4)
+    whole = HeadDrafter(head, target, half_weights=False, window=None)
+    whole.begin(ids)
+    torch.testing.assert_close(
+        whole.propose(ids, 1, params, torch.Generator().manual_seed(0)).probs[0], expected_q(list(range(12)))
+    )
+    with pytest.raises(ValueError, match="window"):
+        HeadDrafter(head, target, window=0)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_greedy_identity_with_a_windowed_head(window):
+    hf = tiny_llama(seed=1)
+    plain = Engine(NativeModel(hf), None, gamma=0)
+    target = NativeModel(hf)
+    engine = Engine(target, HeadDrafter(_head(hf), target, window=window, sinks=1), gamma=3)
+    greedy = SamplingParams(temperature=0.0)
+    for prompt in ([4, 8, 15, 16, 23, 42, 7, 7, 1], [2] * 12, [4]):
+        want = plain.generate(prompt, greedy, max_new_tokens=20, eos_token_ids=[]).token_ids
+        assert engine.generate(prompt, greedy, max_new_tokens=20, eos_token_ids=[]).token_ids == want
+
+
 def test_drafts_stay_in_the_draft_vocabulary_and_q_is_zero_outside():
     hf = tiny_llama(seed=1)
     target = NativeModel(hf)
