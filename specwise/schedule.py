@@ -103,10 +103,11 @@ class AdaptiveGamma(Schedule):
         ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
         ``decay`` (< 1) forgets old observations so the estimate follows the text.
     probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
-        is noticed. Each probe that brings nothing (no token accepted, or no draft) doubles the wait before the
-        next one, up to ``probe_max`` steps (None: 8 * probe_every); a probe that is accepted, a draft chosen on
-        merit, or a new request sets it back to ``probe_every``. (On a long summary where the head is almost
-        never right, probes every 8 steps were 14 drafts of 128 steps with one token accepted.)
+        is noticed. Each probe verified with no token accepted doubles the wait before the next one, up to
+        ``probe_max`` steps (None: 8 * probe_every); a probe that is accepted, a draft chosen on merit, or a new
+        request sets it back to ``probe_every``; a probe that brings no draft (prompt lookup without a match, a
+        head below its confidence threshold) cost no target work and leaves it as it was. (On a long summary where
+        the head is almost never right, probes every 8 steps were 14 drafts of 128 steps, one token accepted.)
     margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
         break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
@@ -275,8 +276,8 @@ class AdaptiveGamma(Schedule):
         return 1 if arm.probing else best
 
     def _probe_result(self, arm: _Source, useful: bool) -> None:
-        """A probe brought an accepted token (the wait before the next one goes back to ``probe_every``) or
-        nothing (the wait doubles, up to ``probe_max``)."""
+        """A verified probe brought an accepted token (the wait before the next one goes back to ``probe_every``)
+        or none (the wait doubles, up to ``probe_max``)."""
         arm.probing = False
         arm.probe_wait = self.probe_every if useful else min(2 * arm.probe_wait, self.probe_max)
 
@@ -293,8 +294,6 @@ class AdaptiveGamma(Schedule):
         timed, arm.time_asks = arm.time_asks, True
         arm.asks = self.decay * arm.asks + 1.0
         arm.empty = self.decay * arm.empty + (1.0 if drafted == 0 else 0.0)
-        if arm.probing and drafted == 0:
-            self._probe_result(arm, useful=False)
         if not timed:
             return
         if drafted == 0:

@@ -63,6 +63,14 @@ def test_an_accepted_probe_brings_the_wait_back_and_the_drafter_into_use():
         AdaptiveGamma(probe_every=8, probe_max=4)
 
 
+def test_a_probe_that_brings_no_draft_leaves_the_wait():
+    """An empty ask costs no target pass: prompt lookup without a match keeps being probed every 8 steps."""
+    s = AdaptiveGamma(max_gamma=6, probe_every=8, probe_max=64)
+    chosen = feed_declining(s, 200, lambda: False, 0.0)
+    assert s._arm(0).probe_wait == 8
+    assert sum(g > 0 for g in chosen[100:]) >= 100 // 9
+
+
 def test_perfect_drafter_leads_to_the_largest_gamma():
     s = AdaptiveGamma(max_gamma=6)
     chosen = feed(s, 40, lambda i: True, cost)
