@@ -103,11 +103,7 @@ class AdaptiveGamma(Schedule):
         ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
         ``decay`` (< 1) forgets old observations so the estimate follows the text.
     probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
-        is noticed. Each probe verified with no token accepted doubles the wait before the next one, up to
-        ``probe_max`` steps (None: 8 * probe_every); a probe that is accepted, a draft chosen on merit, or a new
-        request sets it back to ``probe_every``; a probe that brings no draft (prompt lookup without a match, a
-        head below its confidence threshold) cost no target work and leaves it as it was. (On a long summary where
-        the head is almost never right, probes every 8 steps were 14 drafts of 128 steps, one token accepted.)
+        is noticed.
     margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
         break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
@@ -132,7 +128,6 @@ class AdaptiveGamma(Schedule):
         prior_weight: float = 2.0,
         decay: float = 0.95,
         probe_every: int = 8,
-        probe_max: int | None = None,
         margin: float = 0.03,
         carry: float = 4.0,
     ) -> None:
@@ -144,11 +139,7 @@ class AdaptiveGamma(Schedule):
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
-        probe_max = 8 * probe_every if probe_max is None else probe_max
-        if probe_every < 1 or probe_max < probe_every:
-            raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every} and {probe_max}")
         self.probe_every = probe_every
-        self.probe_max = probe_max
         self.margin = margin
         if carry < 0:
             raise ValueError(f"carry must be >= 0, got {carry}")
@@ -160,7 +151,6 @@ class AdaptiveGamma(Schedule):
         ``carry``."""
         for arm in self._arms:
             arm.begin(self.carry)
-            arm.probe_wait = self.probe_every
 
     def _reset(self) -> None:
         # a pass over k tokens is estimated as scale * ratio(k): the scale (seconds of a 1-token pass) follows
@@ -177,7 +167,7 @@ class AdaptiveGamma(Schedule):
         if source < 0:
             raise ValueError(f"source must be >= 0, got {source}")
         while len(self._arms) <= source:
-            self._arms.append(_Source(self.max_gamma, self.probe_every))
+            self._arms.append(_Source(self.max_gamma))
         return self._arms[source]
 
     # ---- estimates -------------------------------------------------------------------------------------------
@@ -272,14 +262,8 @@ class AdaptiveGamma(Schedule):
         if not self.worth_drafting(rates[best]):
             best = 0
         arm = self._arm(source)
-        arm.probing = best == 0 and arm.plain_run >= arm.probe_wait
+        arm.probing = best == 0 and arm.plain_run >= self.probe_every
         return 1 if arm.probing else best
-
-    def _probe_result(self, arm: _Source, useful: bool) -> None:
-        """A verified probe brought an accepted token (the wait before the next one goes back to ``probe_every``)
-        or none (the wait doubles, up to ``probe_max``)."""
-        arm.probing = False
-        arm.probe_wait = self.probe_every if useful else min(2 * arm.probe_wait, self.probe_max)
 
     def probing(self, source: int = 0) -> bool:
         """Whether the last ``choose`` for ``source`` was a probe (one token drafted to keep its record current,
@@ -324,10 +308,6 @@ class AdaptiveGamma(Schedule):
         if drafted == 0:
             return
         arm = self._arm(source)
-        if arm.probing:
-            self._probe_result(arm, useful=accepted > 0)
-        else:  # drafting chosen on merit
-            arm.probe_wait = self.probe_every
         for i in range(min(drafted, self.max_gamma)):
             arm.reached[i] = self.decay * arm.reached[i] + 1.0
             arm.accepted[i] = self.decay * arm.accepted[i] + (1.0 if i < accepted else 0.0)
@@ -338,7 +318,7 @@ class AdaptiveGamma(Schedule):
 class _Source:
     """What the adaptive schedule knows about one drafter: acceptance by position, drafting time, empty asks."""
 
-    def __init__(self, max_gamma: int, probe_wait: int) -> None:
+    def __init__(self, max_gamma: int) -> None:
         self.reached = [0.0] * max_gamma  # decayed count of steps that drafted position i
         self.accepted = [0.0] * max_gamma  # ... and accepted it
         self.draft_per_token: float | None = None  # smoothed seconds per drafted token
@@ -346,7 +326,6 @@ class _Source:
         self.plain_run = 0  # steps since this drafter was last asked
         self.asked_now = False  # asked during the current step
         self.probing = False  # the last choice for this drafter was a probe
-        self.probe_wait = probe_wait  # plain steps in a row before the next probe
         self.asks = 0.0  # decayed count of steps that asked the drafter for tokens
         self.empty = 0.0  # ... and got none
         self.empty_seconds: float | None = None  # smoothed time of an ask that got nothing

@@ -41,34 +41,11 @@ def test_never_accepted_drafter_leads_to_plain_steps():
 
 
 def test_never_accepted_drafter_is_still_probed_now_and_then():
-    """Probes that bring nothing come ever more rarely: after 8, 16, 32 plain steps, then every 64."""
-    s = AdaptiveGamma(max_gamma=6, probe_every=8, probe_max=64)
-    chosen = feed(s, 400, lambda i: False, cost)
-    tail = chosen[150:]
+    s = AdaptiveGamma(max_gamma=6, probe_every=8)
+    chosen = feed(s, 200, lambda i: False, cost)
+    tail = chosen[100:]
     assert set(tail) <= {0, 1}
-    assert 0 < tail.count(1) <= len(tail) // 64 + 1
-    gaps = [b - a for a, b in zip(*[[i for i, g in enumerate(chosen) if g == 1][j:] for j in (0, 1)])]
-    assert gaps[-1] == 65 and gaps == sorted(gaps)  # 64 plain steps between the last probes
-
-
-def test_an_accepted_probe_brings_the_wait_back_and_the_drafter_into_use():
-    s = AdaptiveGamma(max_gamma=6, probe_every=8, probe_max=64)
-    feed(s, 300, lambda i: False, cost)
-    assert s._arm(0).probe_wait == 64
-    chosen = feed(s, 120, lambda i: True, cost)
-    assert s._arm(0).probe_wait == 8 and chosen[-10:] == [6] * 10
-    s.begin()
-    assert s._arm(0).probe_wait == 8
-    with pytest.raises(ValueError, match="probe_every"):
-        AdaptiveGamma(probe_every=8, probe_max=4)
-
-
-def test_a_probe_that_brings_no_draft_leaves_the_wait():
-    """An empty ask costs no target pass: prompt lookup without a match keeps being probed every 8 steps."""
-    s = AdaptiveGamma(max_gamma=6, probe_every=8, probe_max=64)
-    chosen = feed_declining(s, 200, lambda: False, 0.0)
-    assert s._arm(0).probe_wait == 8
-    assert sum(g > 0 for g in chosen[100:]) >= 100 // 9
+    assert 0 < tail.count(1) <= len(tail) // 8 + 1
 
 
 def test_perfect_drafter_leads_to_the_largest_gamma():
