@@ -438,16 +438,14 @@ class HeadDrafter(Drafter):
         fed = context[: known + 1]
         common = min(max(common_prefix(self._fed, fed) - 1, 0), known - 1)
         if self._fed and common >= self._offset:
-            starts = [common]  # continue the cache
+            pieces = [(common, known)]  # continue the cache
         else:  # a new context: catch up on all of it, or on its sinks and its last window positions
             self._offset = self._shift = 0
-            starts = [0]
+            pieces = [(0, known)]
             if self.window is not None and known > self.sinks + self.window:
                 self._offset = known - self.window
                 self._shift = self._offset - self.sinks
-                starts = [0, self._offset] if self.sinks else [self._offset]
-        pieces = [(0, self.sinks)] if len(starts) == 2 else []
-        pieces.append((starts[-1], known))
+                pieces = [(0, self.sinks), (self._offset, known)] if self.sinks else [(self._offset, known)]
         features = torch.cat([self.target.features(a, b) for a, b in pieces])  # [fed positions, d]
         next_tokens = torch.tensor([t for a, b in pieces for t in fed[a + 1 : b + 1]], device=self.device)
         first = pieces[0][0]
