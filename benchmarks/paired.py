@@ -1,0 +1,114 @@
+"""Paired speedups with confidence intervals from an `engine_speed.py` result.
+
+`engine_speed.py --repeats R` runs every method once per round, in a rotating order, so a method's r-th run of an
+answer and plain decoding's r-th run of the same answer are close in time: the machine's drift hits both. Each
+such pair gives a ratio t_plain / t_method; per category and method this prints the geometric mean of the ratios
+over the category's answers (questions x seeds) and rounds, a 95% interval (Student t on the log ratios), and a
+verdict:
+
+    faster   the whole interval is above 1
+    slower   the whole interval is below 1
+    even     the interval holds 1 (no difference this run can show)
+
+Rounds of one greedy answer share one output, so their pairs differ by timing noise only; at temperature 1 the
+answers (seeds) differ in text too. The interval counts every pair as independent, which is optimistic when the
+answer-to-answer spread is large and only a few answers are in a category: read "slower"/"faster" with that in
+mind, and prefer more answers per category to more rounds.
+
+    python benchmarks/paired.py benchmarks/results/s10_greedy.json [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+from scipy import stats as scipy_stats
+
+
+def paired(result: dict, baseline: str = "native_plain") -> dict[str, dict[str, dict]]:
+    """{category: {method: {"geomean", "low", "high", "pairs", "verdict"}}} from an engine_speed result."""
+    runs = result["runs"]
+    by_answer: dict[tuple, dict[str, list[float]]] = {}
+    categories: dict[tuple, str] = {}
+    for r in runs:
+        key = (r["category"], r["question_id"], r.get("seed"))
+        by_answer.setdefault(key, {})[r["method"]] = r.get("seconds_all_repeats") or [r["seconds"]]
+        categories[key] = r["category"]
+    logs: dict[str, dict[str, list[float]]] = {}
+    for key, methods in by_answer.items():
+        base = methods.get(baseline)
+        if base is None:
+            raise ValueError(f"the result has no {baseline!r} run for {key}: nothing to pair with")
+        for name, seconds in methods.items():
+            if name == baseline:
+                continue
+            if len(seconds) != len(base):
+                raise ValueError(f"{name} and {baseline} have different numbers of rounds for {key}")
+            cell = logs.setdefault(categories[key], {}).setdefault(name, [])
+            cell.extend(math.log(b / s) for b, s in zip(base, seconds))
+    out: dict[str, dict[str, dict]] = {}
+    for cat, methods in logs.items():
+        out[cat] = {}
+        for name, values in methods.items():
+            mean = statistics.fmean(values)
+            if len(values) > 1:
+                half = scipy_stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+            else:
+                half = math.inf
+            low, high = math.exp(mean - half), math.exp(mean + half)
+            verdict = "faster" if low > 1 else "slower" if high < 1 else "even"
+            out[cat][name] = {
+                "geomean": math.exp(mean),
+                "low": low,
+                "high": high,
+                "pairs": len(values),
+                "verdict": verdict,
+            }
+    return out
+
+
+def table(cells: dict[str, dict[str, dict]]) -> str:
+    """A markdown table: per category and method, the paired geometric mean [95% interval] and the verdict."""
+    names = list(dict.fromkeys(n for methods in cells.values() for n in methods))
+    short = [n.removeprefix("native_") for n in names]
+    lines = ["| category | " + " | ".join(short) + " |", "|---" * (len(names) + 1) + "|"]
+    for cat, methods in cells.items():
+        row = []
+        for n in names:
+            c = methods.get(n)
+            mark = {"faster": "", "even": " (even)", "slower": " **slower**"}[c["verdict"]] if c else ""
+            row.append(f"{c['geomean']:.2f} [{c['low']:.2f}, {c['high']:.2f}]{mark}" if c else "")
+        lines.append(f"| {cat} | " + " | ".join(row) + " |")
+    means = []
+    for n in names:
+        values = [methods[n]["geomean"] for methods in cells.values() if n in methods]
+        slower = sum(methods[n]["verdict"] == "slower" for methods in cells.values() if n in methods)
+        means.append(f"{statistics.fmean(values):.3f} mean, {min(values):.2f} lowest, {slower} slower")
+    lines.append("| **all** | " + " | ".join(means) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("result", help="a JSON file written by benchmarks/engine_speed.py")
+    ap.add_argument("--baseline", default="native_plain")
+    ap.add_argument("--json", help="also write the cells as JSON here")
+    args = ap.parse_args()
+    result = json.loads(Path(args.result).read_text())
+    cells = paired(result, args.baseline)
+    print(f"{args.result}: {result.get('command', '')}\n")
+    print(table(cells))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"source": args.result, "command": "python " + " ".join(sys.argv), "cells": cells}, indent=2)
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
