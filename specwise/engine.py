@@ -234,8 +234,12 @@ class Engine:
         if k == 0:
             if limit <= 0:
                 reason = "budget"
-            elif asked == 0:
-                reason = "schedule"
+            elif asked == 0:  # the schedule's choice: drafting not worth it, or measuring a plain pass
+                reason = (
+                    "calibrate"
+                    if isinstance(self.schedule, AdaptiveGamma) and self.schedule.calibrating()
+                    else "schedule"
+                )
             else:
                 reason = "low_confidence" if self.drafter.declined else "no_draft"
             stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1

@@ -102,13 +102,8 @@ class AdaptiveGamma(Schedule):
     prior: the acceptance probability assumed at the first position before anything is observed, with
         ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
         ``decay`` (< 1) forgets old observations so the estimate follows the text.
-    probe_every, probe_limit, explore: after ``probe_every`` plain steps in a row, draft one token anyway (a
-        probe), so that a drafter that became useful is noticed, if the drafter could pay by now: a probe is taken
-        when drafting one token would beat a plain step with the first position's acceptance raised by
-        ``explore`` standard errors, counting its observations as fewer the longer ago they were (``decay`` per
-        step since the drafter was last asked). A drafter near its break-even is probed every ``probe_every``
-        steps; one far below it (a head on text it does not know) waits longer, up to ``probe_limit`` steps
-        (default 8 * ``probe_every``), so that its probes stop costing what it cannot win back.
+    probe_every: after this many plain steps in a row, draft one token anyway, so a drafter that became useful
+        is noticed.
     margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
         break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
@@ -135,8 +130,6 @@ class AdaptiveGamma(Schedule):
         probe_every: int = 8,
         margin: float = 0.03,
         carry: float = 4.0,
-        probe_limit: int | None = None,
-        explore: float = 1.0,
     ) -> None:
         if max_gamma < 1:
             raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
@@ -151,12 +144,6 @@ class AdaptiveGamma(Schedule):
         if carry < 0:
             raise ValueError(f"carry must be >= 0, got {carry}")
         self.carry = carry
-        probe_limit = 8 * probe_every if probe_limit is None else probe_limit
-        if probe_limit < probe_every:
-            raise ValueError(f"probe_limit ({probe_limit}) must be >= probe_every ({probe_every})")
-        if explore < 0:
-            raise ValueError(f"explore must be >= 0, got {explore}")
-        self.probe_limit, self.explore = probe_limit, explore
         self._reset()
 
     def begin(self) -> None:
@@ -230,21 +217,18 @@ class AdaptiveGamma(Schedule):
         arm = self._arm(source)
         return (arm.asks - arm.empty + 0.5) / (arm.asks + 0.5)
 
-    def _expected_tokens(self, gamma: int, source: int, first: float | None = None) -> float:
-        acceptance = self.acceptance(source)
-        if first is not None:
-            acceptance[0] = first
+    def _expected_tokens(self, gamma: int, source: int) -> float:
         tokens, reach = 1.0, 1.0
-        for a in acceptance[:gamma]:
+        for a in self.acceptance(source)[:gamma]:
             reach *= a
             tokens += reach
         return tokens
 
-    def expected_rate(self, gamma: int, source: int = 0, first: float | None = None) -> float:
+    def expected_rate(self, gamma: int, source: int = 0) -> float:
         """Expected tokens per second when asking drafter ``source`` for ``gamma`` tokens now: with the estimated
         probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
-        empty ask. ``first``: use this acceptance at the first position instead of the estimate."""
-        tokens = self._expected_tokens(gamma, source, first)
+        empty ask."""
+        tokens = self._expected_tokens(gamma, source)
         drafted = gamma * self._draft_time(source) + self._verify_time(gamma + 1)
         if gamma == 0:
             return tokens / drafted
@@ -256,25 +240,6 @@ class AdaptiveGamma(Schedule):
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
         in hand (its drafting time is spent)."""
         return self._expected_tokens(drafted, source) / self._verify_time(drafted + 1)
-
-    def optimistic_acceptance(self, source: int = 0) -> float:
-        """The first position's acceptance raised by ``explore`` standard errors, its observations (prior included)
-        counted as ``decay`` times fewer per step since drafter ``source`` was last asked: how good the drafter
-        could plausibly be by now."""
-        arm = self._arm(source)
-        a = self.acceptance(source)[0]
-        seen = (arm.reached[0] + self.prior_weight) * self.decay**arm.plain_run
-        return min(1.0, a + self.explore * (a * (1.0 - a) / seen) ** 0.5)
-
-    def worth_probing(self, source: int = 0) -> bool:
-        """Whether a probe of drafter ``source`` is due: ``probe_every`` plain steps since it was last asked and,
-        before ``probe_limit`` of them, drafting one token with its optimistic acceptance would beat a plain step."""
-        run = self._arm(source).plain_run
-        if run < self.probe_every:
-            return False
-        if run >= self.probe_limit:
-            return True
-        return self.expected_rate(1, source, first=self.optimistic_acceptance(source)) > self.expected_rate(0)
 
     def worth_drafting(self, rate: float) -> bool:
         """Whether an expected rate beats a plain step's by the margin."""
@@ -309,7 +274,7 @@ class AdaptiveGamma(Schedule):
         if not self.worth_drafting(rates[best]):
             best = 0
         arm = self._arm(source)
-        arm.probing = best == 0 and self.worth_probing(source)
+        arm.probing = best == 0 and arm.plain_run >= self.probe_every
         return 1 if arm.probing else best
 
     def probing(self, source: int = 0) -> bool:
