@@ -16,6 +16,7 @@ answer-to-answer spread is large and only a few answers are in a category: read 
 mind, and prefer more answers per category to more rounds.
 
     python benchmarks/paired.py benchmarks/results/s10_greedy.json [--json OUT]
+    python benchmarks/paired.py BEFORE.json AFTER.json    # side by side: the paired geometric means of each run
 """
 
 from __future__ import annotations
@@ -93,19 +94,47 @@ def table(cells: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def compare(results: dict[str, dict[str, dict[str, dict]]]) -> str:
+    """A markdown table of several runs side by side: per category and method, each run's paired geometric mean
+    (a downward arrow where the run's interval lies below 1)."""
+    names = list(dict.fromkeys(n for cells in results.values() for methods in cells.values() for n in methods))
+    files = list(results)
+    head = [f"{n.removeprefix('native_')}, {Path(f).stem}" for n in names for f in files]
+    lines = ["| category | " + " | ".join(head) + " |", "|---" + "|---:" * len(head) + "|"]
+    cats = list(dict.fromkeys(c for cells in results.values() for c in cells))
+    for cat in cats:
+        row = []
+        for n in names:
+            for f in files:
+                c = results[f].get(cat, {}).get(n)
+                row.append("" if c is None else f"{c['geomean']:.2f}" + (" ↓" if c["verdict"] == "slower" else ""))
+        lines.append(f"| {cat} | " + " | ".join(row) + " |")
+    means = []
+    for n in names:
+        for f in files:
+            values = [m[n]["geomean"] for m in results[f].values() if n in m]
+            means.append(f"**{statistics.fmean(values):.3f}**" if values else "")
+    lines.append("| **mean** | " + " | ".join(means) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("result", help="a JSON file written by benchmarks/engine_speed.py")
+    ap.add_argument("results", nargs="+", help="JSON files written by benchmarks/engine_speed.py")
     ap.add_argument("--baseline", default="native_plain")
-    ap.add_argument("--json", help="also write the cells as JSON here")
+    ap.add_argument("--json", help="also write the cells (of the first file) as JSON here")
     args = ap.parse_args()
-    result = json.loads(Path(args.result).read_text())
-    cells = paired(result, args.baseline)
-    print(f"{args.result}: {result.get('command', '')}\n")
-    print(table(cells))
+    loaded = {f: json.loads(Path(f).read_text()) for f in args.results}
+    cells = {f: paired(r, args.baseline) for f, r in loaded.items()}
+    for f, r in loaded.items():
+        print(f"{f}: {r.get('command', '')}\n")
+        print(table(cells[f]) + "\n")
+    if len(cells) > 1:
+        print(compare(cells))
     if args.json:
+        first = args.results[0]
         Path(args.json).write_text(
-            json.dumps({"source": args.result, "command": "python " + " ".join(sys.argv), "cells": cells}, indent=2)
+            json.dumps({"source": first, "command": "python " + " ".join(sys.argv), "cells": cells[first]}, indent=2)
         )
     return 0
 
