@@ -35,7 +35,8 @@ class SpecStats:
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
-    plain_step_reasons: dict[str, int] = field(default_factory=dict)  # budget | schedule | calibrate | no_draft | low_confidence
+    # why steps drafted nothing: budget | schedule | calibrate | no_draft | low_confidence
+    plain_step_reasons: dict[str, int] = field(default_factory=dict)
     # per drafter (the parts of a combined one, e.g. ngram and head): steps that verified its draft, tokens drafted
     # and accepted
     by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)
