@@ -44,8 +44,15 @@ def measure_forward(model, k: int, context: int = 64, repeats: int = 7) -> float
     return statistics.median(times[1:])
 
 
-def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64) -> dict[int, float]:
-    """Seconds per forward for k = 1 .. max_k after ``context`` cached tokens (interleaved rounds, median per k).
+def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64, rounds: int = 3) -> dict[int, float]:
+    """Seconds per forward for k = 1 .. max_k after ``context`` cached tokens (``rounds`` interleaved rounds of
+    about ``repeats / rounds`` timed forwards per k, median per k).
+
+    Rounds: on a shared machine the speed drifts within seconds; each round measures every k in turn, so drift
+    hits all k alike, and the median over rounds drops a disturbed round. Three profiles each with 3 rounds of 3
+    and with 5 rounds of 3, interleaved on the development machine (session 10,
+    benchmarks/results/profile_s10/), read c(2) = 1.04–1.27 against 1.06–1.14 but c(5) = 1.67–1.73 against
+    1.35–1.56: no clear gain for 1.7 times the time, so 3 rounds stay the default.
 
     The context matters: attention over the cache grows with it, and extra rows cost more after a few hundred
     tokens than after a few dozen (on the development machine c(2) = 0.98 after 64 tokens,
@@ -57,11 +64,13 @@ def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64) -> d
         raise ValueError(
             f"a context of {context} tokens and {max_k} more do not fit the model's {limit}: lower --context"
         )
-    rounds: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
-    for _ in range(3):
-        for k in rounds:
-            rounds[k].append(measure_forward(model, k, context=context, repeats=max(1, repeats // 3)))
-    return {k: statistics.median(v) for k, v in rounds.items()}
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
+    for _ in range(rounds):
+        for k in times:
+            times[k].append(measure_forward(model, k, context=context, repeats=max(1, round(repeats / rounds))))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeats: int = 5, target=None) -> float:

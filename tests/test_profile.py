@@ -45,6 +45,28 @@ def test_profile_measures_after_the_given_context(capsys, cache, tiny_dir):
     assert "lower --context" in capsys.readouterr().err
     assert main([*args, "--context", "0"]) == 2
     assert "--context must be >= 1" in capsys.readouterr().err
+    assert main([*args, "--rounds", "0"]) == 2
+    assert "--rounds must be >= 1" in capsys.readouterr().err
+
+
+def test_cost_curve_takes_the_median_over_rounds(monkeypatch):
+    """Each round times every k once; a round disturbed by the machine (here the second, 10x slower) is dropped by
+    the median over rounds."""
+    from specwise import profile
+
+    calls: list[int] = []
+
+    def fake_measure(model, k, context=64, repeats=7):
+        calls.append(k)
+        slow = 10.0 if len(calls) // 3 == 1 else 1.0  # the second round of three k's
+        return slow * (1.0 + 0.1 * (k - 1))
+
+    monkeypatch.setattr(profile, "measure_forward", fake_measure)
+    curve = profile.cost_curve(object(), max_k=3, repeats=5, context=8, rounds=5)
+    assert calls == [1, 2, 3] * 5  # interleaved: every round goes over all k
+    assert curve == pytest.approx({1: 1.0, 2: 1.1, 3: 1.2})
+    with pytest.raises(ValueError, match="rounds"):
+        profile.cost_curve(object(), max_k=3, rounds=0)
 
 
 def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
