@@ -48,6 +48,22 @@ def test_never_accepted_drafter_is_still_probed_now_and_then():
     assert 0 < tail.count(1) <= len(tail) // 8 + 1
 
 
+def test_a_schedule_that_always_drafts_still_measures_a_plain_pass():
+    """The first steps draft (prior 0.5): without a 1-token pass the schedule's unit comes from longer passes and
+    the cost curve (here c(2) = 1.1 assumed, 1.5 true), which makes a plain step look dearer than it is and keeps
+    drafting looking worth it. A plain step is taken to measure it, and the drafter (35% accepted, below its
+    break-even) is then left alone but for probes."""
+    import random
+
+    rng = random.Random(3)
+    near = lambda k: 1.0 + 0.5 * (k - 1)  # noqa: E731
+    s = AdaptiveGamma(max_gamma=6, probe_every=8, cost_curve={2: 1.1})
+    chosen = feed(s, 400, lambda i: rng.random() < 0.35, near)
+    assert 0 in chosen[:20]
+    assert s._verify_time(1) == pytest.approx(1.0, rel=0.05)
+    assert chosen[-100:].count(0) > 80
+
+
 def test_perfect_drafter_leads_to_the_largest_gamma():
     s = AdaptiveGamma(max_gamma=6)
     chosen = feed(s, 40, lambda i: True, cost)
