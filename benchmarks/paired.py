@@ -34,12 +34,10 @@ from scipy import stats as scipy_stats
 def paired(result: dict, baseline: str = "native_plain") -> dict[str, dict[str, dict]]:
     """{category: {method: {"geomean", "low", "high", "pairs", "verdict"}}} from an engine_speed result."""
     runs = result["runs"]
-    by_answer: dict[tuple, dict[str, list[float]]] = {}
-    categories: dict[tuple, str] = {}
+    by_answer: dict[tuple, dict[str, list[float]]] = {}  # (category, question, seed) -> method -> seconds per round
     for r in runs:
         key = (r["category"], r["question_id"], r.get("seed"))
         by_answer.setdefault(key, {})[r["method"]] = r.get("seconds_all_repeats") or [r["seconds"]]
-        categories[key] = r["category"]
     logs: dict[str, dict[str, list[float]]] = {}
     for key, methods in by_answer.items():
         base = methods.get(baseline)
@@ -50,7 +48,7 @@ def paired(result: dict, baseline: str = "native_plain") -> dict[str, dict[str, 
                 continue
             if len(seconds) != len(base):
                 raise ValueError(f"{name} and {baseline} have different numbers of rounds for {key}")
-            cell = logs.setdefault(categories[key], {}).setdefault(name, [])
+            cell = logs.setdefault(key[0], {}).setdefault(name, [])
             cell.extend(math.log(b / s) for b, s in zip(base, seconds))
     out: dict[str, dict[str, dict]] = {}
     for cat, methods in logs.items():

@@ -235,11 +235,7 @@ class Engine:
             if limit <= 0:
                 reason = "budget"
             elif asked == 0:  # the schedule's choice: drafting not worth it, or measuring a plain pass
-                reason = (
-                    "calibrate"
-                    if isinstance(self.schedule, AdaptiveGamma) and self.schedule.calibrating()
-                    else "schedule"
-                )
+                reason = "calibrate" if self.schedule.calibrating() else "schedule"
             else:
                 reason = "low_confidence" if self.drafter.declined else "no_draft"
             stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1

@@ -65,6 +65,10 @@ class Schedule(ABC):
         """Below which estimated probability of the draft so far being accepted a drafter should stop (0: never)."""
         return 0.0
 
+    def calibrating(self) -> bool:
+        """Whether the next step is a plain one taken to measure a 1-token pass (False: never)."""
+        return False
+
 
 class FixedGamma(Schedule):
     """Always draft ``gamma`` tokens (fewer near the end of the budget)."""
