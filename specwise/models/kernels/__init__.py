@@ -1,33 +1,38 @@
-"""Small native kernels, compiled on first use with the system C compiler and cached.
+"""specwise's native kernels, compiled by ``pip install`` (``setup.py``) into one shared library loaded here.
 
 ``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``layer_kernel`` runs the
 decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
-were built and the CPU has AVX2 and FMA; everything else falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables
+were built and the CPU has AVX2 and FMA; everything else falls back to torch. The quantized kernels (``quant.c``,
+``qllama.c``, wrapped by :mod:`specwise.models.kernels.quant`) choose AVX-512, AVX2 or portable code at run time. ``SPECWISE_NO_KERNELS=1`` disables
 them.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
+import importlib.machinery
 import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-__all__ = ["small_gemm", "small_gemm_available", "kernel_error", "LayerKernel", "layer_kernel"]
+__all__ = [
+    "small_gemm",
+    "small_gemm_available",
+    "kernel_error",
+    "LayerKernel",
+    "layer_kernel",
+    "native_library",
+    "library_path",
+]
 
-_SOURCES = [Path(__file__).with_name("smallgemm.c"), Path(__file__).with_name("llama.c")]
-_FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 _lib = None
 _error: str | None = None
 _tried = False
 
 
 def _cpu_ok() -> bool:
+    """The float kernels (smallgemm.c, llama.c) need AVX2, FMA and F16C; the quantized ones choose their own path."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -35,29 +40,17 @@ def _cpu_ok() -> bool:
     return " avx2" in flags and " fma" in flags and " f16c" in flags
 
 
-def _build() -> ctypes.CDLL:
-    from specwise.models.loader import cache_dir
+def library_path() -> Path | None:
+    """The kernels' shared library built by ``pip install`` (``_native*.so`` beside this file), if it exists."""
+    here = Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"_native{suffix}"
+        if path.is_file():
+            return path
+    return None
 
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler found (install gcc)")
-    source = b"".join(path.read_bytes() for path in _SOURCES)
-    key = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = cache_dir() / "kernels" / f"specwise-{key}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            command = [compiler, *_FLAGS, *map(str, _SOURCES), "-o", tmp, "-lm"]
-            subprocess.run(command, check=True, capture_output=True, text=True)
-            os.replace(tmp, target)  # atomic
-        except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"compiling the kernels failed: {err.stderr.strip()[:500]}") from err
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(target))
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     fn = lib.specwise_small_gemm
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
@@ -72,6 +65,9 @@ def _build() -> ctypes.CDLL:
     layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
     layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2
     layers.argtypes += [ctypes.c_void_p] * 2
+    from specwise.models.kernels import quant
+
+    quant.declare(lib)
     return lib
 
 
@@ -79,21 +75,30 @@ def _load():
     global _lib, _error, _tried
     if not _tried:
         _tried = True
+        path = library_path()
         if os.environ.get("SPECWISE_NO_KERNELS") == "1":
             _error = "disabled by SPECWISE_NO_KERNELS=1"
-        elif not _cpu_ok():
-            _error = "the CPU lacks AVX2/FMA/F16C"
+        elif path is None:
+            _error = (
+                "the native kernels were not built when specwise was installed (no C compiler?): "
+                "install gcc and reinstall specwise (pip install -e .)"
+            )
         else:
             try:
-                _lib = _build()
-            except (RuntimeError, OSError) as err:
-                _error = str(err)
+                _lib = _declare(ctypes.CDLL(str(path)))
+            except (OSError, AttributeError) as err:
+                _error = f"loading the native kernels failed: {err}"
     return _lib
 
 
+def native_library() -> ctypes.CDLL | None:
+    """The loaded kernels library, or None (see :func:`kernel_error`)."""
+    return _load()
+
+
 def small_gemm_available() -> bool:
-    """True when the kernel is built and usable on this CPU."""
-    return _load() is not None
+    """True when the float kernel is built and usable on this CPU (AVX2, FMA, F16C)."""
+    return _load() is not None and _cpu_ok()
 
 
 def kernel_error() -> str | None:
@@ -106,8 +111,8 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """``x @ weight.T (+ bias)`` for float32 CPU tensors; x ``[k, in]``, weight ``[out, in]`` contiguous, float32
     or float16 (read as float16, computed in float32: half the memory traffic, for drafters)."""
     lib = _load()
-    if lib is None:
-        raise RuntimeError(f"small_gemm is unavailable: {_error}")
+    if lib is None or not _cpu_ok():
+        raise RuntimeError(f"small_gemm is unavailable: {_error or 'the CPU lacks AVX2/FMA/F16C'}")
     x = x.contiguous()
     k, n_in = x.shape
     n_out = weight.shape[0]
@@ -223,7 +228,7 @@ def layer_kernel(
     them: kernels unavailable, head_dim > 512, heads not a multiple of kv_heads, or weights of other dtypes or not
     contiguous."""
     lib = _load()
-    if lib is None or head_dim > 512 or heads % kv_heads:
+    if lib is None or not _cpu_ok() or head_dim > 512 or heads % kv_heads:
         return None
     products = [*qkv, *o, *gate_up, *down]
     dtype = products[0].dtype

@@ -18,6 +18,7 @@
  * new rows j <= r with anc[r * k + j] != 0 (its ancestors and itself; rows are in topological order). Without
  * them, row r is at position start + r and attends causally.
  */
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
 #include <stddef.h>

@@ -7,6 +7,7 @@
  * and applies it to up to 3 rows of x at a time from cache, so the cost of k rows stays close to the cost of
  * reading the weight. AVX2 + FMA; the Python side checks the CPU before loading it.
  */
+#pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -1,0 +1,24 @@
+"""Build of specwise's native kernels (a plain C shared library loaded with ctypes).
+
+The kernels are compiled once by `pip install` without machine-specific flags: each function that needs AVX2 or
+AVX-512 carries its own target attribute and the library chooses its path at run time from the CPU's flags. The
+extension is optional: where no C compiler is available the package installs without it and uses the torch path.
+"""
+
+from setuptools import Extension, setup
+
+KERNELS = "specwise/models/kernels"
+
+setup(
+    ext_modules=[
+        Extension(
+            "specwise.models.kernels._native",
+            sources=[f"{KERNELS}/{name}" for name in ("module.c", "smallgemm.c", "llama.c", "quant.c", "qllama.c")],
+            depends=[f"{KERNELS}/quant.h"],
+            extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-fno-math-errno"],
+            extra_link_args=["-fopenmp"],
+            libraries=["m"],
+            optional=True,
+        )
+    ]
+)

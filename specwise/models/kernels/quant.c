@@ -1,0 +1,906 @@
+/*
+ * Multi-row products over quantized weights: y[k][out] = x[k][in] . W^T for the few rows (k = 1..32) of decoding
+ * and verification, reading each weight block once per pass and applying it to every row.
+ *
+ * Layout (see quant.h): tiles of 16 output rows. In a tile, each 64-byte group holds 4 bytes per output row:
+ *   KIND_Q4: group g of block b, row lane L, byte j = q[L][32b + 4g + j] | q[L][32b + 16 + 4g + j] << 4  (g < 4)
+ *   KIND_U8: group g of block b, row lane L, byte j = q[L][B b + 4g + j]                         (g < B / 4)
+ *   KIND_F32: input i, row lane L: float w[L][i]
+ * Scales s (and m) are [tile][block][16]. A 512-bit register is one group: 16 output rows x 4 inputs, which is
+ * what VNNI's dot product of 4 bytes wants, and unpacking one group serves every row of x.
+ *
+ * Two evaluations of the same weights (mode):
+ *   MODE_EXACT  float32 activations: w = fma(q - offset, s, m), accumulated in float32;
+ *   MODE_Q8     activations quantized per block of 32 to int8 (scale dx = max|x| / 127), integer dot products
+ *               per weight block, then y += (s * dx) * sum + m * dx * sum(qx).
+ *
+ * A row's result never depends on how many rows share the pass: every output element is computed by the same
+ * operations in the same order whatever k is (exact: two float accumulators, inputs with i mod 32 < 16 in the
+ * first, the others in the second, in increasing i, added at the end; q8: integer sums, whose order does not
+ * matter, then one float update per weight block in increasing order). Rows are grouped, and several tiles are
+ * processed together when there are few rows, only to give the core independent work; that changes no
+ * arithmetic. The portable, AVX2 and AVX-512 paths follow the same order, so they agree bit for bit.
+ */
+#include "quant.h"
+
+#include <math.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define SPECWISE_X86 1
+#define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+#endif
+#define INLINE static inline __attribute__((always_inline))
+
+/* ---- float16 / bfloat16 ---------------------------------------------------------------------------------- */
+
+static float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_float(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+/* ---- CPU features ------------------------------------------------------------------------------------------ */
+
+static int detected_isa(void) {
+#ifdef SPECWISE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vnni"))
+        return ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return ISA_AVX2;
+#endif
+    return ISA_PORTABLE;
+}
+
+static int g_isa = -1;
+
+/* The best instruction path this CPU supports. */
+int specwise_q_isa_supported(void) { return detected_isa(); }
+
+/* The path in use (the best supported unless lowered by specwise_q_set_isa). */
+int specwise_q_isa(void) {
+    if (g_isa < 0) g_isa = detected_isa();
+    return g_isa;
+}
+
+/* Use `isa` (clamped to what the CPU supports); returns the path now in use. */
+int specwise_q_set_isa(int isa) {
+    int best = detected_isa();
+    g_isa = isa < 0 ? best : (isa > best ? best : isa);
+    return g_isa;
+}
+
+/* ---- re-packing the GGUF formats --------------------------------------------------------------------------- */
+
+enum {
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
+};
+
+/* Layout of a GGUF type: 0 on success, -1 when the type is not supported. */
+int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, int *half, int *raw_block,
+                      int *raw_bytes) {
+    int k = KIND_U8, b = 32, off = 0, m = 0, h = 1, rb = 32, bytes = 0;
+    switch (type) {
+        case GGML_F32: k = KIND_F32; h = 0; rb = 1; bytes = 4; break;
+        case GGML_F16: k = KIND_F32; h = 0; rb = 1; bytes = 2; break;
+        case GGML_BF16: k = KIND_F32; h = 0; rb = 1; bytes = 2; break;
+        case GGML_Q4_0: k = KIND_Q4; off = 8; bytes = 18; break;
+        case GGML_Q4_1: k = KIND_Q4; m = 1; bytes = 20; break;
+        case GGML_Q5_0: off = 16; bytes = 22; break;
+        case GGML_Q5_1: m = 1; bytes = 24; break;
+        case GGML_Q8_0: off = 128; bytes = 34; break;
+        case GGML_Q4_K: k = KIND_Q4; m = 1; h = 0; rb = 256; bytes = 144; break;
+        case GGML_Q5_K: m = 1; h = 0; rb = 256; bytes = 176; break;
+        case GGML_Q6_K: b = 16; off = 32; h = 0; rb = 256; bytes = 210; break;
+        default: return -1;
+    }
+    *kind = k; *block = b; *offset = off; *has_m = m; *half = h; *raw_block = rb; *raw_bytes = bytes;
+    return 0;
+}
+
+static void k_scale_min(const uint8_t *sc, int j, int *d, int *m) {
+    if (j < 4) {
+        *d = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *d = (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+/* One row of a GGUF tensor as q (offset included), and per block of the layout s and m: as float32 in sf / mf,
+ * and for the float16 formats also their raw bits in sh / mh. F32 kinds give the values in sf[in]. */
+static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *sf, float *mf, uint16_t *sh,
+                       uint16_t *mh) {
+    switch (type) {
+        case GGML_F32:
+            memcpy(sf, raw, (size_t)in * 4);
+            return;
+        case GGML_F16:
+            for (int i = 0; i < in; i++) sf[i] = half_to_float(rd16(raw + 2 * i));
+            return;
+        case GGML_BF16:
+            for (int i = 0; i < in; i++) sf[i] = bf16_to_float(rd16(raw + 2 * i));
+            return;
+        case GGML_Q4_0: case GGML_Q4_1: {
+            int size = type == GGML_Q4_0 ? 18 : 20;
+            for (int b = 0; b < in / 32; b++) {
+                const uint8_t *blk = raw + (size_t)b * size, *qs = blk + (size - 16);
+                sh[b] = rd16(blk);
+                sf[b] = half_to_float(sh[b]);
+                if (type == GGML_Q4_1) {
+                    mh[b] = rd16(blk + 2);
+                    mf[b] = half_to_float(mh[b]);
+                }
+                for (int i = 0; i < 16; i++) {
+                    q[32 * b + i] = qs[i] & 0xF;
+                    q[32 * b + 16 + i] = qs[i] >> 4;
+                }
+            }
+            return;
+        }
+        case GGML_Q5_0: case GGML_Q5_1: {
+            int size = type == GGML_Q5_0 ? 22 : 24, hoff = type == GGML_Q5_0 ? 2 : 4;
+            for (int b = 0; b < in / 32; b++) {
+                const uint8_t *blk = raw + (size_t)b * size, *qs = blk + hoff + 4;
+                uint32_t qh = (uint32_t)blk[hoff] | ((uint32_t)blk[hoff + 1] << 8) | ((uint32_t)blk[hoff + 2] << 16) |
+                              ((uint32_t)blk[hoff + 3] << 24);
+                sh[b] = rd16(blk);
+                sf[b] = half_to_float(sh[b]);
+                if (type == GGML_Q5_1) {
+                    mh[b] = rd16(blk + 2);
+                    mf[b] = half_to_float(mh[b]);
+                }
+                for (int i = 0; i < 16; i++) {
+                    q[32 * b + i] = (uint8_t)((qs[i] & 0xF) | (((qh >> i) & 1) << 4));
+                    q[32 * b + 16 + i] = (uint8_t)((qs[i] >> 4) | (((qh >> (i + 16)) & 1) << 4));
+                }
+            }
+            return;
+        }
+        case GGML_Q8_0:
+            for (int b = 0; b < in / 32; b++) {
+                const uint8_t *blk = raw + (size_t)b * 34;
+                sh[b] = rd16(blk);
+                sf[b] = half_to_float(sh[b]);
+                for (int i = 0; i < 32; i++) q[32 * b + i] = (uint8_t)((int)(int8_t)blk[2 + i] + 128);
+            }
+            return;
+        case GGML_Q4_K: case GGML_Q5_K: {
+            int size = type == GGML_Q4_K ? 144 : 176;
+            for (int s = 0; s < in / 256; s++) {
+                const uint8_t *blk = raw + (size_t)s * size, *scales = blk + 4;
+                const uint8_t *qh = blk + 16, *qs = blk + (type == GGML_Q4_K ? 16 : 48);
+                float d = half_to_float(rd16(blk)), dmin = half_to_float(rd16(blk + 2));
+                for (int j = 0; j < 8; j++) {
+                    int sc, mn;
+                    k_scale_min(scales, j, &sc, &mn);
+                    sf[8 * s + j] = d * (float)sc;
+                    mf[8 * s + j] = -(dmin * (float)mn);
+                    const uint8_t *chunk = qs + 32 * (j / 2);
+                    for (int l = 0; l < 32; l++) {
+                        uint8_t v = (j & 1) ? chunk[l] >> 4 : chunk[l] & 0xF;
+                        if (type == GGML_Q5_K) v |= (uint8_t)(((qh[l] >> j) & 1) << 4);
+                        q[256 * s + 32 * j + l] = v;
+                    }
+                }
+            }
+            return;
+        }
+        case GGML_Q6_K:
+            for (int s = 0; s < in / 256; s++) {
+                const uint8_t *blk = raw + (size_t)s * 210, *ql = blk, *qh = blk + 128;
+                const int8_t *scales = (const int8_t *)(blk + 192);
+                float d = half_to_float(rd16(blk + 208));
+                for (int j = 0; j < 16; j++) sf[16 * s + j] = d * (float)scales[j];
+                for (int e = 0; e < 256; e++) {
+                    int h = e / 128, r = e % 128;
+                    int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
+                    int hi = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
+                    q[256 * s + e] = (uint8_t)(lo | (hi << 4));
+                }
+            }
+            return;
+        default:
+            return;
+    }
+}
+
+/* Re-pack a GGUF tensor [out][in] (raw blocks, row-major) into the tiles q, s and m (zeroed by the caller, sized
+ * as specwise_q_sizes says). Returns 0, or -1 for an unsupported type or shape. */
+int specwise_q_repack(int type, const uint8_t *raw, int out, int in, uint8_t *qt, void *st, void *mt) {
+    int kind, B, off, has_m, half, rb, rbytes;
+    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes) || in % 32 || in % rb) return -1;
+    const size_t row_bytes = (size_t)in / rb * rbytes;
+    const int nb = in / B;
+    uint8_t *q = malloc((size_t)in);
+    float *sf = malloc((size_t)in * sizeof(float)), *mf = malloc((size_t)in * sizeof(float));
+    uint16_t *sh = malloc((size_t)in * 2), *mh = malloc((size_t)in * 2);
+    if (!q || !sf || !mf || !sh || !mh) {
+        free(q); free(sf); free(mf); free(sh); free(mh);
+        return -2;
+    }
+    for (int o = 0; o < out; o++) {
+        const int t = o / QTILE, L = o % QTILE;
+        decode_row(type, raw + (size_t)o * row_bytes, in, q, sf, mf, sh, mh);
+        if (kind == KIND_F32) {
+            float *w = (float *)qt;
+            for (int i = 0; i < in; i++) w[((size_t)t * in + i) * QTILE + L] = sf[i];
+            continue;
+        }
+        for (int b = 0; b < nb; b++) {
+            size_t si = ((size_t)t * nb + b) * QTILE + L;
+            if (half) {
+                ((uint16_t *)st)[si] = sh[b];
+                if (has_m) ((uint16_t *)mt)[si] = mh[b];
+            } else {
+                ((float *)st)[si] = sf[b];
+                if (has_m) ((float *)mt)[si] = mf[b];
+            }
+            for (int e = 0; e < B; e++) {
+                size_t at;
+                uint8_t v = q[(size_t)B * b + e];
+                if (kind == KIND_Q4) {
+                    int ee = e % 16, g = ee / 4, j = ee % 4;
+                    at = (((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j;
+                    qt[at] |= e < 16 ? v : (uint8_t)(v << 4);
+                } else {
+                    int g = e / 4, j = e % 4;
+                    at = (((size_t)t * nb + b) * (B / 4) + g) * 64 + (size_t)L * 4 + j;
+                    qt[at] = v;
+                }
+            }
+        }
+    }
+    free(q); free(sf); free(mf); free(sh); free(mh);
+    return 0;
+}
+
+/* Bytes of the tiles of q, s and m for a tensor of this type and shape. */
+int specwise_q_sizes(int type, int out, int in, size_t *q_bytes, size_t *s_bytes, size_t *m_bytes) {
+    int kind, B, off, has_m, half, rb, rbytes;
+    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes)) return -1;
+    size_t tiles = ((size_t)out + QTILE - 1) / QTILE, nb = (size_t)in / B, per = half ? 2 : 4;
+    if (kind == KIND_F32) {
+        *q_bytes = tiles * in * QTILE * 4;
+        *s_bytes = *m_bytes = 0;
+        return 0;
+    }
+    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (size_t)B * QTILE);
+    *s_bytes = tiles * nb * QTILE * per;
+    *m_bytes = has_m ? *s_bytes : 0;
+    return 0;
+}
+
+/* ---- activations for MODE_Q8 ------------------------------------------------------------------------------ */
+
+typedef struct {
+    const float *x; /* [k][in] */
+    int ldx;
+    int8_t *qx;     /* [k][in] */
+    float *dx;      /* [k][in / 32] */
+    float *dsum;    /* [k][in / 32]: dx * sum of qx over the block */
+    int32_t *isum;  /* [k][in / 16]: sum of qx over each half block */
+} acts;
+
+static void quantize_rows(const float *x, int k, int in, acts *a) {
+    const int nb = in / 32;
+    for (int r = 0; r < k; r++) {
+        const float *xr = x + (size_t)r * in;
+        for (int b = 0; b < nb; b++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 32; i++) {
+                float v = fabsf(xr[32 * b + i]);
+                amax = v > amax ? v : amax;
+            }
+            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            int s0 = 0, s1 = 0;
+            int8_t *qr = a->qx + (size_t)r * in + 32 * b;
+            for (int i = 0; i < 32; i++) {
+                int v = (int)nearbyintf(xr[32 * b + i] * id);
+                v = v > 127 ? 127 : (v < -127 ? -127 : v);
+                qr[i] = (int8_t)v;
+                if (i < 16) s0 += v; else s1 += v;
+            }
+            a->dx[(size_t)r * nb + b] = d;
+            a->isum[(size_t)r * 2 * nb + 2 * b] = s0;
+            a->isum[(size_t)r * 2 * nb + 2 * b + 1] = s1;
+            a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
+        }
+    }
+}
+
+static inline float scale_at(const qmat *w, size_t i, const void *p) {
+    return w->half ? half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* ---- portable path (the reference order of operations) ----------------------------------------------------- */
+
+static inline int q_at(const qmat *w, int t, int b, int e, int L) {
+    const int nb = w->in / w->block;
+    if (w->kind == KIND_Q4) {
+        int ee = e % 16, g = ee / 4, j = ee % 4;
+        uint8_t v = w->q[(((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j];
+        return e < 16 ? (v & 0xF) : (v >> 4);
+    }
+    int g = e / 4, j = e % 4;
+    return w->q[(((size_t)t * nb + b) * (w->block / 4) + g) * 64 + (size_t)L * 4 + j];
+}
+
+static void tile_portable(const qmat *w, int t, const float *x, int ldx, const acts *a, int mode, float *y,
+                          int ldy, int R, int n) {
+    const int B = w->block, nb = w->in / B;
+    for (int r = 0; r < R; r++) {
+        for (int L = 0; L < n; L++) {
+            float out;
+            if (w->kind == KIND_F32) {
+                const float *wt = (const float *)w->q;
+                float acc[2] = {0.0f, 0.0f};
+                for (int i = 0; i < w->in; i++)
+                    acc[(i & 31) >= 16] = fmaf(wt[((size_t)t * w->in + i) * QTILE + L], x[(size_t)r * ldx + i],
+                                               acc[(i & 31) >= 16]);
+                out = acc[0] + acc[1];
+            } else if (mode == MODE_EXACT) {
+                float acc[2] = {0.0f, 0.0f};
+                for (int b = 0; b < nb; b++) {
+                    size_t si = ((size_t)t * nb + b) * QTILE + L;
+                    float s = scale_at(w, si, w->s), m = w->has_m ? scale_at(w, si, w->m) : 0.0f;
+                    for (int e = 0; e < B; e++) {
+                        int i = B * b + e;
+                        float wv = fmaf((float)(q_at(w, t, b, e, L) - w->offset), s, m);
+                        acc[(i & 31) >= 16] = fmaf(wv, x[(size_t)r * ldx + i], acc[(i & 31) >= 16]);
+                    }
+                }
+                out = acc[0] + acc[1];
+            } else {
+                const int nb32 = w->in / 32;
+                float acc = 0.0f;
+                for (int b = 0; b < nb; b++) {
+                    size_t si = ((size_t)t * nb + b) * QTILE + L;
+                    int32_t sum = 0, corr = 0;
+                    for (int e = 0; e < B; e++) sum += q_at(w, t, b, e, L) * a->qx[(size_t)r * w->in + B * b + e];
+                    if (B == 32)
+                        corr = a->isum[(size_t)r * 2 * nb32 + 2 * b] + a->isum[(size_t)r * 2 * nb32 + 2 * b + 1];
+                    else
+                        corr = a->isum[(size_t)r * 2 * nb32 + b];
+                    sum -= w->offset * corr;
+                    int b32 = B * b / 32;
+                    float d = scale_at(w, si, w->s) * a->dx[(size_t)r * nb32 + b32];
+                    acc = fmaf(d, (float)sum, acc);
+                    if (w->has_m) acc = fmaf(scale_at(w, si, w->m), a->dsum[(size_t)r * nb32 + b32], acc);
+                }
+                out = acc;
+            }
+            y[(size_t)r * ldy + L] = out;
+        }
+    }
+}
+
+#ifdef SPECWISE_X86
+/* ---- AVX-512 (with VNNI) ----------------------------------------------------------------------------------- */
+
+TARGET_AVX512 INLINE __m512 ld_scale512(const qmat *w, const void *p, size_t i) {
+    if (w->half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
+    return _mm512_loadu_ps((const float *)p + i);
+}
+
+TARGET_AVX512 INLINE void store512(float *y, __m512 v, int n) {
+    if (n == QTILE)
+        _mm512_storeu_ps(y, v);
+    else
+        _mm512_mask_storeu_ps(y, (__mmask16)((1u << n) - 1), v);
+}
+
+/* TT tiles from t0 (the last may hold n < 16 rows), R rows of x. */
+TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ldx, float *y, int ldy, int n,
+                                   const int TT, const int R) {
+    __m512 acc0[4][8], acc1[4][8];
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++) acc0[tt][r] = acc1[tt][r] = _mm512_setzero_ps();
+    const int B = w->block, nb = w->in / B;
+    if (w->kind == KIND_F32) {
+        const float *wt = (const float *)w->q;
+        for (int i = 0; i < w->in; i += 32) {
+            for (int e = 0; e < 16; e++) {
+                for (int tt = 0; tt < TT; tt++) {
+                    __m512 lo = _mm512_loadu_ps(wt + ((size_t)(t0 + tt) * w->in + i + e) * QTILE);
+                    __m512 hi = _mm512_loadu_ps(wt + ((size_t)(t0 + tt) * w->in + i + 16 + e) * QTILE);
+                    for (int r = 0; r < R; r++) {
+                        acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i + e]), acc0[tt][r]);
+                        acc1[tt][r] =
+                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[tt][r]);
+                    }
+                }
+            }
+        }
+    } else if (w->kind == KIND_Q4) {
+        float lutf[16];
+        for (int i = 0; i < 16; i++) lutf[i] = (float)(i - w->offset);
+        const __m512 lut = _mm512_loadu_ps(lutf);
+        for (int b = 0; b < nb; b++) {
+            __m512 s[4], m[4];
+            for (int tt = 0; tt < TT; tt++) {
+                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+                s[tt] = ld_scale512(w, w->s, si);
+                m[tt] = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+            }
+            for (int g = 0; g < 4; g++) {
+                __m512i v[4];
+                for (int tt = 0; tt < TT; tt++)
+                    v[tt] = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * 4 + g) * 64);
+                for (int j = 0; j < 4; j++) {
+                    const int i = 32 * b + 4 * g + j;
+                    for (int tt = 0; tt < TT; tt++) {
+                        __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j), lut);
+                        __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j + 4), lut);
+                        lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
+                        hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
+                        for (int r = 0; r < R; r++) {
+                            acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
+                            acc1[tt][r] =
+                                _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
+                        }
+                    }
+                }
+            }
+        }
+    } else {
+        const __m512i mask = _mm512_set1_epi32(0xFF), off = _mm512_set1_epi32(w->offset);
+        const int G = B / 4;
+        for (int b = 0; b < nb; b++) {
+            __m512 s[4], m[4];
+            for (int tt = 0; tt < TT; tt++) {
+                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+                s[tt] = ld_scale512(w, w->s, si);
+                m[tt] = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+            }
+            for (int g = 0; g < G; g++) {
+                for (int tt = 0; tt < TT; tt++) {
+                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * G + g) * 64);
+                    for (int j = 0; j < 4; j++) {
+                        const int i = B * b + 4 * g + j, second = (i & 31) >= 16;
+                        __m512i qi = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), mask), off);
+                        __m512 wv = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s[tt], m[tt]);
+                        for (int r = 0; r < R; r++) {
+                            __m512 xv = _mm512_set1_ps(x[(size_t)r * ldx + i]);
+                            if (second)
+                                acc1[tt][r] = _mm512_fmadd_ps(wv, xv, acc1[tt][r]);
+                            else
+                                acc0[tt][r] = _mm512_fmadd_ps(wv, xv, acc0[tt][r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++)
+            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, _mm512_add_ps(acc0[tt][r], acc1[tt][r]),
+                     tt == TT - 1 ? n : QTILE);
+}
+
+TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
+                                 const int R) {
+    __m512 acc[4][8];
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
+    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, in = w->in;
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    for (int b = 0; b < nb; b++) {
+        __m512i ia[4][8];
+        for (int tt = 0; tt < TT; tt++)
+            for (int r = 0; r < R; r++) ia[tt][r] = _mm512_setzero_si512();
+        if (w->kind == KIND_Q4) {
+            for (int g = 0; g < 4; g++) {
+                for (int tt = 0; tt < TT; tt++) {
+                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * 4 + g) * 64);
+                    __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *qx = a->qx + (size_t)r * in + 32 * b + 4 * g;
+                        int32_t x0, x1;
+                        memcpy(&x0, qx, 4);
+                        memcpy(&x1, qx + 16, 4);
+                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], lo, _mm512_set1_epi32(x0));
+                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], hi, _mm512_set1_epi32(x1));
+                    }
+                }
+            }
+        } else {
+            const int G = B / 4;
+            for (int g = 0; g < G; g++) {
+                for (int tt = 0; tt < TT; tt++) {
+                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * G + g) * 64);
+                    for (int r = 0; r < R; r++) {
+                        int32_t x0;
+                        memcpy(&x0, a->qx + (size_t)r * in + B * b + 4 * g, 4);
+                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], v, _mm512_set1_epi32(x0));
+                    }
+                }
+            }
+        }
+        const int b32 = B * b / 32;
+        for (int r = 0; r < R; r++) {
+            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
+            const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
+            const __m512 dx = _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]);
+            const __m512 ds = _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]);
+            for (int tt = 0; tt < TT; tt++) {
+                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+                __m512 d = _mm512_mul_ps(ld_scale512(w, w->s, si), dx);
+                __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(ia[tt][r], _mm512_set1_epi32(corr)));
+                acc[tt][r] = _mm512_fmadd_ps(d, sum, acc[tt][r]);
+                if (w->has_m) acc[tt][r] = _mm512_fmadd_ps(ld_scale512(w, w->m, si), ds, acc[tt][r]);
+            }
+        }
+    }
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++)
+            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
+}
+
+#define ROWS_SWITCH(CALL, TT)                    \
+    switch (R) {                                 \
+        case 1: CALL(TT, 1); break;              \
+        case 2: CALL(TT, 2); break;              \
+        case 3: CALL(TT, 3); break;              \
+        case 4: CALL(TT, 4); break;              \
+        case 5: CALL(TT, 5); break;              \
+        case 6: CALL(TT, 6); break;              \
+        case 7: CALL(TT, 7); break;              \
+        default: CALL(TT, 8); break;             \
+    }
+
+TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
+                                 float *y, int ldy, int R, int n) {
+    const int q8 = mode == MODE_Q8 && w->kind != KIND_F32;
+#define EXACT(T, RR) exact512(w, t0, x, ldx, y, ldy, n, T, RR)
+#define Q8(T, RR) q8_512(w, t0, a, y, ldy, n, T, RR)
+    if (q8) {
+        if (TT == 4) { Q8(4, 1); } else if (TT == 2) { Q8(2, R == 1 ? 1 : 2); } else { ROWS_SWITCH(Q8, 1) }
+    } else {
+        if (TT == 4) { EXACT(4, 1); } else if (TT == 2) { EXACT(2, R == 1 ? 1 : 2); } else { ROWS_SWITCH(EXACT, 1) }
+    }
+#undef EXACT
+#undef Q8
+}
+
+/* ---- AVX2 + FMA ------------------------------------------------------------------------------------------------ */
+/* Half tiles of 8 rows: half h of tile t holds lanes 8h .. 8h + 7, at byte 32h of each 64-byte group. */
+
+TARGET_AVX2 INLINE __m256 ld_scale256(const qmat *w, const void *p, size_t i) {
+    if (w->half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
+TARGET_AVX2 INLINE void store256(float *y, __m256 v, int n) {
+    if (n >= 8) {
+        _mm256_storeu_ps(y, v);
+    } else if (n > 0) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, v);
+        memcpy(y, tmp, (size_t)n * sizeof(float));
+    }
+}
+
+/* HT half tiles from half tile h0 (= 2 t + half); rows valid in the tile of the last: n. */
+TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx, float *y, int ldy, int n,
+                                 const int HT, const int R) {
+    __m256 acc0[4][4], acc1[4][4];
+    for (int hh = 0; hh < HT; hh++)
+        for (int r = 0; r < R; r++) acc0[hh][r] = acc1[hh][r] = _mm256_setzero_ps();
+    const int B = w->block, nb = w->in / B;
+    if (w->kind == KIND_F32) {
+        const float *wt = (const float *)w->q;
+        for (int i = 0; i < w->in; i += 32) {
+            for (int e = 0; e < 16; e++) {
+                for (int hh = 0; hh < HT; hh++) {
+                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                    __m256 lo = _mm256_loadu_ps(wt + ((size_t)t * w->in + i + e) * QTILE + 8 * half);
+                    __m256 hi = _mm256_loadu_ps(wt + ((size_t)t * w->in + i + 16 + e) * QTILE + 8 * half);
+                    for (int r = 0; r < R; r++) {
+                        acc0[hh][r] = _mm256_fmadd_ps(lo, _mm256_set1_ps(x[(size_t)r * ldx + i + e]), acc0[hh][r]);
+                        acc1[hh][r] =
+                            _mm256_fmadd_ps(hi, _mm256_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[hh][r]);
+                    }
+                }
+            }
+        }
+    } else {
+        const __m256i off = _mm256_set1_epi32(w->offset);
+        const int G = w->kind == KIND_Q4 ? 4 : B / 4;
+        const __m256i mask = _mm256_set1_epi32(w->kind == KIND_Q4 ? 0x0F : 0xFF);
+        for (int b = 0; b < nb; b++) {
+            __m256 s[4], m[4];
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+                s[hh] = ld_scale256(w, w->s, si);
+                m[hh] = w->has_m ? ld_scale256(w, w->m, si) : _mm256_setzero_ps();
+            }
+            for (int g = 0; g < G; g++) {
+                for (int hh = 0; hh < HT; hh++) {
+                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                    __m256i v = _mm256_loadu_si256(
+                        (const __m256i *)(w->q + (((size_t)t * nb + b) * G + g) * 64 + 32 * half));
+                    for (int j = 0; j < 4; j++) {
+                        if (w->kind == KIND_Q4) {
+                            const int i = 32 * b + 4 * g + j;
+                            __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask);
+                            __m256i hi = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j + 4), mask);
+                            __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
+                            __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
+                            for (int r = 0; r < R; r++) {
+                                acc0[hh][r] =
+                                    _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
+                                acc1[hh][r] =
+                                    _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
+                            }
+                        } else {
+                            const int i = B * b + 4 * g + j, second = (i & 31) >= 16;
+                            __m256i qi = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask), off);
+                            __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qi), s[hh], m[hh]);
+                            for (int r = 0; r < R; r++) {
+                                __m256 xv = _mm256_set1_ps(x[(size_t)r * ldx + i]);
+                                if (second)
+                                    acc1[hh][r] = _mm256_fmadd_ps(wv, xv, acc1[hh][r]);
+                                else
+                                    acc0[hh][r] = _mm256_fmadd_ps(wv, xv, acc0[hh][r]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for (int hh = 0; hh < HT; hh++) {
+        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
+        int valid = last ? n - 8 * half : 8;
+        for (int r = 0; r < R; r++)
+            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half,
+                     _mm256_add_ps(acc0[hh][r], acc1[hh][r]), valid);
+    }
+}
+
+TARGET_AVX2 INLINE __m256i dot4_256(__m256i wq, __m256i xb, int signed_w) {
+    /* per 32-bit lane: sum of 4 products of bytes; wq unsigned (or signed when signed_w), xb signed */
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p;
+    if (signed_w)
+        p = _mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xb, wq));
+    else
+        p = _mm256_maddubs_epi16(wq, xb);
+    return _mm256_madd_epi16(p, ones);
+}
+
+TARGET_AVX2 INLINE void q8_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
+                               const int R) {
+    __m256 acc[4][4];
+    for (int hh = 0; hh < HT; hh++)
+        for (int r = 0; r < R; r++) acc[hh][r] = _mm256_setzero_ps();
+    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, in = w->in;
+    const int signed_w = w->kind == KIND_U8 && w->offset == 128; /* full-range bytes: maddubs would saturate */
+    const __m256i nib = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
+    for (int b = 0; b < nb; b++) {
+        __m256i ia[4][4];
+        for (int hh = 0; hh < HT; hh++)
+            for (int r = 0; r < R; r++) ia[hh][r] = _mm256_setzero_si256();
+        const int G = w->kind == KIND_Q4 ? 4 : B / 4;
+        for (int g = 0; g < G; g++) {
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                __m256i v =
+                    _mm256_loadu_si256((const __m256i *)(w->q + (((size_t)t * nb + b) * G + g) * 64 + 32 * half));
+                if (w->kind == KIND_Q4) {
+                    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    for (int r = 0; r < R; r++) {
+                        const int8_t *qx = a->qx + (size_t)r * in + 32 * b + 4 * g;
+                        int32_t x0, x1;
+                        memcpy(&x0, qx, 4);
+                        memcpy(&x1, qx + 16, 4);
+                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(lo, _mm256_set1_epi32(x0), 0));
+                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(hi, _mm256_set1_epi32(x1), 0));
+                    }
+                } else {
+                    if (signed_w) v = _mm256_xor_si256(v, flip);
+                    for (int r = 0; r < R; r++) {
+                        int32_t x0;
+                        memcpy(&x0, a->qx + (size_t)r * in + B * b + 4 * g, 4);
+                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(v, _mm256_set1_epi32(x0), signed_w));
+                    }
+                }
+            }
+        }
+        const int b32 = B * b / 32;
+        for (int r = 0; r < R; r++) {
+            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
+            const int32_t corr = signed_w ? 0 : w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
+            const __m256 dx = _mm256_set1_ps(a->dx[(size_t)r * nb32 + b32]);
+            const __m256 ds = _mm256_set1_ps(a->dsum[(size_t)r * nb32 + b32]);
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+                __m256 d = _mm256_mul_ps(ld_scale256(w, w->s, si), dx);
+                __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(ia[hh][r], _mm256_set1_epi32(corr)));
+                acc[hh][r] = _mm256_fmadd_ps(d, sum, acc[hh][r]);
+                if (w->has_m) acc[hh][r] = _mm256_fmadd_ps(ld_scale256(w, w->m, si), ds, acc[hh][r]);
+            }
+        }
+    }
+    for (int hh = 0; hh < HT; hh++) {
+        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
+        int valid = last ? n - 8 * half : 8;
+        for (int r = 0; r < R; r++)
+            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half, acc[hh][r], valid);
+    }
+}
+
+TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
+                               float *y, int ldy, int R, int n) {
+    /* TT tiles = 2 TT half tiles; grouped by 4, 2 or 1 by the number of rows */
+    const int q8 = mode == MODE_Q8 && w->kind != KIND_F32;
+    const int halves = 2 * TT, HT = R == 1 ? 4 : (R == 2 ? 2 : 1);
+    for (int h = 0; h < halves;) {
+        int step = HT <= halves - h ? HT : 1;
+        int h0 = 2 * t0 + h, nlast = ((h0 + step - 1) / 2 == t0 + TT - 1) ? n : QTILE;
+        float *yt = y + (size_t)(h0 / 2 - t0) * QTILE;
+#define E(H, RR) exact256(w, h0, x, ldx, yt, ldy, nlast, H, RR)
+#define Q(H, RR) q8_256(w, h0, a, yt, ldy, nlast, H, RR)
+        if (step == 4) {
+            if (q8) Q(4, 1); else E(4, 1);
+        } else if (step == 2) {
+            if (q8) Q(2, 2); else E(2, 2);
+        } else {
+            switch (R) {
+                case 1: if (q8) Q(1, 1); else E(1, 1); break;
+                case 2: if (q8) Q(1, 2); else E(1, 2); break;
+                case 3: if (q8) Q(1, 3); else E(1, 3); break;
+                default: if (q8) Q(1, 4); else E(1, 4); break;
+            }
+        }
+#undef E
+#undef Q
+        h += step;
+    }
+}
+#endif /* SPECWISE_X86 */
+
+/* Tiles processed together for R rows: enough independent accumulators to hide the latency of the FMAs. */
+static inline int tiles_for(int R) { return R == 1 ? 4 : (R == 2 ? 2 : 1); }
+
+/* ---- the driver --------------------------------------------------------------------------------------------- */
+
+/* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias): the parts' outputs side by side (a fused QKV or
+ * gate/up product whose parts may have different formats). All parts share `in`. */
+void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
+                     int threads) {
+    if (k <= 0 || nparts <= 0) return;
+    const int in = parts[0].in, isa = specwise_q_isa();
+    int ldy = 0, tiles = 0, need_q8 = 0;
+    int first_tile[9], col[9];
+    for (int p = 0; p < nparts && p < 8; p++) {
+        first_tile[p] = tiles;
+        col[p] = ldy;
+        tiles += (parts[p].out + QTILE - 1) / QTILE;
+        ldy += parts[p].out;
+        need_q8 |= mode == MODE_Q8 && parts[p].kind != KIND_F32;
+    }
+    first_tile[nparts] = tiles;
+    acts a = {x, in, NULL, NULL, NULL, NULL};
+    void *mem = NULL;
+    if (need_q8) {
+        size_t nb = (size_t)in / 32;
+        mem = malloc((size_t)k * (in + nb * 4 * 2 + nb * 2 * 4) + 64);
+        if (!mem) return;
+        a.dx = (float *)mem;
+        a.dsum = a.dx + (size_t)k * nb;
+        a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
+        a.qx = (int8_t *)(a.isum + (size_t)k * nb * 2);
+        quantize_rows(x, k, in, &a);
+    }
+    const int RMAX = isa == ISA_AVX512 ? 8 : (isa == ISA_AVX2 ? 4 : 8);
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+        const int tid = 0, nth = 1;
+#endif
+        const int lo = (int)((long long)tiles * tid / nth), hi = (int)((long long)tiles * (tid + 1) / nth);
+        int p = 0;
+        for (int t = lo; t < hi;) {
+            while (t >= first_tile[p + 1]) p++;
+            const qmat *w = parts + p;
+            const int lt = t - first_tile[p], ptiles = first_tile[p + 1] - first_tile[p];
+            const int avail = (hi < first_tile[p + 1] ? hi : first_tile[p + 1]) - t;
+            int chunk = tiles_for(k < RMAX ? k : RMAX);
+            while (chunk > avail) chunk /= 2;
+            for (int r0 = 0; r0 < k; r0 += RMAX) {
+                const int R = k - r0 < RMAX ? k - r0 : RMAX;
+                const float *xr = x + (size_t)r0 * in;
+                acts ar = a;
+                if (need_q8) {
+                    size_t nb = (size_t)in / 32;
+                    ar.qx = a.qx + (size_t)r0 * in;
+                    ar.dx = a.dx + (size_t)r0 * nb;
+                    ar.dsum = a.dsum + (size_t)r0 * nb;
+                    ar.isum = a.isum + (size_t)r0 * nb * 2;
+                }
+                for (int c = 0; c < chunk;) {
+                    int TT = tiles_for(R);
+                    while (TT > chunk - c) TT /= 2;
+                    const int t0 = lt + c;
+                    const int n = (t0 + TT == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
+                    float *yt = y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE;
+#ifdef SPECWISE_X86
+                    if (isa == ISA_AVX512)
+                        run512(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
+                    else if (isa == ISA_AVX2)
+                        run256(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
+                    else
+#endif
+                        for (int tt = 0; tt < TT; tt++)
+                            tile_portable(w, t0 + tt, xr, in, &ar, mode, yt + (size_t)tt * QTILE, ldy, R,
+                                          tt == TT - 1 ? n : QTILE);
+                    c += TT;
+                }
+            }
+            t += chunk;
+        }
+    }
+    free(mem);
+    if (bias) {
+        for (int r = 0; r < k; r++)
+            for (int o = 0; o < ldy; o++) y[(size_t)r * ldy + o] += bias[o];
+    }
+}
+
+/* Row `row` of a re-packed tensor as float32 (an embedding lookup). */
+void specwise_q_row(const qmat *w, int row, float *out) {
+    const int t = row / QTILE, L = row % QTILE, B = w->block, nb = w->in / B;
+    if (w->kind == KIND_F32) {
+        const float *wt = (const float *)w->q;
+        for (int i = 0; i < w->in; i++) out[i] = wt[((size_t)t * w->in + i) * QTILE + L];
+        return;
+    }
+    for (int b = 0; b < nb; b++) {
+        size_t si = ((size_t)t * nb + b) * QTILE + L;
+        float s = scale_at(w, si, w->s), m = w->has_m ? scale_at(w, si, w->m) : 0.0f;
+        for (int e = 0; e < B; e++) out[B * b + e] = fmaf((float)(q_at(w, t, b, e, L) - w->offset), s, m);
+    }
+}

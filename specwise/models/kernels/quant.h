@@ -1,0 +1,42 @@
+/*
+ * Quantized weights in specwise's tiled layout, and the multi-row products over them (quant.c).
+ *
+ * Every GGUF block format is re-packed at load time into one of three kinds, in tiles of 16 output rows (one
+ * vector lane per output row, so no horizontal sums):
+ *   KIND_F32  float32 weights                  (F32, F16, BF16)             w = v
+ *   KIND_Q4   4-bit q, blocks of 32 inputs     (Q4_0, Q4_1, Q4_K)           w = (q - offset) * s + m
+ *   KIND_U8   8-bit q, blocks of 16 or 32      (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K)
+ * with one scale s (and, for the asymmetric formats, one m) per output row and block. The conversion keeps the
+ * file's numbers: dequantizing the tiles gives the values `gguf.quants.dequantize` gives, up to float rounding of
+ * one fused multiply-add.
+ */
+#ifndef SPECWISE_QUANT_H
+#define SPECWISE_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { KIND_F32 = 0, KIND_Q4 = 1, KIND_U8 = 2 };
+enum { MODE_EXACT = 0, MODE_Q8 = 1 };
+enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
+#define QTILE 16
+
+typedef struct {
+    int kind;    /* KIND_* */
+    int block;   /* inputs per scale: 32, or 16 (KIND_U8 from Q6_K); 32 for KIND_F32 (accumulator split) */
+    int offset;  /* q - offset is the signed value (0 for the asymmetric formats) */
+    int has_m;   /* m present (asymmetric formats) */
+    int half;    /* s and m stored as float16 (exact for the formats whose scales are float16) */
+    int out;     /* output rows (not padded) */
+    int in;      /* inputs, a multiple of 32 */
+    const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8) or of float32 weights (KIND_F32) */
+    const void *s;     /* [tiles][blocks][16] scales */
+    const void *m;     /* [tiles][blocks][16] offsets, or NULL */
+} qmat;
+
+int specwise_q_isa(void);
+int specwise_q_set_isa(int isa);
+void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
+                     int threads);
+
+#endif

@@ -1,0 +1,258 @@
+"""Quantized GGUF weights for the native kernels (``quant.c``, ``qllama.c``).
+
+A :class:`QTensor` holds one GGUF matrix ``[out, in]`` re-packed at load time from the file's own block format
+into the kernels' tiles (16 output rows per tile; 4-bit, 8-bit or float32 values with the file's scales), so it
+takes about the file's bytes in memory. :func:`q_gemm` multiplies a few rows by one or several of them (their
+outputs side by side) in one of two modes:
+
+- ``exact``: float32 activations and accumulation: the numbers of the dequantized float32 model up to the order
+  of summation;
+- ``q8``: activations quantized to 8 bits per block of 32 and integer dot products (AVX-512 VNNI, AVX2
+  ``vpmaddubsw``), the way llama.cpp evaluates GGUF files: faster, and lossy against the float32 reference.
+
+In both, a row's result never depends on how many rows share the pass, and the portable, AVX2 and AVX-512 paths
+agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+__all__ = [
+    "MODES",
+    "ISAS",
+    "QTensor",
+    "q_gemm",
+    "isa",
+    "set_isa",
+    "supported_types",
+    "quantized_available",
+    "QMat",
+]
+
+MODES = ("exact", "q8")
+ISAS = ("portable", "avx2", "avx512")
+
+# GGML type ids (the GGUF file format) that the kernels take
+_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    30: "BF16",
+}
+
+
+class QMat(ctypes.Structure):
+    """The C ``qmat`` of quant.h."""
+
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("block", ctypes.c_int),
+        ("offset", ctypes.c_int),
+        ("has_m", ctypes.c_int),
+        ("half", ctypes.c_int),
+        ("out", ctypes.c_int),
+        ("in_", ctypes.c_int),
+        ("q", ctypes.c_void_p),
+        ("s", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+    ]
+
+
+def declare(lib: ctypes.CDLL) -> None:
+    """Argument types of the quantized kernels' functions (called once when the library loads)."""
+    i, p, sz = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    table = {
+        "specwise_q_isa": ([], i),
+        "specwise_q_isa_supported": ([], i),
+        "specwise_q_set_isa": ([i], i),
+        "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 7, i),
+        "specwise_q_sizes": ([i, i, i] + [ctypes.POINTER(sz)] * 3, i),
+        "specwise_q_repack": ([i, p, i, i, p, p, p], i),
+        "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
+        "specwise_q_row": ([p, i, p], None),
+        "specwise_qllama_scratch_floats": ([i] * 6, sz),
+        "specwise_qllama_layers": (
+            [i] * 6 + [ctypes.c_float] + [p] * 6 + [i, p, p, p, i, i, p, p, i, i, p, p],
+            i,
+        ),
+    }
+    for name, (args, res) in table.items():
+        fn = getattr(lib, name)
+        fn.argtypes = args
+        fn.restype = res
+
+
+def _lib():
+    from specwise.models.kernels import kernel_error, native_library
+
+    lib = native_library()
+    if lib is None:
+        raise RuntimeError(f"the quantized kernels are unavailable: {kernel_error()}")
+    return lib
+
+
+def quantized_available() -> bool:
+    """Whether the native library (and with it the quantized kernels) is loaded."""
+    from specwise.models.kernels import native_library
+
+    return native_library() is not None
+
+
+def supported_types() -> dict[int, str]:
+    """GGML type id -> name for the formats the kernels re-pack."""
+    return dict(_TYPES)
+
+
+def isa() -> str:
+    """The instruction path in use: ``avx512`` (with VNNI), ``avx2`` (with FMA and F16C) or ``portable``."""
+    return ISAS[_lib().specwise_q_isa()]
+
+
+def set_isa(name: str | None) -> str:
+    """Use the path ``name`` (lowered to what the CPU supports; None: the best); returns the path in use."""
+    if name is not None and name not in ISAS:
+        raise ValueError(f"unknown instruction path {name!r}: use one of {', '.join(ISAS)}")
+    return ISAS[_lib().specwise_q_set_isa(-1 if name is None else ISAS.index(name))]
+
+
+def _mode_id(mode: str) -> int:
+    if mode not in MODES:
+        raise ValueError(f"unknown precision {mode!r}: use one of {', '.join(MODES)}")
+    return MODES.index(mode)
+
+
+class QTensor:
+    """A GGUF matrix ``[out, in]`` re-packed into the kernels' tiles.
+
+    raw: the tensor's bytes as the file stores them (row-major blocks), any 1-D uint8 array-like of the right size.
+    """
+
+    def __init__(self, ggml_type: int, raw, out: int, in_features: int, name: str = "") -> None:
+        lib = _lib()
+        self.name = name or "tensor"
+        if ggml_type not in _TYPES:
+            raise ValueError(
+                f"{self.name}: GGML type {ggml_type} is not supported by the native kernels "
+                f"(supported: {', '.join(_TYPES.values())}); use --impl hf"
+            )
+        fields = [ctypes.c_int() for _ in range(7)]
+        lib.specwise_q_layout(ggml_type, *[ctypes.byref(f) for f in fields])
+        kind, block, offset, has_m, half, raw_block, raw_bytes = (f.value for f in fields)
+        if in_features % 32 or in_features % raw_block:
+            raise ValueError(
+                f"{self.name}: {in_features} inputs is not a multiple of {max(32, raw_block)}, which the native "
+                f"kernels need for {_TYPES[ggml_type]}; use --impl hf"
+            )
+        data = np.ascontiguousarray(np.asarray(raw, dtype=np.uint8).reshape(-1))
+        expected = out * (in_features // raw_block) * raw_bytes
+        if data.size != expected:
+            raise ValueError(f"{self.name}: {data.size} bytes for a {_TYPES[ggml_type]} [{out}, {in_features}]")
+        sizes = [ctypes.c_size_t() for _ in range(3)]
+        lib.specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
+        self.q = torch.zeros(max(1, sizes[0].value), dtype=torch.uint8)
+        self.s = torch.zeros(max(1, sizes[1].value), dtype=torch.uint8)
+        self.m = torch.zeros(max(1, sizes[2].value), dtype=torch.uint8) if sizes[2].value else None
+        status = lib.specwise_q_repack(
+            ggml_type,
+            data.ctypes.data,
+            out,
+            in_features,
+            self.q.data_ptr(),
+            self.s.data_ptr(),
+            None if self.m is None else self.m.data_ptr(),
+        )
+        if status != 0:
+            raise RuntimeError(f"{self.name}: re-packing {_TYPES[ggml_type]} failed (status {status})")
+        self.ggml_type = ggml_type
+        self.type_name = _TYPES[ggml_type]
+        self.shape = (out, in_features)
+        self.struct = QMat(
+            kind,
+            block,
+            offset,
+            has_m,
+            half,
+            out,
+            in_features,
+            self.q.data_ptr(),
+            self.s.data_ptr() if sizes[1].value else None,
+            None if self.m is None else self.m.data_ptr(),
+        )
+        self.nbytes = sum(sizes[i].value for i in range(3))
+
+    def row(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Row ``index`` as float32 ``[in]`` (an embedding lookup)."""
+        if not 0 <= index < self.shape[0]:
+            raise IndexError(f"{self.name}: row {index} outside [0, {self.shape[0]})")
+        if out is None:
+            out = torch.empty(self.shape[1], dtype=torch.float32)
+        _lib().specwise_q_row(ctypes.byref(self.struct), int(index), out.data_ptr())
+        return out
+
+    def rows(self, indices) -> torch.Tensor:
+        """Rows ``indices`` as float32 ``[n, in]``."""
+        ids = [int(i) for i in (indices.tolist() if torch.is_tensor(indices) else indices)]
+        out = torch.empty((len(ids), self.shape[1]), dtype=torch.float32)
+        for r, i in enumerate(ids):
+            self.row(i, out[r])
+        return out
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole matrix as float32 ``[out, in]`` (for references and the torch path)."""
+        return self.rows(range(self.shape[0]))
+
+    def __repr__(self) -> str:
+        return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
+
+
+def _structs(parts: list[QTensor]):
+    array = (QMat * len(parts))(*[p.struct for p in parts])
+    return array
+
+
+def q_gemm(
+    parts: QTensor | list[QTensor],
+    x: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    mode: str = "q8",
+    threads: int | None = None,
+) -> torch.Tensor:
+    """``x @ [W_0; W_1; ...].T (+ bias)`` for float32 x ``[k, in]`` (k >= 1): float32 ``[k, sum of outs]``."""
+    parts = [parts] if isinstance(parts, QTensor) else list(parts)
+    if not parts or len(parts) > 8:
+        raise ValueError(f"q_gemm takes 1 to 8 weights, got {len(parts)}")
+    n_in = parts[0].shape[1]
+    if any(p.shape[1] != n_in for p in parts):
+        raise ValueError(f"the weights' inputs differ: {[p.shape for p in parts]}")
+    if x.dim() != 2 or x.shape[1] != n_in or x.dtype != torch.float32 or x.device.type != "cpu":
+        raise ValueError(f"q_gemm takes float32 CPU x [k, {n_in}], got {tuple(x.shape)} {x.dtype} {x.device}")
+    n_out = sum(p.shape[0] for p in parts)
+    if bias is not None and (bias.numel() != n_out or bias.dtype != torch.float32):
+        raise ValueError(f"bias must be float32 [{n_out}]")
+    x = x.contiguous()
+    y = torch.empty((x.shape[0], n_out), dtype=torch.float32)
+    if x.shape[0] == 0:
+        return y
+    structs = _structs(parts)
+    _lib().specwise_q_gemm(
+        ctypes.cast(structs, ctypes.c_void_p),
+        len(parts),
+        x.data_ptr(),
+        None if bias is None else bias.contiguous().data_ptr(),
+        y.data_ptr(),
+        x.shape[0],
+        _mode_id(mode),
+        threads or torch.get_num_threads(),
+    )
+    return y
