@@ -60,8 +60,15 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "--impl",
         default="auto",
         choices=["auto", "native", "hf"],
-        help="model implementation: native (fast, Llama family), hf (Hugging Face, any causal LM), "
-        "auto (native when supported; default)",
+        help="model implementation: native (fast, Llama family; GGUF files in their own block formats on a CPU), "
+        "hf (Hugging Face, float32, any causal LM), auto (native when supported; default)",
+    )
+    p.add_argument(
+        "--precision",
+        default=None,
+        choices=["q8", "exact"],
+        help="how the native model evaluates a GGUF file: q8 (8-bit activations, integer dot products, as "
+        "llama.cpp; default) or exact (float32 activations: the dequantized float32 model's numbers)",
     )
 
 
@@ -117,7 +124,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree, args.precision)
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     if args.json:
@@ -151,7 +158,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--context must be >= 1, got {args.context}")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree, args.precision)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
     if isinstance(model, NativeModel):
@@ -185,7 +192,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "drafter_seconds_per_token": drafter_s,
         "drafter_relative_cost": drafter_s / seconds[1],
     }
-    path = profile_path(runtime.target.name, runtime.device)
+    from specwise.models.loader import profile_device
+
+    path = profile_path(runtime.target.name, profile_device(runtime.device, model))
     save_profile(path, data)
     if args.json:
         print(json.dumps(data))

@@ -67,6 +67,7 @@ def build_runtime(
     device: str = "auto",
     impl: str = "auto",
     tree: tuple[int, ...] | None = None,
+    precision: str | None = None,
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
 
@@ -74,24 +75,27 @@ def build_runtime(
     holds what was chosen).
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
     tree: alternatives per drafted position for a head's greedy drafts (None: the default; see ``make_drafter``).
+    precision: ``q8`` or ``exact`` for GGUF models on the quantized native path (None: the default, q8).
     """
     import torch
 
     from specwise.drafters import make_drafter, resolve_drafter_spec
     from specwise.models import load_model
+    from specwise.models.loader import DEFAULT_PRECISION
 
     make_schedule(gamma)  # validates gamma before anything is loaded
     device = resolve_device(device)
-    loaded = load_model(target, device=device, dtype=torch.float32, impl=impl)
+    precision = precision or DEFAULT_PRECISION
+    loaded = load_model(target, device=device, dtype=torch.float32, impl=impl, precision=precision)
     drafter = resolve_drafter_spec(drafter, loaded)
-    draft = make_drafter(drafter, loaded, device=device, impl=impl, tree=tree)
+    draft = make_drafter(drafter, loaded, device=device, impl=impl, tree=tree, precision=precision)
     engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
     return Runtime(engine, loaded, drafter, device)
 
 
 def eos_ids(loaded) -> set[int] | None:
     """End-of-sequence tokens: the model's generation config (which may list several) and the tokenizer's."""
-    ids: set[int] = set()
+    ids: set[int] = set(getattr(loaded, "eos_token_ids", None) or ())
     config = getattr(loaded.hf_model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None)
     ids.update([eos] if isinstance(eos, int) else list(eos or []))

@@ -78,17 +78,25 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
 
 
 def make_drafter(
-    spec: str, target, device="cpu", dtype=None, impl: str = "auto", tree: tuple[int, ...] | None = None
+    spec: str,
+    target,
+    device="cpu",
+    dtype=None,
+    impl: str = "auto",
+    tree: tuple[int, ...] | None = None,
+    precision: str | None = None,
 ) -> Drafter:
     """Build a drafter from its CLI spec for ``target`` (a LoadedModel).
 
     tree: alternatives per drafted position for the head's greedy drafts (None: ``DEFAULT_TREE``; ``()``: chains).
+    precision: how a draft model from a GGUF file is evaluated (``q8`` or ``exact``; None: the default).
     """
     spec = resolve_drafter_spec(spec, target)
     if "+" in spec:
         from specwise.drafters.combined import CombinedDrafter
 
-        return CombinedDrafter([make_drafter(part, target, device, dtype, impl, tree) for part in spec.split("+")])
+        parts = [make_drafter(part, target, device, dtype, impl, tree, precision) for part in spec.split("+")]
+        return CombinedDrafter(parts)
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
@@ -103,9 +111,10 @@ def make_drafter(
     if kind == "model" and arg:
         import torch
 
-        from specwise.models.loader import load_model
+        from specwise.models.loader import DEFAULT_PRECISION, load_model
 
-        draft = load_model(arg, device=device, dtype=dtype or torch.float32, impl=impl)
+        precision = precision or DEFAULT_PRECISION
+        draft = load_model(arg, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision)
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
     if kind == "head":

@@ -77,15 +77,19 @@ def target_identity(hf_model, name: str) -> dict:
     a change of dtype or file format of the same weights.
     """
     config = hf_model.config
-    weight = hf_model.get_output_embeddings().weight.detach().float()
-    chunks = weight.flatten().chunk(16)
+    weight = hf_model.get_output_embeddings().weight
+    if hasattr(hf_model, "fingerprint"):  # a quantized target computes it without expanding its output layer
+        fingerprint = hf_model.fingerprint()
+    else:
+        chunks = weight.detach().float().flatten().chunk(16)
+        fingerprint = [round(float(c.double().abs().mean()), 6) for c in chunks]
     return {
         "name": name,
-        "architecture": type(hf_model).__name__,
+        "architecture": getattr(hf_model, "architecture", type(hf_model).__name__),
         "vocab_size": int(weight.shape[0]),
         "hidden_size": int(config.hidden_size),
         "num_layers": int(config.num_hidden_layers),
-        "fingerprint": [round(float(c.double().abs().mean()), 6) for c in chunks],
+        "fingerprint": fingerprint,
     }
 
 

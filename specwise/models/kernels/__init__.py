@@ -3,8 +3,8 @@
 ``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``layer_kernel`` runs the
 decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
 were built and the CPU has AVX2 and FMA; everything else falls back to torch. The quantized kernels (``quant.c``,
-``qllama.c``, wrapped by :mod:`specwise.models.kernels.quant`) choose AVX-512, AVX2 or portable code at run time. ``SPECWISE_NO_KERNELS=1`` disables
-them.
+``qllama.c``, wrapped by :mod:`specwise.models.kernels.quant`) choose AVX-512, AVX2 or portable code at run
+time. ``SPECWISE_NO_KERNELS=1`` disables them all.
 """
 
 from __future__ import annotations

@@ -160,9 +160,10 @@ class QTensor:
             raise ValueError(f"{self.name}: {data.size} bytes for a {_TYPES[ggml_type]} [{out}, {in_features}]")
         sizes = [ctypes.c_size_t() for _ in range(3)]
         lib.specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
-        self.q = torch.zeros(max(1, sizes[0].value), dtype=torch.uint8)
-        self.s = torch.zeros(max(1, sizes[1].value), dtype=torch.uint8)
-        self.m = torch.zeros(max(1, sizes[2].value), dtype=torch.uint8) if sizes[2].value else None
+        # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
+        self.q = torch.from_numpy(np.zeros(max(1, sizes[0].value), dtype=np.uint8))
+        self.s = torch.from_numpy(np.zeros(max(1, sizes[1].value), dtype=np.uint8))
+        self.m = torch.from_numpy(np.zeros(sizes[2].value, dtype=np.uint8)) if sizes[2].value else None
         status = lib.specwise_q_repack(
             ggml_type,
             data.ctypes.data,

@@ -1,0 +1,418 @@
+"""The Llama family (Llama, Qwen2) decoded straight from a GGUF file's own block formats.
+
+The weights stay in the file's formats (re-packed at load time into the kernels' tiles, about the file's size in
+memory; nothing is converted or cached on disk) and every pass runs in native code: all decoder layers in one
+call (``kernels/qllama.c``), the products over quantized weights (``kernels/quant.c``), the output layer in its own
+format. Two evaluations of the same weights (``precision``):
+
+- ``exact``: float32 activations: the dequantized float32 model's numbers up to summation order (the Hugging
+  Face model built from the same file is the reference);
+- ``q8``: activations quantized per block of 32 to 8 bits, integer dot products, as llama.cpp evaluates GGUF files.
+
+Speculative decoding is exact in both: a row's logits do not depend on how many rows share a pass, so a verified
+draft gives the logits plain decoding would.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specwise.models.base import Model
+from specwise.models.gguf_file import GGUFFile
+from specwise.models.kernels.quant import QMat, QTensor, _lib, _mode_id
+
+__all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "quantized_supported", "TargetWeights"]
+
+_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+MAX_ROWS = 32  # rows per native call; longer inputs (prompts) run in chunks, which gives the same logits
+
+
+class GGUFConfig:
+    """What the model needs from a GGUF file's metadata, named like a Hugging Face config."""
+
+    def __init__(self, meta: GGUFFile) -> None:
+        arch = meta.get("general.architecture")
+        self.gguf_architecture = arch
+        self.architecture = _ARCHITECTURES.get(arch, str(arch))
+
+        def key(name, default=None):
+            return meta.get(f"{arch}.{name}", default)
+
+        self.hidden_size = int(key("embedding_length", 0))
+        self.num_hidden_layers = int(key("block_count", 0))
+        self.intermediate_size = int(key("feed_forward_length", 0))
+        self.num_attention_heads = int(key("attention.head_count", 0))
+        self.num_key_value_heads = int(key("attention.head_count_kv", self.num_attention_heads))
+        self.head_dim = int(key("attention.key_length", 0)) or self.hidden_size // max(1, self.num_attention_heads)
+        self.rope_dim = int(key("rope.dimension_count", self.head_dim))
+        self.rope_theta = float(key("rope.freq_base", 10000.0))
+        self.rope_scaling = key("rope.scaling.type")
+        self.rms_norm_eps = float(key("attention.layer_norm_rms_epsilon", 1e-6))
+        self.max_position_embeddings = int(key("context_length", 2048))
+        self.sliding_window = key("attention.sliding_window")
+        tokens = meta._array_at.get("tokenizer.ggml.tokens")
+        self.vocab_size = int(key("vocab_size", 0))
+        self._has_vocab = tokens is not None
+
+    def unsupported(self, meta: GGUFFile) -> str | None:
+        """None when the quantized native model runs this file; otherwise why not."""
+        if self.gguf_architecture not in _ARCHITECTURES:
+            return f"architecture {self.gguf_architecture!r} is not in the native family ({', '.join(_ARCHITECTURES)})"
+        if self.rope_scaling not in (None, "none"):
+            return f"rope scaling {self.rope_scaling!r} is not supported"
+        if self.rope_dim != self.head_dim:
+            return "partial rotary embeddings are not supported"
+        if self.head_dim > 512 or self.num_attention_heads % max(1, self.num_key_value_heads):
+            return "this attention shape is not supported"
+        if self.sliding_window:
+            return "sliding-window attention is not supported"
+        from specwise.models.kernels.quant import supported_types
+
+        types = supported_types()
+        for info in meta.tensors.values():
+            if len(info.shape) == 2 and info.type not in types:
+                return f"tensor {info.name} is {info.type_name}, which the native kernels do not read"
+        return None
+
+
+def gguf_config(path: str | Path) -> GGUFConfig:
+    return GGUFConfig(GGUFFile(path))
+
+
+def quantized_supported(path: str | Path) -> str | None:
+    """None when ``path`` can be decoded by the quantized native model on this machine, else the reason."""
+    from specwise.models.kernels import kernel_error
+    from specwise.models.kernels.quant import quantized_available
+
+    if not quantized_available():
+        return kernel_error()
+    meta = GGUFFile(path)
+    return GGUFConfig(meta).unsupported(meta)
+
+
+def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order that undoes the GGUF converter's permutation of Llama's Q and K weights (interleaved rotary
+    pairs back to rotate-half halves, as in the Hugging Face model): Hugging Face row (h, p, i) is file row
+    (h, i, p)."""
+    dim = n_rows // n_head // 2
+    return np.arange(n_rows).reshape(n_head, dim, 2).swapaxes(1, 2).reshape(-1)
+
+
+class _Rows:
+    """Rows of a quantized matrix as float32 on demand: ``rows[ids]`` (what a drafter reads of an embedding)."""
+
+    def __init__(self, tensor: QTensor) -> None:
+        self.tensor = tensor
+        self.shape = torch.Size(tensor.shape)
+        self.dtype = torch.float32
+        self.device = torch.device("cpu")
+
+    def __getitem__(self, ids) -> torch.Tensor:
+        ids = torch.as_tensor(ids)
+        flat = self.tensor.rows(ids.reshape(-1))
+        return flat.reshape(*ids.shape, self.shape[1])
+
+    def detach(self):
+        return self
+
+    def float(self):
+        return self
+
+
+class _Module:
+    def __init__(self, weight) -> None:
+        self.weight = weight
+
+
+class TargetWeights:
+    """The view of a quantized target that a drafter trained on it needs (``hf_model`` in LoadedModel): its
+    config, embedding and output layer (rows read on demand), and its identity."""
+
+    def __init__(self, model: QuantizedModel) -> None:
+        self.config = model.config
+        self.architecture = model.config.architecture
+        self._model = model
+        self.generation_config = None
+
+    def get_input_embeddings(self) -> _Module:
+        return _Module(_Rows(self._model.embed))
+
+    def get_output_embeddings(self) -> _Module:
+        return _Module(_Rows(self._model.lm_head))
+
+    def fingerprint(self, chunks: int = 16) -> list[float]:
+        """Mean absolute value of ``chunks`` equal slices of the output layer's flattened weight, dequantized a
+        slice of rows at a time (the identity a trained head records)."""
+        head = self._model.lm_head
+        rows, cols = head.shape
+        total = rows * cols
+        size = -(-total // chunks)  # torch.chunk's slice size
+        sums = np.zeros(chunks, dtype=np.float64)
+        step = 2048
+        for start in range(0, rows, step):
+            block = head.rows(range(start, min(rows, start + step))).double().abs().reshape(-1)
+            first = start * cols
+            for c in range(first // size, min(chunks, -(-(first + block.numel()) // size))):
+                lo, hi = max(c * size, first) - first, min((c + 1) * size, first + block.numel()) - first
+                if hi > lo:
+                    sums[c] += float(block[lo:hi].sum())
+        counts = [min(size, total - c * size) for c in range(chunks)]
+        return [round(float(s / n), 6) for s, n in zip(sums, counts) if n > 0]
+
+
+class QuantizedModel(Model):
+    """A Llama-family GGUF model behind the Model contract, decoded by the quantized native kernels."""
+
+    supports_tree = True
+
+    def __init__(self, path: str | Path, precision: str = "q8", name: str | None = None, capacity: int = 1024):
+        _mode_id(precision)
+        self.path = Path(path)
+        meta = GGUFFile(self.path)
+        config = GGUFConfig(meta)
+        reason = config.unsupported(meta)
+        if reason is not None:
+            raise NotImplementedError(f"{self.path.name}: the quantized native model cannot run it: {reason}")
+        self.config = config
+        self.name = name or self.path.stem
+        self.precision = precision
+        self.device = torch.device("cpu")
+        self.dtype = torch.float32
+        self.hidden = config.hidden_size
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = config.rms_norm_eps
+        self.max_length = config.max_position_embeddings
+        self._load_weights(meta)
+        self.vocab_size = self.lm_head.shape[0]
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
+        self._inv_freq = (1.0 / (config.rope_theta**exponent)).float()
+        self._length = 0
+        self._capacity = 0
+        self._grow(min(capacity, self.max_length))
+        lib = _lib()
+        self._lib = lib
+        size = lib.specwise_qllama_scratch_floats(
+            self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate, MAX_ROWS
+        )
+        self._scratch = torch.empty(int(size), dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+
+    # ---- weights -----------------------------------------------------------------------------------------
+
+    def _matrix(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> QTensor:
+        info = meta.tensors.get(name)
+        if info is None:
+            raise ValueError(f"{self.path.name}: tensor {name} is missing")
+        out, n_in = info.shape
+        raw = meta.raw(name)
+        if rows is not None:
+            raw = np.asarray(raw).reshape(out, -1)[rows]
+        return QTensor(info.type, raw, out, n_in, name=name)
+
+    def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
+        values = meta.floats(name).reshape(-1)
+        if rows is not None:
+            values = values[rows]
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+
+    def _load_weights(self, meta: GGUFFile) -> None:
+        c = self.config
+        llama = c.gguf_architecture == "llama"
+        q_rows = _unpermute_rows(c.num_attention_heads * c.head_dim, c.num_attention_heads) if llama else None
+        k_rows = _unpermute_rows(c.num_key_value_heads * c.head_dim, c.num_key_value_heads) if llama else None
+        self.embed = self._matrix(meta, "token_embd.weight")
+        self.lm_head = self._matrix(meta, "output.weight") if "output.weight" in meta.tensors else self.embed
+        self.tied = self.lm_head is self.embed
+        self.final_norm = self._vector(meta, "output_norm.weight")
+        self.layers: list[list[QTensor]] = []
+        self.attn_norms, self.mlp_norms, self.qkv_biases = [], [], []
+        for i in range(c.num_hidden_layers):
+            p = f"blk.{i}."
+            if p + "attn_output.bias" in meta.tensors:
+                raise NotImplementedError(f"{self.path.name}: attention output biases are not supported")
+            weights = [
+                self._matrix(meta, p + "attn_q.weight", q_rows),
+                self._matrix(meta, p + "attn_k.weight", k_rows),
+                self._matrix(meta, p + "attn_v.weight"),
+                self._matrix(meta, p + "attn_output.weight"),
+                self._matrix(meta, p + "ffn_gate.weight"),
+                self._matrix(meta, p + "ffn_up.weight"),
+                self._matrix(meta, p + "ffn_down.weight"),
+            ]
+            self.layers.append(weights)
+            self.attn_norms.append(self._vector(meta, p + "attn_norm.weight"))
+            self.mlp_norms.append(self._vector(meta, p + "ffn_norm.weight"))
+            if p + "attn_q.bias" in meta.tensors:
+                bias = torch.cat(
+                    [
+                        self._vector(meta, p + "attn_q.bias", q_rows),
+                        self._vector(meta, p + "attn_k.bias", k_rows),
+                        self._vector(meta, p + "attn_v.bias"),
+                    ]
+                )
+                self.qkv_biases.append(bias)
+            else:
+                self.qkv_biases.append(None)
+        self.intermediate = self.layers[0][4].shape[0]
+        flat = [w.struct for layer in self.layers for w in layer]
+        self._weights = (QMat * len(flat))(*flat)
+        self._attn_norm_ptrs = (ctypes.c_void_p * len(self.attn_norms))(*[t.data_ptr() for t in self.attn_norms])
+        self._mlp_norm_ptrs = (ctypes.c_void_p * len(self.mlp_norms))(*[t.data_ptr() for t in self.mlp_norms])
+        self._bias_ptrs = (ctypes.c_void_p * len(self.qkv_biases))(
+            *[0 if b is None else b.data_ptr() for b in self.qkv_biases]
+        )
+        self._head_struct = (QMat * 1)(self.lm_head.struct)
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the re-packed weights (the output layer counted once when it is the embedding)."""
+        total = sum(w.nbytes for layer in self.layers for w in layer) + self.embed.nbytes
+        return total + (0 if self.tied else self.lm_head.nbytes)
+
+    # ---- cache -------------------------------------------------------------------------------------------
+
+    def _grow(self, capacity: int) -> None:
+        shape = (self.config.num_hidden_layers, self.n_kv, capacity, self.head_dim)
+        k_cache = torch.zeros(shape, dtype=torch.float32)
+        v_cache = torch.zeros(shape, dtype=torch.float32)
+        feats = torch.zeros((capacity, self.hidden), dtype=torch.float32)
+        if self._capacity:
+            k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
+            v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
+            feats[: self._length] = self._features[: self._length]
+        self.k_cache, self.v_cache, self._features = k_cache, v_cache, feats
+        positions = torch.arange(capacity, dtype=torch.float32)
+        freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        sin = emb.sin()
+        half = self._inv_freq.numel()
+        self._cos = emb.cos().contiguous()
+        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()  # rotate-half sign folded in
+        self._capacity = capacity
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def rollback(self, length: int) -> None:
+        self._check_rollback(length)
+        self._length = length
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        self._check_features(start, end)
+        return self._features[start:end]
+
+    # ---- forward -----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+        self._check_forward(tokens)
+        k = tokens.numel()
+        keep = k if num_logits is None else num_logits
+        ids = tokens.to(torch.int64).cpu()
+        outputs = []
+        for lo in range(0, k, MAX_ROWS):  # chunks give the same logits as one pass
+            hi = min(k, lo + MAX_ROWS)
+            chunk_keep = max(0, min(hi - lo, keep - (k - hi)))
+            logits = self._run(ids[lo:hi], chunk_keep)
+            if chunk_keep:
+                outputs.append(logits)
+        if not outputs:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
+        self._check_forward(tokens)
+        if len(parents) != tokens.numel():
+            raise ValueError(f"{tokens.numel()} tokens but {len(parents)} parents")
+        if tokens.numel() > MAX_ROWS:
+            raise ValueError(f"a draft tree has at most {MAX_ROWS} rows, got {tokens.numel()}")
+        depth, anc = self.tree_layout(parents)
+        tree = (torch.tensor(depth, dtype=torch.int32), torch.tensor(anc, dtype=torch.uint8))
+        return self._run(tokens.to(torch.int64).cpu(), tokens.numel(), tree)
+
+    def keep_path(self, start: int, rows: list[int]) -> None:
+        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= self._length:
+            raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
+        for i, row in enumerate(rows):
+            if row != i:
+                self.k_cache[:, :, start + i] = self.k_cache[:, :, start + row]
+                self.v_cache[:, :, start + i] = self.v_cache[:, :, start + row]
+                if self.keep_features:
+                    self._features[start + i] = self._features[start + row]
+        self._length = start + len(rows)
+
+    def _run(self, ids: torch.Tensor, keep: int, tree=None) -> torch.Tensor:
+        k = ids.numel()
+        start = self._length
+        if start + k > self._capacity:
+            self._grow(min(max(2 * self._capacity, start + k), self.max_length))
+        x = self.embed.rows(ids)  # [k, hidden]
+        need = self.n_heads * k * (start + k)
+        if self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        threads = torch.get_num_threads()
+        status = self._lib.specwise_qllama_layers(
+            self.config.num_hidden_layers,
+            self.hidden,
+            self.n_heads,
+            self.n_kv,
+            self.head_dim,
+            self.intermediate,
+            self.eps,
+            self._attn_norm_ptrs,
+            self._weights,
+            self._bias_ptrs,
+            self._mlp_norm_ptrs,
+            self.k_cache.data_ptr(),
+            self.v_cache.data_ptr(),
+            self._capacity,
+            self._cos.data_ptr(),
+            self._sin.data_ptr(),
+            x.data_ptr(),
+            k,
+            start,
+            self._scratch.data_ptr(),
+            self._scores.data_ptr(),
+            threads,
+            _mode_id(self.precision),
+            None if tree is None else tree[0].data_ptr(),
+            None if tree is None else tree[1].data_ptr(),
+        )
+        if status != 0:
+            raise RuntimeError(f"the quantized layer kernel failed (status {status})")
+        self._length = start + k
+        if self.keep_features:
+            h = torch.nn.functional.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
+            self._features[start : start + k] = h
+            h = h[k - keep :]
+        elif keep:
+            h = torch.nn.functional.rms_norm(x[k - keep :], (self.hidden,), self.final_norm, self.eps)
+        if keep == 0:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+        logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
+        h = h.contiguous()
+        self._lib.specwise_q_gemm(
+            ctypes.cast(self._head_struct, ctypes.c_void_p),
+            1,
+            h.data_ptr(),
+            None,
+            logits.data_ptr(),
+            keep,
+            _mode_id(self.precision),
+            threads,
+        )
+        return logits
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantizedModel({self.name}, {self.config.architecture}, precision={self.precision}, "
+            f"{self.weight_bytes / 1e6:.1f} MB of weights)"
+        )
