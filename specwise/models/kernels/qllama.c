@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "quant.h"
 
@@ -41,31 +42,214 @@ CLONES static void rms_norm_rows(const float *x, const float *w, float *y, int k
     }
 }
 
-/* Dot products of q with `len` keys of head_dim hd: eight partial sums per key, added in a fixed order. */
-CLONES static void key_scores(const float *q, const float *keys, int len, int hd, float scale, float *sc) {
+/* e^x to about 2 ulp (Cody-Waite reduction, degree-7 Taylor polynomial on [-ln2/2, ln2/2]); 0 below -87. The
+ * vector versions below compute the same operations lane by lane. */
+static inline float exp_approx(float x) {
+    const float c = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = floorf(fmaf(c, 1.44269504088896341f, 0.5f));
+    float r = fmaf(n, -0.693145751953125f, c);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union {
+        int32_t i;
+        float f;
+    } scale = {((int32_t)n + 127) << 23};
+    return x < -87.0f ? 0.0f : p * scale.f;
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
+T256 static inline __m256 exp256(__m256 x) {
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), c);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    return _mm256_andnot_ps(low, y);
+}
+
+
+T256 static int softmax_exp8(float *sc, int len, float mx, float *a, int isa) {
+    (void)isa;
+    __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(mx);
+    int j = 0;
+    for (; j + 8 <= len; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
+        _mm256_storeu_ps(sc + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(a, acc);
+    return j;
+}
+
+T256 static void weighted_values256(const float *p, const float *vals, int len, int hd, float *out) {
+    __m256 acc[32];
+    const int nv = hd / 8;
+    for (int u = 0; u < nv; u++) acc[u] = _mm256_setzero_ps();
+    for (int j = 0; j < len; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const float *v = vals + (size_t)j * hd;
+        for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
+}
+
+T256 static int silu_mul8(const float *gate, const float *up, float *act, int n) {
+    int i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 g = _mm256_loadu_ps(gate + i);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+    }
+    return i;
+}
+
+/* sc[j] = (q . keys[j]) * scale for j < len: eight lanes, added in the portable order */
+T256 static void key_scores256(const float *q, const float *keys, int len, int hd, float scale, float *sc) {
     for (int j = 0; j < len; j++) {
         const float *kj = keys + (size_t)j * hd;
-        float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kj + d), acc);
+        __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+        lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+        lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+        sc[j] = _mm_cvtss_f32(lo) * scale;
+    }
+}
+#endif
+
+/* sc[j] = (q . keys[j]) * scale: eight lanes accumulated with fused multiply-adds, then added pairwise. */
+static void key_scores_portable(const float *q, const float *keys, int len, int hd, float scale, float *sc) {
+    for (int j = 0; j < len; j++) {
+        const float *kj = keys + (size_t)j * hd;
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int d = 0; d < hd; d += 8)
-            for (int l = 0; l < 8; l++) part[l] += q[d + l] * kj[d + l];
-        sc[j] = (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) * scale;
+            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], kj[d + l], a[l]);
+        float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+        t0 = t0 + t2;
+        t1 = t1 + t3;
+        sc[j] = (t0 + t1) * scale;
     }
 }
 
-CLONES static void weighted_values(const float *p, const float *vals, int len, int hd, float *out) {
+static void key_scores(const float *q, const float *keys, int len, int hd, float scale, float *sc, int isa) {
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2 && hd % 8 == 0) {
+        key_scores256(q, keys, len, hd, scale, sc);
+        return;
+    }
+#endif
+    (void)isa;
+    key_scores_portable(q, keys, len, hd, scale, sc);
+}
+
+/* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
+static float softmax_unnormalised(float *sc, int len, int isa) {
+    float mx = -INFINITY;
+    for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2) {
+        j = softmax_exp8(sc, len, mx, a, isa);
+    }
+#endif
+    (void)isa;
+    for (; j + 8 <= len; j += 8)
+        for (int l = 0; l < 8; l++) {
+            sc[j + l] = exp_approx(sc[j + l] - mx);
+            a[l] += sc[j + l];
+        }
+    float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+    for (; j < len; j++) {
+        sc[j] = exp_approx(sc[j] - mx);
+        sum += sc[j];
+    }
+    return sum;
+}
+
+/* out[d] = sum_j p[j] v[j][d] in increasing j. */
+static void weighted_values(const float *p, const float *vals, int len, int hd, float *out, int isa) {
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
+        weighted_values256(p, vals, len, hd, out);
+        return;
+    }
+#endif
+    (void)isa;
     for (int d = 0; d < hd; d++) out[d] = 0.0f;
     for (int j = 0; j < len; j++) {
         const float pj = p[j], *v = vals + (size_t)j * hd;
-        for (int d = 0; d < hd; d++) out[d] += pj * v[d];
+        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, v[d], out[d]);
     }
 }
 
+/* act = SiLU(gate) * up */
+static void silu_mul(const float *gate, const float *up, float *act, int n, int isa) {
+    int i = 0;
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2) i = silu_mul8(gate, up, act, n);
+#endif
+    (void)isa;
+    for (; i < n; i++) act[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+}
+
+/* Rotate-half rotary embedding of one head in place: y[d] = x[d] cos[d] + x[(d + hd/2) % hd] sin[d]. */
 static void rotary(float *v, const float *c, const float *s, int hd) {
     float tmp[512];
     const int half = hd / 2;
     memcpy(tmp, v, (size_t)hd * sizeof(float));
-    for (int d = 0; d < hd; d++) v[d] = tmp[d] * c[d] + tmp[(d + half) % hd] * s[d];
+    for (int d = 0; d < half; d++) v[d] = tmp[d] * c[d] + tmp[d + half] * s[d];
+    for (int d = half; d < hd; d++) v[d] = tmp[d] * c[d] + tmp[d - half] * s[d];
 }
+
+/* Optional per-part timings (seconds, summed over calls): products, attention, the rest. Off unless enabled. */
+enum { PART_PRODUCTS = 0, PART_ATTENTION = 1, PART_REST = 2, N_PARTS = 3 };
+static int g_timing = 0;
+static double g_parts[N_PARTS];
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Enable (1) or disable (0) the timings; copies the sums so far into out[3] (if not NULL) and resets them. */
+void specwise_qllama_timings(int enable, double *out) {
+    if (out)
+        for (int i = 0; i < N_PARTS; i++) out[i] = g_parts[i];
+    for (int i = 0; i < N_PARTS; i++) g_parts[i] = 0.0;
+    g_timing = enable;
+}
+
+#define MARK(part)                                   \
+    do {                                             \
+        if (g_timing) {                              \
+            double t_ = now_s();                     \
+            g_parts[part] += t_ - t_mark;            \
+            t_mark = t_;                             \
+        }                                            \
+    } while (0)
 
 size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k) {
     size_t qkv = (size_t)(n_heads + 2 * n_kv) * head_dim;
@@ -79,6 +263,7 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
                            const float *cos_t, const float *sin_t, float *x, int k, int start, float *scratch,
                            float *scores, int threads, int mode, const int *depth, const unsigned char *anc) {
     if (head_dim > 512) return 1;
+    const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -89,12 +274,15 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
     float *gu = attn + (size_t)k * n_attn;   /* [k, 2 * inter] */
     float *act = gu + (size_t)k * 2 * inter; /* [k, inter] */
 
+    double t_mark = g_timing ? now_s() : 0.0;
     for (int l = 0; l < n_layers; l++) {
         const qmat *w = weights + (size_t)7 * l;
         float *kc = k_cache + (size_t)l * n_kv * capacity * hd;
         float *vc = v_cache + (size_t)l * n_kv * capacity * hd;
         rms_norm_rows(x, attn_norm[l], h, k, hidden, eps);
+        MARK(PART_REST);
         specwise_q_gemm(w, 3, h, qkv_b[l], qkv, k, mode, threads);
+        MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
             const int pos = start + (depth ? depth[r] : r), slot = start + r;
             float *row = qkv + (size_t)r * n_qkv;
@@ -105,39 +293,40 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
                 memcpy(vc + ((size_t)g * capacity + slot) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
             }
         }
+        MARK(PART_REST);
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
         for (int t = 0; t < nq * k; t++) {
             const int head = t % nq, r = t / nq, len = start + r + 1, g = head / group;
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
             const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
             float *sc = scores + (size_t)t * end;
-            key_scores(q, keys, len, hd, scale, sc);
+            key_scores(q, keys, len, hd, scale, sc, isa);
             if (anc) /* another branch of the tree: exp gives an exact zero below */
                 for (int j = start; j < len; j++)
                     if (!anc[(size_t)r * k + (j - start)]) sc[j] = -INFINITY;
-            float mx = -INFINITY;
-            for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
-            float sum = 0.0f;
-            for (int j = 0; j < len; j++) {
-                sc[j] = expf(sc[j] - mx);
-                sum += sc[j];
-            }
+            const float sum = softmax_unnormalised(sc, len, isa);
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
-            weighted_values(sc, vals, len, hd, out);
+            weighted_values(sc, vals, len, hd, out, isa);
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }
+        MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, NULL, tmp, k, mode, threads);
+        MARK(PART_PRODUCTS);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
         rms_norm_rows(x, mlp_norm[l], h, k, hidden, eps);
+        MARK(PART_REST);
         specwise_q_gemm(w + 4, 2, h, NULL, gu, k, mode, threads);
+        MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
-            const float *gr = gu + (size_t)r * 2 * inter, *ur = gr + inter;
-            float *ar = act + (size_t)r * inter;
-            for (int i = 0; i < inter; i++) ar[i] = gr[i] / (1.0f + expf(-gr[i])) * ur[i];
+            const float *gr = gu + (size_t)r * 2 * inter;
+            silu_mul(gr, gr + inter, act + (size_t)r * inter, inter, isa);
         }
+        MARK(PART_REST);
         specwise_q_gemm(w + 6, 1, act, NULL, tmp, k, mode, threads);
+        MARK(PART_PRODUCTS);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
+    MARK(PART_REST);
     return 0;
 }

