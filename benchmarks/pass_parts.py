@@ -98,7 +98,7 @@ def main() -> int:
             for _ in range(args.rounds):  # interleaved: a disturbance hits every k alike
                 for k in args.ks:
 
-                    def one(k=k):
+                    def one(k=k, model=model, context=context, ids=ids):
                         model.rollback(context)
                         model.forward(ids[context : context + k])
 
@@ -113,7 +113,10 @@ def main() -> int:
                     prod = products(model, k, precision)
                     prod()
                     h = torch.randn(1, model.hidden)
-                    head = timed(lambda h=h: q_gemm(model.lm_head, h, mode=precision), args.repeats * args.rounds)
+                    head = timed(
+                        lambda h=h, model=model, mode=precision: q_gemm(model.lm_head, h, mode=mode),
+                        args.repeats * args.rounds,
+                    )
                     p = timed(prod, args.repeats * args.rounds)
                     parts[k] = {"products_s": p, "output_layer_s": head, "attention_and_rest_s": full[k] - p - head}
                 row["parts"] = parts
@@ -126,7 +129,8 @@ def main() -> int:
             for k, part in row.get("parts", {}).items():
                 print(
                     f"      k={k}: products {part['products_s'] * 1e3:.2f} ms, output layer "
-                    f"{part['output_layer_s'] * 1e3:.2f} ms, attention and rest {part['attention_and_rest_s'] * 1e3:.2f} ms",
+                    f"{part['output_layer_s'] * 1e3:.2f} ms, "
+                    f"attention and rest {part['attention_and_rest_s'] * 1e3:.2f} ms",
                     file=sys.stderr,
                 )
     text = json.dumps(results, indent=2)
