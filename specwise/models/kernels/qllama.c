@@ -101,10 +101,10 @@ T256 static int softmax_exp8(float *sc, int len, float mx, float *a, int isa) {
     return j;
 }
 
-T256 static void weighted_values256(const float *p, const float *vals, int len, int hd, float *out) {
+T256 static void weighted_values256(const float *p, const float *vals, int len, int hd, float *out, int init) {
     __m256 acc[32];
     const int nv = hd / 8;
-    for (int u = 0; u < nv; u++) acc[u] = _mm256_setzero_ps();
+    for (int u = 0; u < nv; u++) acc[u] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * u);
     for (int j = 0; j < len; j++) {
         const __m256 pj = _mm256_set1_ps(p[j]);
         const float *v = vals + (size_t)j * hd;
@@ -188,16 +188,17 @@ static float softmax_unnormalised(float *sc, int len, int isa) {
     return sum;
 }
 
-/* out[d] = sum_j p[j] v[j][d] in increasing j. */
-static void weighted_values(const float *p, const float *vals, int len, int hd, float *out, int isa) {
+/* out[d] = sum_j p[j] v[j][d] in increasing j (init: from zero; else added to out, continuing the same sums). */
+static void weighted_values(const float *p, const float *vals, int len, int hd, float *out, int isa, int init) {
 #if defined(__x86_64__)
     if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
-        weighted_values256(p, vals, len, hd, out);
+        weighted_values256(p, vals, len, hd, out, init);
         return;
     }
 #endif
     (void)isa;
-    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    if (init)
+        for (int d = 0; d < hd; d++) out[d] = 0.0f;
     for (int j = 0; j < len; j++) {
         const float pj = p[j], *v = vals + (size_t)j * hd;
         for (int d = 0; d < hd; d++) out[d] = fmaf(pj, v[d], out[d]);
@@ -251,6 +252,8 @@ void specwise_qllama_timings(int enable, double *out) {
         }                                            \
     } while (0)
 
+#define MAX_TREE 64 /* rows of a draft tree (the model passes at most 32) */
+
 size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k) {
     size_t qkv = (size_t)(n_heads + 2 * n_kv) * head_dim;
     return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
@@ -300,13 +303,25 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
             const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
             float *sc = scores + (size_t)t * end;
-            key_scores(q, keys, len, hd, scale, sc, isa);
-            if (anc) /* another branch of the tree: exp gives an exact zero below */
-                for (int j = start; j < len; j++)
-                    if (!anc[(size_t)r * k + (j - start)]) sc[j] = -INFINITY;
-            const float sum = softmax_unnormalised(sc, len, isa);
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
-            weighted_values(sc, vals, len, hd, out, isa);
+            float sum;
+            if (!anc) {
+                key_scores(q, keys, len, hd, scale, sc, isa);
+                sum = softmax_unnormalised(sc, len, isa);
+                weighted_values(sc, vals, len, hd, out, isa, 1);
+            } else {
+                /* a tree row sees the cache before start and its ancestors: their scores side by side, in the
+                 * order of its path, so that every sum runs as it does for the same path fed as a chain */
+                int seen[MAX_TREE], n = 0;
+                for (int j = 0; j <= r; j++)
+                    if (anc[(size_t)r * k + j] && n < MAX_TREE) seen[n++] = start + j;
+                key_scores(q, keys, start, hd, scale, sc, isa);
+                for (int i = 0; i < n; i++) key_scores(q, keys + (size_t)seen[i] * hd, 1, hd, scale, sc + start + i, isa);
+                sum = softmax_unnormalised(sc, start + n, isa);
+                weighted_values(sc, vals, start, hd, out, isa, 1);
+                for (int i = 0; i < n; i++)
+                    weighted_values(sc + start + i, vals + (size_t)seen[i] * hd, 1, hd, out, isa, 0);
+            }
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }

@@ -242,9 +242,10 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
     }
 }
 
-/* Re-pack a GGUF tensor [out][in] (raw blocks, row-major) into the tiles q, s and m (zeroed by the caller, sized
- * as specwise_q_sizes says). Returns 0, or -1 for an unsupported type or shape. */
-int specwise_q_repack(int type, const uint8_t *raw, int out, int in, uint8_t *qt, void *st, void *mt) {
+/* Re-pack rows first .. first + count - 1 of a GGUF tensor with `in` inputs (raw: those rows' blocks, row-major)
+ * into the tiles q, s and m of the whole tensor (zeroed by the caller, sized as specwise_q_sizes says), so that a
+ * large tensor can be read and re-packed a slice at a time. Returns 0, or -1 for an unsupported type or shape. */
+int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in, uint8_t *qt, void *st, void *mt) {
     int kind, B, off, has_m, half, rb, rbytes;
     if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes) || in % 32 || in % rb) return -1;
     const size_t row_bytes = (size_t)in / rb * rbytes;
@@ -256,9 +257,9 @@ int specwise_q_repack(int type, const uint8_t *raw, int out, int in, uint8_t *qt
         free(q); free(sf); free(mf); free(sh); free(mh);
         return -2;
     }
-    for (int o = 0; o < out; o++) {
+    for (int o = first; o < first + count; o++) {
         const int t = o / QTILE, L = o % QTILE;
-        decode_row(type, raw + (size_t)o * row_bytes, in, q, sf, mf, sh, mh);
+        decode_row(type, raw + (size_t)(o - first) * row_bytes, in, q, sf, mf, sh, mh);
         if (kind == KIND_F32) {
             float *w = (float *)qt;
             for (int i = 0; i < in; i++) w[((size_t)t * in + i) * QTILE + L] = sf[i];
@@ -927,4 +928,9 @@ void specwise_q_row(const qmat *w, int row, float *out) {
         float s = scale_at(w, si, w->s), m = w->has_m ? scale_at(w, si, w->m) : 0.0f;
         for (int e = 0; e < B; e++) out[B * b + e] = fmaf((float)(q_at(w, t, b, e, L) - w->offset), s, m);
     }
+}
+
+/* Rows ids[0 .. n - 1] of a re-packed tensor as float32 [n][in] (embedding lookups, references). */
+void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out) {
+    for (int i = 0; i < n; i++) specwise_q_row(w, (int)ids[i], out + (size_t)i * w->in);
 }

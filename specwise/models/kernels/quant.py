@@ -78,9 +78,10 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_set_isa": ([i], i),
         "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 7, i),
         "specwise_q_sizes": ([i, i, i] + [ctypes.POINTER(sz)] * 3, i),
-        "specwise_q_repack": ([i, p, i, i, p, p, p], i),
+        "specwise_q_repack": ([i, p, i, i, i, p, p, p], i),
         "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
         "specwise_q_row": ([p, i, p], None),
+        "specwise_q_gather": ([p, p, i, p], None),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
@@ -140,6 +141,8 @@ class QTensor:
     """
 
     def __init__(self, ggml_type: int, raw, out: int, in_features: int, name: str = "") -> None:
+        """raw: the tensor's bytes (row-major blocks), or a function ``(first_row, rows) -> bytes of those rows``
+        that lets a large tensor be read a slice at a time."""
         lib = _lib()
         self.name = name or "tensor"
         if ggml_type not in _TYPES:
@@ -155,27 +158,35 @@ class QTensor:
                 f"{self.name}: {in_features} inputs is not a multiple of {max(32, raw_block)}, which the native "
                 f"kernels need for {_TYPES[ggml_type]}; use --impl hf"
             )
-        data = np.ascontiguousarray(np.asarray(raw, dtype=np.uint8).reshape(-1))
-        expected = out * (in_features // raw_block) * raw_bytes
-        if data.size != expected:
-            raise ValueError(f"{self.name}: {data.size} bytes for a {_TYPES[ggml_type]} [{out}, {in_features}]")
+        row_bytes = in_features // raw_block * raw_bytes
+        read = raw if callable(raw) else None
         sizes = [ctypes.c_size_t() for _ in range(3)]
         lib.specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
         # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
         self.q = torch.from_numpy(np.zeros(max(1, sizes[0].value), dtype=np.uint8))
         self.s = torch.from_numpy(np.zeros(max(1, sizes[1].value), dtype=np.uint8))
         self.m = torch.from_numpy(np.zeros(sizes[2].value, dtype=np.uint8)) if sizes[2].value else None
-        status = lib.specwise_q_repack(
-            ggml_type,
-            data.ctypes.data,
-            out,
-            in_features,
-            self.q.data_ptr(),
-            self.s.data_ptr(),
-            None if self.m is None else self.m.data_ptr(),
-        )
-        if status != 0:
-            raise RuntimeError(f"{self.name}: re-packing {_TYPES[ggml_type]} failed (status {status})")
+        step = out if read is None else max(16, (8 << 20) // max(1, row_bytes) // 16 * 16)  # slices of ~8 MB
+        for first in range(0, out, step):
+            count = min(step, out - first)
+            chunk = read(first, count) if read is not None else raw
+            data = np.ascontiguousarray(np.asarray(chunk, dtype=np.uint8).reshape(-1))
+            if data.size != count * row_bytes:
+                raise ValueError(
+                    f"{self.name}: {data.size} bytes for {count} rows of a {_TYPES[ggml_type]} [{out}, {in_features}]"
+                )
+            status = lib.specwise_q_repack(
+                ggml_type,
+                data.ctypes.data,
+                first,
+                count,
+                in_features,
+                self.q.data_ptr(),
+                self.s.data_ptr(),
+                None if self.m is None else self.m.data_ptr(),
+            )
+            if status != 0:
+                raise RuntimeError(f"{self.name}: re-packing {_TYPES[ggml_type]} failed (status {status})")
         self.ggml_type = ggml_type
         self.type_name = _TYPES[ggml_type]
         self.shape = (out, in_features)
@@ -204,10 +215,13 @@ class QTensor:
 
     def rows(self, indices) -> torch.Tensor:
         """Rows ``indices`` as float32 ``[n, in]``."""
-        ids = [int(i) for i in (indices.tolist() if torch.is_tensor(indices) else indices)]
-        out = torch.empty((len(ids), self.shape[1]), dtype=torch.float32)
-        for r, i in enumerate(ids):
-            self.row(i, out[r])
+        ids = torch.as_tensor(indices if torch.is_tensor(indices) else list(indices), dtype=torch.int64)
+        ids = ids.reshape(-1).contiguous()
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
+            raise IndexError(f"{self.name}: row ids outside [0, {self.shape[0]})")
+        out = torch.empty((ids.numel(), self.shape[1]), dtype=torch.float32)
+        if ids.numel():
+            _lib().specwise_q_gather(ctypes.byref(self.struct), ids.data_ptr(), ids.numel(), out.data_ptr())
         return out
 
     def dequantize(self) -> torch.Tensor:
@@ -231,6 +245,7 @@ def q_gemm(
     threads: int | None = None,
 ) -> torch.Tensor:
     """``x @ [W_0; W_1; ...].T (+ bias)`` for float32 x ``[k, in]`` (k >= 1): float32 ``[k, sum of outs]``."""
+    mode_id = _mode_id(mode)
     parts = [parts] if isinstance(parts, QTensor) else list(parts)
     if not parts or len(parts) > 8:
         raise ValueError(f"q_gemm takes 1 to 8 weights, got {len(parts)}")
@@ -254,7 +269,7 @@ def q_gemm(
         None if bias is None else bias.contiguous().data_ptr(),
         y.data_ptr(),
         x.shape[0],
-        _mode_id(mode),
+        mode_id,
         threads or torch.get_num_threads(),
     )
     return y

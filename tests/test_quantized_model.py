@@ -1,0 +1,588 @@
+"""QuantizedModel on tiny Llama and Qwen2 GGUF files written here (gguf.GGUFWriter), against a float64 torch
+decoder written here from the file's dequantized tensors (``gguf.quants.dequantize``).
+
+The reference applies rotary embeddings the way llama.cpp does on the file's own rows (adjacent pairs for
+"llama", whose Q/K rows the converter permuted; halves for "qwen2"), so it also checks the model's un-permutation.
+
+Bounds (max |logit - reference| / max |reference logit| over a 24-token sequence, float64 reference):
+- ``exact``: EXACT_REL = 1e-5 (measured: 2.5e-7 .. 1.1e-6 over three sequences and every variant: float32 sums in
+  another order);
+- ``q8``: Q8_REL = 5e-2 (activations rounded to 8 bits per block of 32 in every product; measured, max over three
+  sequences: Q4_0 1.6e-2, Q4_1 2.2e-2, Q8_0 1.5e-2, Q5_0 2.0e-2, K-quants 3.0e-2, Qwen2 Q5_1 1.4e-2, F16 4e-7: the
+  float formats have no integer path).
+Everything else is bit for bit: a row's logits do not depend on how the sequence was cut into passes, on
+rollbacks, or on the rows of a draft tree beside it; so greedy speculative decoding equals plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as T  # noqa: E402
+
+from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter  # noqa: E402
+from specwise.engine import Engine  # noqa: E402
+from specwise.models.kernels import quant  # noqa: E402
+from specwise.sampling import SamplingParams  # noqa: E402
+
+if not quant.quantized_available():
+    pytest.skip("the native quantized kernels are not built", allow_module_level=True)
+
+from specwise.models.quantized import MAX_ROWS, QuantizedModel  # noqa: E402
+
+EXACT_REL = 1e-5
+Q8_REL = 5e-2
+GREEDY = SamplingParams(temperature=0.0)
+KQUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+PRECISIONS = ("exact", "q8")
+
+
+@dataclass
+class Spec:
+    arch: str = "llama"
+    types: dict = field(default_factory=dict)  # role ("matrix", "embed", "output", or a tensor suffix) -> type
+    tied: bool = True  # no output.weight: the output layer is token_embd
+    hidden: int = 64
+    ffn: int = 128
+    heads: int = 4
+    kv_heads: int = 2
+    layers: int = 2
+    vocab: int = 100  # not a multiple of 16: a partial tile in the output layer
+    theta: float = 10000.0
+    eps: float = 1e-5
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def type_of(self, name: str):
+        if name.startswith("token_embd."):
+            role = "embed"
+        elif name.startswith("output."):
+            role = "output"
+        else:
+            role = name.split(".")[2]  # blk.N.<role>.weight
+        return self.types.get(role, self.types["matrix"])
+
+
+VARIANTS = {
+    "llama-Q4_0": Spec(types={"matrix": T.Q4_0}),
+    "llama-Q4_1": Spec(types={"matrix": T.Q4_1, "embed": T.Q8_0, "output": T.Q4_1}, tied=False, seed=1),
+    "llama-Q8_0": Spec(types={"matrix": T.Q8_0}, seed=2),
+    "llama-Q5_0": Spec(types={"matrix": T.Q5_0, "embed": T.F16, "output": T.F16}, tied=False, seed=3),
+    "llama-F16": Spec(types={"matrix": T.F16}, seed=4),
+    "llama-K": Spec(
+        types={"matrix": T.Q4_K, "attn_v": T.Q6_K, "ffn_down": T.Q5_K, "embed": T.Q6_K, "output": T.Q5_K},
+        tied=False,
+        hidden=256,
+        ffn=512,
+        heads=4,
+        kv_heads=2,
+        seed=5,
+    ),
+    "qwen2-Q5_1": Spec(arch="qwen2", types={"matrix": T.Q5_1, "embed": T.Q8_0}, kv_heads=1, theta=1e6, seed=6),
+}
+
+
+# ---- writing the file ---------------------------------------------------------------------------------------
+
+
+def kquant_blocks(rng, t, out: int, n_in: int, std: float) -> np.ndarray:
+    """Random K-quant blocks (any bytes are valid ones) whose float16 scales give weights of about ``std``:
+    d and dmin random positive, dmin chosen so that the asymmetric formats are roughly centred."""
+    block, size = gguf.GGML_QUANT_SIZES[t]
+    blocks = rng.integers(0, 256, size=(out * n_in // block, size), dtype=np.uint8)
+    n = blocks.shape[0]
+    d = rng.uniform(0.5, 1.5, size=n)
+
+    def set_scales(scale: float) -> np.ndarray:
+        if t == T.Q6_K:
+            blocks[:, 208:210] = (d * scale).astype(np.float16).view(np.uint8).reshape(n, 2)
+        else:
+            centre = 7.5 if t == T.Q4_K else 15.5  # mean of q
+            blocks[:, 0:2] = (d * scale).astype(np.float16).view(np.uint8).reshape(n, 2)
+            blocks[:, 2:4] = (d * scale * centre).astype(np.float16).view(np.uint8).reshape(n, 2)
+        return gguf.quants.dequantize(blocks.reshape(out, -1), t)
+
+    unit = set_scales(1e-3).std()
+    set_scales(1e-3 * std / unit)
+    return blocks.reshape(out, -1)
+
+
+def encode(rng, t, out: int, n_in: int, std: float) -> np.ndarray:
+    """Bytes ``[out, row bytes]`` of a random ``[out, in]`` matrix of about ``std`` stored as ``t``."""
+    if t in KQUANTS:
+        return kquant_blocks(rng, t, out, n_in, std)
+    w = (rng.standard_normal((out, n_in)) * std).astype(np.float32)
+    return np.ascontiguousarray(gguf.quants.quantize(w, t)).view(np.uint8).reshape(out, -1)
+
+
+def write_gguf(path, spec: Spec) -> dict[str, np.ndarray]:
+    """Write the model; returns every tensor as the float64 values the file holds (dequantized)."""
+    rng = np.random.default_rng(100 + spec.seed)
+    h, hd = spec.hidden, spec.head_dim
+    shapes = {"token_embd.weight": (spec.vocab, h)}
+    if not spec.tied:
+        shapes["output.weight"] = (spec.vocab, h)
+    for i in range(spec.layers):
+        p = f"blk.{i}."
+        shapes |= {
+            p + "attn_q.weight": (spec.heads * hd, h),
+            p + "attn_k.weight": (spec.kv_heads * hd, h),
+            p + "attn_v.weight": (spec.kv_heads * hd, h),
+            p + "attn_output.weight": (h, spec.heads * hd),
+            p + "ffn_gate.weight": (spec.ffn, h),
+            p + "ffn_up.weight": (spec.ffn, h),
+            p + "ffn_down.weight": (h, spec.ffn),
+        }
+    writer = gguf.GGUFWriter(str(path), spec.arch)
+    writer.add_block_count(spec.layers)
+    writer.add_context_length(256)
+    writer.add_embedding_length(h)
+    writer.add_feed_forward_length(spec.ffn)
+    writer.add_head_count(spec.heads)
+    writer.add_head_count_kv(spec.kv_heads)
+    writer.add_rope_freq_base(spec.theta)
+    writer.add_layer_norm_rms_eps(spec.eps)
+    writer.add_rope_dimension_count(hd)
+    values: dict[str, np.ndarray] = {}
+    for name, (out, n_in) in shapes.items():
+        t = spec.type_of(name)
+        std = 0.5 if name.startswith(("token_embd", "output")) else 1.0 / math.sqrt(n_in)
+        raw = encode(rng, t, out, n_in, std)
+        writer.add_tensor(name, raw, raw_dtype=t)
+        values[name] = gguf.quants.dequantize(raw, t).reshape(out, n_in).astype(np.float64)
+    vectors = {"output_norm.weight": h}
+    for i in range(spec.layers):
+        vectors |= {f"blk.{i}.attn_norm.weight": h, f"blk.{i}.ffn_norm.weight": h}
+        if spec.arch == "qwen2":
+            vectors |= {
+                f"blk.{i}.attn_q.bias": spec.heads * hd,
+                f"blk.{i}.attn_k.bias": spec.kv_heads * hd,
+                f"blk.{i}.attn_v.bias": spec.kv_heads * hd,
+            }
+    for name, n in vectors.items():
+        base = 1.0 if name.endswith("norm.weight") else 0.0
+        v = (base + 0.2 * rng.standard_normal(n)).astype(np.float32)
+        writer.add_tensor(name, v)
+        values[name] = v.astype(np.float64)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return values
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def tiny(request, tmp_path_factory):
+    """(path, spec, float64 tensors) of one tiny GGUF model."""
+    spec = VARIANTS[request.param]
+    path = tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf"
+    values = write_gguf(path, spec)
+    return path, spec, {k: torch.from_numpy(v) for k, v in values.items()}
+
+
+@pytest.fixture(params=PRECISIONS)
+def precision(request):
+    return request.param
+
+
+# ---- the reference ------------------------------------------------------------------------------------------
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, pairs: bool) -> torch.Tensor:
+    """Rotary embedding of ``x`` ``[T, heads, D]``: on adjacent pairs (2i, 2i + 1) (llama.cpp's mode for the
+    converter's permuted Llama rows) or on halves (i, i + D/2) (Qwen2, and Hugging Face's rotate-half)."""
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [D/2]
+    angle = positions.double()[:, None, None] * inv  # [T, 1, D/2]
+    cos, sin = angle.cos(), angle.sin()
+    a, b = (x[..., 0::2], x[..., 1::2]) if pairs else (x[..., : d // 2], x[..., d // 2 :])
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if pairs:
+        return torch.stack([ra, rb], dim=-1).reshape(x.shape)
+    return torch.cat([ra, rb], dim=-1)
+
+
+def reference(spec: Spec, w: dict[str, torch.Tensor], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits ``[T, vocab]``, final-normed hidden states ``[T, hidden]``), float64, of the whole sequence."""
+    n, hd, group = len(tokens), spec.head_dim, spec.heads // spec.kv_heads
+    positions = torch.arange(n)
+    x = w["token_embd.weight"][tokens]  # [T, hidden]
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    for i in range(spec.layers):
+        p = f"blk.{i}."
+
+        def proj(name, h, p=p):
+            y = h @ w[p + name + ".weight"].T
+            return y + w[p + name + ".bias"] if p + name + ".bias" in w else y
+
+        h = rms_norm(x, w[p + "attn_norm.weight"], spec.eps)
+        q = proj("attn_q", h).reshape(n, spec.heads, hd)
+        k = proj("attn_k", h).reshape(n, spec.kv_heads, hd)
+        v = proj("attn_v", h).reshape(n, spec.kv_heads, hd)
+        pairs = spec.arch == "llama"
+        q, k = rope(q, positions, spec.theta, pairs), rope(k, positions, spec.theta, pairs)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # query head j reads j // group
+        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
+        probs = scores.masked_fill(~causal, -math.inf).softmax(-1)
+        attn = torch.einsum("hts,shd->thd", probs, v).reshape(n, spec.heads * hd)
+        x = x + attn @ w[p + "attn_output.weight"].T
+        h = rms_norm(x, w[p + "ffn_norm.weight"], spec.eps)
+        mlp = torch.nn.functional.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
+        x = x + mlp @ w[p + "ffn_down.weight"].T
+    feats = rms_norm(x, w["output_norm.weight"], spec.eps)
+    head = w["token_embd.weight"] if spec.tied else w["output.weight"]
+    return feats @ head.T, feats
+
+
+def sequence(spec: Spec, n: int = 40, seed: int = 0) -> list[int]:
+    return random.Random(seed).choices(range(spec.vocab), k=n)
+
+
+def fresh(tiny, precision: str) -> QuantizedModel:
+    return QuantizedModel(tiny[0], precision=precision)
+
+
+def ids(tokens: list[int]) -> torch.Tensor:
+    return torch.tensor(tokens, dtype=torch.int64)
+
+
+def assert_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.equal(got, want), f"max difference {(got - want).abs().max().item():.3g}"
+
+
+# ---- numbers ------------------------------------------------------------------------------------------------
+
+
+def test_loads_the_file(tiny, precision):
+    path, spec, _ = tiny
+    model = fresh(tiny, precision)
+    assert model.vocab_size == spec.vocab and model.hidden == spec.hidden and model.length == 0
+    assert model.config.architecture == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[spec.arch]
+    assert model.tied == spec.tied and model.max_length == 256
+    assert (model.qkv_biases[0] is not None) == (spec.arch == "qwen2")
+    assert model.precision == precision and model.weight_bytes > 0
+
+
+def test_logits_match_float64_reference(tiny, precision):
+    _, spec, w = tiny
+    tokens = sequence(spec, 24)
+    want, want_feats = reference(spec, w, tokens)
+    model = fresh(tiny, precision)
+    model.keep_features = True
+    logits = model.forward(ids(tokens))
+    assert logits.dtype == torch.float32 and logits.shape == (24, spec.vocab)
+    bound = EXACT_REL if precision == "exact" else Q8_REL
+    err = (logits.double() - want).abs().max().item() / want.abs().max().item()
+    assert err <= bound, f"{precision}: relative error {err:.2e} > {bound:.0e}"
+    feats = model.features(0, 24).double()
+    feat_err = (feats - want_feats).abs().max().item() / want_feats.abs().max().item()
+    assert feat_err <= bound, f"{precision}: features' relative error {feat_err:.2e} > {bound:.0e}"
+    # greedy choices agree with the reference wherever the reference's top two are not within the error
+    top2 = want.topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 4 * bound * want.abs().max()
+    assert torch.equal(logits.argmax(-1)[clear], want.argmax(-1)[clear])
+
+
+# ---- row independence through the whole model ----------------------------------------------------------------
+
+
+def test_every_cut_of_the_sequence_gives_the_same_logits(tiny, precision):
+    """One pass (internally in chunks of MAX_ROWS), one token at a time, and prefill / decode / verify /
+    rollback / verify: the same logits bit for bit."""
+    _, spec, _ = tiny
+    tokens = sequence(spec, MAX_ROWS + 13, seed=1)
+    n = len(tokens)
+    whole = fresh(tiny, precision).forward(ids(tokens))  # [n, vocab]
+    assert whole.shape == (n, spec.vocab)
+
+    single = fresh(tiny, precision)
+    ones = torch.cat([single.forward(ids([t])) for t in tokens])
+    assert_bits(ones, whole)
+    assert single.length == n
+
+    model = fresh(tiny, precision)
+    assert_bits(model.forward(ids(tokens[:13])), whole[:13])  # prefill
+    for i in range(13, 20):  # decode
+        assert_bits(model.forward(ids(tokens[i : i + 1])), whole[i : i + 1])
+    assert_bits(model.forward(ids(tokens[20:25])), whole[20:25])  # a 5-token verification pass
+    model.rollback(22)  # 2 of 4 drafted tokens accepted
+    assert model.length == 22
+    assert_bits(model.forward(ids(tokens[22:27])), whole[22:27])  # the next verification pass
+    for lo, hi in ((27, 35), (35, 36), (36, n)):
+        assert_bits(model.forward(ids(tokens[lo:hi])), whole[lo:hi])
+    assert model.length == n
+
+
+def test_num_logits(tiny, precision):
+    _, spec, _ = tiny
+    tokens = sequence(spec, MAX_ROWS + 8, seed=2)
+    whole = fresh(tiny, precision).forward(ids(tokens))
+    model = fresh(tiny, precision)
+    assert_bits(model.forward(ids(tokens[:10]), num_logits=3), whole[7:10])
+    empty = model.forward(ids(tokens[10:20]), num_logits=0)
+    assert empty.shape == (0, spec.vocab) and model.length == 20
+    assert_bits(model.forward(ids(tokens[20:]), num_logits=MAX_ROWS // 2 + 2), whole[-(MAX_ROWS // 2 + 2) :])
+    model.rollback(0)
+    assert_bits(model.forward(ids(tokens), num_logits=MAX_ROWS + 3), whole[-(MAX_ROWS + 3) :])  # across chunks
+
+
+def test_rollback_then_forward_equals_fresh_forward(tiny, precision):
+    _, spec, _ = tiny
+    tokens = sequence(spec, 30, seed=3)
+    junk = sequence(spec, 9, seed=4)
+    whole = fresh(tiny, precision).forward(ids(tokens))
+    model = fresh(tiny, precision)
+    model.forward(ids(tokens[:12]))
+    model.forward(ids(junk))  # rejected drafts
+    model.rollback(12)
+    assert_bits(model.forward(ids(tokens[12:20])), whole[12:20])
+    model.forward(ids(junk[:3]))
+    model.rollback(20)
+    assert_bits(model.forward(ids(tokens[20:])), whole[20:])
+    model.reset()
+    assert model.length == 0
+    assert_bits(model.forward(ids(tokens)), whole)
+    with pytest.raises(ValueError):
+        model.rollback(31)
+
+
+def test_thread_count_changes_no_logit(tiny, precision):
+    _, spec, _ = tiny
+    tokens = sequence(spec, 20, seed=14)
+    want = fresh(tiny, precision).forward(ids(tokens))
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3):
+            torch.set_num_threads(n)
+            assert_bits(fresh(tiny, precision).forward(ids(tokens)), want)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_capacity_growth_keeps_the_cache(tiny, precision):
+    """A model made with a small cache grows it mid-sequence without changing a logit."""
+    _, spec, _ = tiny
+    tokens = sequence(spec, 50, seed=5)
+    whole = fresh(tiny, precision).forward(ids(tokens))
+    small = QuantizedModel(tiny[0], precision=precision, capacity=8)
+    got = torch.cat([small.forward(ids(tokens[lo : lo + 7])) for lo in range(0, 50, 7)])
+    assert_bits(got, whole)
+
+
+# ---- draft trees ----------------------------------------------------------------------------------------------
+
+
+def path_of(parents: list[int], row: int) -> list[int]:
+    rows = [row]
+    while parents[rows[-1]] >= 0:
+        rows.append(parents[rows[-1]])
+    return rows[::-1]
+
+
+def test_tree_that_is_a_chain_equals_the_chain(tiny, precision):
+    _, spec, _ = tiny
+    tokens = sequence(spec, 24, seed=6)
+    whole = fresh(tiny, precision).forward(ids(tokens))
+    model = fresh(tiny, precision)
+    model.forward(ids(tokens[:12]))
+    logits = model.forward_tree(ids(tokens[12:18]), [-1, 0, 1, 2, 3, 4])
+    assert_bits(logits, whole[12:18])
+    assert model.length == 18
+    model.keep_path(12, [0, 1, 2])
+    assert model.length == 15
+    assert_bits(model.forward(ids(tokens[15:])), whole[15:])
+
+
+TREE_PARENTS = [-1, 0, 1, 0, 3, 2, 0, 1, 4, 8]  # branches from rows 0, 1, 2, 3 (rows 3.. skip rows of the tree)
+
+
+def tree_and_chains(tiny, precision):
+    """A model after a prefix and a branching tree; per row, a model fed that row's path as a chain."""
+    _, spec, _ = tiny
+    prefix = sequence(spec, 11, seed=7)
+    tokens = sequence(spec, len(TREE_PARENTS), seed=8)
+    model = fresh(tiny, precision)
+    model.keep_features = True
+    model.forward(ids(prefix))
+    logits = model.forward_tree(ids(tokens), TREE_PARENTS)
+    assert logits.shape == (len(tokens), spec.vocab)
+    assert model.length == len(prefix) + len(tokens)
+    chains = []
+    for row in range(len(tokens)):
+        chain = fresh(tiny, precision)
+        chain.keep_features = True
+        want = chain.forward(ids(prefix + [tokens[r] for r in path_of(TREE_PARENTS, row)]))[-1]
+        chains.append((chain, want))
+    return prefix, model, logits, chains
+
+
+def test_tree_chain_rows_beside_alternatives_equal_the_chain(tiny, precision):
+    """The engine's layout (the chain's rows first, alternatives after): the chain's rows and, after keep_path
+    of a prefix of the chain, everything after are bit for bit the chain's."""
+    _, spec, _ = tiny
+    tokens = sequence(spec, 26, seed=12)
+    whole = fresh(tiny, precision).forward(ids(tokens))
+    alternatives = sequence(spec, 4, seed=13)
+    model = fresh(tiny, precision)
+    model.forward(ids(tokens[:12]))
+    rows = tokens[12:17] + alternatives  # the last context token, 4 drafted, 4 alternatives
+    logits = model.forward_tree(ids(rows), [-1, 0, 1, 2, 3, 0, 1, 1, 3])
+    assert_bits(logits[:5], whole[12:17])
+    model.keep_path(12, [0, 1, 2])
+    assert_bits(model.forward(ids(tokens[15:])), whole[15:])
+
+
+def test_tree_rows_equal_their_paths(tiny, precision):
+    """Every row of a branching tree gives its path's logits (up to float rounding), and keeping a branch that
+    skips rows of the tree continues as that branch fed as a chain."""
+    _, spec, _ = tiny
+    prefix, model, logits, chains = tree_and_chains(tiny, precision)
+    bound = EXACT_REL if precision == "exact" else Q8_REL
+    for row, (_, want) in enumerate(chains):
+        assert (logits[row] - want).abs().max() <= bound * want.abs().max(), row
+    keep = [0, 3, 4, 8, 9]
+    model.keep_path(len(prefix), keep)
+    assert model.length == len(prefix) + len(keep)
+    chain = chains[9][0]
+    feats, want_feats = model.features(0, model.length), chain.features(0, chain.length)
+    assert (feats - want_feats).abs().max() <= bound * want_feats.abs().max()
+    more = sequence(spec, 6, seed=9)
+    got, want = model.forward(ids(more)), chain.forward(ids(more))
+    assert (got - want).abs().max() <= bound * want.abs().max()
+    with pytest.raises(ValueError, match="increasing rows from 0"):
+        model.keep_path(len(prefix), [0, 2, 1])
+
+
+def test_tree_rows_equal_their_paths_bit_for_bit(tiny, precision):
+    prefix, model, logits, chains = tree_and_chains(tiny, precision)
+    for row, (_, want) in enumerate(chains):
+        assert_bits(logits[row], want)
+    model.keep_path(len(prefix), [0, 3, 4, 8, 9])
+    chain = chains[9][0]
+    assert_bits(model.features(0, model.length), chain.features(0, chain.length))
+    more = ids([1, 2, 3])
+    assert_bits(model.forward(more), chain.forward(more))
+
+
+def test_tree_arguments_are_checked(tiny):
+    model = fresh(tiny, "q8")
+    model.forward(ids([1, 2]))
+    with pytest.raises(ValueError, match="parents"):
+        model.forward_tree(ids([3, 4]), [-1, 1])
+    with pytest.raises(ValueError, match="parents"):
+        model.forward_tree(ids([3, 4]), [-1])
+    with pytest.raises(ValueError, match="at most"):
+        model.forward_tree(ids([3] * (MAX_ROWS + 1)), [-1, *range(MAX_ROWS)])
+
+
+# ---- features -------------------------------------------------------------------------------------------------
+
+
+def test_features(tiny, precision):
+    _, spec, _ = tiny
+    tokens = sequence(spec, MAX_ROWS + 6, seed=10)
+    plain = fresh(tiny, precision)
+    logits = plain.forward(ids(tokens))
+    with pytest.raises(RuntimeError, match="keep_features"):
+        plain.features(0, 1)
+
+    whole = fresh(tiny, precision)
+    whole.keep_features = True
+    assert_bits(whole.forward(ids(tokens)), logits)  # keeping features changes no logit
+    feats = whole.features(0, len(tokens))
+    assert feats.shape == (len(tokens), spec.hidden)
+    # the features are the output layer's input: the logits are the product of them
+    assert_bits(quant.q_gemm(whole.lm_head, feats.contiguous(), mode=precision), logits)
+
+    model = fresh(tiny, precision)
+    model.keep_features = True
+    model.forward(ids(tokens[:5]))
+    model.forward(ids(tokens[5:9]), num_logits=0)
+    model.forward(ids(tokens[9:]), num_logits=1)
+    assert_bits(model.features(0, len(tokens)), feats)
+    assert_bits(model.features(3, 7), feats[3:7])
+    assert model.features(4, 4).shape == (0, spec.hidden)
+    with pytest.raises(ValueError):
+        model.features(0, len(tokens) + 1)
+    model.rollback(10)
+    with pytest.raises(ValueError):
+        model.features(0, 11)
+
+
+def test_bad_arguments(tiny):
+    with pytest.raises(ValueError, match="precision"):
+        QuantizedModel(tiny[0], precision="int4")
+    model = fresh(tiny, "exact")
+    with pytest.raises(ValueError):
+        model.forward(torch.tensor([], dtype=torch.int64))
+    with pytest.raises(ValueError):
+        model.forward(ids([[1, 2]]))
+    with pytest.raises(ValueError, match="context"):
+        model.forward(ids([1] * 257))
+
+
+# ---- greedy speculative decoding ------------------------------------------------------------------------------
+
+
+class WrongThenRightDrafter(Drafter):
+    """The target's own greedy chain (from a twin model) with one token made wrong and the right one (and a wrong
+    one) given as alternatives at that position: exercises forward_tree and keep_path through the engine."""
+
+    name = "wrong-then-right"
+
+    def __init__(self, twin: QuantizedModel) -> None:
+        self.inner = ModelDrafter(twin)
+        self.vocab = twin.vocab_size
+        self.steps = 0
+
+    def begin(self, prompt: list[int]) -> None:
+        self.inner.begin(prompt)
+        self.steps = 0
+
+    def propose(self, context, k, params, generator) -> Draft:
+        draft = self.inner.propose(context, k, params, generator)
+        if not len(draft):
+            return draft
+        tokens = draft.tokens.clone()
+        j = self.steps % len(draft)
+        self.steps += 1
+        right = int(tokens[j])
+        tokens[j] = (right + 1) % self.vocab
+        return Draft(tokens, None, [(j, (right + 2) % self.vocab), (j, right)])
+
+
+def greedy(engine: Engine, prompt: list[int], n: int = 40):
+    return engine.generate(prompt, GREEDY, max_new_tokens=n, eos_token_ids=[])
+
+
+def test_greedy_speculative_equals_plain(tiny, precision):
+    path, spec, _ = tiny
+    target = fresh(tiny, precision)
+    other = "q8" if precision == "exact" else "exact"
+    for prompt in ([1, 5, 9, 2], [3, 3, 3, 3, 40, 41, 42, 3, 3, 40], sequence(spec, 20, seed=11)):
+        plain = greedy(Engine(target, NoDrafter()), prompt).token_ids
+        assert len(plain) == 40
+        twin = greedy(Engine(target, ModelDrafter(QuantizedModel(path, precision=precision)), gamma=4), prompt)
+        assert twin.token_ids == plain
+        assert twin.stats.acceptance_rate == 1.0  # the draft's 1-row passes give the target's k-row logits
+        assert greedy(Engine(target, NgramDrafter(), gamma=3), prompt).token_ids == plain
+        mixed = ModelDrafter(QuantizedModel(path, precision=other))
+        assert greedy(Engine(target, mixed, gamma=5), prompt).token_ids == plain
+        tree = greedy(Engine(target, WrongThenRightDrafter(QuantizedModel(path, precision=precision)), gamma=4), prompt)
+        assert tree.token_ids == plain
+        assert tree.stats.alternatives_accepted > 0
