@@ -49,10 +49,18 @@ def tiny_target_twin():
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The real default model (SmolLM2-135M-Instruct); converts the GGUF on first use."""
+    """The real default model (SmolLM2-135M-Instruct) as it loads by default: the quantized native model."""
     from specwise.models import load_model
 
     return load_model("default")
+
+
+@pytest.fixture(scope="session")
+def smollm_hf():
+    """The default model as the float32 Hugging Face model (the reference), dequantized from the same GGUF."""
+    from specwise.models import load_model
+
+    return load_model("default", impl="hf")
 
 
 @pytest.fixture(scope="session")

@@ -160,13 +160,13 @@ def test_small_gemm_with_float16_weights_matches_float64_reference(rows, n_out, 
 
 
 @pytest.mark.slow
-def test_native_matches_hf_on_the_default_model(smollm):
+def test_native_matches_hf_on_the_default_model(smollm_hf):
     """Max abs logit difference <= 1e-4 in float32 on the real model, and the same greedy output."""
     from specwise.runtime import encode_prompt
 
-    hf = HFModel(smollm.hf_model)
-    native = smollm.model if isinstance(smollm.model, NativeModel) else NativeModel(smollm.hf_model)
-    ids = encode_prompt(smollm.tokenizer, "Explain what a prime number is.", chat=True)
+    hf = HFModel(smollm_hf.hf_model)
+    native = NativeModel(smollm_hf.hf_model)
+    ids = encode_prompt(smollm_hf.tokenizer, "Explain what a prime number is.", chat=True)
     diff = (logits(native, ids) - logits(hf, ids)).abs().max().item()
     assert diff <= 1e-4, f"native logits differ from the reference by {diff}"
     greedy = SamplingParams()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -34,6 +35,7 @@ __all__ = [
     "DEFAULT_BIN_DIR",
     "ENV_VAR",
     "LlamaServer",
+    "completion_decode",
     "find_llama_cpp",
     "greedy_generate",
     "llama_bench",
@@ -173,6 +175,56 @@ def llama_bench(
         raise RuntimeError(f"llama-bench returned no results: {' '.join(cmd)}")
     main = next((r for r in records if r["n_gen"]), records[0])
     return {**main, "command": cmd, "records": records}
+
+
+_EVAL = re.compile(r"(?<!prompt )eval time =\s*([\d.]+) ms /\s*(\d+) (?:runs|tokens)")
+
+
+def completion_decode(
+    gguf_path: Path | str,
+    prompt_text: str,
+    n_predict: int = 128,
+    threads: int = 2,
+    *,
+    ctx_size: int = 4096,
+    timeout: float | None = 1800.0,
+) -> dict[str, Any]:
+    """Greedy decoding of ``n_predict`` tokens by ``llama-completion`` (llama.cpp's command-line program) from
+    ``prompt_text`` (special tokens parsed, as the chat template writes them), EOS ignored. Returns the decode rate
+    from its own performance report (``eval time``: the passes after the prompt) and the command."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False, encoding="utf-8") as f:
+        f.write(prompt_text)
+        prompt_file = f.name
+    cmd = [
+        str(llama_binary("llama-completion")),
+        "-m",
+        str(gguf_path),
+        "-f",
+        prompt_file,
+        "-n",
+        str(n_predict),
+        "-t",
+        str(threads),
+        "-c",
+        str(ctx_size),
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "-no-cnv",
+        "--no-display-prompt",
+        "--perf",
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    finally:
+        os.unlink(prompt_file)
+    if proc.returncode != 0:
+        raise RuntimeError(f"llama-completion failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    found = list(_EVAL.finditer(proc.stderr))
+    if not found:
+        raise RuntimeError(f"no eval time in llama-completion's report:\n{proc.stderr[-2000:]}")
+    ms, runs = float(found[-1].group(1)), int(found[-1].group(2))
+    return {"decode_tokens_per_s": 1000.0 * runs / ms if ms > 0 else float("nan"), "runs": runs, "command": cmd}
 
 
 # --------------------------------------------------------------------------------------------------- llama-server

@@ -178,6 +178,7 @@ class QuantizedModel(Model):
         if reason is not None:
             raise NotImplementedError(f"{self.path.name}: the quantized native model cannot run it: {reason}")
         self.config = config
+        self._hf_reference = None
         self.name = name or self.path.stem
         self.precision = precision
         self.device = torch.device("cpu")
@@ -268,6 +269,15 @@ class QuantizedModel(Model):
             *[0 if b is None else b.data_ptr() for b in self.qkv_biases]
         )
         self._head_struct = (QMat * 1)(self.lm_head.struct)
+
+    def hf_reference(self):
+        """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
+        model; dequantized once and cached, see ``specwise.models.loader``)."""
+        if self._hf_reference is None:
+            from specwise.models.loader import load_model
+
+            self._hf_reference = load_model(str(self.path), impl="hf").hf_model
+        return self._hf_reference
 
     @property
     def weight_bytes(self) -> int:

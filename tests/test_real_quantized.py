@@ -1,0 +1,104 @@
+"""The quantized native model on the real default model (SmolLM2-135M-Instruct, Q4_1 + Q8_0) against the float32
+Hugging Face model built from the same GGUF file, and greedy identity of speculative decoding in both precisions.
+
+``SPECWISE_QWEN_GGUF=/path/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf`` adds the same logits check on that file (slow:
+it converts 1.5B parameters to float32; `python -m specwise.bench.fetch qwen2.5-coder-1.5b-instruct` fetches it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from specwise.bench.prompts import default_prompts
+from specwise.engine import Engine
+from specwise.models import load_model
+from specwise.models.loader import default_gguf_path
+from specwise.models.quantized import QuantizedModel
+from specwise.runtime import encode_prompt
+from specwise.sampling import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+# Measured on the default model over the prompts below (max |logit difference| against the float32 reference):
+# exact 6e-5 .. 9e-5 (float32 summation order over 30 layers; logits reach ~30, so ~3e-6 relative); q8 0.6 .. 1.3
+# (8-bit activations). The bounds leave room for other instruction paths and prompts.
+EXACT_BOUND = 1e-4 * 2
+Q8_BOUND = 3.0
+TEXTS = [
+    "Name three primary colors.",
+    "Write a Python function that reverses a string, and explain how it works.",
+    "The library opened in 1911 with four hundred books donated by a retired sea captain.",
+]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return load_model("default", impl="hf")
+
+
+@pytest.fixture(scope="module")
+def quantized():
+    path = default_gguf_path()
+    return {p: QuantizedModel(path, precision=p) for p in ("exact", "q8")}
+
+
+def _ids(tokenizer, text: str) -> torch.Tensor:
+    return torch.tensor(encode_prompt(tokenizer, text, chat=True))
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_logits_match_the_float32_reference(reference, quantized, text):
+    ids = _ids(reference.tokenizer, text)
+    with torch.no_grad():
+        want = reference.hf_model(ids[None]).logits[0].float()
+    for precision, bound in (("exact", EXACT_BOUND), ("q8", Q8_BOUND)):
+        model = quantized[precision]
+        model.reset()
+        got = model.forward(ids)
+        error = (got - want).abs().max().item()
+        assert error <= bound, f"{precision}: max |logit difference| {error:.3g} > {bound}"
+        if precision == "exact":
+            assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_a_pass_over_several_rows_gives_each_row_its_one_row_logits(quantized):
+    ids = torch.arange(100, 140)
+    for model in quantized.values():
+        model.reset()
+        model.forward(ids[:30])
+        together = model.forward(ids[30:36])
+        model.rollback(30)
+        alone = torch.cat([model.forward(ids[30 + i : 31 + i]) for i in range(6)])
+        assert torch.equal(together, alone)
+
+
+@pytest.mark.parametrize("precision", ["exact", "q8"])
+def test_greedy_speculation_equals_plain_on_every_benchmark_prompt(precision):
+    from specwise.drafters import make_drafter
+
+    target = load_model("default", precision=precision)
+    drafter = make_drafter("ngram+head", target)
+    greedy = SamplingParams(temperature=0.0)
+    for prompt in default_prompts():
+        ids = encode_prompt(target.tokenizer, prompt.text, chat=True)
+        plain = Engine(target.model, None, gamma=0).generate(ids, greedy, max_new_tokens=48, eos_token_ids=[])
+        spec = Engine(target.model, drafter, gamma="auto").generate(ids, greedy, max_new_tokens=48, eos_token_ids=[])
+        assert spec.token_ids == plain.token_ids, f"{prompt.id}: speculation changed the greedy output"
+
+
+@pytest.mark.skipif(not os.environ.get("SPECWISE_QWEN_GGUF"), reason="set SPECWISE_QWEN_GGUF to a Qwen2 GGUF file")
+def test_qwen_logits_match_the_float32_reference():
+    path = os.environ["SPECWISE_QWEN_GGUF"]
+    reference = load_model(path, impl="hf")
+    ids = _ids(reference.tokenizer, "Write a Python function that checks whether a number is prime.")
+    with torch.no_grad():
+        want = reference.hf_model(ids[None]).logits[0].float()
+    del reference
+    for precision in ("exact", "q8"):
+        got = QuantizedModel(path, precision=precision).forward(ids)
+        error = (got - want).abs().max().item()
+        print(f"Qwen {precision}: max |logit difference| {error:.3g}, max |logit| {want.abs().max().item():.3g}")
+        assert error <= (EXACT_BOUND * 5 if precision == "exact" else Q8_BOUND * 2), (precision, error)
