@@ -169,6 +169,31 @@ def test_dequantize_float_formats_any_finite_bits(t):
     assert np.array_equal(deq.view(np.uint32), ref.view(np.uint32))  # signed zeros too
 
 
+# bytes per weight of the re-packed tiles: quants, scales (float16 for the legacy formats; for the K-quants one byte
+# per block and float16 factors per super-block of 256), for whole tiles
+BYTES_PER_WEIGHT = {
+    T.F32: 4.0,
+    T.F16: 4.0,
+    T.BF16: 4.0,
+    T.Q4_0: 0.5 + 2 / 32,
+    T.Q4_1: 0.5 + 4 / 32,
+    T.Q5_0: 1 + 2 / 32,
+    T.Q5_1: 1 + 4 / 32,
+    T.Q8_0: 1 + 2 / 32,
+    T.Q4_K: 0.5 + 2 / 32 + 4 / 256,
+    T.Q5_K: 1 + 2 / 32 + 4 / 256,
+    T.Q6_K: 1 + 1 / 16 + 2 / 256,
+}
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_repacked_bytes(t):
+    """The K-quants keep their scales compact (sub-scale bytes and super-block factors), about the file's size."""
+    rng = np.random.default_rng(int(t))
+    raw, _ = make(rng, t, 32, IN)
+    assert qtensor(t, raw, 32, IN).nbytes == BYTES_PER_WEIGHT[t] * 32 * IN
+
+
 # ---- 2. accuracy -------------------------------------------------------------------------------------------
 
 

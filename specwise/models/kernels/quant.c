@@ -6,7 +6,9 @@
  *   KIND_Q4: group g of block b, row lane L, byte j = q[L][32b + 4g + j] | q[L][32b + 16 + 4g + j] << 4  (g < 4)
  *   KIND_U8: group g of block b, row lane L, byte j = q[L][B b + 4g + j]                         (g < B / 4)
  *   KIND_F32: input i, row lane L: float w[L][i]
- * Scales s (and m) are [tile][block][16]. A 512-bit register is one group: 16 output rows x 4 inputs, which is
+ * Scales s (and m) are [tile][block][16]: float16 or float32, or (K-quants, sub > 0) int8 sub-scales whose factors d
+ * (and dmin) are [tile][super-block][16]; they are read only through scale_at, ld_scale512 and ld_scale256, which
+ * give s = d * sc and m = -(dmin * mn) in float32. A 512-bit register is one group: 16 output rows x 4 inputs, which is
  * what VNNI's dot product of 4 bytes wants, and unpacking one group serves every row of x.
  *
  * Two evaluations of the same weights (mode):
@@ -114,8 +116,8 @@ enum {
 
 /* Layout of a GGUF type: 0 on success, -1 when the type is not supported. */
 int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, int *half, int *raw_block,
-                      int *raw_bytes) {
-    int k = KIND_U8, b = 32, off = 0, m = 0, h = 1, rb = 32, bytes = 0;
+                      int *raw_bytes, int *sub) {
+    int k = KIND_U8, b = 32, off = 0, m = 0, h = 1, rb = 32, bytes = 0, su = 0;
     switch (type) {
         case GGML_F32: k = KIND_F32; h = 0; rb = 1; bytes = 4; break;
         case GGML_F16: k = KIND_F32; h = 0; rb = 1; bytes = 2; break;
@@ -125,12 +127,12 @@ int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, 
         case GGML_Q5_0: off = 16; bytes = 22; break;
         case GGML_Q5_1: m = 1; bytes = 24; break;
         case GGML_Q8_0: off = 128; bytes = 34; break;
-        case GGML_Q4_K: k = KIND_Q4; m = 1; h = 0; rb = 256; bytes = 144; break;
-        case GGML_Q5_K: m = 1; h = 0; rb = 256; bytes = 176; break;
-        case GGML_Q6_K: b = 16; off = 32; h = 0; rb = 256; bytes = 210; break;
+        case GGML_Q4_K: k = KIND_Q4; m = 1; rb = 256; bytes = 144; su = 3; break;
+        case GGML_Q5_K: m = 1; rb = 256; bytes = 176; su = 3; break;
+        case GGML_Q6_K: b = 16; off = 32; rb = 256; bytes = 210; su = 4; break;
         default: return -1;
     }
-    *kind = k; *block = b; *offset = off; *has_m = m; *half = h; *raw_block = rb; *raw_bytes = bytes;
+    *kind = k; *block = b; *offset = off; *has_m = m; *half = h; *raw_block = rb; *raw_bytes = bytes; *sub = su;
     return 0;
 }
 
@@ -144,10 +146,11 @@ static void k_scale_min(const uint8_t *sc, int j, int *d, int *m) {
     }
 }
 
-/* One row of a GGUF tensor as q (offset included), and per block of the layout s and m: as float32 in sf / mf,
- * and for the float16 formats also their raw bits in sh / mh. F32 kinds give the values in sf[in]. */
-static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *sf, float *mf, uint16_t *sh,
-                       uint16_t *mh) {
+/* One row of a GGUF tensor as q (offset included), and per block of the layout s and m: for the legacy formats
+ * their float16 bits in sh / mh; for the K-quants the sub-scales in sc / mn per block and the bits of the factors
+ * d / dmin in sh / mh per super-block. F32 kinds give the values in sf[in]. */
+static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *sf, uint16_t *sh, uint16_t *mh,
+                       int8_t *sc, int8_t *mn) {
     switch (type) {
         case GGML_F32:
             memcpy(sf, raw, (size_t)in * 4);
@@ -163,10 +166,8 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
             for (int b = 0; b < in / 32; b++) {
                 const uint8_t *blk = raw + (size_t)b * size, *qs = blk + (size - 16);
                 sh[b] = rd16(blk);
-                sf[b] = half_to_float(sh[b]);
                 if (type == GGML_Q4_1) {
                     mh[b] = rd16(blk + 2);
-                    mf[b] = half_to_float(mh[b]);
                 }
                 for (int i = 0; i < 16; i++) {
                     q[32 * b + i] = qs[i] & 0xF;
@@ -182,10 +183,8 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
                 uint32_t qh = (uint32_t)blk[hoff] | ((uint32_t)blk[hoff + 1] << 8) | ((uint32_t)blk[hoff + 2] << 16) |
                               ((uint32_t)blk[hoff + 3] << 24);
                 sh[b] = rd16(blk);
-                sf[b] = half_to_float(sh[b]);
                 if (type == GGML_Q5_1) {
                     mh[b] = rd16(blk + 2);
-                    mf[b] = half_to_float(mh[b]);
                 }
                 for (int i = 0; i < 16; i++) {
                     q[32 * b + i] = (uint8_t)((qs[i] & 0xF) | (((qh >> i) & 1) << 4));
@@ -198,7 +197,6 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
             for (int b = 0; b < in / 32; b++) {
                 const uint8_t *blk = raw + (size_t)b * 34;
                 sh[b] = rd16(blk);
-                sf[b] = half_to_float(sh[b]);
                 for (int i = 0; i < 32; i++) q[32 * b + i] = (uint8_t)((int)(int8_t)blk[2 + i] + 128);
             }
             return;
@@ -207,12 +205,13 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
             for (int s = 0; s < in / 256; s++) {
                 const uint8_t *blk = raw + (size_t)s * size, *scales = blk + 4;
                 const uint8_t *qh = blk + 16, *qs = blk + (type == GGML_Q4_K ? 16 : 48);
-                float d = half_to_float(rd16(blk)), dmin = half_to_float(rd16(blk + 2));
+                sh[s] = rd16(blk);
+                mh[s] = rd16(blk + 2);
                 for (int j = 0; j < 8; j++) {
-                    int sc, mn;
-                    k_scale_min(scales, j, &sc, &mn);
-                    sf[8 * s + j] = d * (float)sc;
-                    mf[8 * s + j] = -(dmin * (float)mn);
+                    int d, m;
+                    k_scale_min(scales, j, &d, &m);
+                    sc[8 * s + j] = (int8_t)d;
+                    mn[8 * s + j] = (int8_t)m;
                     const uint8_t *chunk = qs + 32 * (j / 2);
                     for (int l = 0; l < 32; l++) {
                         uint8_t v = (j & 1) ? chunk[l] >> 4 : chunk[l] & 0xF;
@@ -227,8 +226,8 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
             for (int s = 0; s < in / 256; s++) {
                 const uint8_t *blk = raw + (size_t)s * 210, *ql = blk, *qh = blk + 128;
                 const int8_t *scales = (const int8_t *)(blk + 192);
-                float d = half_to_float(rd16(blk + 208));
-                for (int j = 0; j < 16; j++) sf[16 * s + j] = d * (float)scales[j];
+                sh[s] = rd16(blk + 208);
+                for (int j = 0; j < 16; j++) sc[16 * s + j] = scales[j];
                 for (int e = 0; e < 256; e++) {
                     int h = e / 128, r = e % 128;
                     int lo = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0xF;
@@ -243,36 +242,45 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
 }
 
 /* Re-pack rows first .. first + count - 1 of a GGUF tensor with `in` inputs (raw: those rows' blocks, row-major)
- * into the tiles q, s and m of the whole tensor (zeroed by the caller, sized as specwise_q_sizes says), so that a
- * large tensor can be read and re-packed a slice at a time. Returns 0, or -1 for an unsupported type or shape. */
-int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in, uint8_t *qt, void *st, void *mt) {
-    int kind, B, off, has_m, half, rb, rbytes;
-    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes) || in % 32 || in % rb) return -1;
+ * into the tiles q, s and m (and, for the K-quants, the factors sd and md) of the whole tensor (zeroed by the
+ * caller, sized as specwise_q_sizes says), so that a large tensor can be read and re-packed a slice at a time.
+ * Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
+int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in, uint8_t *qt, void *st, void *mt,
+                      void *sdt, void *mdt) {
+    int kind, B, off, has_m, half, rb, rbytes, sub;
+    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub) || in % 32 || in % rb)
+        return -1;
     const size_t row_bytes = (size_t)in / rb * rbytes;
-    const int nb = in / B;
+    const int nb = in / B, nsb = sub ? nb >> sub : 0;
     uint8_t *q = malloc((size_t)in);
-    float *sf = malloc((size_t)in * sizeof(float)), *mf = malloc((size_t)in * sizeof(float));
+    float *sf = malloc((size_t)in * sizeof(float));
     uint16_t *sh = malloc((size_t)in * 2), *mh = malloc((size_t)in * 2);
-    if (!q || !sf || !mf || !sh || !mh) {
-        free(q); free(sf); free(mf); free(sh); free(mh);
+    int8_t *sc = malloc((size_t)in), *mn = malloc((size_t)in);
+    if (!q || !sf || !sh || !mh || !sc || !mn) {
+        free(q); free(sf); free(sh); free(mh); free(sc); free(mn);
         return -2;
     }
     for (int o = first; o < first + count; o++) {
         const int t = o / QTILE, L = o % QTILE;
-        decode_row(type, raw + (size_t)(o - first) * row_bytes, in, q, sf, mf, sh, mh);
+        decode_row(type, raw + (size_t)(o - first) * row_bytes, in, q, sf, sh, mh, sc, mn);
         if (kind == KIND_F32) {
             float *w = (float *)qt;
             for (int i = 0; i < in; i++) w[((size_t)t * in + i) * QTILE + L] = sf[i];
             continue;
         }
+        for (int j = 0; j < nsb; j++) { /* the K-quants' factors d and -dmin (float16 bits: half is always set) */
+            size_t fi = ((size_t)t * nsb + j) * QTILE + L;
+            ((uint16_t *)sdt)[fi] = sh[j];
+            if (has_m) ((uint16_t *)mdt)[fi] = mh[j] ^ 0x8000; /* -dmin: m = (-dmin) * mn, exactly -(dmin * mn) */
+        }
         for (int b = 0; b < nb; b++) {
             size_t si = ((size_t)t * nb + b) * QTILE + L;
-            if (half) {
+            if (sub) {
+                ((int8_t *)st)[si] = sc[b];
+                if (has_m) ((int8_t *)mt)[si] = mn[b];
+            } else {
                 ((uint16_t *)st)[si] = sh[b];
                 if (has_m) ((uint16_t *)mt)[si] = mh[b];
-            } else {
-                ((float *)st)[si] = sf[b];
-                if (has_m) ((float *)mt)[si] = mf[b];
             }
             for (int e = 0; e < B; e++) {
                 size_t at;
@@ -289,23 +297,28 @@ int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in
             }
         }
     }
-    free(q); free(sf); free(mf); free(sh); free(mh);
+    free(q); free(sf); free(sh); free(mh); free(sc); free(mn);
     return 0;
 }
 
-/* Bytes of the tiles of q, s and m for a tensor of this type and shape. */
-int specwise_q_sizes(int type, int out, int in, size_t *q_bytes, size_t *s_bytes, size_t *m_bytes) {
-    int kind, B, off, has_m, half, rb, rbytes;
-    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes)) return -1;
+/* Bytes of the tiles of q, s and m, and of the K-quants' factors sd and md, for a tensor of this type and shape. */
+int specwise_q_sizes(int type, int out, int in, size_t *q_bytes, size_t *s_bytes, size_t *m_bytes,
+                     size_t *sd_bytes, size_t *md_bytes) {
+    int kind, B, off, has_m, half, rb, rbytes, sub;
+    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub)) return -1;
     size_t tiles = ((size_t)out + QTILE - 1) / QTILE, nb = (size_t)in / B, per = half ? 2 : 4;
+    *s_bytes = *m_bytes = *sd_bytes = *md_bytes = 0;
     if (kind == KIND_F32) {
         *q_bytes = tiles * in * QTILE * 4;
-        *s_bytes = *m_bytes = 0;
         return 0;
     }
     *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (size_t)B * QTILE);
-    *s_bytes = tiles * nb * QTILE * per;
+    *s_bytes = tiles * nb * QTILE * (sub ? 1 : per);
     *m_bytes = has_m ? *s_bytes : 0;
+    if (sub) {
+        *sd_bytes = tiles * (nb >> sub) * QTILE * per;
+        *md_bytes = has_m ? *sd_bytes : 0;
+    }
     return 0;
 }
 
@@ -350,7 +363,20 @@ static void quantize_rows(const float *x, int k, int in, acts *a) {
     }
 }
 
-static inline float scale_at(const qmat *w, size_t i, const void *p) {
+/* The scales of a tile are read only here and in ld_scale512 / ld_scale256: which = 0 gives s, 1 gives m, at index
+ * i = (tile * blocks + block) * 16 + lane. With sub-scales (sub = k > 0) the factor of block index i is at
+ * (i / 16 / 2^k) * 16 + i % 16, and s = d * sc, m = (-dmin) * mn in float32: the values gguf computes (products
+ * of float16 by 6- or 8-bit integers are exact, and negation commutes with rounding, signed zeros included). */
+static inline size_t factor_index(const qmat *w, size_t i) { return (i >> (4 + w->sub) << 4) | (i & 15); }
+
+static inline float scale_at(const qmat *w, size_t i, int which) {
+    const void *p = which ? w->m : w->s;
+    if (w->sub) {
+        const void *f = which ? w->md : w->sd;
+        const size_t fi = factor_index(w, i);
+        const float d = w->half ? half_to_float(((const uint16_t *)f)[fi]) : ((const float *)f)[fi];
+        return d * (float)((const int8_t *)p)[i];
+    }
     return w->half ? half_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
@@ -384,7 +410,7 @@ static void tile_portable(const qmat *w, int t, const float *x, int ldx, const a
                 float acc[2] = {0.0f, 0.0f};
                 for (int b = 0; b < nb; b++) {
                     size_t si = ((size_t)t * nb + b) * QTILE + L;
-                    float s = scale_at(w, si, w->s), m = w->has_m ? scale_at(w, si, w->m) : 0.0f;
+                    float s = scale_at(w, si, 0), m = w->has_m ? scale_at(w, si, 1) : 0.0f;
                     for (int e = 0; e < B; e++) {
                         int i = B * b + e;
                         float wv = fmaf((float)(q_at(w, t, b, e, L) - w->offset), s, m);
@@ -405,9 +431,9 @@ static void tile_portable(const qmat *w, int t, const float *x, int ldx, const a
                         corr = a->isum[(size_t)r * 2 * nb32 + b];
                     sum -= w->offset * corr;
                     int b32 = B * b / 32;
-                    float d = scale_at(w, si, w->s) * a->dx[(size_t)r * nb32 + b32];
+                    float d = scale_at(w, si, 0) * a->dx[(size_t)r * nb32 + b32];
                     acc = fmaf(d, (float)sum, acc);
-                    if (w->has_m) acc = fmaf(scale_at(w, si, w->m), a->dsum[(size_t)r * nb32 + b32], acc);
+                    if (w->has_m) acc = fmaf(scale_at(w, si, 1), a->dsum[(size_t)r * nb32 + b32], acc);
                 }
                 out = acc;
             }
@@ -419,7 +445,18 @@ static void tile_portable(const qmat *w, int t, const float *x, int ldx, const a
 #ifdef SPECWISE_X86
 /* ---- AVX-512 (with VNNI) ----------------------------------------------------------------------------------- */
 
-TARGET_AVX512 INLINE __m512 ld_scale512(const qmat *w, const void *p, size_t i) {
+/* scale_at for the 16 lanes of a tile (i a multiple of 16) */
+TARGET_AVX512 INLINE __m512 ld_scale512(const qmat *w, int which, size_t i) {
+    const void *p = which ? w->m : w->s;
+    if (w->sub) {
+        const void *f = which ? w->md : w->sd;
+        const size_t fi = factor_index(w, i);
+        const __m512 d = w->half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)f + fi)))
+                                 : _mm512_loadu_ps((const float *)f + fi);
+        const __m128i b = _mm_loadu_si128((const __m128i *)((const int8_t *)p + i));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+        return _mm512_mul_ps(d, sc);
+    }
     if (w->half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
     return _mm512_loadu_ps((const float *)p + i);
 }
@@ -461,8 +498,8 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
             __m512 s[4], m[4];
             for (int tt = 0; tt < TT; tt++) {
                 size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, w->s, si);
-                m[tt] = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+                s[tt] = ld_scale512(w, 0, si);
+                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
             }
             for (int g = 0; g < 4; g++) {
                 __m512i v[4];
@@ -491,8 +528,8 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
             __m512 s[4], m[4];
             for (int tt = 0; tt < TT; tt++) {
                 size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, w->s, si);
-                m[tt] = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+                s[tt] = ld_scale512(w, 0, si);
+                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
             }
             for (int g = 0; g < G; g++) {
                 for (int tt = 0; tt < TT; tt++) {
@@ -567,8 +604,8 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
         const int b32 = B * b / 32;
         for (int tt = 0; tt < TT; tt++) {
             const size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-            const __m512 s = ld_scale512(w, w->s, si);
-            const __m512 m = w->has_m ? ld_scale512(w, w->m, si) : _mm512_setzero_ps();
+            const __m512 s = ld_scale512(w, 0, si);
+            const __m512 m = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
             for (int r = 0; r < R; r++) {
                 const int32_t *is = a->isum + (size_t)r * 2 * nb32;
                 const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
@@ -624,7 +661,18 @@ TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------------------------ */
 /* Half tiles of 8 rows: half h of tile t holds lanes 8h .. 8h + 7, at byte 32h of each 64-byte group. */
 
-TARGET_AVX2 INLINE __m256 ld_scale256(const qmat *w, const void *p, size_t i) {
+/* scale_at for the 8 lanes of a half tile (i a multiple of 8) */
+TARGET_AVX2 INLINE __m256 ld_scale256(const qmat *w, int which, size_t i) {
+    const void *p = which ? w->m : w->s;
+    if (w->sub) {
+        const void *f = which ? w->md : w->sd;
+        const size_t fi = factor_index(w, i);
+        const __m256 d = w->half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)f + fi)))
+                                 : _mm256_loadu_ps((const float *)f + fi);
+        const __m128i b = _mm_loadl_epi64((const __m128i *)((const int8_t *)p + i));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+        return _mm256_mul_ps(d, sc);
+    }
     if (w->half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
 }
@@ -671,8 +719,8 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
             for (int hh = 0; hh < HT; hh++) {
                 int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
                 size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                s[hh] = ld_scale256(w, w->s, si);
-                m[hh] = w->has_m ? ld_scale256(w, w->m, si) : _mm256_setzero_ps();
+                s[hh] = ld_scale256(w, 0, si);
+                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
             }
             for (int g = 0; g < G; g++) {
                 for (int hh = 0; hh < HT; hh++) {
@@ -776,10 +824,10 @@ TARGET_AVX2 INLINE void q8_256(const qmat *w, int h0, const acts *a, float *y, i
             for (int hh = 0; hh < HT; hh++) {
                 int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
                 size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                __m256 d = _mm256_mul_ps(ld_scale256(w, w->s, si), dx);
+                __m256 d = _mm256_mul_ps(ld_scale256(w, 0, si), dx);
                 __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(ia[hh][r], _mm256_set1_epi32(corr)));
                 acc[hh][r] = _mm256_fmadd_ps(d, sum, acc[hh][r]);
-                if (w->has_m) acc[hh][r] = _mm256_fmadd_ps(ld_scale256(w, w->m, si), ds, acc[hh][r]);
+                if (w->has_m) acc[hh][r] = _mm256_fmadd_ps(ld_scale256(w, 1, si), ds, acc[hh][r]);
             }
         }
     }
@@ -925,7 +973,7 @@ void specwise_q_row(const qmat *w, int row, float *out) {
     }
     for (int b = 0; b < nb; b++) {
         size_t si = ((size_t)t * nb + b) * QTILE + L;
-        float s = scale_at(w, si, w->s), m = w->has_m ? scale_at(w, si, w->m) : 0.0f;
+        float s = scale_at(w, si, 0), m = w->has_m ? scale_at(w, si, 1) : 0.0f;
         for (int e = 0; e < B; e++) out[B * b + e] = fmaf((float)(q_at(w, t, b, e, L) - w->offset), s, m);
     }
 }

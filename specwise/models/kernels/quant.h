@@ -6,9 +6,12 @@
  *   KIND_F32  float32 weights                  (F32, F16, BF16)             w = v
  *   KIND_Q4   4-bit q, blocks of 32 inputs     (Q4_0, Q4_1, Q4_K)           w = (q - offset) * s + m
  *   KIND_U8   8-bit q, blocks of 16 or 32      (Q8_0, Q5_0, Q5_1, Q5_K, Q6_K)
- * with one scale s (and, for the asymmetric formats, one m) per output row and block. The conversion keeps the
- * file's numbers: dequantizing the tiles gives the values `gguf.quants.dequantize` gives, up to float rounding of
- * one fused multiply-add.
+ * with one scale s (and, for the asymmetric formats, one m) per output row and block. The legacy formats store s and
+ * m directly (float16, their own bits); the K-quants store them as the file does, compactly: one signed byte per
+ * block (the 6-bit sub-scales sc and mins mn of Q4_K / Q5_K, the int8 scales of Q6_K) and, per output row and
+ * super-block of 256 inputs, the float16 factors d (and dmin), so that s = d * sc and m = -(dmin * mn) in float32
+ * (exact products, the values gguf computes). The conversion keeps the file's numbers: dequantizing the tiles gives
+ * the values `gguf.quants.dequantize` gives, up to float rounding of one fused multiply-add.
  */
 #ifndef SPECWISE_QUANT_H
 #define SPECWISE_QUANT_H
@@ -26,12 +29,17 @@ typedef struct {
     int block;   /* inputs per scale: 32, or 16 (KIND_U8 from Q6_K); 32 for KIND_F32 (accumulator split) */
     int offset;  /* q - offset is the signed value (0 for the asymmetric formats) */
     int has_m;   /* m present (asymmetric formats) */
-    int half;    /* s and m stored as float16 (exact for the formats whose scales are float16) */
+    int half;    /* s and m (with sub: sd and md) stored as float16 (exact: the files' scales are float16) */
     int out;     /* output rows (not padded) */
     int in;      /* inputs, a multiple of 32 */
     const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8) or of float32 weights (KIND_F32) */
     const void *s;     /* [tiles][blocks][16] scales */
     const void *m;     /* [tiles][blocks][16] offsets, or NULL */
+    int sub;           /* 0: s and m are the scales (float16 when half, else float32); k > 0 (K-quants): s and m are
+                        * int8 sub-scales [tiles][blocks][16], times the factors sd / md of their super-block of
+                        * 2^k blocks */
+    const void *sd;    /* [tiles][in / (block 2^sub)][16] factors d of s (float16 when half, else float32), or NULL */
+    const void *md;    /* the same for m: -dmin (m = (-dmin) * mn = -(dmin * mn)), or NULL */
 } qmat;
 
 int specwise_q_isa(void);

@@ -1,8 +1,9 @@
 """Quantized GGUF weights for the native kernels (``quant.c``, ``qllama.c``).
 
 A :class:`QTensor` holds one GGUF matrix ``[out, in]`` re-packed at load time from the file's own block format
-into the kernels' tiles (16 output rows per tile; 4-bit, 8-bit or float32 values with the file's scales), so it
-takes about the file's bytes in memory. :func:`q_gemm` multiplies a few rows by one or several of them (their
+into the kernels' tiles (16 output rows per tile; 4-bit, 8-bit or float32 values with the file's scales, the
+K-quants' kept as their byte sub-scales and float16 super-block factors), so it takes about the file's bytes in
+memory. :func:`q_gemm` multiplies a few rows by one or several of them (their
 outputs side by side) in one of two modes:
 
 - ``exact``: float32 activations and accumulation: the numbers of the dequantized float32 model up to the order
@@ -66,6 +67,9 @@ class QMat(ctypes.Structure):
         ("q", ctypes.c_void_p),
         ("s", ctypes.c_void_p),
         ("m", ctypes.c_void_p),
+        ("sub", ctypes.c_int),
+        ("sd", ctypes.c_void_p),
+        ("md", ctypes.c_void_p),
     ]
 
 
@@ -76,9 +80,9 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_isa": ([], i),
         "specwise_q_isa_supported": ([], i),
         "specwise_q_set_isa": ([i], i),
-        "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 7, i),
-        "specwise_q_sizes": ([i, i, i] + [ctypes.POINTER(sz)] * 3, i),
-        "specwise_q_repack": ([i, p, i, i, i, p, p, p], i),
+        "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 8, i),
+        "specwise_q_sizes": ([i, i, i] + [ctypes.POINTER(sz)] * 5, i),
+        "specwise_q_repack": ([i, p, i, i, i] + [p] * 5, i),
         "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
         "specwise_q_row": ([p, i, p], None),
         "specwise_q_gather": ([p, p, i, p], None),
@@ -150,9 +154,9 @@ class QTensor:
                 f"{self.name}: GGML type {ggml_type} is not supported by the native kernels "
                 f"(supported: {', '.join(_TYPES.values())}); use --impl hf"
             )
-        fields = [ctypes.c_int() for _ in range(7)]
+        fields = [ctypes.c_int() for _ in range(8)]
         lib.specwise_q_layout(ggml_type, *[ctypes.byref(f) for f in fields])
-        kind, block, offset, has_m, half, raw_block, raw_bytes = (f.value for f in fields)
+        kind, block, offset, has_m, half, raw_block, raw_bytes, sub = (f.value for f in fields)
         if in_features % 32 or in_features % raw_block:
             raise ValueError(
                 f"{self.name}: {in_features} inputs is not a multiple of {max(32, raw_block)}, which the native "
@@ -160,12 +164,19 @@ class QTensor:
             )
         row_bytes = in_features // raw_block * raw_bytes
         read = raw if callable(raw) else None
-        sizes = [ctypes.c_size_t() for _ in range(3)]
+        sizes = [ctypes.c_size_t() for _ in range(5)]
         lib.specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
-        # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
-        self.q = torch.from_numpy(np.zeros(max(1, sizes[0].value), dtype=np.uint8))
-        self.s = torch.from_numpy(np.zeros(max(1, sizes[1].value), dtype=np.uint8))
-        self.m = torch.from_numpy(np.zeros(sizes[2].value, dtype=np.uint8)) if sizes[2].value else None
+        n_q, n_s, n_m, n_sd, n_md = (s.value for s in sizes)
+
+        def buffer(n: int) -> torch.Tensor | None:
+            # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
+            return torch.from_numpy(np.zeros(n, dtype=np.uint8)) if n else None
+
+        self.q = buffer(max(1, n_q))
+        self.s = buffer(max(1, n_s))
+        self.m = buffer(n_m)
+        self.sd = buffer(n_sd)  # the K-quants' per-super-block factors d (and dmin) of their byte sub-scales
+        self.md = buffer(n_md)
         step = out if read is None else max(16, (8 << 20) // max(1, row_bytes) // 16 * 16)  # slices of ~8 MB
         for first in range(0, out, step):
             count = min(step, out - first)
@@ -183,7 +194,9 @@ class QTensor:
                 in_features,
                 self.q.data_ptr(),
                 self.s.data_ptr(),
-                None if self.m is None else self.m.data_ptr(),
+                _ptr(self.m),
+                _ptr(self.sd),
+                _ptr(self.md),
             )
             if status != 0:
                 raise RuntimeError(f"{self.name}: re-packing {_TYPES[ggml_type]} failed (status {status})")
@@ -199,10 +212,13 @@ class QTensor:
             out,
             in_features,
             self.q.data_ptr(),
-            self.s.data_ptr() if sizes[1].value else None,
-            None if self.m is None else self.m.data_ptr(),
+            self.s.data_ptr() if n_s else None,
+            _ptr(self.m),
+            sub,
+            _ptr(self.sd),
+            _ptr(self.md),
         )
-        self.nbytes = sum(sizes[i].value for i in range(3))
+        self.nbytes = n_q + n_s + n_m + n_sd + n_md
 
     def row(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """Row ``index`` as float32 ``[in]`` (an embedding lookup)."""
@@ -230,6 +246,10 @@ class QTensor:
 
     def __repr__(self) -> str:
         return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _structs(parts: list[QTensor]):
