@@ -145,23 +145,17 @@ class TargetWeights:
         return _Module(_Rows(self._model.lm_head))
 
     def fingerprint(self, chunks: int = 16) -> list[float]:
-        """Mean absolute value of ``chunks`` equal slices of the output layer's flattened weight, dequantized a
-        slice of rows at a time (the identity a trained head records)."""
+        """Mean absolute value of ``chunks`` equal slices of the output layer's flattened weight (``torch.chunk``'s
+        slices), computed in native code without expanding the layer (the identity a trained head records)."""
         head = self._model.lm_head
-        rows, cols = head.shape
-        total = rows * cols
-        size = -(-total // chunks)  # torch.chunk's slice size
-        sums = np.zeros(chunks, dtype=np.float64)
-        step = 2048
-        for start in range(0, rows, step):
-            block = head.rows(torch.arange(start, min(rows, start + step))).abs().reshape(-1).double()
-            first = start * cols
-            for c in range(first // size, min(chunks, -(-(first + block.numel()) // size))):
-                lo, hi = max(c * size, first) - first, min((c + 1) * size, first + block.numel()) - first
-                if hi > lo:
-                    sums[c] += float(block[lo:hi].sum())
-        counts = [min(size, total - c * size) for c in range(chunks)]
-        return [round(float(s / n), 6) for s, n in zip(sums, counts) if n > 0]
+        total = head.shape[0] * head.shape[1]
+        size = -(-total // chunks)
+        means = []
+        for c in range(chunks):
+            count = min(size, total - c * size)
+            if count > 0:
+                means.append(round(head.abs_sum(c * size, count) / count, 6))
+        return means
 
 
 class QuantizedModel(Model):

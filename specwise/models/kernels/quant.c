@@ -982,3 +982,21 @@ void specwise_q_row(const qmat *w, int row, float *out) {
 void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out) {
     for (int i = 0; i < n; i++) specwise_q_row(w, (int)ids[i], out + (size_t)i * w->in);
 }
+
+/* Sum of |w| over the elements [first, first + n) of the row-major flattened tensor (a trained drafter's
+ * fingerprint of its target), in double precision. */
+double specwise_q_abs_sum(const qmat *w, long long first, long long n) {
+    if (n <= 0) return 0.0;
+    float *row = malloc((size_t)w->in * sizeof(float));
+    if (!row) return -1.0;
+    double total = 0.0;
+    long long end = first + n;
+    for (long long r = first / w->in; r * w->in < end; r++) {
+        specwise_q_row(w, (int)r, row);
+        long long lo = first > r * w->in ? first - r * w->in : 0;
+        long long hi = end < (r + 1) * w->in ? end - r * w->in : w->in;
+        for (long long i = lo; i < hi; i++) total += fabs((double)row[i]);
+    }
+    free(row);
+    return total;
+}

@@ -86,6 +86,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
         "specwise_q_row": ([p, i, p], None),
         "specwise_q_gather": ([p, p, i, p], None),
+        "specwise_q_abs_sum": ([p, ctypes.c_longlong, ctypes.c_longlong], ctypes.c_double),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
@@ -239,6 +240,10 @@ class QTensor:
         if ids.numel():
             _lib().specwise_q_gather(ctypes.byref(self.struct), ids.data_ptr(), ids.numel(), out.data_ptr())
         return out
+
+    def abs_sum(self, first: int, count: int) -> float:
+        """Sum of |w| over elements ``first .. first + count - 1`` of the flattened matrix (row-major)."""
+        return float(_lib().specwise_q_abs_sum(ctypes.byref(self.struct), int(first), int(count)))
 
     def dequantize(self) -> torch.Tensor:
         """The whole matrix as float32 ``[out, in]`` (for references and the torch path)."""
