@@ -169,8 +169,8 @@ def test_dequantize_float_formats_any_finite_bits(t):
     assert np.array_equal(deq.view(np.uint32), ref.view(np.uint32))  # signed zeros too
 
 
-# bytes per weight of the re-packed tiles: quants, scales (float16 for the legacy formats; for the K-quants one byte
-# per block and float16 factors per super-block of 256), for whole tiles
+# bytes per weight of the re-packed tiles: quants (Q6_K in 6 bits), scales (float16 for the legacy formats; for the
+# K-quants one byte per block and float16 factors per super-block of 256), for whole tiles
 BYTES_PER_WEIGHT = {
     T.F32: 4.0,
     T.F16: 4.0,
@@ -182,7 +182,7 @@ BYTES_PER_WEIGHT = {
     T.Q8_0: 1 + 2 / 32,
     T.Q4_K: 0.5 + 2 / 32 + 4 / 256,
     T.Q5_K: 1 + 2 / 32 + 4 / 256,
-    T.Q6_K: 1 + 1 / 16 + 2 / 256,
+    T.Q6_K: 0.75 + 1 / 16 + 2 / 256,
 }
 
 

@@ -5,6 +5,9 @@
  * Layout (see quant.h): tiles of 16 output rows. In a tile, each 64-byte group holds 4 bytes per output row:
  *   KIND_Q4: group g of block b, row lane L, byte j = q[L][32b + 4g + j] | q[L][32b + 16 + 4g + j] << 4  (g < 4)
  *   KIND_U8: group g of block b, row lane L, byte j = q[L][B b + 4g + j]                         (g < B / 4)
+ *   KIND_Q6: block b (16 inputs) in 3 groups, row lane L, byte j: group g < 3 holds q[L][16b + 4g + j] in its low
+ *            6 bits and 2 bits of q[L][16b + 12 + j] in its top 2 (group 0 the low ones, group 2 the high ones):
+ *            KIND_U8's 4 groups in 3/4 of the bytes, each unpacked with a few bitwise operations
  *   KIND_F32: input i, row lane L: float w[L][i]
  * Scales s (and m) are [tile][block][16]: float16 or float32, or (K-quants, sub > 0) int8 sub-scales whose factors d
  * (and dmin) are [tile][super-block][16]; they are read only through scale_at, ld_scale512 and ld_scale256, which
@@ -129,7 +132,7 @@ int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, 
         case GGML_Q8_0: off = 128; bytes = 34; break;
         case GGML_Q4_K: k = KIND_Q4; m = 1; rb = 256; bytes = 144; su = 3; break;
         case GGML_Q5_K: m = 1; rb = 256; bytes = 176; su = 3; break;
-        case GGML_Q6_K: b = 16; off = 32; rb = 256; bytes = 210; su = 4; break;
+        case GGML_Q6_K: k = KIND_Q6; b = 16; off = 32; rb = 256; bytes = 210; su = 4; break;
         default: return -1;
     }
     *kind = k; *block = b; *offset = off; *has_m = m; *half = h; *raw_block = rb; *raw_bytes = bytes; *sub = su;
@@ -289,6 +292,13 @@ int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in
                     int ee = e % 16, g = ee / 4, j = ee % 4;
                     at = (((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j;
                     qt[at] |= e < 16 ? v : (uint8_t)(v << 4);
+                } else if (kind == KIND_Q6) {
+                    int g = e / 4, j = e % 4;
+                    at = ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
+                    if (g < 3)
+                        qt[at + (size_t)g * 64] |= v;
+                    else
+                        for (int k = 0; k < 3; k++) qt[at + (size_t)k * 64] |= (uint8_t)(((v >> (2 * k)) & 3) << 6);
                 } else {
                     int g = e / 4, j = e % 4;
                     at = (((size_t)t * nb + b) * (B / 4) + g) * 64 + (size_t)L * 4 + j;
@@ -312,7 +322,7 @@ int specwise_q_sizes(int type, int out, int in, size_t *q_bytes, size_t *s_bytes
         *q_bytes = tiles * in * QTILE * 4;
         return 0;
     }
-    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (size_t)B * QTILE);
+    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (kind == KIND_Q6 ? 192 : (size_t)B * QTILE));
     *s_bytes = tiles * nb * QTILE * (sub ? 1 : per);
     *m_bytes = has_m ? *s_bytes : 0;
     if (sub) {
@@ -389,6 +399,12 @@ static inline int q_at(const qmat *w, int t, int b, int e, int L) {
         uint8_t v = w->q[(((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j];
         return e < 16 ? (v & 0xF) : (v >> 4);
     }
+    if (w->kind == KIND_Q6) {
+        int g = e / 4, j = e % 4;
+        const uint8_t *base = w->q + ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
+        if (g < 3) return base[g * 64] & 0x3F;
+        return (base[0] >> 6) | ((base[64] >> 6) << 2) | ((base[128] >> 6) << 4);
+    }
     int g = e / 4, j = e % 4;
     return w->q[(((size_t)t * nb + b) * (w->block / 4) + g) * 64 + (size_t)L * 4 + j];
 }
@@ -461,6 +477,19 @@ TARGET_AVX512 INLINE __m512 ld_scale512(const qmat *w, int which, size_t i) {
     return _mm512_loadu_ps((const float *)p + i);
 }
 
+/* KIND_Q6: the 4 groups of q (as KIND_U8 holds them) of the block whose 3 stored groups start at `base` */
+TARGET_AVX512 INLINE void q6_unpack512(const uint8_t *base, __m512i v[4]) {
+    const __m512i low6 = _mm512_set1_epi8(0x3F), m2 = _mm512_set1_epi8(0x03), m4 = _mm512_set1_epi8(0x0F);
+    const __m512i a = _mm512_loadu_si512(base), b = _mm512_loadu_si512(base + 64), c = _mm512_loadu_si512(base + 128);
+    v[0] = _mm512_and_si512(a, low6);
+    v[1] = _mm512_and_si512(b, low6);
+    v[2] = _mm512_and_si512(c, low6);
+    /* the top 2 bits of a, b and c, at bits 0-1, 2-3 and 4-5: (x & m) | (y & ~m) is ternary logic 0xE4 (x, y, m) */
+    __m512i t = _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 6), _mm512_srli_epi16(b, 4), m2, 0xE4);
+    t = _mm512_ternarylogic_epi32(t, _mm512_srli_epi16(c, 2), m4, 0xE4);
+    v[3] = _mm512_and_si512(t, low6);
+}
+
 TARGET_AVX512 INLINE void store512(float *y, __m512 v, int n) {
     if (n == QTILE)
         _mm512_storeu_ps(y, v);
@@ -516,6 +545,35 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
                             acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
                             acc1[tt][r] =
                                 _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
+                        }
+                    }
+                }
+            }
+        }
+    } else if (w->kind == KIND_Q6) { /* KIND_U8's order of operations, on the unpacked groups */
+        const __m512i mask = _mm512_set1_epi32(0xFF), off = _mm512_set1_epi32(w->offset);
+        for (int b = 0; b < nb; b++) {
+            __m512 s[4], m[4];
+            __m512i v[4][4];
+            for (int tt = 0; tt < TT; tt++) {
+                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+                s[tt] = ld_scale512(w, 0, si);
+                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+                q6_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 192, v[tt]);
+            }
+            for (int g = 0; g < 4; g++) {
+                for (int tt = 0; tt < TT; tt++) {
+                    for (int j = 0; j < 4; j++) {
+                        const int i = 16 * b + 4 * g + j, second = (i & 31) >= 16;
+                        __m512i qj = _mm512_srli_epi32(v[tt][g], 8 * j); /* byte j (the top one needs no mask) */
+                        __m512i qi = _mm512_sub_epi32(j == 3 ? qj : _mm512_and_si512(qj, mask), off);
+                        __m512 wv = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s[tt], m[tt]);
+                        for (int r = 0; r < R; r++) {
+                            __m512 xv = _mm512_set1_ps(x[(size_t)r * ldx + i]);
+                            if (second)
+                                acc1[tt][r] = _mm512_fmadd_ps(wv, xv, acc1[tt][r]);
+                            else
+                                acc0[tt][r] = _mm512_fmadd_ps(wv, xv, acc0[tt][r]);
                         }
                     }
                 }
@@ -623,6 +681,63 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
             store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
 }
 
+/* q8: the float update of weight block b from its integer sums ia (A accumulators per tile and row), as q8_512
+ * does it inline */
+TARGET_AVX512 INLINE void q8_update512(const qmat *w, const acts *a, __m512 acc[4][8], __m512i ia[4][8][4], int b,
+                                       int t0, const int TT, const int R, const int A) {
+    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, b32 = B * b / 32;
+    for (int tt = 0; tt < TT; tt++) {
+        const size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+        const __m512 s = ld_scale512(w, 0, si);
+        const __m512 m = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
+            const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
+            __m512i isum = ia[tt][r][0];
+            for (int u = 1; u < A; u++) isum = _mm512_add_epi32(isum, ia[tt][r][u]);
+            if (corr) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr));
+            const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]));
+            acc[tt][r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[tt][r]);
+            if (w->has_m)
+                acc[tt][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]), acc[tt][r]);
+        }
+    }
+}
+
+/* q8_512 for KIND_Q6 (KIND_U8's, on the unpacked groups), in its own function (run512_q8q6) so as not to weigh on
+ * the register allocation of the others */
+TARGET_AVX512 INLINE void q8q6_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
+                                   const int R) {
+    enum { AMAX = 4 };
+    const int A = R == 1 ? 4 : (R == 2 ? 2 : 1);
+    __m512 acc[4][8];
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
+    const int nb = w->in / 16, in = w->in;
+    for (int b = 0; b < nb; b++) {
+        __m512i ia[4][8][AMAX];
+        for (int tt = 0; tt < TT; tt++)
+            for (int r = 0; r < R; r++)
+                for (int u = 0; u < A; u++) ia[tt][r][u] = _mm512_setzero_si512();
+        for (int tt = 0; tt < TT; tt++) {
+            __m512i v[4];
+            q6_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 192, v);
+            for (int g = 0; g < 4; g++) {
+                for (int r = 0; r < R; r++) {
+                    int32_t x0;
+                    memcpy(&x0, a->qx + (size_t)r * in + 16 * b + 4 * g, 4);
+                    const int u = g % A;
+                    ia[tt][r][u] = _mm512_dpbusd_epi32(ia[tt][r][u], v[g], _mm512_set1_epi32(x0));
+                }
+            }
+        }
+        q8_update512(w, a, acc, ia, b, t0, TT, R, A);
+    }
+    for (int tt = 0; tt < TT; tt++)
+        for (int r = 0; r < R; r++)
+            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
+}
+
 /* All (tiles, rows) shapes the driver asks for: TT tiles at once (see tiles_for), R <= 8 rows. */
 #define SHAPES(CALL)                                                                              \
     switch (TT * 16 + R) {                                                                        \
@@ -644,9 +759,20 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
         default: CALL(1, 8); break;                                                               \
     }
 
+TARGET_AVX512 __attribute__((noinline)) static void run512_q8q6(const qmat *w, int t0, int TT, const acts *a, float *y,
+                                                                int ldy, int R, int n) {
+#define Q8Q6(T, RR) q8q6_512(w, t0, a, y, ldy, n, T, RR)
+    SHAPES(Q8Q6)
+#undef Q8Q6
+}
+
 TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
                                  float *y, int ldy, int R, int n) {
     const int q8 = mode == MODE_Q8 && w->kind != KIND_F32;
+    if (q8 && w->kind == KIND_Q6) {
+        run512_q8q6(w, t0, TT, a, y, ldy, R, n);
+        return;
+    }
 #define EXACT(T, RR) exact512(w, t0, x, ldx, y, ldy, n, T, RR)
 #define Q8(T, RR) q8_512(w, t0, a, y, ldy, n, T, RR)
     if (q8) {
@@ -675,6 +801,21 @@ TARGET_AVX2 INLINE __m256 ld_scale256(const qmat *w, int which, size_t i) {
     }
     if (w->half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
+}
+
+/* q6_unpack512 for half tile `half` */
+TARGET_AVX2 INLINE void q6_unpack256(const uint8_t *base, int half, __m256i v[4]) {
+    const __m256i low6 = _mm256_set1_epi8(0x3F), m2 = _mm256_set1_epi8(0x03), m4 = _mm256_set1_epi8(0x0C);
+    const __m256i m6 = _mm256_set1_epi8(0x30);
+    const __m256i a = _mm256_loadu_si256((const __m256i *)(base + 32 * half));
+    const __m256i b = _mm256_loadu_si256((const __m256i *)(base + 64 + 32 * half));
+    const __m256i c = _mm256_loadu_si256((const __m256i *)(base + 128 + 32 * half));
+    v[0] = _mm256_and_si256(a, low6);
+    v[1] = _mm256_and_si256(b, low6);
+    v[2] = _mm256_and_si256(c, low6);
+    v[3] = _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 6), m2),
+                                           _mm256_and_si256(_mm256_srli_epi16(b, 4), m4)),
+                           _mm256_and_si256(_mm256_srli_epi16(c, 2), m6));
 }
 
 TARGET_AVX2 INLINE void store256(float *y, __m256 v, int n) {
@@ -706,6 +847,36 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
                         acc0[hh][r] = _mm256_fmadd_ps(lo, _mm256_set1_ps(x[(size_t)r * ldx + i + e]), acc0[hh][r]);
                         acc1[hh][r] =
                             _mm256_fmadd_ps(hi, _mm256_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[hh][r]);
+                    }
+                }
+            }
+        }
+    } else if (w->kind == KIND_Q6) { /* as exact512 */
+        const __m256i mask = _mm256_set1_epi32(0xFF), off = _mm256_set1_epi32(w->offset);
+        for (int b = 0; b < nb; b++) {
+            __m256 s[4], m[4];
+            __m256i v[4][4];
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+                s[hh] = ld_scale256(w, 0, si);
+                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
+                q6_unpack256(w->q + ((size_t)t * nb + b) * 192, half, v[hh]);
+            }
+            for (int g = 0; g < 4; g++) {
+                for (int hh = 0; hh < HT; hh++) {
+                    for (int j = 0; j < 4; j++) {
+                        const int i = 16 * b + 4 * g + j, second = (i & 31) >= 16;
+                        __m256i qj = _mm256_srli_epi32(v[hh][g], 8 * j); /* byte j (the top one needs no mask) */
+                        __m256i qi = _mm256_sub_epi32(j == 3 ? qj : _mm256_and_si256(qj, mask), off);
+                        __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qi), s[hh], m[hh]);
+                        for (int r = 0; r < R; r++) {
+                            __m256 xv = _mm256_set1_ps(x[(size_t)r * ldx + i]);
+                            if (second)
+                                acc1[hh][r] = _mm256_fmadd_ps(wv, xv, acc1[hh][r]);
+                            else
+                                acc0[hh][r] = _mm256_fmadd_ps(wv, xv, acc0[hh][r]);
+                        }
                     }
                 }
             }
@@ -777,6 +948,26 @@ TARGET_AVX2 INLINE __m256i dot4_256(__m256i wq, __m256i xb, int signed_w) {
     return _mm256_madd_epi16(p, ones);
 }
 
+/* q8: the float update of weight block b from its integer sums ia (per half tile and row), as q8_256 does it */
+TARGET_AVX2 INLINE void q8_update256(const qmat *w, const acts *a, __m256 acc[4][4], __m256i ia[4][4], int b, int h0,
+                                     int signed_w, const int HT, const int R) {
+    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, b32 = B * b / 32;
+    for (int r = 0; r < R; r++) {
+        const int32_t *is = a->isum + (size_t)r * 2 * nb32;
+        const int32_t corr = signed_w ? 0 : w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
+        const __m256 dx = _mm256_set1_ps(a->dx[(size_t)r * nb32 + b32]);
+        const __m256 ds = _mm256_set1_ps(a->dsum[(size_t)r * nb32 + b32]);
+        for (int hh = 0; hh < HT; hh++) {
+            int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+            size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+            __m256 d = _mm256_mul_ps(ld_scale256(w, 0, si), dx);
+            __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(ia[hh][r], _mm256_set1_epi32(corr)));
+            acc[hh][r] = _mm256_fmadd_ps(d, sum, acc[hh][r]);
+            if (w->has_m) acc[hh][r] = _mm256_fmadd_ps(ld_scale256(w, 1, si), ds, acc[hh][r]);
+        }
+    }
+}
+
 TARGET_AVX2 INLINE void q8_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
                                const int R) {
     __m256 acc[4][4];
@@ -839,6 +1030,51 @@ TARGET_AVX2 INLINE void q8_256(const qmat *w, int h0, const acts *a, float *y, i
     }
 }
 
+/* q8_256 for KIND_Q6 (see q8q6_512), in its own function */
+TARGET_AVX2 INLINE void q8q6_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
+                                 const int R) {
+    __m256 acc[4][4];
+    for (int hh = 0; hh < HT; hh++)
+        for (int r = 0; r < R; r++) acc[hh][r] = _mm256_setzero_ps();
+    const int nb = w->in / 16, in = w->in;
+    for (int b = 0; b < nb; b++) {
+        __m256i ia[4][4];
+        for (int hh = 0; hh < HT; hh++)
+            for (int r = 0; r < R; r++) ia[hh][r] = _mm256_setzero_si256();
+        for (int hh = 0; hh < HT; hh++) {
+            int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+            __m256i v[4];
+            q6_unpack256(w->q + ((size_t)t * nb + b) * 192, half, v);
+            for (int g = 0; g < 4; g++) {
+                for (int r = 0; r < R; r++) {
+                    int32_t x0;
+                    memcpy(&x0, a->qx + (size_t)r * in + 16 * b + 4 * g, 4);
+                    ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(v[g], _mm256_set1_epi32(x0), 0));
+                }
+            }
+        }
+        q8_update256(w, a, acc, ia, b, h0, 0, HT, R);
+    }
+    for (int hh = 0; hh < HT; hh++) {
+        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
+        int valid = last ? n - 8 * half : 8;
+        for (int r = 0; r < R; r++)
+            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half, acc[hh][r], valid);
+    }
+}
+
+TARGET_AVX2 __attribute__((noinline)) static void q8q6_256_shapes(const qmat *w, int h0, const acts *a, float *y,
+                                                                  int ldy, int n, int HT, int R) {
+    switch (HT * 16 + R) { /* the shapes run256 asks for */
+        case 0x41: q8q6_256(w, h0, a, y, ldy, n, 4, 1); break;
+        case 0x22: q8q6_256(w, h0, a, y, ldy, n, 2, 2); break;
+        case 0x11: q8q6_256(w, h0, a, y, ldy, n, 1, 1); break;
+        case 0x12: q8q6_256(w, h0, a, y, ldy, n, 1, 2); break;
+        case 0x13: q8q6_256(w, h0, a, y, ldy, n, 1, 3); break;
+        default: q8q6_256(w, h0, a, y, ldy, n, 1, 4); break;
+    }
+}
+
 TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
                                float *y, int ldy, int R, int n) {
     /* TT tiles = 2 TT half tiles; grouped by 4, 2 or 1 by the number of rows */
@@ -849,7 +1085,9 @@ TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, in
         int h0 = 2 * t0 + h, nlast = ((h0 + step - 1) / 2 == t0 + TT - 1) ? n : QTILE;
         float *yt = y + (size_t)(h0 / 2 - t0) * QTILE;
 #define E(H, RR) exact256(w, h0, x, ldx, yt, ldy, nlast, H, RR)
-#define Q(H, RR) q8_256(w, h0, a, yt, ldy, nlast, H, RR)
+#define Q(H, RR) \
+    (w->kind == KIND_Q6 ? q8q6_256_shapes(w, h0, a, yt, ldy, nlast, H, RR) \
+                        : q8_256(w, h0, a, yt, ldy, nlast, H, RR))
         if (step == 4) {
             if (q8) Q(4, 1); else E(4, 1);
         } else if (step == 2) {
