@@ -618,7 +618,7 @@ TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y,
                                  const int R) {
     /* integer sums are exact in any order: with few rows, several accumulators per row hide the latency */
     enum { AMAX = 4 };
-    const int A = R == 1 ? 4 : (R == 2 ? 2 : 1);
+    const int A = R == 1 ? 4 : (R <= 4 ? 2 : 1);
     __m512 acc[4][8];
     for (int tt = 0; tt < TT; tt++)
         for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
@@ -709,7 +709,7 @@ TARGET_AVX512 INLINE void q8_update512(const qmat *w, const acts *a, __m512 acc[
 TARGET_AVX512 INLINE void q8q6_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
                                    const int R) {
     enum { AMAX = 4 };
-    const int A = R == 1 ? 4 : (R == 2 ? 2 : 1);
+    const int A = R == 1 ? 4 : (R <= 4 ? 2 : 1);
     __m512 acc[4][8];
     for (int tt = 0; tt < TT; tt++)
         for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
