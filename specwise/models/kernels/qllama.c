@@ -322,9 +322,11 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
             }
         }
         MARK(PART_REST);
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+        /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
+         * the tasks that read the same keys and values one after the other, while they are in its cache */
+#pragma omp parallel for num_threads(threads) schedule(static)
         for (int t = 0; t < nq * k; t++) {
-            const int head = t % nq, r = t / nq, len = start + r + 1, g = head / group;
+            const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = start + r + 1;
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
             const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
             float *sc = scores + (size_t)t * end;
