@@ -41,8 +41,9 @@ def test_greedy_identity_on_the_default_model(smollm, smollm_twin, random_draft,
     greedy = SamplingParams(temperature=0.0)
 
     def run(drafter, gamma):
+        # EOS ignored: every run makes NEW_TOKENS tokens, so no step is cut short by an early end
         engine = Engine(smollm.model, drafter, gamma=gamma, tokenizer=smollm.tokenizer)
-        return engine.generate(ids, greedy, max_new_tokens=NEW_TOKENS)
+        return engine.generate(ids, greedy, max_new_tokens=NEW_TOKENS, eos_token_ids=[])
 
     plain = run(NoDrafter(), 0)
     assert len(plain.token_ids) >= 8
