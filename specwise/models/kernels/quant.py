@@ -22,6 +22,8 @@ import ctypes
 import numpy as np
 import torch
 
+from specwise.models.gguf_file import TYPE_NAMES
+
 __all__ = [
     "MODES",
     "ISAS",
@@ -38,19 +40,7 @@ MODES = ("exact", "q8")
 ISAS = ("portable", "avx2", "avx512")
 
 # GGML type ids (the GGUF file format) that the kernels take
-_TYPES = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    6: "Q5_0",
-    7: "Q5_1",
-    8: "Q8_0",
-    12: "Q4_K",
-    13: "Q5_K",
-    14: "Q6_K",
-    30: "BF16",
-}
+_TYPES = {t: TYPE_NAMES[t] for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30)}
 
 
 class QMat(ctypes.Structure):
