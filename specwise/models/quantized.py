@@ -54,9 +54,7 @@ class GGUFConfig:
         self.rms_norm_eps = float(key("attention.layer_norm_rms_epsilon", 1e-6))
         self.max_position_embeddings = int(key("context_length", 2048))
         self.sliding_window = key("attention.sliding_window")
-        tokens = meta._array_at.get("tokenizer.ggml.tokens")
         self.vocab_size = int(key("vocab_size", 0))
-        self._has_vocab = tokens is not None
 
     def unsupported(self, meta: GGUFFile) -> str | None:
         """None when the quantized native model runs this file; otherwise why not."""
@@ -80,6 +78,7 @@ class GGUFConfig:
 
 
 def gguf_config(path: str | Path) -> GGUFConfig:
+    """The model's shape as a GGUF file's metadata gives it."""
     return GGUFConfig(GGUFFile(path))
 
 
