@@ -33,6 +33,8 @@ _tried = False
 
 def _cpu_ok() -> bool:
     """The float kernels (smallgemm.c, llama.c) need AVX2, FMA and F16C; the quantized ones choose their own path."""
+    if _lib is not None and not hasattr(_lib, "specwise_small_gemm"):
+        return False
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -51,6 +53,11 @@ def library_path() -> Path | None:
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    from specwise.models.kernels import quant
+
+    quant.declare(lib)
+    if not hasattr(lib, "specwise_small_gemm"):  # not x86-64: only the quantized kernels (portable path) exist
+        return lib
     fn = lib.specwise_small_gemm
     fn.restype = None
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
@@ -65,9 +72,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
     layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2
     layers.argtypes += [ctypes.c_void_p] * 2
-    from specwise.models.kernels import quant
-
-    quant.declare(lib)
     return lib
 
 

@@ -18,6 +18,7 @@
  * new rows j <= r with anc[r * k + j] != 0 (its ancestors and itself; rows are in topological order). Without
  * them, row r is at position start + r and attends causally.
  */
+#if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include <math.h>
@@ -156,3 +157,4 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
     }
     return 0;
 }
+#endif /* __x86_64__ */

@@ -7,6 +7,7 @@
  * and applies it to up to 3 rows of x at a time from cache, so the cost of k rows stays close to the cost of
  * reading the weight. AVX2 + FMA; the Python side checks the CPU before loading it.
  */
+#if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
 #pragma GCC target("avx2,fma,f16c")
 #include <immintrin.h>
 #include <stddef.h>
@@ -182,3 +183,4 @@ void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bia
             for (int o = 0; o < out; o++) y[(size_t)r * out + o] += bias[o];
     }
 }
+#endif /* __x86_64__ */
