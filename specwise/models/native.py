@@ -22,7 +22,7 @@ import torch
 from specwise.models.base import Model
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm, small_gemm_available
 
-__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary"]
+__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary", "keep_cache_path"]
 
 _ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 GEMM_BACKENDS = ("torch", "kernel")
@@ -63,6 +63,20 @@ def rotary_tables(
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of x ``[..., head_dim]`` with tables from :func:`rotary_tables` broadcast to it."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+
+
+def keep_cache_path(model, start: int, rows: list[int]) -> None:
+    """``Model.keep_path`` for a model whose caches are ``k_cache``/``v_cache`` ``[layers, kv_heads, capacity,
+    head_dim]`` and ``_features`` ``[capacity, hidden]``, with its length in ``_length``."""
+    if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= model._length:
+        raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
+    for i, row in enumerate(rows):
+        if row != i:  # row >= i: moving down never overwrites a row still to be moved
+            model.k_cache[:, :, start + i] = model.k_cache[:, :, start + row]
+            model.v_cache[:, :, start + i] = model.v_cache[:, :, start + row]
+            if model.keep_features:
+                model._features[start + i] = model._features[start + row]
+    model._length = start + len(rows)
 
 
 class Linear:
@@ -291,15 +305,7 @@ class NativeModel(Model):
         return self._run(tokens, None, (depth, anc))
 
     def keep_path(self, start: int, rows: list[int]) -> None:
-        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= self._length:
-            raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
-        for i, row in enumerate(rows):
-            if row != i:  # row >= i: moving down never overwrites a row still to be moved
-                self.k_cache[:, :, start + i] = self.k_cache[:, :, start + row]
-                self.v_cache[:, :, start + i] = self.v_cache[:, :, start + row]
-                if self.keep_features:
-                    self._features[start + i] = self._features[start + row]
-        self._length = start + len(rows)
+        keep_cache_path(self, start, rows)
 
     def _run(self, tokens: torch.Tensor, num_logits: int | None, tree=None) -> torch.Tensor:
         k = tokens.numel()

@@ -24,6 +24,7 @@ import torch
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
 from specwise.models.kernels.quant import QMat, QTensor, _lib, _mode_id
+from specwise.models.native import keep_cache_path, rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "quantized_supported", "TargetWeights"]
 
@@ -291,13 +292,8 @@ class QuantizedModel(Model):
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
             feats[: self._length] = self._features[: self._length]
         self.k_cache, self.v_cache, self._features = k_cache, v_cache, feats
-        positions = torch.arange(capacity, dtype=torch.float32)
-        freqs = torch.outer(positions, self._inv_freq)  # [capacity, head_dim / 2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        sin = emb.sin()
-        half = self._inv_freq.numel()
-        self._cos = emb.cos().contiguous()
-        self._sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1).contiguous()  # rotate-half sign folded in
+        cos, sin = rotary_tables(self._inv_freq, torch.arange(capacity))  # rotate-half sign folded into sin
+        self._cos, self._sin = cos.contiguous(), sin.contiguous()
         self._capacity = capacity
 
     @property
@@ -343,15 +339,7 @@ class QuantizedModel(Model):
         return self._run(tokens.to(torch.int64).cpu(), tokens.numel(), tree)
 
     def keep_path(self, start: int, rows: list[int]) -> None:
-        if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= self._length:
-            raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
-        for i, row in enumerate(rows):
-            if row != i:
-                self.k_cache[:, :, start + i] = self.k_cache[:, :, start + row]
-                self.v_cache[:, :, start + i] = self.v_cache[:, :, start + row]
-                if self.keep_features:
-                    self._features[start + i] = self._features[start + row]
-        self._length = start + len(rows)
+        keep_cache_path(self, start, rows)
 
     def _run(self, ids: torch.Tensor, keep: int, tree=None) -> torch.Tensor:
         k = ids.numel()
