@@ -172,14 +172,13 @@ def gguf_tokenizer(path: Path):
 
 
 def _load_quantized(path: Path, name: str, precision: str) -> LoadedModel:
-    from specwise.models.gguf_file import GGUFFile
     from specwise.models.quantized import QuantizedModel, TargetWeights
 
     _quiet_transformers()
-    model = QuantizedModel(path, precision=precision, name=name)
+    model = QuantizedModel(path, precision=precision, name=name)  # raises NotImplementedError with the reason
     tokenizer = gguf_tokenizer(path)
-    eos = GGUFFile(path).get("tokenizer.ggml.eos_token_id")
-    loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {int(eos)} if eos is not None else None)
+    eos = model.eos_token_id
+    loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
     _apply_profile(model, profile_device("cpu", model))
     return loaded
 
@@ -227,11 +226,15 @@ def load_model(
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
     gguf_path = _gguf_source(spec)
     if gguf_path is not None and impl != "hf" and torch.device(device).type == "cpu" and dtype == torch.float32:
-        from specwise.models.quantized import quantized_supported
+        from specwise.models.kernels import kernel_error
+        from specwise.models.kernels.quant import quantized_available
 
-        reason = quantized_supported(gguf_path)
-        if reason is None:
-            return _load_quantized(gguf_path, name, precision)
+        reason = kernel_error()
+        if quantized_available():
+            try:  # the file is read once: the model checks what it cannot run as it loads
+                return _load_quantized(gguf_path, name, precision)
+            except NotImplementedError as err:
+                reason = str(err)
         print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -272,9 +275,8 @@ def _apply_profile(native: Model, device: str) -> None:
         pass
     try:
         by_rows = {int(k): v for k, v in gemm.items()}
-        if by_rows and isinstance(
-            native, NativeModel
-        ):  # a "kernel" choice falls back to torch where the kernel does not serve the weights
+        # a "kernel" choice falls back to torch where the kernel does not serve the weights
+        if by_rows and isinstance(native, NativeModel):
             native.set_gemm(by_rows, default=by_rows[max(by_rows)])
     except (ValueError, TypeError):
         pass  # an unreadable profile: keep the defaults

@@ -26,7 +26,7 @@ from specwise.models.gguf_file import GGUFFile
 from specwise.models.kernels.quant import QMat, QTensor, _lib, _mode_id
 from specwise.models.native import keep_cache_path, rotary_tables
 
-__all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "quantized_supported", "TargetWeights"]
+__all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 MAX_ROWS = 32  # rows per native call; longer inputs (prompts) run in chunks, which gives the same logits
@@ -81,17 +81,6 @@ class GGUFConfig:
 def gguf_config(path: str | Path) -> GGUFConfig:
     """The model's shape as a GGUF file's metadata gives it."""
     return GGUFConfig(GGUFFile(path))
-
-
-def quantized_supported(path: str | Path) -> str | None:
-    """None when ``path`` can be decoded by the quantized native model on this machine, else the reason."""
-    from specwise.models.kernels import kernel_error
-    from specwise.models.kernels.quant import quantized_available
-
-    if not quantized_available():
-        return kernel_error()
-    meta = GGUFFile(path)
-    return GGUFConfig(meta).unsupported(meta)
 
 
 def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
@@ -172,6 +161,8 @@ class QuantizedModel(Model):
         if reason is not None:
             raise NotImplementedError(f"{self.path.name}: the quantized native model cannot run it: {reason}")
         self.config = config
+        eos = meta.get("tokenizer.ggml.eos_token_id")
+        self.eos_token_id = None if eos is None else int(eos)  # the file's end-of-sequence token
         self._hf_reference = None
         self.name = name or self.path.stem
         self.precision = precision
