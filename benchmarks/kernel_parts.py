@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from specwise.bench.runner import machine_info
 from specwise.models.kernels import native_library
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel
@@ -59,7 +60,7 @@ def main() -> int:
     base = rows[args.ks[0]]["pass_median_ms"]
     for r in rows.values():
         r["c"] = r["pass_median_ms"] / base
-    result = {"command": " ".join(["python", *sys.argv]), "threads": torch.get_num_threads(), "rows": rows}
+    result = {"command": " ".join(["python", *sys.argv]), "machine": machine_info("cpu"), "rows": rows}
     text = json.dumps(result, indent=1)
     if args.out:
         with open(args.out, "w") as f:

@@ -12,34 +12,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-from specwise.models.kernels.quant import isa, q_gemm
+from specwise.bench.runner import machine_info
+from specwise.models.kernels.quant import q_gemm
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel
-
-
-def cpu_description() -> dict:
-    """The CPU's model name and its vector flags (every figure names them)."""
-    info = {"machine": platform.machine(), "model": "", "flags": []}
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return info
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "Model name":
-            info["model"] = value.strip()
-        if key.strip() == "Flags":
-            wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni")
-            info["flags"] = [f for f in value.split() if f in wanted]
-    return info
 
 
 def timed(fn, repeats: int) -> float:
@@ -80,8 +62,7 @@ def main() -> int:
     results = {
         "command": " ".join(["python", *sys.argv]),
         "target": path,
-        "cpu": cpu_description(),
-        "isa": isa(),
+        "machine": machine_info("cpu"),
         "threads": torch.get_num_threads(),
         "runs": [],
     }

@@ -36,15 +36,13 @@ import torch
 
 from specwise.bench.llamacpp import LlamaServer, completion_decode, find_llama_cpp, llama_bench
 from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.runner import machine_info
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.models import load_model
 from specwise.models.loader import _gguf_source
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
-
-sys.path.insert(0, str(Path(__file__).parent))
-from pass_parts import cpu_description  # noqa: E402
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 METHODS = ("llama.cpp", "q8", "exact", "default")
@@ -193,7 +191,7 @@ def main() -> int:
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "target": str(gguf),
-        "cpu": cpu_description(),
+        "machine": machine_info("cpu"),
         "threads": args.threads,
         "new_tokens": args.new_tokens,
         "llama_bench": bench,

@@ -484,6 +484,28 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+_VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni")
+
+
+def _cpu_flags() -> list[str]:
+    """The CPU's vector flags that decide the kernels' instruction path (every figure names them)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in _VECTOR_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
+def _kernel_isa() -> str | None:
+    from specwise.models.kernels.quant import isa, quantized_available
+
+    return isa() if quantized_available() else None
+
+
 def machine_info(device: str) -> dict:
     """Where the benchmark ran: hardware, software versions, threads and load."""
     import transformers
@@ -494,6 +516,8 @@ def machine_info(device: str) -> dict:
     return {
         "platform": platform.platform(),
         "cpu": _cpu_name(),
+        "cpu_flags": _cpu_flags(),
+        "kernel_isa": _kernel_isa(),
         "cpu_count": os.cpu_count() or 0,
         "python": platform.python_version(),
         "torch": torch.__version__,
