@@ -1,0 +1,239 @@
+"""The `head` drafter: a small trained decoder layer on the target's own features (in the spirit of EAGLE).
+
+At each position the head reads the target's last hidden state (after the final norm, the input of the output
+layer) and the embedding of the next token, and predicts the next position's hidden state; the target's own
+output layer, restricted to a draft vocabulary of the most frequent tokens, turns that into q. Drafting more
+than one token feeds the head its own predicted state. The target's embedding and output layer are reused
+frozen, so a head file holds only the small layer (a few MB).
+
+q is zero outside the draft vocabulary; the rejection rule handles that exactly (such tokens are never
+drafted, and the residual distribution can still produce them).
+
+Training is in :mod:`specwise.distill`; ``specwise distill`` writes a directory with ``config.json`` and
+``model.safetensors`` that ``--drafter head:DIR`` loads.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from specwise.drafters.base import Draft, Drafter, common_prefix
+from specwise.drafters.head.module import EagleHead
+from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm_available
+from specwise.models.native import Linear, apply_rotary, rotary_tables
+from specwise.sampling import SamplingParams, probs_from_logits, sample
+
+__all__ = ["HeadDrafter"]
+
+
+class HeadDrafter(Drafter):
+    """Drafts with an :class:`EagleHead` from the target's features.
+
+    The target must keep its features (``needs_features``: the engine sets ``target.keep_features``). The head
+    has its own KV cache (one layer) written by position: positions whose features came from the target are
+    kept between steps, the speculative ones are overwritten by the next proposal.
+    """
+
+    name = "head"
+    needs_features = True
+
+    def __init__(
+        self,
+        head: EagleHead,
+        target,
+        capacity: int = 1024,
+        half_weights: bool = True,
+        alternatives: tuple[int, ...] = (),
+        window: int | None = 128,
+        sinks: int = 4,
+    ) -> None:
+        self.head = head.eval()
+        # Catching up on a context longer than ``window`` positions (a new request's prompt), the head feeds its
+        # first ``sinks`` positions and its last ``window`` ones only: its layer's cost no longer grows with the
+        # prompt. The head then attends to fewer positions than it was trained with, which may change q (never the
+        # output: verification uses the q the draft was drawn from). None: the whole context. On long passage
+        # prompts from the corpora (not Spec-Bench) the shipped head's greedy acceptance at gamma 1 was 0.379 with
+        # the whole context, 0.386 with 128 positions and 4 sinks, 0.374 with 32 (docs/ENGINE.md, session 9).
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive number of positions or None, got {window!r}")
+        if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
+            raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
+        self.window, self.sinks = window, sinks
+        # greedy drafts: this many runner-up tokens at each drafted position (a draft tree's leaves), verified in
+        # the same pass by targets that verify trees
+        self.alternatives = tuple(int(a) for a in alternatives)
+        self.target = target
+        self.device = target.device
+        self._c = head.config
+        # On a CPU with specwise's kernels the products read float16 copies of the weights (computed in float32):
+        # half the memory traffic per drafted token. A shipped head is stored in float16, so its own weights are
+        # the same values; the output layer (rows of the target's) is rounded. That changes q slightly, never the
+        # output: verification uses the q the draft was drawn from.
+        half = half_weights and small_gemm_available() and torch.device(self.device).type == "cpu"
+        with torch.no_grad():
+
+            def linear(weight: torch.Tensor) -> Linear:
+                weight = weight.detach()
+                return Linear(weight.half().contiguous() if half else weight)
+
+            self._fc = linear(head.fc.weight)
+            self._qkv = linear(head.qkv.weight)
+            self._o = linear(head.o.weight)
+            self._gate_up = linear(head.gate_up.weight)
+            self._down = linear(head.down.weight)
+            self._lm = linear(head.head_weight)
+        self._backend = "kernel" if self._lm.kernel_ok else "torch"
+        self._fused = self._fused_setup()
+        self._vocab_ids = head.vocab_ids.to(self.device)
+        self._capacity = 0
+        self._grow(capacity)
+        self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
+        # positions >= self._offset are at cache index position - self._shift (both 0 without a window)
+        self._offset = self._shift = 0
+
+    def _fused_setup(self) -> LayerKernel | None:
+        """The native layer kernel over the head's decoder layer (None where unavailable)."""
+        if self._backend != "kernel":
+            return None
+        c, h = self._c, self.head
+        return layer_kernel(
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.rms_eps,
+            attn_norm=[h.attn_norm.detach()],
+            qkv=[self._qkv.weight],
+            qkv_bias=[None],
+            o=[self._o.weight],
+            o_bias=[None],
+            mlp_norm=[h.mlp_norm.detach()],
+            gate_up=[self._gate_up.weight],
+            down=[self._down.weight],
+        )
+
+    def _grow(self, capacity: int) -> None:
+        c = self._c
+        shape = (c.num_kv_heads, capacity, c.head_dim)
+        k_cache = torch.zeros(shape, device=self.device)
+        v_cache = torch.zeros(shape, device=self.device)
+        if self._capacity:
+            k_cache[:, : self._capacity] = self.k_cache
+            v_cache[:, : self._capacity] = self.v_cache
+        self.k_cache, self.v_cache = k_cache, v_cache
+        cos, sin = rotary_tables(self.head.inv_freq, torch.arange(capacity, device=self.device))
+        self._cos, self._sin = cos[:, None, :], sin[:, None, :]
+        self._capacity = capacity
+
+    def begin(self, prompt: list[int]) -> None:
+        self._fed = []
+        self._offset = self._shift = 0
+
+    def _step(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
+        """Feed n positions at ``start``; return predicted features [n, d]."""
+        c, h, b = self._c, self.head, self._backend
+        norm = h._norm
+        n = features.shape[0]
+        if start + n > self._capacity:
+            self._grow(max(2 * self._capacity, start + n))
+        emb = h.embed[next_tokens]
+        x = self._fc(torch.cat([norm(features, h.feature_norm), norm(emb, h.embed_norm)], dim=-1), b)
+        if self._fused is not None and n <= LayerKernel.MAX_ROWS and x.dtype == torch.float32:
+            x = x.contiguous()
+            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
+            return norm(x, h.out_norm)
+        qkv = self._qkv(norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
+        nq, nkv = c.num_heads, c.num_kv_heads
+        qk = apply_rotary(qkv[:, : nq + nkv], self._cos[start : start + n], self._sin[start : start + n])
+        end = start + n
+        self.k_cache[:, start:end] = qk[:, nq:].transpose(0, 1)
+        self.v_cache[:, start:end] = qkv[:, nq + nkv :].transpose(0, 1)
+        mask = None
+        if n > 1:
+            rows = torch.arange(start, end, device=self.device)[:, None]
+            mask = torch.arange(end, device=self.device)[None, :] <= rows
+        attn = F.scaled_dot_product_attention(
+            qk[:, :nq].transpose(0, 1)[None],
+            self.k_cache[None, :, :end],
+            self.v_cache[None, :, :end],
+            attn_mask=mask,
+            enable_gqa=nq != nkv,
+        )[0]  # [heads, n, hd]
+        x = x + self._o(attn.transpose(0, 1).reshape(n, nq * c.head_dim), b)
+        gate, up = self._gate_up(norm(x, h.mlp_norm), b).chunk(2, dim=-1)
+        x = x + self._down(F.silu(gate) * up, b)
+        return norm(x, h.out_norm)
+
+    def _choose(
+        self, feature: torch.Tensor, params: SamplingParams, generator, extra: int = 0
+    ) -> tuple[int, torch.Tensor | None, float, list[int]]:
+        """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
+
+        Also returns the head's confidence: greedy, its largest probability at temperature 1, an estimate of the
+        chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`);
+        sampling, 1; and (greedy, ``extra`` > 0) the next ``extra`` best tokens.
+        """
+        logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
+        if params.greedy:
+            if extra > 0:
+                top = torch.topk(logits, extra + 1).indices
+                best, others = int(top[0]), self._vocab_ids[top[1:]].tolist()
+            else:
+                best, others = int(logits.argmax()), []
+            confidence = 1.0 if self.min_confidence <= 0 else float(torch.softmax(logits, -1)[best])
+            return int(self._vocab_ids[best]), None, confidence, others
+        # q over the draft vocabulary, then placed in the full vocabulary (zero elsewhere): top-k, top-p and
+        # min-p give the same result on the draft vocabulary as on the full one with -inf outside it
+        q_draft = probs_from_logits(logits, params)  # [draft_vocab]
+        q = torch.zeros(self.target.vocab_size, device=self.device)
+        q[self._vocab_ids] = q_draft
+        # confidence 1: a sampled token is accepted with probability min(1, p/q), alpha = sum min(p, q) on
+        # average, which q's largest probability does not estimate (a flat q at temperature 1 can match a flat p
+        # well); the schedule's measured acceptance per position decides the length instead
+        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, 1.0, []
+
+    @torch.inference_mode()
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        known = min(self.target.length, len(context) - 1)  # positions with target features
+        self.declined = False
+        if k <= 0 or known <= 0:
+            return Draft.empty(self.device)
+        # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching, and
+        # feed at least the last position, to predict from it
+        fed = context[: known + 1]
+        common = min(max(common_prefix(self._fed, fed) - 1, 0), known - 1)
+        if self._fed and common >= self._offset:
+            pieces = [(common, known)]  # continue the cache
+        else:  # a new context: catch up on all of it, or on its sinks and its last window positions
+            self._offset = self._shift = 0
+            pieces = [(0, known)]
+            if self.window is not None and known > self.sinks + self.window:
+                self._offset = known - self.window
+                self._shift = self._offset - self.sinks
+                pieces = [(0, self.sinks), (self._offset, known)] if self.sinks else [(self._offset, known)]
+        features = torch.cat([self.target.features(a, b) for a, b in pieces])  # [fed positions, d]
+        next_tokens = torch.tensor([t for a, b in pieces for t in fed[a + 1 : b + 1]], device=self.device)
+        first = pieces[0][0]
+        pred = self._step(features, next_tokens, first - (self._shift if first >= self._offset else 0))[-1]
+        self._fed = fed
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        alternatives: list[tuple[int, int]] = []
+        reach = 1.0  # estimated probability that the whole draft so far is accepted
+        for i in range(k):
+            extra = self.alternatives[i] if i < len(self.alternatives) else 0
+            token, q, confidence, others = self._choose(pred, params, generator, extra)
+            reach *= confidence
+            if reach < self.min_confidence:
+                self.declined = not tokens
+                break  # not worth verifying: below the schedule's break-even
+            tokens.append(token)
+            alternatives.extend((i, t) for t in others)
+            if q is not None:
+                probs.append(q)
+            if i + 1 < k:
+                pred = self._step(pred[None], torch.tensor([token], device=self.device), known + i - self._shift)[-1]
+        draft = torch.tensor(tokens, dtype=torch.int64, device=self.device)
+        return Draft(draft, torch.stack(probs) if probs else None, alternatives)

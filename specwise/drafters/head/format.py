@@ -1,0 +1,130 @@
+"""The head file format: a directory with ``config.json`` (:class:`HeadConfig`, the target's identity) and
+``model.safetensors`` (the trained weights and the draft vocabulary), and the checks that a head meets its target.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from specwise.files import atomic_path, write_json_atomic
+
+if TYPE_CHECKING:
+    from specwise.drafters.head.module import EagleHead
+
+__all__ = ["HeadConfig", "TargetMismatchError", "check_target", "load_head", "save_head", "target_identity"]
+
+FORMAT = "specwise-head"
+FORMAT_VERSION = 1
+
+
+class TargetMismatchError(ValueError):
+    """The head was trained for another target model."""
+
+
+@dataclass
+class HeadConfig:
+    """Shape of a head and the identity of the target it was trained for."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float
+    draft_vocab_size: int
+    target: dict = field(default_factory=dict)  # name, architecture, vocab_size, hidden_size, layers, fingerprint
+    training: dict = field(default_factory=dict)  # how it was made (free-form, written by distill)
+
+    def to_json(self) -> dict:
+        return {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> HeadConfig:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a specwise head config (format {data.get('format')!r}, expected {FORMAT!r})")
+        if data.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(
+                f"head format version {data['format_version']} is newer than this specwise ({FORMAT_VERSION}): "
+                "upgrade specwise"
+            )
+        keys = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in keys})
+
+
+def target_identity(hf_model, name: str) -> dict:
+    """What a head records about its target, to refuse another target later (see :func:`check_target`).
+
+    The fingerprint is the mean of 16 slices of the output layer's weight: it tells models apart and survives
+    a change of dtype or file format of the same weights.
+    """
+    config = hf_model.config
+    weight = hf_model.get_output_embeddings().weight
+    if hasattr(hf_model, "fingerprint"):  # a quantized target computes it without expanding its output layer
+        fingerprint = hf_model.fingerprint()
+    else:
+        chunks = weight.detach().float().flatten().chunk(16)
+        fingerprint = [round(float(c.double().abs().mean()), 6) for c in chunks]
+    return {
+        "name": name,
+        "architecture": getattr(hf_model, "architecture", type(hf_model).__name__),
+        "vocab_size": int(weight.shape[0]),
+        "hidden_size": int(config.hidden_size),
+        "num_layers": int(config.num_hidden_layers),
+        "fingerprint": fingerprint,
+    }
+
+
+def check_target(config: HeadConfig, hf_model, name: str) -> None:
+    """Raise TargetMismatchError when ``hf_model`` is not the target the head was trained for."""
+    recorded = config.target
+    actual = target_identity(hf_model, name)
+    for key in ("architecture", "vocab_size", "hidden_size", "num_layers"):
+        if recorded.get(key) != actual[key]:
+            raise TargetMismatchError(
+                f"this head was trained for {recorded.get('name')!r} ({key} {recorded.get(key)}), but the target "
+                f"{name!r} has {key} {actual[key]}: train a head for this target with `specwise distill`"
+            )
+    fp_a, fp_b = recorded.get("fingerprint", []), actual["fingerprint"]
+    if len(fp_a) != len(fp_b) or any(abs(a - b) > 1e-3 * max(abs(a), 1e-6) + 1e-5 for a, b in zip(fp_a, fp_b)):
+        raise TargetMismatchError(
+            f"this head was trained for {recorded.get('name')!r}, and the target {name!r} has the same shape but "
+            "different weights: train a head for this target with `specwise distill`"
+        )
+
+
+def save_head(head: EagleHead, directory: Path, dtype: torch.dtype = torch.float16) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (trainable weights, the draft vocabulary) atomically."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, value in head.state_dict().items():
+        value = value.detach().cpu()
+        tensors[name] = value.to(dtype) if value.is_floating_point() and name != "inv_freq" else value
+    with atomic_path(directory / "model.safetensors") as tmp:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    write_json_atomic(directory / "config.json", head.config.to_json())
+
+
+def load_head(directory: Path | str, device: torch.device | str = "cpu") -> EagleHead:
+    """Read a head directory (weights in float32 on ``device``); attach a target before use."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    if not cfg_path.exists():
+        raise FileNotFoundError(
+            f"{directory} is not a head directory (no config.json): train one with `specwise distill --out DIR`"
+        )
+    from specwise.drafters.head.module import EagleHead
+
+    config = HeadConfig.from_json(json.loads(cfg_path.read_text()))
+    head = EagleHead(config)
+    state = load_file(str(directory / "model.safetensors"))
+    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    head.load_state_dict(state)
+    return head.to(device).eval()
