@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from specwise.models.gguf_file import TYPE_NAMES
+from specwise.models.kernels import kernel_error, native_library
 
 __all__ = [
     "MODES",
@@ -91,8 +92,6 @@ def declare(lib: ctypes.CDLL) -> None:
 
 
 def _lib():
-    from specwise.models.kernels import kernel_error, native_library
-
     lib = native_library()
     if lib is None:
         raise RuntimeError(f"the quantized kernels are unavailable: {kernel_error()}")
@@ -101,8 +100,6 @@ def _lib():
 
 def quantized_available() -> bool:
     """Whether the native library (and with it the quantized kernels) is loaded."""
-    from specwise.models.kernels import native_library
-
     return native_library() is not None
 
 
