@@ -82,6 +82,7 @@ class GGUFFile:
     def __init__(self, path: str | Path, keep_arrays: tuple[str, ...] = ()) -> None:
         self.path = Path(path)
         self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self._header = memoryview(self._data)  # plain buffer reads: struct on it is several times faster than slices
         self._pos = 0
         self.metadata: dict[str, object] = {}
         self._array_at: dict[str, int] = {}
@@ -118,13 +119,13 @@ class GGUFFile:
 
     def _scalar(self, fmt: str):
         size = struct.calcsize(fmt)
-        value = struct.unpack_from(fmt, self._data, self._pos)[0]
+        value = struct.unpack_from(fmt, self._header, self._pos)[0]
         self._pos += size
         return value
 
     def _string(self) -> str:
         n = self._scalar("<Q")
-        text = bytes(self._data[self._pos : self._pos + n]).decode("utf-8", errors="replace")
+        text = str(self._header[self._pos : self._pos + n], "utf-8", errors="replace")
         self._pos += n
         return text
 
@@ -151,10 +152,9 @@ class GGUFFile:
         if kind in _SCALARS:
             self._pos += n * struct.calcsize(_SCALARS[kind])
         elif kind == _STRING:
-            data, pos = self._data, self._pos
+            unpack, data, pos = struct.Struct("<Q").unpack_from, self._header, self._pos
             for _ in range(n):
-                length = int.from_bytes(data[pos : pos + 8].tobytes(), "little")
-                pos += 8 + length
+                pos += 8 + unpack(data, pos)[0]
             self._pos = pos
         else:
             for _ in range(n):

@@ -140,16 +140,19 @@ def _gguf_source(spec: str) -> Path | None:
 
 
 def gguf_tokenizer(path: Path):
-    """The Hugging Face tokenizer of a GGUF file: built from the file's vocabulary once, then loaded from the
-    cache (building it takes seconds; loading the cached copy a fraction of one)."""
-    from transformers import AutoTokenizer
+    """The tokenizer of a GGUF file: built by transformers from the file's vocabulary once (seconds), saved in the
+    cache, and from then on loaded as a LightTokenizer (milliseconds, without importing transformers)."""
+    from specwise.models.tokenizer import LightTokenizer
 
     target = cache_dir() / "tokenizers" / f"{path.stem}-{_gguf_key(path)}"
     if (target / "tokenizer_config.json").is_file():
         try:
-            return AutoTokenizer.from_pretrained(target)
-        except (OSError, ValueError):
+            return LightTokenizer(target)
+        except Exception:  # tokenizers raises its own exception type on a damaged file
             pass  # a damaged cache: rebuild it
+    _quiet_transformers()
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
@@ -161,13 +164,15 @@ def gguf_tokenizer(path: Path):
         pass  # another process finished first, or the cache is read-only: the tokenizer is built all the same
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return tokenizer
+    try:
+        return LightTokenizer(target)
+    except Exception:  # the cache could not be written: the tokenizer built here serves all the same
+        return tokenizer
 
 
 def _load_quantized(path: Path, name: str, precision: str) -> LoadedModel:
     from specwise.models.quantized import QuantizedModel, TargetWeights
 
-    _quiet_transformers()
     model = QuantizedModel(path, precision=precision, name=name)  # raises NotImplementedError with the reason
     tokenizer = gguf_tokenizer(path)
     eos = model.eos_token_id
