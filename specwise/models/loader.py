@@ -33,6 +33,7 @@ __all__ = [
     "load_model",
     "cache_dir",
     "default_gguf_path",
+    "gguf_source",
     "gguf_tokenizer",
     "profile_device",
     "DEFAULT_MODEL",
@@ -127,8 +128,9 @@ def converted_gguf_dir(path: Path) -> Path:
     return target
 
 
-def _gguf_source(spec: str) -> Path | None:
-    """The GGUF file behind ``spec`` (``default`` or a ``.gguf`` path), or None."""
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file behind a target spec (``default`` or a ``.gguf`` path), or None for any other spec; raises
+    FileNotFoundError for a ``.gguf`` path that does not exist."""
     if spec == DEFAULT_MODEL:
         return default_gguf_path()
     if spec.endswith(".gguf"):
@@ -222,7 +224,7 @@ def load_model(
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
-    gguf_path = _gguf_source(spec)
+    gguf_path = gguf_source(spec)
     if gguf_path is not None and impl != "hf" and torch.device(device).type == "cpu" and dtype == torch.float32:
         from specwise.models.kernels import kernel_error
         from specwise.models.kernels.quant import quantized_available
