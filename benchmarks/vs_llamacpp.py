@@ -40,7 +40,7 @@ from specwise.bench.runner import machine_info
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.models import load_model
-from specwise.models.loader import _gguf_source
+from specwise.models.loader import gguf_source
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -122,7 +122,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     if find_llama_cpp() is None and "llama.cpp" in args.methods:
         raise SystemExit("llama.cpp binaries not found: build them (see specwise/bench/llamacpp.py)")
-    gguf = _gguf_source(args.target)
+    gguf = gguf_source(args.target)
     prompts = select_prompts(load_questions(args.questions), args.categories, args.per_category)
     q8 = load_model(args.target, precision="q8")
     runners: dict[str, object] = {}

@@ -243,6 +243,7 @@ def test_default_prompts_are_our_own():
         (["--categories", "poetry"], "unknown categories"),
         (["--gamma", "0"], "--gamma values must be >= 1"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
         (["--report-only"], "results.json not found"),
     ],
 )
@@ -250,6 +251,12 @@ def test_bench_argument_errors(tmp_path, capsys, flags, message):
     code = main(["bench", "--out", str(tmp_path / "out"), "--target", "/no/such/model", "--quiet", *flags])
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_gamma_is_an_integer_or_auto(capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "--out", "unused", "--gamma", "four"])
+    assert "expected an integer or auto, got 'four'" in capsys.readouterr().err
 
 
 def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
@@ -273,3 +280,129 @@ def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
 def test_simulate_rejects_bad_settings(tmp_path, capsys):
     assert main(["simulate", "--out", str(tmp_path), "--alphas", "1.0"]) == 2
     assert "alphas must be in [0, 1)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------ rounds and paired speedups
+
+
+@pytest.fixture(scope="module")
+def rounds_results(tiny_dir, questions):
+    """Two rounds of plain, ngram at a fixed gamma and at gamma auto, on one question of each category."""
+    from specwise.models import load_model
+
+    prompts = select_prompts(load_questions(questions), None, 1)
+    settings = BenchSettings(drafters=["ngram"], gammas=[2, "auto"], max_new_tokens=6, rounds=2)
+    settings.hf_baselines, settings.warmup = False, False
+    return run_bench(settings, prompts, loaded=load_model(tiny_dir), progress=False)
+
+
+def test_rounds_rotate_the_order_of_every_prompt(rounds_results):
+    data = rounds_results
+    validate_results(data)
+    ids = [c["id"] for c in data["configurations"]]
+    assert ids == ["specwise:none", "specwise:ngram:g2", "specwise:ngram:gauto"]
+    assert data["settings"]["rounds"] == 2
+    assert len(data["runs"]) == 2 * 2 * len(ids)  # rounds x prompts x configurations
+    for r in range(2):
+        for j, prompt in enumerate(data["prompts"]):
+            runs = [x for x in data["runs"] if x["round"] == r and x["prompt_id"] == prompt["id"]]
+            runs.sort(key=lambda x: x["order"])
+            shift = (r + j) % len(ids)
+            assert [x["config"] for x in runs] == ids[shift:] + ids[:shift]
+    assert all(x["identical_to_plain"] for x in data["runs"] if x["config"] != "specwise:none")
+    assert all(x["decode_tokens_per_second"] > 0 for x in data["runs"])
+
+
+def test_paired_entries_of_a_run(rounds_results):
+    from specwise.bench.paired import FASTER, NO_DIFFERENCE, SLOWER
+
+    data = rounds_results
+    paired = {(e["config"], e["baseline"], e["category"]): e for e in data["paired"]}
+    assert set(paired) == {
+        (c, "specwise:none", cat)
+        for c in ("specwise:ngram:g2", "specwise:ngram:gauto")
+        for cat in ("letters", "arithmetic", "all")
+    }
+    for e in paired.values():
+        assert e["measure"] == "tokens_per_second" and e["verdict"] in (FASTER, SLOWER, NO_DIFFERENCE)
+        assert e["pairs"] == 2 * e["questions"]  # one pair per question and round
+    one = paired[("specwise:ngram:g2", "specwise:none", "letters")]
+    assert one["questions"] == 1 and one["low"] is None and one["verdict"] == NO_DIFFERENCE
+    assert paired[("specwise:ngram:g2", "specwise:none", "all")]["questions"] == 2
+    text = render_markdown(data)
+    assert "## Paired speedups (all categories)" in text and "paired speedup [95%]" in text
+    assert "## Paired speedup over plain decoding of the same engine, by category" in text
+    assert "specwise ngram γ=auto" in text
+
+
+def test_t_quantile_on_fixed_inputs():
+    from specwise.bench.paired import t_quantile
+
+    for dof, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452), (120, 1.9799)):
+        assert t_quantile(0.975, dof) == pytest.approx(value, abs=1e-4)
+    assert t_quantile(0.5, 3) == pytest.approx(0.0, abs=1e-9)
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        t_quantile(0.975, 0)
+
+
+def test_geometric_interval_and_verdicts_on_fixed_inputs():
+    import math
+
+    from specwise.bench.paired import FASTER, NO_DIFFERENCE, SLOWER, geometric_interval, verdict
+
+    out = geometric_interval([1.1, 1.2, 1.15, 1.05])
+    logs = [math.log(r) for r in (1.1, 1.2, 1.15, 1.05)]
+    mean = sum(logs) / 4
+    half = 3.182446 * math.sqrt(sum((x - mean) ** 2 for x in logs) / 3) / 2
+    assert out["n"] == 4 and out["geomean"] == pytest.approx(math.exp(mean))
+    assert out["low"] == pytest.approx(math.exp(mean - half), rel=1e-6)
+    assert out["high"] == pytest.approx(math.exp(mean + half), rel=1e-6)
+    assert out["verdict"] == FASTER
+    assert geometric_interval([0.8, 0.85, 0.9])["verdict"] == SLOWER
+    assert geometric_interval([0.9, 1.1, 1.0])["verdict"] == NO_DIFFERENCE
+    single = geometric_interval([2.0])
+    assert single["geomean"] == pytest.approx(2.0) and single["low"] is None and single["verdict"] == NO_DIFFERENCE
+    assert geometric_interval([])["geomean"] is None
+    assert verdict(1.01, 1.2) == FASTER and verdict(0.5, 0.99) == SLOWER and verdict(0.9, 1.1) == NO_DIFFERENCE
+    assert verdict(None, None) == NO_DIFFERENCE
+
+
+def test_paired_speedups_pair_by_question_and_round():
+    import math
+
+    from specwise.bench.paired import paired_speedups
+
+    def run(config, prompt, category, rnd, tps, seed=0):
+        return {"config": config, "prompt_id": prompt, "category": category, "seed": seed, "round": rnd,
+                "tokens_per_second": tps}  # fmt: skip
+
+    runs = [
+        run("base", "a", "x", 0, 10.0), run("m", "a", "x", 0, 20.0),  # a: ratios 2 and 8 -> 4 (geometric mean)
+        run("base", "a", "x", 1, 10.0), run("m", "a", "x", 1, 80.0),
+        run("base", "b", "y", 0, 10.0), run("m", "b", "y", 0, 10.0),  # b: 1
+        run("m", "c", "y", 0, 99.0),  # no baseline run: not a pair
+    ]  # fmt: skip
+    entries = {e["category"]: e for e in paired_speedups(runs, "m", "base", ["x", "y"])}
+    assert entries["x"]["geomean"] == pytest.approx(4.0) and entries["x"]["pairs"] == 2
+    assert entries["x"]["questions"] == 1 and entries["x"]["low"] is None
+    assert entries["y"]["geomean"] == pytest.approx(1.0) and entries["y"]["questions"] == 1
+    both = entries["all"]
+    assert both["questions"] == 2 and both["pairs"] == 3 and both["geomean"] == pytest.approx(2.0)
+    half = 12.706205 * math.log(4.0) / math.sqrt(2) / math.sqrt(2)  # t(1) * stdev([log 4, 0]) / sqrt(2)
+    assert both["low"] == pytest.approx(math.exp(math.log(2.0) - half), rel=1e-5)
+    assert both["verdict"] == "no measurable difference" and both["baseline"] == "base"
+
+
+def test_bench_command_spells_out_rounds_and_gamma_auto():
+    import argparse
+
+    from specwise.bench.cli import bench_command
+
+    args = argparse.Namespace(
+        out="o", questions=None, categories=None, limit_per_category=None, target="default", drafter=["ngram"],
+        gamma=[4, "auto"], max_new_tokens=8, temperature=0.0, seeds=[0], rounds=3, device="cpu", threads=2,
+        precision="exact", llama_cpp="", no_hf=True, stop_at_eos=False, no_chat=False, no_warmup=False,
+    )  # fmt: skip
+    command = bench_command(args)
+    assert "--gamma 4 auto" in command and "--rounds 3" in command and "--precision exact" in command
+    assert command.endswith("--llama-cpp --no-hf")

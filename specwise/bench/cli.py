@@ -24,9 +24,9 @@ def register(subparsers) -> None:
 def _add_bench(subparsers) -> None:
     p = subparsers.add_parser(
         "bench",
-        help="benchmark drafters against plain decoding and Hugging Face (JSON, Markdown table, plots)",
-        description="Run prompts through every configuration, interleaved, and write results.json, report.md and "
-        "PNG plots into --out. See docs/BENCHMARKS.md.",
+        help="benchmark drafters against plain decoding, Hugging Face and llama.cpp (JSON, Markdown report, plots)",
+        description="Run prompts through every configuration, interleaved, for --rounds rounds, and write "
+        "results.json, report.md and PNG plots into --out. See docs/BENCHMARKS.md.",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="directory for results.json, report.md and plots")
     p.add_argument("--report-only", action="store_true", help="re-render report.md and plots from DIR/results.json")
@@ -36,7 +36,19 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
     p.add_argument("--drafter", nargs="+", default=["ngram"], metavar="SPEC", help=DRAFTER_HELP + " (default: ngram)")
     p.add_argument(
-        "--gamma", nargs="+", type=int, default=[4], metavar="N", help="tokens drafted per step (default: 4)"
+        "--gamma",
+        nargs="+",
+        type=_gamma,
+        default=[4],
+        metavar="N",
+        help="tokens drafted per step: integers >= 1 and/or auto (the planner's choice per step; default: 4)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every configuration on every prompt N times, the order rotating per round (default: 1)",
     )
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
@@ -46,7 +58,17 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0], metavar="S", help="one run per prompt and seed")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--precision", choices=["q8", "exact"], default=None, help="a GGUF target's numerics (default: q8)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate and assisted baselines")
+    p.add_argument(
+        "--llama-cpp",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="PATH",
+        help="add llama.cpp on the target's GGUF file as a peer (greedy; binaries in PATH, else $SPECWISE_LLAMA_CPP "
+        "or ~/.cache/specwise-peers/llama.cpp/bin)",
+    )
     p.add_argument("--stop-at-eos", action="store_true", help="stop at EOS (default: exactly --max-new-tokens)")
     p.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each configuration")
@@ -72,6 +94,15 @@ def _add_simulate(subparsers) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
+def _gamma(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
+
+
 def bench_command(args: argparse.Namespace) -> str:
     """The full command line that reproduces a run, defaults spelled out."""
     parts = ["specwise", "bench", "--out", args.out]
@@ -85,9 +116,13 @@ def bench_command(args: argparse.Namespace) -> str:
     parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
     if args.temperature > 0:
         parts += ["--top-k", str(args.top_k), "--top-p", str(args.top_p), "--min-p", str(args.min_p)]
-    parts += ["--seeds", *map(str, args.seeds), "--device", args.device]
+    parts += ["--seeds", *map(str, args.seeds), "--rounds", str(args.rounds), "--device", args.device]
     if args.threads is not None:
         parts += ["--threads", str(args.threads)]
+    if args.precision is not None:
+        parts += ["--precision", args.precision]
+    if args.llama_cpp is not None:
+        parts += ["--llama-cpp", *([args.llama_cpp] if args.llama_cpp else [])]
     flags = ("no_hf", "stop_at_eos", "no_chat", "no_warmup")
     parts += [f"--{name.replace('_', '-')}" for name in flags if getattr(args, name)]
     return shlex.join(parts)
@@ -98,8 +133,10 @@ def _settings(args: argparse.Namespace, device: str):
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if any(g < 1 for g in args.gamma):
-        raise ValueError(f"--gamma values must be >= 1 (the plain baseline always runs), got {args.gamma}")
+    if any(g != "auto" and g < 1 for g in args.gamma):
+        raise ValueError(f"--gamma values must be >= 1 or auto (the plain baseline always runs), got {args.gamma}")
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     return BenchSettings(
         target=args.target,
         device=device,
@@ -118,6 +155,9 @@ def _settings(args: argparse.Namespace, device: str):
         prompt_source=args.questions or "specwise-default",
         categories=list(args.categories or []),
         limit_per_category=args.limit_per_category,
+        rounds=args.rounds,
+        llama_cpp=args.llama_cpp,
+        precision=args.precision,
     )
 
 

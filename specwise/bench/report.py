@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specwise.bench.runner import HF_GENERATE_ID, PLAIN_ID, validate_results
+from specwise.bench.paired import FASTER, SLOWER
+from specwise.bench.runner import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID, validate_results
 from specwise.metrics import expected_tau
 
-__all__ = ["PLOT_FILES", "overall_lines", "render_markdown", "write_plots", "write_report"]
+__all__ = ["PLOT_FILES", "overall_lines", "paired_lines", "render_markdown", "write_plots", "write_report"]
 
 PLOT_FILES = {
     "speedup": "speedup_by_category.png",
@@ -66,7 +67,7 @@ def _labels(results: dict) -> dict[str, str]:
 
 def _drafting(results: dict) -> list[dict]:
     """Configurations that draft (speculative ones and the HF peers)."""
-    return [c for c in results["configurations"] if c["id"] not in (PLAIN_ID, HF_GENERATE_ID)]
+    return [c for c in results["configurations"] if c["id"] not in (PLAIN_ID, HF_GENERATE_ID, LLAMA_CPP_ID)]
 
 
 def _has_hf(results: dict) -> bool:
@@ -98,8 +99,12 @@ def _header(results: dict) -> list[str]:
             f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, specwise {m['specwise']}",
         ],
         ["prompts", f"{s['num_prompts']} in {len(results['categories'])} categories from {source}"],
-        ["decoding", f"{decoding}; {length}; seeds {s['seeds']}"],
+        ["decoding", f"{decoding}; {length}; seeds {s['seeds']}; {s['rounds']} round(s)"],
     ]
+    peer = results["llama_cpp"]
+    if peer is not None:
+        tg = peer["llama_bench_tg"]
+        rows.append(["llama.cpp", f"`{peer['binaries']}`, {peer['threads']} threads; llama-bench {_bench_figure(tg)}"])
     return [
         "# specwise benchmark",
         "",
@@ -113,11 +118,22 @@ def _header(results: dict) -> list[str]:
         "",
         "tokens/s is the median over runs (prefill included). **Speedup** = median tokens/s of a configuration ÷ "
         "median tokens/s of the baseline over the same prompts: *vs plain* is plain autoregressive decoding on the "
-        "same specwise engine; *vs HF* is Hugging Face `generate` on the same weights. Every prompt runs all "
-        "configurations back to back in a rotated order, after one warm-up run each. α = accepted / drafted; "
-        "τ = tokens per target pass; τ theory = (1 − α^(γ+1)) / (1 − α) averaged over the drafts actually made.",
+        "same specwise engine; *vs HF* is Hugging Face `generate` on the same weights. Every round runs all "
+        "configurations on every prompt back to back in a rotated order, after one warm-up run each. "
+        "**Paired** speedups divide each run by its baseline's run of the same prompt and round, take the "
+        "geometric mean over rounds per prompt, and give a 95% Student-t interval over the prompts. "
+        "α = accepted / drafted; τ = tokens per target pass; τ theory = (1 − α^(γ+1)) / (1 − α) averaged over the "
+        "drafts actually made.",
         "",
     ]
+
+
+def _bench_figure(tg: dict) -> str:
+    rate, std = tg.get("tokens_per_second"), tg.get("tokens_per_second_std")
+    test = tg.get("test", "tg")
+    if not isinstance(rate, (int, float)):
+        return f"{test}: {DASH}"
+    return f"{test}: {rate:.1f} tokens/s" + (f" ± {std:.1f}" if isinstance(std, (int, float)) else "")
 
 
 def _mismatch_lines(results: dict) -> list[str]:
@@ -152,7 +168,12 @@ def _greedy_lines(results: dict) -> list[str]:
     else:
         lines = _mismatch_lines(results)
     lines.append("")
-    for key, name in (("hf_generate_identical", "Hugging Face `generate`"), ("hf_assisted_identical", "HF assisted")):
+    names = (
+        ("hf_generate_identical", "Hugging Face `generate`"),
+        ("hf_assisted_identical", "HF assisted"),
+        ("llama_cpp_identical", "llama.cpp"),
+    )
+    for key, name in names:
         if check[key]:
             lines.append(
                 f"{name} matched plain greedy output in {check[key]['identical']} of {check[key]['total']} runs."
@@ -162,12 +183,16 @@ def _greedy_lines(results: dict) -> list[str]:
 
 def _overall(results: dict) -> list[str]:
     entries, hf = _entries(results), _has_hf(results)
-    header = ["configuration", "tokens/s", "speedup vs plain", *(["speedup vs HF"] if hf else [])]
+    decode = results["llama_cpp"] is not None  # llama.cpp reports decode tokens/s only: show them for all
+    header = ["configuration", "tokens/s", *(["decode tokens/s"] if decode else [])]
+    header += ["speedup vs plain", *(["speedup vs HF"] if hf else [])]
     header += ["α", "τ", "τ theory", "greedy = plain"]
     rows = []
     for c in results["configurations"]:
         e = entries[(c["id"], "all")]
-        row = [c["label"], _fmt(e["tokens_per_second_median"], 1), _fmt(e["speedup_vs_plain"], 2, "×")]
+        tps = DASH if c["id"] == LLAMA_CPP_ID else _fmt(e["tokens_per_second_median"], 1)
+        row = [c["label"], tps, *([_fmt(e["decode_tokens_per_second_median"], 1)] if decode else [])]
+        row.append(_fmt(e["speedup_vs_plain"], 2, "×"))
         row += [_fmt(e["speedup_vs_hf_generate"], 2, "×")] if hf else []
         row += [
             _fmt(e["acceptance_rate"], 3),
@@ -180,8 +205,73 @@ def _overall(results: dict) -> list[str]:
 
 
 def overall_lines(results: dict) -> list[str]:
-    """The greedy check and the overall table (what the CLI prints after a run)."""
-    return _greedy_lines(results) + _overall(results)
+    """The greedy check, the overall table and the paired speedups (what the CLI prints after a run)."""
+    return _greedy_lines(results) + _overall(results) + paired_lines(results)
+
+
+_BASELINE_NAMES = {PLAIN_ID: "plain (same engine)", HF_GENERATE_ID: "HF generate", LLAMA_CPP_ID: "llama.cpp"}
+_MARKS = {FASTER: "faster", SLOWER: "**slower**"}
+
+
+def _interval(entry: dict) -> str:
+    if entry["geomean"] is None:
+        return DASH
+    spread = f" [{entry['low']:.2f}, {entry['high']:.2f}]" if entry["low"] is not None else ""
+    return f"{entry['geomean']:.2f}×{spread}"
+
+
+def paired_lines(results: dict) -> list[str]:
+    """The paired speedups over all categories: one row per configuration and baseline, with the verdict."""
+    labels = _labels(results)
+    rows = [
+        [
+            labels.get(e["config"], e["config"]),
+            _BASELINE_NAMES.get(e["baseline"], e["baseline"]),
+            e["measure"].replace("_", " "),
+            str(e["questions"]),
+            str(e["pairs"]),
+            _interval(e),
+            _MARKS.get(e["verdict"], e["verdict"]),
+        ]
+        for e in results["paired"]
+        if e["category"] == "all"
+    ]
+    if not rows:
+        return []
+    header = ["configuration", "baseline", "measure", "prompts", "pairs", "paired speedup [95%]", "verdict"]
+    return ["## Paired speedups (all categories)", "", *_table(header, rows), ""]
+
+
+def _own_plain(config_id: str) -> str:
+    """The plain decoding of a configuration's own engine."""
+    return HF_GENERATE_ID if config_id.startswith("hf_assisted") else PLAIN_ID
+
+
+def _paired_by_category(results: dict) -> list[str]:
+    """Paired speedups over plain decoding of the same engine, per category, with the verdict marked."""
+    labels, categories = _labels(results), [*results["categories"], "all"]
+    cells: dict[str, dict[str, dict]] = {}
+    for e in results["paired"]:
+        if e["baseline"] == _own_plain(e["config"]):
+            cells.setdefault(e["config"], {})[e["category"]] = e
+    if not cells:
+        return []
+
+    def cell(entry: dict | None) -> str:
+        if entry is None:
+            return DASH
+        mark = {FASTER: "", SLOWER: " **slower**"}.get(entry["verdict"], " (=)")
+        return _interval(entry) + mark
+
+    rows = [[labels.get(c, c), *(cell(by_cat.get(cat)) for cat in categories)] for c, by_cat in cells.items()]
+    return [
+        "## Paired speedup over plain decoding of the same engine, by category",
+        "",
+        "(=): no measurable difference (the 95% interval holds 1, or one prompt only: no interval).",
+        "",
+        *_table(["configuration", *categories], rows),
+        "",
+    ]
 
 
 def _by_category(results: dict, title: str, field: str, configs: list[dict], digits: int, suffix: str) -> list[str]:
@@ -217,13 +307,19 @@ def _positions(results: dict) -> list[str]:
 def render_markdown(results: dict, plots: list[str] | None = None) -> str:
     """The report as Markdown; ``plots`` are image file names (relative to the report) to embed."""
     configs = results["configurations"]
-    speculative = [c for c in configs if c["id"] != PLAIN_ID]
-    lines = _header(results) + _greedy_lines(results) + _overall(results)
+    speculative = [c for c in configs if c["id"] not in (PLAIN_ID, LLAMA_CPP_ID)]
+    lines = _header(results) + _greedy_lines(results) + _overall(results) + paired_lines(results)
+    lines += _paired_by_category(results)
     lines += _by_category(results, "Speedup over plain decoding, by category", "speedup_vs_plain", speculative, 2, "×")
     if _has_hf(results):
         title = "Speedup over Hugging Face generate, by category"
-        lines += _by_category(results, title, "speedup_vs_hf_generate", configs, 2, "×")
-    lines += _by_category(results, "Median tokens/s, by category", "tokens_per_second_median", configs, 1, "")
+        hf_own = [c for c in configs if c["id"] != LLAMA_CPP_ID]
+        lines += _by_category(results, title, "speedup_vs_hf_generate", hf_own, 2, "×")
+    own = [c for c in configs if c["id"] != LLAMA_CPP_ID]
+    lines += _by_category(results, "Median tokens/s, by category", "tokens_per_second_median", own, 1, "")
+    if results["llama_cpp"] is not None:
+        title = "Median decode tokens/s (prefill excluded, as llama.cpp reports), by category"
+        lines += _by_category(results, title, "decode_tokens_per_second_median", configs, 1, "")
     drafting = _drafting(results)
     if drafting:
         lines += _by_category(
@@ -265,7 +361,8 @@ def _grouped_bars(ax, results: dict, configs: list[dict], field: str) -> None:
 
 def _plot_speedup(results: dict, path: Path) -> None:
     fig, ax = _figure(max(8.0, 0.9 * len(results["categories"]) + 3))
-    _grouped_bars(ax, results, [c for c in results["configurations"] if c["id"] != PLAIN_ID], "speedup_vs_plain")
+    shown = [c for c in results["configurations"] if c["id"] not in (PLAIN_ID, LLAMA_CPP_ID)]
+    _grouped_bars(ax, results, shown, "speedup_vs_plain")
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_ylabel("speedup over plain decoding (×)")
     ax.set_title(_CAPTIONS["speedup"])

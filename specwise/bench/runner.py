@@ -1,15 +1,16 @@
 """The benchmark runner: every configuration on every prompt, interleaved, with plain decoding and Hugging Face
-``generate`` as baselines and Hugging Face assisted generation as the peer.
+``generate`` as baselines, Hugging Face assisted generation as the peer, and llama.cpp on the same GGUF file.
 
-For each prompt (and seed) all configurations run back to back, in an order rotated from one prompt to the next,
-so that slow drifts of the machine (other processes, heat) fall on every configuration alike. One warm-up run of
-each configuration comes first and is not recorded.
+Each round runs every configuration on every prompt (and seed): back to back, in an order rotated from one prompt
+and round to the next, so that slow drifts of the machine (other processes, heat) fall on every configuration
+alike. One warm-up run of each configuration comes first and is not recorded.
 
 By default every run generates exactly ``max_new_tokens`` tokens: EOS is treated as an ordinary token
 (``eos_token_ids=[]`` for the engine, ``eos_token_id=[]`` for Hugging Face), so all methods do the same amount of
 work and greedy outputs can be compared token for token. ``stop_at_eos`` honours EOS instead.
 
-Statistics come from :mod:`specwise.metrics`; speedups are ratios of median tokens/s over the same runs.
+Statistics come from :mod:`specwise.metrics`; speedups are ratios of median tokens/s over the same runs, and
+paired speedups with 95% intervals and verdicts come from :mod:`specwise.bench.paired`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datetime import datetime, timezone
 
 import torch
 
+from specwise.bench.paired import paired_speedups
 from specwise.bench.prompts import BenchPrompt
 from specwise.engine import Engine
 from specwise.metrics import SpecStats
@@ -33,39 +35,44 @@ __all__ = [
     "SCHEMA_VERSION",
     "PLAIN_ID",
     "HF_GENERATE_ID",
+    "LLAMA_CPP_ID",
     "BenchConfig",
     "BenchSettings",
     "Outcome",
     "RunRecord",
     "make_configs",
+    "paired_summary",
     "run_bench",
     "summarize",
     "validate_results",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 SPECWISE = "specwise"
 HF_GENERATE = "hf_generate"
 HF_ASSISTED = "hf_assisted"
+LLAMA_CPP = "llama_cpp"
 PLAIN_ID = "specwise:none"
 HF_GENERATE_ID = "hf_generate"
+LLAMA_CPP_ID = "llama_cpp"
 WARMUP_TOKENS = 16
 _PEER_KINDS = ("ngram", "model")  # drafters that Hugging Face assisted generation can mirror
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    """One way of decoding: the method (``specwise``, ``hf_generate``, ``hf_assisted``), drafter and gamma."""
+    """One way of decoding: the method (``specwise``, ``hf_generate``, ``hf_assisted``, ``llama_cpp``), drafter and
+    gamma (an integer, or ``auto``: the planner's choice per step)."""
 
     method: str
     drafter: str = "none"
-    gamma: int = 0
+    gamma: int | str = 0
 
     @property
     def id(self) -> str:
         """A unique, stable name, e.g. ``specwise:none``, ``specwise:ngram:g4``, ``hf_assisted:ngram:g4``."""
-        if self.method == HF_GENERATE:
-            return HF_GENERATE_ID
+        if self.method in (HF_GENERATE, LLAMA_CPP):
+            return self.method
         if self.method == SPECWISE and self.drafter == "none":
             return PLAIN_ID
         return f"{self.method}:{self.drafter}:g{self.gamma}"
@@ -75,6 +82,8 @@ class BenchConfig:
         """A short human-readable name for tables and plots."""
         if self.method == HF_GENERATE:
             return "HF generate"
+        if self.method == LLAMA_CPP:
+            return "llama.cpp"
         if self.method == SPECWISE and self.drafter == "none":
             return "specwise plain"
         prefix = "specwise" if self.method == SPECWISE else "HF assisted"
@@ -93,12 +102,17 @@ def _short_drafter(spec: str) -> str:
 
 @dataclass
 class BenchSettings:
-    """What to run. ``drafters`` and ``gammas`` span the speculative configurations (``none`` is always run)."""
+    """What to run. ``drafters`` and ``gammas`` span the speculative configurations (``none`` is always run).
+
+    ``rounds``: how many times every configuration runs on every prompt and seed. ``llama_cpp``: run llama.cpp on
+    the target's GGUF file as a peer (None: no; ``""``: the binaries found by ``find_llama_cpp``; else their
+    folder). ``precision``: the target's numerics (``q8``/``exact``; None: the loader's default).
+    """
 
     target: str = "default"
     device: str = "cpu"
     drafters: list[str] = field(default_factory=lambda: ["ngram"])
-    gammas: list[int] = field(default_factory=lambda: [4])
+    gammas: list[int | str] = field(default_factory=lambda: [4])
     max_new_tokens: int = 128
     temperature: float = 0.0
     top_k: int = 0
@@ -112,6 +126,9 @@ class BenchSettings:
     prompt_source: str = "specwise-default"
     categories: list[str] = field(default_factory=list)
     limit_per_category: int | None = None
+    rounds: int = 1
+    llama_cpp: str | None = None
+    precision: str | None = None
 
     def params(self, seed: int) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p, self.min_p, seed)
@@ -120,10 +137,19 @@ class BenchSettings:
         """Raise ValueError on settings that cannot run."""
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not self.gammas or any(g < 1 for g in self.gammas):
-            raise ValueError(f"gammas must be integers >= 1, got {self.gammas}")
+        if not self.gammas or not all(g == "auto" or (_is_int(g) and g >= 1) for g in self.gammas):
+            raise ValueError(f"gammas must be integers >= 1 or 'auto', got {self.gammas}")
         if not self.seeds:
             raise ValueError("give at least one seed")
+        if not _is_int(self.rounds) or self.rounds < 1:
+            raise ValueError(f"rounds must be an integer >= 1, got {self.rounds!r}")
+        if self.llama_cpp is not None:
+            if self.temperature != 0.0 or self.stop_at_eos:
+                raise ValueError(
+                    "the llama.cpp peer decodes greedily with EOS ignored: drop --temperature/--stop-at-eos"
+                )
+            if not str(self.device).startswith("cpu"):
+                raise ValueError(f"the llama.cpp peer runs on the CPU: use --device cpu (got {self.device})")
         self.params(self.seeds[0])  # validates the sampling settings
 
     def to_dict(self) -> dict:
@@ -133,8 +159,15 @@ class BenchSettings:
         return data
 
 
-def make_configs(drafters: list[str], gammas: list[int], hf_baselines: bool) -> list[BenchConfig]:
-    """Plain decoding, each drafter at each gamma, then (with ``hf_baselines``) HF generate and the HF peers."""
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def make_configs(
+    drafters: list[str], gammas: list[int | str], hf_baselines: bool, llama_cpp: bool = False
+) -> list[BenchConfig]:
+    """Plain decoding, each drafter at each gamma, then (with ``hf_baselines``) HF generate and the HF peers (at the
+    integer gammas: assisted generation has no per-step planner), then (with ``llama_cpp``) llama.cpp."""
     specs = [d for d in dict.fromkeys(drafters) if d != "none"]
     gammas = list(dict.fromkeys(gammas))
     configs = [BenchConfig(SPECWISE)]
@@ -142,7 +175,9 @@ def make_configs(drafters: list[str], gammas: list[int], hf_baselines: bool) -> 
     if hf_baselines:
         configs.append(BenchConfig(HF_GENERATE))
         peers = [d for d in specs if d.partition(":")[0] in _PEER_KINDS]
-        configs += [BenchConfig(HF_ASSISTED, d, g) for d in peers for g in gammas]
+        configs += [BenchConfig(HF_ASSISTED, d, g) for d in peers for g in gammas if _is_int(g)]
+    if llama_cpp:
+        configs.append(BenchConfig(LLAMA_CPP))
     return configs
 
 
@@ -151,19 +186,39 @@ def make_configs(drafters: list[str], gammas: list[int], hf_baselines: bool) -> 
 
 @dataclass
 class Outcome:
-    """What one run produced: the new tokens, wall seconds (prefill included) and, for specwise, its SpecStats."""
+    """What one run produced: the new tokens, wall seconds (prefill included) and, for specwise, its SpecStats.
+
+    ``decode_seconds``: the seconds after the prompt's pass, where the method reports them (llama.cpp's own
+    ``eval time``); specwise's come from its stats. ``new_tokens``: the count, where ``token_ids`` are not known
+    while the run is timed (llama.cpp: they are filled in afterwards).
+    """
 
     token_ids: list[int]
     seconds: float
     finish_reason: str
     target_passes: int
     stats: SpecStats | None = None
+    decode_seconds: float | None = None
+    new_tokens: int | None = None
+
+    @property
+    def count(self) -> int:
+        """The number of new tokens."""
+        return self.new_tokens if self.new_tokens is not None else len(self.token_ids)
 
     @property
     def tokens_per_second(self) -> float:
         if self.stats is not None:
             return self.stats.tokens_per_second
-        return len(self.token_ids) / self.seconds if self.seconds > 0 else 0.0
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float | None:
+        """New tokens per second after the prompt's pass (prefill excluded, as llama.cpp counts), where known."""
+        decode = self.decode_seconds
+        if decode is None and self.stats is not None:
+            decode = self.stats.total_seconds - self.stats.prefill_seconds
+        return self.count / decode if decode else None
 
 
 class SpecwiseRunner:
@@ -275,7 +330,47 @@ class HFRunner:
         return Outcome(new, seconds, finish, self.counter.count)
 
 
-Runner = SpecwiseRunner | HFRunner
+class LlamaCppRunner:
+    """Runs ``llama-completion`` (llama.cpp's command-line program) greedily on the target's GGUF file, EOS
+    ignored, on the prompt's text (the prompt ids decoded with special tokens, which llama.cpp parses back).
+
+    Its tokens/s is its own report's decode rate (``eval time``: model loading and the prompt's pass are not
+    counted); the token ids come afterwards from ``llama-server`` (:func:`llama_cpp_tokens`, untimed).
+    """
+
+    def __init__(self, gguf, tokenizer, threads: int) -> None:
+        self.gguf, self.tokenizer, self.threads = gguf, tokenizer, threads
+
+    def run(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, eos: list[int]) -> Outcome:
+        from specwise.bench.llamacpp import completion_decode
+
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        out = completion_decode(self.gguf, text, max_new_tokens, self.threads)
+        seconds = max_new_tokens / out["decode_tokens_per_s"]
+        return Outcome([], seconds, "length", max_new_tokens, decode_seconds=seconds, new_tokens=max_new_tokens)
+
+
+def llama_cpp_tokens(gguf, prompts: dict[str, list[int]], max_new_tokens: int, threads: int) -> dict[str, list[int]]:
+    """llama.cpp's greedy tokens for each prompt's ids (one ``llama-server`` for all; untimed), EOS ignored."""
+    from specwise.bench.llamacpp import LlamaServer
+
+    with LlamaServer(gguf, threads=threads, ctx_size=4096) as server:
+        return {pid: server.greedy(ids, max_new_tokens)["token_ids"] for pid, ids in prompts.items()}
+
+
+def llama_cpp_info(gguf, max_new_tokens: int, threads: int) -> dict:
+    """Where llama.cpp came from and its own ``llama-bench`` decode figure (``tg``, 3 repetitions) on the file."""
+    from specwise.bench.llamacpp import find_llama_cpp, llama_bench
+
+    return {
+        "binaries": str(find_llama_cpp()),
+        "gguf": str(gguf),
+        "threads": threads,
+        "llama_bench_tg": llama_bench(gguf, n_gen=max_new_tokens, threads=threads, repetitions=3),
+    }
+
+
+Runner = SpecwiseRunner | HFRunner | LlamaCppRunner
 
 
 def _pad_token_id(tokenizer) -> int:
@@ -286,17 +381,28 @@ def _pad_token_id(tokenizer) -> int:
     return 0
 
 
-def build_runners(configs: list[BenchConfig], loaded, device: str) -> dict[str, Runner]:
-    """One runner per configuration; drafters are built once per spec and shared across gammas."""
+def build_runners(
+    configs: list[BenchConfig], loaded, device: str, gguf=None, precision: str | None = None
+) -> dict[str, Runner]:
+    """One runner per configuration; drafters are built once per spec and shared across gammas.
+
+    gguf: the target's GGUF file (for the llama.cpp peer). precision: the drafters' numerics (None: the default).
+    """
     from specwise.drafters import make_drafter
 
     drafters: dict = {}
     runners: dict[str, Runner] = {}
     counter = None
+    extra = {} if precision is None else {"precision": precision}
     for config in configs:
+        if config.method == LLAMA_CPP:
+            if gguf is None:
+                raise ValueError("the llama.cpp peer needs a GGUF target: --target default or a .gguf file")
+            runners[config.id] = LlamaCppRunner(gguf, loaded.tokenizer, torch.get_num_threads())
+            continue
         if config.method == SPECWISE:
             if config.drafter not in drafters:
-                drafters[config.drafter] = make_drafter(config.drafter, loaded, device=device)
+                drafters[config.drafter] = make_drafter(config.drafter, loaded, device=device, **extra)
             engine = Engine(loaded.model, drafters[config.drafter], gamma=config.gamma, tokenizer=loaded.tokenizer)
             runners[config.id] = SpecwiseRunner(engine)
             continue
@@ -325,6 +431,7 @@ class RunRecord:
     seed: int
     order: int  # position of this configuration in the prompt's rotated order
     outcome: Outcome
+    round: int = 0
     identical_to_plain: bool | None = None  # greedy only: token ids equal the plain engine's for this prompt
     first_difference: int | None = None  # index of the first differing token, when not identical
 
@@ -336,10 +443,12 @@ class RunRecord:
             "prompt_id": self.prompt.id,
             "category": self.prompt.category,
             "seed": self.seed,
+            "round": self.round,
             "order": self.order,
-            "new_tokens": len(out.token_ids),
+            "new_tokens": out.count,
             "seconds": out.seconds,
             "tokens_per_second": out.tokens_per_second,
+            "decode_tokens_per_second": out.decode_tokens_per_second,
             "target_passes": out.target_passes,
             "finish_reason": out.finish_reason,
             "identical_to_plain": self.identical_to_plain,
@@ -373,21 +482,37 @@ class _Job:
         return outcome
 
 
-def _run_prompt(job: _Job, order: list[BenchConfig], prompt: BenchPrompt, ids: list[int], seed: int) -> list[RunRecord]:
-    """Every configuration on one prompt, back to back in ``order``; greedy outputs are compared with plain."""
+def _run_prompt(
+    job: _Job, order: list[BenchConfig], prompt: BenchPrompt, ids: list[int], seed: int, round_: int = 0
+) -> list[RunRecord]:
+    """Every configuration on one prompt, back to back in ``order``; greedy outputs are compared with plain
+    (llama.cpp's later, once its tokens are known: :func:`_check_llama_cpp`)."""
     outcomes = {c.id: job.run(c, ids, seed, job.settings.max_new_tokens) for c in order}
     plain = outcomes[PLAIN_ID].token_ids
     greedy = job.settings.temperature == 0.0
     records = []
     for position, config in enumerate(order):
-        record = RunRecord(config, prompt, seed, position, outcomes[config.id])
-        if greedy and config.id != PLAIN_ID:
-            record.first_difference = _first_difference(record.outcome.token_ids, plain)
-            record.identical_to_plain = record.first_difference is None
-            if config.method == SPECWISE and not record.identical_to_plain:
-                _warn_mismatch(record)
+        record = RunRecord(config, prompt, seed, position, outcomes[config.id], round_)
+        if greedy and config.id not in (PLAIN_ID, LLAMA_CPP_ID):
+            _compare(record, plain)
         records.append(record)
     return records
+
+
+def _compare(record: RunRecord, plain: list[int]) -> None:
+    record.first_difference = _first_difference(record.outcome.token_ids, plain)
+    record.identical_to_plain = record.first_difference is None
+    if record.config.method == SPECWISE and not record.identical_to_plain:
+        _warn_mismatch(record)
+
+
+def _check_llama_cpp(records: list[RunRecord], tokens: dict[str, list[int]]) -> None:
+    """Give llama.cpp's records their token ids and compare them with plain decoding of the same round."""
+    plain = {(r.prompt.id, r.seed, r.round): r.outcome.token_ids for r in records if r.config.id == PLAIN_ID}
+    for r in records:
+        if r.config.id == LLAMA_CPP_ID:
+            r.outcome.token_ids = tokens[r.prompt.id]
+            _compare(r, plain[(r.prompt.id, r.seed, r.round)])
 
 
 def _warn_mismatch(record: RunRecord) -> None:
@@ -418,6 +543,9 @@ def run_bench(
     """Run the benchmark and return the results (the ``results.json`` object, see docs/BENCHMARKS.md).
 
     loaded: the target as a LoadedModel (loaded from ``settings.target`` when None).
+
+    Round r runs every configuration on every prompt and seed; job j of the round (a prompt and seed) starts at
+    configuration r + j of the list and goes round it, so each configuration takes every place in the order.
     """
     from tqdm import tqdm
 
@@ -428,13 +556,15 @@ def run_bench(
     if loaded is None:
         from specwise.models import load_model
 
-        loaded = load_model(settings.target, device=settings.device)
-    configs = make_configs(settings.drafters, settings.gammas, settings.hf_baselines)
-    runners = build_runners(configs, loaded, settings.device)
+        extra = {} if settings.precision is None else {"precision": settings.precision}
+        loaded = load_model(settings.target, device=settings.device, **extra)
+    gguf = _llama_cpp_file(settings)
+    configs = make_configs(settings.drafters, settings.gammas, settings.hf_baselines, gguf is not None)
+    runners = build_runners(configs, loaded, settings.device, gguf, settings.precision)
     encoded = {p.id: encode_prompt(loaded.tokenizer, p.text, chat=settings.chat) for p in prompts}
     machine = machine_info(settings.device)
     jobs = [(p, seed) for p in prompts for seed in settings.seeds]
-    total = len(configs) * (len(jobs) + int(settings.warmup))
+    total = len(configs) * (len(jobs) * settings.rounds + int(settings.warmup))
     records: list[RunRecord] = []
     bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     try:
@@ -443,15 +573,43 @@ def run_bench(
             first = encoded[prompts[0].id]
             for config in configs:
                 job.run(config, first, settings.seeds[0], min(WARMUP_TOKENS, settings.max_new_tokens))
-        for j, (prompt, seed) in enumerate(jobs):
-            records += _run_prompt(job, _rotate(configs, j), prompt, encoded[prompt.id], seed)
+        for r in range(settings.rounds):
+            for j, (prompt, seed) in enumerate(jobs):
+                records += _run_prompt(job, _rotate(configs, r + j), prompt, encoded[prompt.id], seed, r)
     finally:
         bar.close()
         for runner in runners.values():
             if isinstance(runner, HFRunner):
                 runner.counter.remove()
     machine["load_average_end"] = _load_average()
-    return assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)
+    peer = None
+    if gguf is not None:  # untimed, after the measured runs
+        threads = torch.get_num_threads()
+        _check_llama_cpp(records, llama_cpp_tokens(gguf, encoded, settings.max_new_tokens, threads))
+        peer = llama_cpp_info(gguf, settings.max_new_tokens, threads)
+    results = assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)
+    results["llama_cpp"] = peer
+    return results
+
+
+def _llama_cpp_file(settings: BenchSettings):
+    """The GGUF file llama.cpp runs (None without the peer); points ``find_llama_cpp`` at a given folder."""
+    if settings.llama_cpp is None:
+        return None
+    from specwise.bench.llamacpp import ENV_VAR, find_llama_cpp
+    from specwise.models.loader import gguf_source
+
+    if settings.llama_cpp:
+        os.environ[ENV_VAR] = str(settings.llama_cpp)
+    if find_llama_cpp() is None:
+        raise FileNotFoundError(
+            f"llama.cpp binaries not found (in ${ENV_VAR} or ~/.cache/specwise-peers/llama.cpp/bin): build them "
+            "as specwise/bench/llamacpp.py describes, or pass their folder: --llama-cpp PATH"
+        )
+    gguf = gguf_source(settings.target)
+    if gguf is None:
+        raise ValueError(f"the llama.cpp peer needs a GGUF target (default or a .gguf file), got {settings.target!r}")
+    return gguf
 
 
 def _check_prompts(prompts: list[BenchPrompt]) -> None:
@@ -542,7 +700,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], medians: dict) -> dict:
     """Statistics of one configuration over one category's runs (``all``: every run)."""
     tps = medians[config.id]
-    new = sum(len(r.outcome.token_ids) for r in runs)
+    peer = config.method == LLAMA_CPP  # decode tokens/s only: paired against specwise in "paired" instead
+    decode = [r.outcome.decode_tokens_per_second for r in runs]
+    new = sum(r.outcome.count for r in runs)
     passes = sum(r.outcome.target_passes for r in runs)
     checked = [r.identical_to_plain for r in runs if r.identical_to_plain is not None]
     entry = {
@@ -552,8 +712,9 @@ def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], me
         "new_tokens": new,
         "target_passes": passes,
         "tokens_per_second_median": tps,
-        "speedup_vs_plain": _ratio(tps, medians.get(PLAIN_ID)),
-        "speedup_vs_hf_generate": _ratio(tps, medians.get(HF_GENERATE_ID)),
+        "decode_tokens_per_second_median": _median([d for d in decode if d is not None]),
+        "speedup_vs_plain": None if peer else _ratio(tps, medians.get(PLAIN_ID)),
+        "speedup_vs_hf_generate": None if peer else _ratio(tps, medians.get(HF_GENERATE_ID)),
         "acceptance_rate": None,
         "mean_accepted_length": new / passes if passes else None,
         "expected_mean_accepted_length": None,
@@ -587,6 +748,33 @@ def summarize(configs: list[BenchConfig], records: list[RunRecord], categories: 
     return entries
 
 
+def _baselines(config: BenchConfig, ids: set[str]) -> list[tuple[str, str]]:
+    """(baseline, measure) pairs a configuration is compared with: the plain decoding of its own engine, then
+    the peers' plain decoding (Hugging Face generate; llama.cpp on decode tokens/s, as it reports them)."""
+    if config.method == HF_ASSISTED:
+        return [(HF_GENERATE_ID, "tokens_per_second")]
+    if config.method != SPECWISE:
+        return []
+    pairs = [] if config.id == PLAIN_ID else [(PLAIN_ID, "tokens_per_second")]
+    if HF_GENERATE_ID in ids:
+        pairs.append((HF_GENERATE_ID, "tokens_per_second"))
+    if LLAMA_CPP_ID in ids:
+        pairs.append((LLAMA_CPP_ID, "decode_tokens_per_second"))
+    return pairs
+
+
+def paired_summary(configurations: list[dict], runs: list[dict], categories: list[str]) -> list[dict]:
+    """Paired speedups (95% intervals, verdicts) of every configuration over its baselines, per category and over
+    ``all``, from the results' configurations and run records (see :mod:`specwise.bench.paired`)."""
+    configs = [BenchConfig(c["method"], c["drafter"], c["gamma"]) for c in configurations]
+    ids = {c.id for c in configs}
+    entries = []
+    for config in configs:
+        for baseline, measure in _baselines(config, ids):
+            entries += paired_speedups(runs, config.id, baseline, categories, measure)
+    return entries
+
+
 def greedy_check(records: list[RunRecord], greedy: bool) -> dict:
     """Whether every greedy speculative output equals plain greedy output, and how often the HF runs agree."""
 
@@ -607,6 +795,7 @@ def greedy_check(records: list[RunRecord], greedy: bool) -> dict:
         "mismatches": mismatches,
         "hf_generate_identical": agreement(HF_GENERATE),
         "hf_assisted_identical": agreement(HF_ASSISTED),
+        "llama_cpp_identical": agreement(LLAMA_CPP),
     }
 
 
@@ -638,6 +827,8 @@ def assemble_results(
 ) -> dict:
     """The ``results.json`` object."""
     categories = list(dict.fromkeys(p.category for p in prompts))
+    runs = [r.to_dict() for r in records]
+    configurations = [c.to_dict() for c in configs]
     return {
         "schema_version": SCHEMA_VERSION,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -649,12 +840,14 @@ def assemble_results(
             "model_class": type(loaded.model).__name__,
             "num_prompts": len(prompts),
         },
-        "configurations": [c.to_dict() for c in configs],
+        "configurations": configurations,
         "categories": categories,
         "prompts": _prompt_entries(prompts, encoded, records, loaded.tokenizer),
-        "runs": [r.to_dict() for r in records],
+        "runs": runs,
         "summary": summarize(configs, records, categories),
+        "paired": paired_summary(configurations, runs, categories),
         "greedy_check": greedy_check(records, settings.temperature == 0.0),
+        "llama_cpp": None,
     }
 
 
@@ -676,7 +869,9 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "prompts": (list,),
         "runs": (list,),
         "summary": (list,),
+        "paired": (list,),
         "greedy_check": (dict,),
+        "llama_cpp": (dict, _NONE),
     },
     "machine": {
         "platform": (str,),
@@ -714,9 +909,12 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "prompt_source": (str,),
         "categories": (list,),
         "limit_per_category": (int, _NONE),
+        "rounds": (int,),
+        "llama_cpp": (str, _NONE),
+        "precision": (str, _NONE),
         "num_prompts": (int,),
     },
-    "configuration": {"id": (str,), "label": (str,), "method": (str,), "drafter": (str,), "gamma": (int,)},
+    "configuration": {"id": (str,), "label": (str,), "method": (str,), "drafter": (str,), "gamma": (int, str)},
     "prompt": {"id": (str,), "category": (str,), "prompt_tokens": (int,), "plain_text": (str,)},
     "run": {
         "config": (str,),
@@ -724,10 +922,12 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "prompt_id": (str,),
         "category": (str,),
         "seed": (int,),
+        "round": (int,),
         "order": (int,),
         "new_tokens": (int,),
         "seconds": _NUM,
         "tokens_per_second": _NUM,
+        "decode_tokens_per_second": _OPT_NUM,
         "target_passes": (int,),
         "finish_reason": (str,),
         "identical_to_plain": (bool, _NONE),
@@ -741,6 +941,7 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "new_tokens": (int,),
         "target_passes": (int,),
         "tokens_per_second_median": _OPT_NUM,
+        "decode_tokens_per_second_median": _OPT_NUM,
         "speedup_vs_plain": _OPT_NUM,
         "speedup_vs_hf_generate": _OPT_NUM,
         "acceptance_rate": _OPT_NUM,
@@ -758,7 +959,21 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "mismatches": (list,),
         "hf_generate_identical": (dict, _NONE),
         "hf_assisted_identical": (dict, _NONE),
+        "llama_cpp_identical": (dict, _NONE),
     },
+    "paired": {
+        "config": (str,),
+        "baseline": (str,),
+        "category": (str,),
+        "measure": (str,),
+        "questions": (int,),
+        "pairs": (int,),
+        "geomean": _OPT_NUM,
+        "low": _OPT_NUM,
+        "high": _OPT_NUM,
+        "verdict": (str,),
+    },
+    "llama_cpp": {"binaries": (str,), "gguf": (str,), "threads": (int,), "llama_bench_tg": (dict,)},
 }
 
 
@@ -805,8 +1020,11 @@ def validate_results(data) -> None:
         for kind, key in (("configuration", "configurations"), ("prompt", "prompts"), ("run", "runs")):
             for i, item in enumerate(data[key]):
                 _check_fields(item, kind, f"{key}[{i}]", errors)
-        for i, item in enumerate(data["summary"]):
-            _check_fields(item, "summary", f"summary[{i}]", errors)
+        for kind, key in (("summary", "summary"), ("paired", "paired")):
+            for i, item in enumerate(data[key]):
+                _check_fields(item, kind, f"{key}[{i}]", errors)
+        if data["llama_cpp"] is not None:
+            _check_fields(data["llama_cpp"], "llama_cpp", "llama_cpp", errors)
         _check_references(data, errors)
     if errors:
         raise ValueError("results do not match the schema:\n  " + "\n  ".join(errors))
