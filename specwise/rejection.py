@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specwise.sampling import sample
+from specwise.sampling import argmax, sample
 
 __all__ = ["Verification", "verify_greedy", "verify_stochastic", "residual_distribution"]
 
@@ -70,10 +70,23 @@ def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
 def verify_greedy(draft_tokens: torch.Tensor, target: torch.Tensor) -> Verification:
     """Greedy rule. ``target`` is ``[B, gamma + 1, vocab]`` logits or probabilities (only the argmax matters)."""
     gamma = _check_shapes(draft_tokens, target)
-    best = target.argmax(dim=-1)  # [B, gamma + 1]
+    best = argmax(target)  # [B, gamma + 1]
+    if best.device.type == "cpu":  # a few short rows: plain lists cost less than a chain of small tensor ops
+        return _greedy_lists(draft_tokens.tolist(), best.tolist())
     num_accepted = _accepted_prefix(draft_tokens == best[:, :gamma])
     last = best.gather(1, num_accepted[:, None]).squeeze(1)
     return Verification(_emit(draft_tokens, num_accepted, last), num_accepted)
+
+
+def _greedy_lists(drafts: list[list[int]], best: list[list[int]]) -> Verification:
+    tokens, accepted = [], []
+    for draft, choice in zip(drafts, best):
+        n = 0
+        while n < len(draft) and draft[n] == choice[n]:
+            n += 1
+        tokens.append(draft[:n] + [choice[n]] + [-1] * (len(draft) - n))
+        accepted.append(n)
+    return Verification(torch.tensor(tokens, dtype=torch.int64), torch.tensor(accepted, dtype=torch.int64))
 
 
 def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample", "check_logits"]
+__all__ = ["SamplingParams", "probs_from_logits", "sample", "check_logits", "argmax"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,53 @@ def _check_number(name: str, value: float) -> None:
         raise ValueError(f"{name} must be finite, got {value}")
 
 
+def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(argmax over the last dim, flags) from one native pass over CPU float32 logits; None where it cannot run.
+    Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
+    if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
+        return None
+    if logits.dim() == 0 or logits.numel() == 0:
+        return None
+    global _scan_fn
+    if _scan_fn is None:
+        from specwise.models.kernels import native_library
+
+        lib = native_library()
+        _scan_fn = lib.specwise_logits_scan if lib is not None else False
+    if _scan_fn is False:
+        return None
+    n = logits.shape[-1]
+    out = torch.empty(logits.shape[:-1], dtype=torch.int64)
+    flags = _scan_fn(logits.data_ptr(), logits.numel() // n, n, out.data_ptr())
+    return out, flags
+
+
+_scan_fn = None
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` (the first largest value), in one native pass where it can run."""
+    fast = _scan(logits)
+    if fast is not None and not fast[1] & 1:
+        return fast[0]
+    return logits.argmax(dim=-1)
+
+
 def check_logits(logits: torch.Tensor) -> None:
     """Raise ValueError on NaN or +inf logits, or on a row with no finite logit.
 
     -inf is allowed: it is the usual way to forbid a token (probability 0).
     """
+    fast = _scan(logits)
+    if fast is not None:
+        flags = fast[1]
+        if flags & 1:
+            raise ValueError("logits contain NaN: the model produced invalid output (check its weights and dtype)")
+        if flags & 2:
+            raise ValueError("logits contain +inf: the model produced invalid output (check its weights and dtype)")
+        if flags & 4:
+            raise ValueError("a row of logits is entirely -inf: no token can be chosen")
+        return
     if bool(torch.isfinite(logits.sum())):  # one cheap reduction in the common case: all finite
         return
     if bool(torch.isfinite(logits).all()):  # the sum overflowed, the logits are fine

@@ -359,3 +359,69 @@ def test_sample_accepts_unnormalised_rows_and_rejects_invalid_ones():
     for bad in ([0.0, 0.0, 0.0], [0.5, float("nan"), 0.5], [1.0, -0.5, 0.5], [float("inf"), 0.0, 1.0]):
         with pytest.raises(ValueError, match="cannot sample"):
             sample(torch.tensor(bad), None)
+
+
+# ---- the native logits scan (argmax and invalid-value check in one pass) ----------------------------------
+
+
+@pytest.fixture(params=["portable", "avx2", "avx512"])
+def scan_isa(request):
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("native kernels not built")
+    used = quant.set_isa(request.param)
+    if used != request.param:
+        quant.set_isa(None)
+        pytest.skip(f"this CPU has no {request.param} path")
+    yield used
+    quant.set_isa(None)
+
+
+def test_native_argmax_matches_torch(scan_isa):
+    from specwise.sampling import _scan, argmax
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 7, 8, 15, 16, 17, 100, 49152, 151936):
+        x = torch.randn(3, n, generator=g)
+        assert _scan(x) is not None
+        assert torch.equal(argmax(x), x.argmax(dim=-1)), n
+    ties = torch.zeros(2, 40)
+    ties[0, [3, 17, 33]] = 1.0  # several maxima: the first, as torch.argmax
+    ties[1, [39, 20]] = 5.0
+    assert argmax(ties).tolist() == [3, 20] == ties.argmax(dim=-1).tolist()
+    x = torch.full((1, 33), float("-inf"))
+    x[0, 32] = -1e30
+    assert argmax(x).tolist() == [32]
+    batched = torch.randn(2, 3, 50, generator=g)  # [B, rows, vocab] as verify_greedy passes it
+    assert torch.equal(argmax(batched), batched.argmax(dim=-1))
+
+
+def test_native_check_logits_finds_every_invalid_value(scan_isa):
+    for n in (5, 64, 1003):
+        for at in (0, n // 2, n - 1):
+            x = torch.randn(2, n)
+            x[1, at] = float("nan")
+            with pytest.raises(ValueError, match="NaN"):
+                check_logits(x)
+            x = torch.randn(2, n)
+            x[0, at] = float("inf")
+            with pytest.raises(ValueError, match=r"\+inf"):
+                check_logits(x)
+        x = torch.randn(2, n)
+        x[1] = float("-inf")
+        with pytest.raises(ValueError, match="entirely -inf"):
+            check_logits(x)
+        x = torch.randn(2, n)
+        x[0, : n - 1] = float("-inf")  # -inf forbids tokens: allowed while one stays finite
+        check_logits(x)
+
+
+def test_argmax_with_nan_falls_back_to_torch():
+    from specwise.sampling import argmax
+
+    x = torch.randn(2, 20)
+    x[1, 4] = float("nan")
+    assert torch.equal(argmax(x), x.argmax(dim=-1))
+    y = torch.randn(4, 30)[:, ::2]  # not contiguous: torch's argmax
+    assert torch.equal(argmax(y), y.argmax(dim=-1))

@@ -78,6 +78,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_row": ([p, i, p], None),
         "specwise_q_gather": ([p, p, i, p], None),
         "specwise_q_abs_sum": ([p, ctypes.c_longlong, ctypes.c_longlong], ctypes.c_double),
+        "specwise_logits_scan": ([p, i, i, p], i),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
