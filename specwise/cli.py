@@ -29,15 +29,6 @@ def parse_gamma(value: str) -> int | str:
     return gamma
 
 
-def _tree_arg(text: str) -> tuple[int, ...]:
-    from specwise.drafters import parse_tree
-
-    try:
-        return parse_tree(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
     p.add_argument("--drafter", default=DEFAULT_DRAFTER, help=DRAFTER_HELP + f" (default: {DEFAULT_DRAFTER})")
@@ -46,14 +37,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         type=parse_gamma,
         default=DEFAULT_GAMMA,
         help=f"tokens drafted per step, or auto: chosen per step to maximise tokens/s (default: {DEFAULT_GAMMA})",
-    )
-    p.add_argument(
-        "--tree",
-        type=_tree_arg,
-        default=None,
-        metavar="W1,W2,..",
-        help="greedy drafts of a head: this many runner-up tokens at drafted positions 1, 2, .. verified in the same "
-        "pass (a draft tree; none: plain chains; default: the measured best)",
     )
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
     p.add_argument(
@@ -124,7 +107,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree, args.precision)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
     if args.json:
@@ -158,7 +141,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--context must be >= 1, got {args.context}")
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree, args.precision)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
     if isinstance(model, NativeModel):
@@ -175,7 +158,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print("measuring forward passes ...", file=sys.stderr)
         seconds = cost_curve(model, args.max_k, args.repeats, args.context, args.rounds)
         best = {}
-    drafter_s = drafter_cost(runtime.engine.drafter, model.vocab_size, target=model)
+    # several drafters (ngram+head): the first, the one asked first each step
+    drafter_s = drafter_cost(runtime.engine.drafters[0], model.vocab_size, target=model)
     data = {
         "model": runtime.target.name,
         "implementation": type(model).__name__,

@@ -1,9 +1,10 @@
-"""The decoding loop: draft, verify in one target pass, accept, roll back, stream.
+"""The decoding loop: plan, draft, verify in one target pass, accept, roll back, stream.
 
-Each step feeds the target the last emitted token followed by the ``k`` drafted tokens and gets ``k + 1``
-distributions back: ``p_0 .. p_{k-1}`` judge the drafts and ``p_k`` gives the bonus token. The rejection rule
-keeps a prefix of the draft and adds one token; the target cache is rolled back to the kept tokens. With no
-drafter (or an empty draft) the step is a plain decoding step, so the baseline runs through the same code.
+Each step the planner asks the drafter (or one of several) for tokens (:mod:`specwise.planner`); the engine feeds
+the target the last emitted token followed by the ``k`` drafted tokens and gets ``k + 1`` distributions back:
+``p_0 .. p_{k-1}`` judge the drafts and ``p_k`` gives the bonus token. The rejection rule keeps a prefix of the
+draft and adds one token; the target cache is rolled back to the kept tokens. With no drafter (or an empty draft)
+the step is a plain decoding step, so the baseline runs through the same code.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.base import Drafter
 from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
+from specwise.planner import Planner, PlanState, make_planner, sources_of
 from specwise.rejection import verify_greedy, verify_stochastic
 from specwise.sampling import SamplingParams, check_logits, probs_from_logits
-from specwise.schedule import AdaptiveGamma, Schedule, make_schedule
 
 __all__ = ["Engine", "GenerationEvent", "GenerationResult", "StopText"]
 
@@ -113,7 +114,11 @@ class StopText:
 class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
-    gamma: tokens drafted per step (0 gives plain decoding), ``"auto"`` for the adaptive schedule, or a Schedule.
+    drafter: a Drafter, or a list of them (several sources: each step the planner drafts with the one expected to
+        give the most tokens per second); None decodes plainly.
+    gamma: tokens drafted per step (0 gives plain decoding), ``"auto"`` for the adaptive planner, or a Planner.
+    cost_curve: the relative cost c(k) of target passes over k tokens that `specwise profile` measured, the
+        adaptive planner's prior (None: a default curve, then what it measures).
     tokenizer: decodes text and stop strings (optional when working with token ids only).
     eos_token_ids: tokens that end generation (default: the tokenizer's EOS token); a request can override them.
     """
@@ -121,18 +126,24 @@ class Engine:
     def __init__(
         self,
         target: Model,
-        drafter: Drafter | None = None,
-        gamma: int | str | Schedule = 4,
+        drafter: Drafter | list[Drafter] | None = None,
+        gamma: int | str | Planner = 4,
         tokenizer=None,
         eos_token_ids: Iterable[int] | None = None,
+        cost_curve: dict[int, float] | None = None,
     ) -> None:
-        curve = getattr(target, "cost_curve", None)  # measured by `specwise profile` on this machine, if it ran
-        self.schedule = gamma if isinstance(gamma, Schedule) else make_schedule(gamma, cost_curve=curve)
+        self.planner = make_planner(gamma, cost_curve=cost_curve)
         self.target = target
         self.drafter = drafter if drafter is not None else NoDrafter(target.device)
-        self.gamma = gamma if isinstance(gamma, (int, str)) else "custom"
+        self.gamma = self.planner.gamma
         self.tokenizer = tokenizer
         self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
+        self._state: PlanState | None = None  # the planner's view of the sequence (kept from request to request)
+
+    @property
+    def drafters(self) -> list[Drafter]:
+        """The planner's sources: the drafter, or the drafters of a list."""
+        return sources_of(self.drafter)
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
@@ -177,9 +188,13 @@ class Engine:
         text = StopText(self.tokenizer, stop)
         t0 = time.perf_counter()
         self.target.reset()
-        self.target.keep_features = self.drafter.needs_features
-        self.drafter.begin(prompt_ids)
-        self.schedule.begin()
+        if self._state is None or self._state.drafter is not self.drafter:
+            self._state = self.planner.new_state(self.drafter)
+        state = self._state
+        self.target.keep_features = any(d.needs_features for d in state.sources)
+        for drafter in state.sources:
+            drafter.begin(prompt_ids)
+        self.planner.begin(state)
         if len(prompt_ids) > 1:
             self.target.forward(torch.tensor(prompt_ids[:-1], device=self.target.device), num_logits=0)
         stats.prefill_seconds = time.perf_counter() - t0
@@ -188,7 +203,9 @@ class Engine:
         produced = 0
         finish: str | None = None
         while finish is None:
-            new, num_from_draft, finish = self._step(context, params, generator, max_new_tokens - produced, eos, stats)
+            new, num_from_draft, finish = self._step(
+                state, context, params, generator, max_new_tokens - produced, eos, stats
+            )
             piece, kept, stopped = text.feed(new, final=finish is not None)
             if stopped:
                 finish = "stop"
@@ -204,6 +221,7 @@ class Engine:
 
     def _step(
         self,
+        state: PlanState,
         context: list[int],
         params: SamplingParams,
         generator: torch.Generator | None,
@@ -211,57 +229,36 @@ class Engine:
         eos: set[int],
         stats: SpecStats,
     ) -> tuple[list[int], int, str | None]:
-        """One draft-and-verify step. Returns (emitted tokens, how many came from the draft, finish reason)."""
+        """One plan-draft-verify step. Returns (emitted tokens, how many came from the draft, finish reason)."""
         target = self.target
         limit = remaining - 1
         if target.max_length is not None:
             limit = min(limit, target.max_length - len(context))
         t0 = time.perf_counter()
-        if limit <= 0:
-            asked, source, draft = 0, 0, Draft.empty(target.device)
-        elif hasattr(self.drafter, "propose_scheduled") and isinstance(self.schedule, AdaptiveGamma):
-            # several drafters: each is a source of the schedule, asked for its own best gamma
-            draft, source, asked = self.drafter.propose_scheduled(context, self.schedule, limit, params, generator)
-        else:
-            source, asked = 0, self.schedule.choose(limit)
-            self.drafter.min_confidence = self.schedule.min_confidence()
-            draft = self.drafter.propose(context, asked, params, generator) if asked > 0 else Draft.empty(target.device)
-            self.schedule.observe_ask(asked, len(draft), time.perf_counter() - t0)
-        if len(draft) > asked:
-            raise RuntimeError(f"drafter {self.drafter.name!r} proposed {len(draft)} tokens when asked for {asked}")
+        proposal = self.planner.draft(state, context, limit, params, generator)
+        draft = proposal.draft
         t1 = time.perf_counter()
         k = len(draft)
         if k == 0:
-            if limit <= 0:
-                reason = "budget"
-            elif asked == 0:  # the schedule's choice: drafting not worth it, or measuring a plain pass
-                reason = "calibrate" if self.schedule.calibrating() else "schedule"
-            else:
-                reason = "low_confidence" if self.drafter.declined else "no_draft"
-            stats.plain_step_reasons[reason] = stats.plain_step_reasons.get(reason, 0) + 1
+            stats.plain_step_reasons[proposal.reason] = stats.plain_step_reasons.get(proposal.reason, 0) + 1
         start = target.length  # == len(context) - 1: the last token is not yet in the cache
-        alternatives = self._alternatives(draft, params, start)
-        if alternatives:
-            new, accepted = self._verify_tree(context, draft, alternatives, start, stats)
+        fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
+        logits = target.forward(fed)  # [k + 1, vocab]
+        check_logits(logits)
+        drafts = draft.tokens[None].to(target.device)  # [1, k]
+        if params.greedy:
+            result = verify_greedy(drafts, logits[None])
         else:
-            fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
-            logits = target.forward(fed)  # [k + 1, vocab]
-            check_logits(logits)
-            drafts = draft.tokens[None].to(target.device)  # [1, k]
-            if params.greedy:
-                result = verify_greedy(drafts, logits[None])
-            else:
-                p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
-                q = None if draft.probs is None else draft.probs[None].to(target.device)
-                result = verify_stochastic(drafts, q, p, generator)
-            accepted = int(result.num_accepted[0])
-            new = result.tokens[0, : accepted + 1].tolist()
-            target.rollback(start + 1 + accepted)
-        self.drafter.observe(accepted)
+            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
+            q = None if draft.probs is None else draft.probs[None].to(target.device)
+            result = verify_stochastic(drafts, q, p, generator)
+        accepted = int(result.num_accepted[0])
+        new = result.tokens[0, : accepted + 1].tolist()
+        target.rollback(start + 1 + accepted)
         t2 = time.perf_counter()
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += t2 - t1
-        self.schedule.observe_pass(k, accepted, t2 - t1, source=source)
+        self.planner.observe(state, proposal, accepted, t2 - t1)
 
         finish = None
         for i, token in enumerate(new):
@@ -273,51 +270,8 @@ class Engine:
             finish = finish or "length"
         if finish is None and target.max_length is not None and len(context) + len(new) >= target.max_length:
             finish = "length"
-        stats.record_step(k, min(accepted, len(new)), len(new), self.drafter.source_name() if k else None)
+        stats.record_step(k, min(accepted, len(new)), len(new), state.sources[proposal.source].name if k else None)
         return new, min(accepted, len(new)), finish
-
-    def _alternatives(self, draft: Draft, params: SamplingParams, start: int) -> list[tuple[int, int]]:
-        """The draft's tree alternatives that this step can verify: greedy, a target that verifies trees, room."""
-        k, target = len(draft), self.target
-        if not draft.alternatives or not k or not params.greedy or not target.supports_tree:
-            return []
-        alternatives = [(i, t) for i, t in draft.alternatives if 0 <= i < k]
-        rows = k + 1 + len(alternatives)
-        if target.max_length is not None and start + rows > target.max_length:
-            return []
-        return alternatives
-
-    def _verify_tree(
-        self, context: list[int], draft: Draft, alternatives: list[tuple[int, int]], start: int, stats: SpecStats
-    ) -> tuple[list[int], int]:
-        """Greedy verification of a chain with leaf alternatives in one pass. Returns (emitted tokens, accepted).
-
-        Rows: the last context token, the k drafted tokens, then the alternatives. The longest prefix of the chain
-        that matches the target's choices is kept; at the first mismatch (position a), an alternative for position
-        a equal to the target's choice is kept too, followed by the target's choice after it. Every emitted token
-        is the target's greedy choice given the tokens before it, so the output equals plain greedy decoding.
-        """
-        target, k = self.target, len(draft)
-        chain = draft.tokens.tolist()
-        tokens = [context[-1], *chain, *(t for _, t in alternatives)]
-        parents = [-1, *range(k), *(i for i, _ in alternatives)]
-        logits = target.forward_tree(torch.tensor(tokens, device=target.device), parents)  # [rows, vocab]
-        check_logits(logits)
-        result = verify_greedy(draft.tokens[None].to(target.device), logits[None, : k + 1])  # the chain's rows
-        accepted = int(result.num_accepted[0])
-        new, path = result.tokens[0, : accepted + 1].tolist(), list(range(accepted + 1))
-        stats.alternatives += len(alternatives)
-        if accepted < k:  # new[-1] is the target's choice where the chain was rejected
-            for j, (i, token) in enumerate(alternatives):
-                if i == accepted and token == new[-1]:
-                    row = k + 1 + j
-                    new.append(int(logits[row].argmax()))
-                    path.append(row)
-                    stats.alternatives_accepted += 1
-                    accepted += 1
-                    break
-        target.keep_path(start, path)
-        return new, accepted
 
     def generate(
         self,

@@ -40,8 +40,6 @@ class SpecStats:
     # per drafter (the parts of a combined one, e.g. ngram and head): steps that verified its draft, tokens drafted
     # and accepted
     by_drafter: dict[str, dict[str, int]] = field(default_factory=dict)
-    alternatives: int = 0  # draft-tree alternatives verified (siblings of drafted tokens; greedy)
-    alternatives_accepted: int = 0  # of those, how many replaced a rejected drafted token
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
@@ -102,9 +100,8 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> SpecStats:
         """Add another run's counters and times into this one; returns self."""
-        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "alternatives"):
+        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.alternatives_accepted += other.alternatives_accepted
         for name in ("prefill_seconds", "draft_seconds", "verify_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for k, count in other.gamma_histogram.items():
@@ -139,8 +136,6 @@ class SpecStats:
             "gamma_histogram": {str(k): v for k, v in sorted(self.gamma_histogram.items())},
             "plain_step_reasons": dict(sorted(self.plain_step_reasons.items())),
             "by_drafter": {name: dict(counts) for name, counts in sorted(self.by_drafter.items())},
-            "alternatives": self.alternatives,
-            "alternatives_accepted": self.alternatives_accepted,
             "tokens_per_second": self.tokens_per_second,
             "prefill_seconds": self.prefill_seconds,
             "draft_seconds": self.draft_seconds,
@@ -158,8 +153,6 @@ class SpecStats:
                 for name, c in sorted(self.by_drafter.items())
             )
             extra.append(f"by drafter: {parts}")
-        if self.alternatives:
-            extra.append(f"draft-tree alternatives: {self.alternatives} verified, {self.alternatives_accepted} kept")
         return "\n".join(
             [
                 f"tokens: {self.new_tokens} new ({self.prompt_tokens} prompt) in {self.total_seconds:.2f} s "

@@ -2,7 +2,8 @@
 
 c(k) = time(forward of k tokens) / time(forward of 1 token): speculation pays when a pass over gamma + 1 tokens
 costs little more than a pass over one. The profile is saved as JSON under the cache directory, where the
-native model takes its choice of matrix-product backend per row count from, and a scheduler can read c(k).
+native model takes its choice of matrix-product backend per row count from, and the runtime gives c(k) to the
+adaptive planner as its prior (:func:`saved_cost_curve`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,15 @@ import torch
 
 from specwise.files import profiles_dir, safe_name, write_json_atomic
 
-__all__ = ["measure_forward", "cost_curve", "drafter_cost", "profile_path", "save_profile", "load_profile"]
+__all__ = [
+    "measure_forward",
+    "cost_curve",
+    "drafter_cost",
+    "profile_path",
+    "save_profile",
+    "load_profile",
+    "saved_cost_curve",
+]
 
 
 def _sync(device) -> None:
@@ -115,3 +124,17 @@ def load_profile(model_name: str, device: str) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def saved_cost_curve(model_name: str, device: str, implementation: str | None = None) -> dict[int, float] | None:
+    """The cost curve c(k) that `specwise profile` saved for ``model_name`` on ``device`` (the key of
+    ``specwise.models.loader.profile_device``), the adaptive planner's prior; None when no usable profile was
+    saved, or (given ``implementation``, a model class name) when it measured another implementation."""
+    profile = load_profile(model_name, device) or {}
+    if implementation is not None and profile.get("implementation", implementation) != implementation:
+        return None
+    try:
+        curve = {int(k): float(v) for k, v in (profile.get("cost_curve") or {}).items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return curve if curve and all(v > 0 for v in curve.values()) else None

@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specwise.engine import Engine
-from specwise.schedule import make_schedule
+from specwise.planner import make_planner
 
-__all__ = ["Runtime", "build_runtime", "encode_chat", "encode_prompt", "resolve_device"]
+__all__ = ["Runtime", "build_runtime", "encode_chat", "encode_prompt", "resolve_device", "saved_cost_prior"]
 
 
 def resolve_device(name: str) -> str:
@@ -66,7 +66,6 @@ def build_runtime(
     gamma: int | str = 4,
     device: str = "auto",
     impl: str = "auto",
-    tree: tuple[int, ...] | None = None,
     precision: str | None = None,
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
@@ -74,7 +73,6 @@ def build_runtime(
     drafter: a spec as in ``make_drafter``; ``auto`` resolves to the shipped head or ngram (``Runtime.drafter_spec``
     holds what was chosen).
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
-    tree: alternatives per drafted position for a head's greedy drafts (None: the default; see ``make_drafter``).
     precision: ``q8`` or ``exact`` for GGUF models on the quantized native path (None: the default, q8).
     """
     import torch
@@ -83,14 +81,31 @@ def build_runtime(
     from specwise.models import load_model
     from specwise.models.loader import DEFAULT_PRECISION
 
-    make_schedule(gamma)  # validates gamma before anything is loaded
+    make_planner(gamma)  # validates gamma before anything is loaded
     device = resolve_device(device)
     precision = precision or DEFAULT_PRECISION
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl, precision=precision)
     drafter = resolve_drafter_spec(drafter, loaded)
-    draft = make_drafter(drafter, loaded, device=device, impl=impl, tree=tree, precision=precision)
-    engine = Engine(loaded.model, draft, gamma=gamma, tokenizer=loaded.tokenizer, eos_token_ids=eos_ids(loaded))
+    draft = make_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
+    engine = Engine(
+        loaded.model,
+        draft,
+        gamma=gamma,
+        tokenizer=loaded.tokenizer,
+        eos_token_ids=eos_ids(loaded),
+        cost_curve=saved_cost_prior(loaded, device),
+    )
     return Runtime(engine, loaded, drafter, device)
+
+
+def saved_cost_prior(loaded, device: str) -> dict[int, float] | None:
+    """The adaptive planner's prior for the cost of target passes: the cost curve c(k) that `specwise profile`
+    measured for this target (a LoadedModel) on ``device`` with the same implementation, if it ran."""
+    from specwise.models.loader import profile_device
+    from specwise.profile import saved_cost_curve
+
+    model = loaded.model
+    return saved_cost_curve(loaded.name, profile_device(device, model), type(model).__name__)
 
 
 def eos_ids(loaded) -> set[int] | None:

@@ -14,7 +14,6 @@ from test_head import _assert_follows_target, _head
 
 from conftest import tiny_llama
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
-from specwise.drafters.combined import CombinedDrafter
 from specwise.drafters.head import HeadDrafter
 from specwise.engine import Engine
 from specwise.models import HFModel
@@ -76,7 +75,7 @@ def test_greedy_on_cuda_equals_the_cpu_and_every_drafter_keeps_it():
             "twin": lambda: ModelDrafter(NativeModel(copy.deepcopy(gpu))),
             "ngram": lambda: NgramDrafter(device=CUDA),
             "head": lambda: HeadDrafter(head, target),
-            "ngram+head": lambda: CombinedDrafter([NgramDrafter(device=CUDA), HeadDrafter(head, target)]),
+            "ngram+head": lambda: [NgramDrafter(device=CUDA), HeadDrafter(head, target)],
         }
         for name, make in drafters.items():
             for gamma in (1, 4, "auto"):

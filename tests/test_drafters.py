@@ -62,49 +62,13 @@ def test_ngram_rejects_bad_sizes():
         NgramDrafter(max_ngram=0)
 
 
-def test_ngram_confidence_learns_per_match_length_and_gates_proposals():
-    """A match length whose first token keeps being rejected falls below the schedule's threshold and is skipped;
-    a longer match length with a good record is still drafted."""
+def test_ngram_labels_a_draft_with_its_match_length():
+    """The planner measures acceptance per match length (Draft.kind); the drafter itself keeps no estimate."""
     d = NgramDrafter(max_ngram=3)
+    assert d.propose([7, 1, 2, 8, 2], 4, GREEDY, None).kind == 1
     d.begin([])
-    d.min_confidence = 0.3
-    one = [7, 1, 2, 8, 2]  # suffix [2] matches (one token), [8, 2] and [1, 8, 2] do not
-    three = [4, 5, 6, 9, 4, 5, 6]  # suffix [4, 5, 6] matches
-    assert propose(d, one) == [8, 2] and not d.declined
-    d.observe(0)
-    assert d.confidence(1) < 0.5 == d.confidence(3)
-    assert propose(d, one) == [8, 2]  # 1/3 is still above the threshold
-    d.observe(0)
-    assert d.confidence(1) < 0.3
-    assert propose(d, one) == [] and d.declined and d.skipped == 1
-    d.observe(0)  # nothing was proposed: nothing to learn
-    assert d.confidence(1) < 0.3
-    d.begin([])
-    d.min_confidence = 0.3
-    assert propose(d, three) == [9, 4, 5, 6] and not d.declined
-    d.observe(2)
-    assert d.confidence(3) > 0.5
-    d.min_confidence = 0.0  # fixed gamma: never held back
-    for _ in range(6):
-        propose(d, one)
-        d.observe(0)
-    assert propose(d, one) == [8, 2]
-
-
-def test_ngram_low_confidence_plain_steps_are_counted_and_output_is_unchanged(tiny_target):
-    from specwise.engine import Engine
-    from specwise.schedule import FixedGamma
-
-    class Strict(FixedGamma):
-        def min_confidence(self) -> float:
-            return 0.99  # above the prior: every match is held back
-
-    prompt = [1, 5, 9, 2, 1, 5, 9, 2, 1, 5]
-    plain = Engine(tiny_target, NoDrafter()).generate(prompt, GREEDY, 24, eos_token_ids=[])
-    strict = Engine(tiny_target, NgramDrafter(), gamma=Strict(4)).generate(prompt, GREEDY, 24, eos_token_ids=[])
-    assert strict.token_ids == plain.token_ids
-    assert strict.stats.drafted == 0
-    assert strict.stats.plain_step_reasons.get("low_confidence", 0) > 0
+    assert d.propose([4, 5, 6, 9, 4, 5, 6], 4, GREEDY, None).kind == 3
+    assert d.propose([4, 5, 6, 9, 4, 5, 6], 4, GREEDY, None, stop=0.99).tokens.tolist() == [9, 4, 5, 6]
 
 
 def test_no_drafter_proposes_nothing():

@@ -54,7 +54,7 @@ class RepeatDrafter(Drafter):
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def propose(self, context, k, params, generator) -> Draft:
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
         return Draft(torch.full((k,), self.token, dtype=torch.int64))
 
 

@@ -16,8 +16,8 @@ from specwise.metrics import SpecStats
 from specwise.models import HFModel
 from specwise.models.loader import LoadedModel
 from specwise.models.native import NativeModel
+from specwise.planner import FixedPlanner
 from specwise.sampling import SamplingParams, probs_from_logits
-from specwise.schedule import FixedGamma
 
 
 def _head(hf, vocab_ids=None, seed=0):
@@ -275,57 +275,47 @@ def test_low_confidence_stops_drafting_and_output_is_unchanged():
     greedy = SamplingParams(temperature=0.0)
     ref = Engine(NativeModel(hf), None, gamma=0).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
     full = Engine(target, drafter, gamma=4).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
-
-    class Strict(FixedGamma):
-        def min_confidence(self) -> float:
-            return 0.999999  # a random head is never this sure
-
-    strict = Engine(target, drafter, gamma=Strict(4)).generate([2, 5], greedy, max_new_tokens=16, eos_token_ids=[])
+    strict_planner = FixedPlanner(4, stop=0.999999)  # a random head is never this sure
+    strict = Engine(target, drafter, gamma=strict_planner).generate([2, 5], greedy, 16, eos_token_ids=[])
     assert strict.token_ids == full.token_ids == ref.token_ids
     assert full.stats.drafted > 0 and strict.stats.drafted == 0
     assert strict.stats.plain_step_reasons.get("low_confidence", 0) > 0
     # sampling: q's largest probability does not estimate acceptance (alpha = sum min(p, q)), so the threshold does
-    # not hold a sampled draft back; the schedule's measured acceptance decides its length
-    sampled = Engine(target, drafter, gamma=Strict(4)).generate(
+    # not hold a sampled draft back; the planner's measured acceptance decides its length
+    sampled = Engine(target, drafter, gamma=strict_planner).generate(
         [2, 5], SamplingParams(temperature=1.0, seed=0), max_new_tokens=16, eos_token_ids=[]
     )
     assert sampled.stats.drafted > 0 and "low_confidence" not in sampled.stats.plain_step_reasons
 
 
-def test_combined_drafter_is_exact_and_chooses_by_expected_acceptance(tmp_path):
+def test_ngram_and_head_as_two_sources_are_exact(tmp_path):
+    """ngram+head with a fixed gamma: the planner chooses between the two sources; the output is plain decoding's."""
     from specwise.drafters import NgramDrafter
-    from specwise.drafters.combined import CombinedDrafter
 
     hf = tiny_llama(seed=1)
     target = NativeModel(hf)
-    combined = CombinedDrafter([NgramDrafter(), HeadDrafter(_head(hf), target)])
-    assert combined.needs_features and combined.name == "ngram+head"
+    sources = [NgramDrafter(), HeadDrafter(_head(hf), target)]
     plain = Engine(NativeModel(hf), None, gamma=0)
-    engine = Engine(target, combined, gamma=4)
+    engine = Engine(target, sources, gamma=4)
     prompt = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # repetitive: prompt lookup has matches
     want = plain.generate(prompt, max_new_tokens=30, eos_token_ids=[]).token_ids
-    assert engine.generate(prompt, max_new_tokens=30, eos_token_ids=[]).token_ids == want
-    assert sum(combined.uses) > 0
-    # a drafter that keeps being rejected loses the steps to the other
-    combined.begin([])
-    combined._drafted, combined._accepted = [40.0, 40.0], [0.0, 36.0]
-    combined.propose(prompt, 4, SamplingParams(), None)
-    assert combined.chosen == 1
+    result = engine.generate(prompt, max_new_tokens=30, eos_token_ids=[])
+    assert result.token_ids == want
+    assert sum(c["steps"] for c in result.stats.by_drafter.values()) > 0
     save_head(_head(hf), tmp_path / "h")
     loaded = LoadedModel(NativeModel(hf, name="tiny"), None, "tiny", hf)
-    assert make_drafter(f"ngram+head:{tmp_path / 'h'}", loaded).name == "ngram+head"
+    assert [d.name for d in make_drafter(f"ngram+head:{tmp_path / 'h'}", loaded)] == ["ngram", "head"]
 
 
 @pytest.mark.parametrize("gamma", [3, "auto"])
 def test_sampled_output_with_ngram_and_head_follows_the_target(gamma):
-    """gamma auto: each drafter is a source of the schedule, asked for its own gamma (propose_scheduled)."""
+    """gamma auto: each drafter is a source of the planner, asked for its own gamma."""
     from specwise.drafters import NgramDrafter
-    from specwise.drafters.combined import CombinedDrafter
 
     hf = tiny_llama(seed=4, vocab=5, std=0.3)
     target = NativeModel(hf)
     head = HeadDrafter(_head(hf, torch.tensor([0, 2, 3]), seed=1), target)
-    combined = CombinedDrafter([NgramDrafter(max_ngram=1), head])
+    combined = [NgramDrafter(max_ngram=1), head]
     engine = Engine(target, combined, gamma=gamma)
     stats = _assert_follows_target(engine, hf, [1, 4, 1], 4000, seed=9000)
     assert {name for name, c in stats.by_drafter.items() if c["drafted"]} == {"ngram", "head"}
@@ -333,11 +323,10 @@ def test_sampled_output_with_ngram_and_head_follows_the_target(gamma):
 
 def test_greedy_identity_with_ngram_and_head_and_gamma_auto():
     from specwise.drafters import NgramDrafter
-    from specwise.drafters.combined import CombinedDrafter
 
     hf = tiny_llama(seed=1)
     target = NativeModel(hf)
-    combined = CombinedDrafter([NgramDrafter(), HeadDrafter(_head(hf), target)])
+    combined = [NgramDrafter(), HeadDrafter(_head(hf), target)]
     plain = Engine(NativeModel(hf), None, gamma=0)
     engine = Engine(target, combined, gamma="auto")
     for prompt in ([7, 8, 9, 10, 7, 8, 9, 10, 7, 8], [3, 1, 4, 1, 5, 9, 2, 6]):

@@ -76,12 +76,9 @@ class ThrottledDrafter(Drafter):
     def begin(self, prompt: list[int]) -> None:
         self.inner.begin(prompt)
 
-    def propose(self, context, k, params, generator):
+    def propose(self, context, k, params, generator, stop=0.0):
         time.sleep(self.delay)
-        return self.inner.propose(context, k, params, generator)
-
-    def observe(self, num_accepted: int) -> None:
-        self.inner.observe(num_accepted)
+        return self.inner.propose(context, k, params, generator, stop)
 
 
 @contextmanager

@@ -389,11 +389,13 @@ def build_runners(
     gguf: the target's GGUF file (for the llama.cpp peer). precision: the drafters' numerics (None: the default).
     """
     from specwise.drafters import make_drafter
+    from specwise.runtime import saved_cost_prior
 
     drafters: dict = {}
     runners: dict[str, Runner] = {}
     counter = None
     extra = {} if precision is None else {"precision": precision}
+    cost_prior = saved_cost_prior(loaded, device)  # the adaptive planner's, as build_runtime gives it
     for config in configs:
         if config.method == LLAMA_CPP:
             if gguf is None:
@@ -403,7 +405,9 @@ def build_runners(
         if config.method == SPECWISE:
             if config.drafter not in drafters:
                 drafters[config.drafter] = make_drafter(config.drafter, loaded, device=device, **extra)
-            engine = Engine(loaded.model, drafters[config.drafter], gamma=config.gamma, tokenizer=loaded.tokenizer)
+            engine = Engine(
+                loaded.model, drafters[config.drafter], config.gamma, loaded.tokenizer, cost_curve=cost_prior
+            )
             runners[config.id] = SpecwiseRunner(engine)
             continue
         module = hf_module(loaded.model, "target")

@@ -20,27 +20,8 @@ __all__ = [
     "VocabularyMismatchError",
     "check_same_vocabulary",
     "make_drafter",
-    "parse_tree",
     "resolve_drafter_spec",
 ]
-
-# Alternatives per drafted position that the head adds to greedy drafts (a draft tree; see HeadDrafter), unless
-# --tree says otherwise. Chosen by measurement (docs/ENGINE.md, "Draft trees").
-DEFAULT_TREE: tuple[int, ...] = ()
-
-
-def parse_tree(text: str) -> tuple[int, ...]:
-    """``--tree`` values: ``2,1`` (two alternatives at the first drafted position, one at the second), ``none``."""
-    if text.strip().lower() in ("none", "0", ""):
-        return ()
-    try:
-        widths = tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise ValueError(f"bad --tree {text!r}: give alternatives per drafted position, as in 2,1 (or none)") from None
-    if any(w < 0 for w in widths) or len(widths) > 8 or sum(widths) > 24:
-        raise ValueError(f"bad --tree {text!r}: widths must be >= 0, at most 8 positions and 24 alternatives")
-    return widths
-
 
 DRAFTER_HELP = (
     "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
@@ -83,20 +64,16 @@ def make_drafter(
     device="cpu",
     dtype=None,
     impl: str = "auto",
-    tree: tuple[int, ...] | None = None,
     precision: str | None = None,
-) -> Drafter:
-    """Build a drafter from its CLI spec for ``target`` (a LoadedModel).
+) -> Drafter | list[Drafter]:
+    """Build a drafter from its CLI spec for ``target`` (a LoadedModel); ``A+B`` gives a list of drafters, the
+    sources among which the engine's planner chooses each step.
 
-    tree: alternatives per drafted position for the head's greedy drafts (None: ``DEFAULT_TREE``; ``()``: chains).
     precision: how a draft model from a GGUF file is evaluated (``q8`` or ``exact``; None: the default).
     """
     spec = resolve_drafter_spec(spec, target)
     if "+" in spec:
-        from specwise.drafters.combined import CombinedDrafter
-
-        parts = [make_drafter(part, target, device, dtype, impl, tree, precision) for part in spec.split("+")]
-        return CombinedDrafter(parts)
+        return [make_drafter(part, target, device, dtype, impl, precision) for part in spec.split("+")]
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
@@ -118,7 +95,7 @@ def make_drafter(
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
     if kind == "head":
-        return _head_drafter(arg, target, device, DEFAULT_TREE if tree is None else tuple(tree))
+        return _head_drafter(arg, target, device)
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
 
 
@@ -143,7 +120,7 @@ def shipped_head_dir(target_name: str):
     return None
 
 
-def _head_drafter(arg: str, target, device, tree: tuple[int, ...] = ()) -> Drafter:
+def _head_drafter(arg: str, target, device) -> Drafter:
     from specwise.drafters.head import HeadDrafter, check_target, load_head
 
     directory = arg or shipped_head_dir(target.name)
@@ -157,4 +134,4 @@ def _head_drafter(arg: str, target, device, tree: tuple[int, ...] = ()) -> Draft
         raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
     check_target(head.config, target.hf_model, target.name)
     head.attach_target(target.hf_model)
-    return HeadDrafter(head, target.model, alternatives=tree)
+    return HeadDrafter(head, target.model)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -24,17 +24,19 @@ def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
 class Draft:
     """Proposed tokens and the distribution each was drawn from.
 
-    tokens: ``[k]`` int64 (k may be smaller than asked, even 0).
+    tokens: ``[k]`` int64 (k may be smaller than asked, even 0: nothing to propose).
     probs: ``[k, vocab]`` q for each token, or None when the drafter proposes single tokens (q is one-hot).
-    alternatives: ``(i, token)`` pairs, greedy drafts only: ``token`` is another candidate for position i (a
-    sibling of ``tokens[i]``, a leaf of a draft tree). A target that verifies trees scores them in the same pass;
-    when ``tokens[i]`` is rejected and an alternative is the target's choice there, that alternative is kept
-    and the target's next token after it comes free. Others ignore them.
+    confidence: optional, per token: the drafter's estimate of the probability that token i is accepted when the
+        tokens before it are. The planner cuts the draft where their product falls below its stop level.
+    kind: optional label of what the draft was drawn from, when that predicts its acceptance (prompt lookup: the
+        length of the matched n-gram). The planner measures the first token's acceptance per kind and uses it as
+        that token's confidence.
     """
 
     tokens: torch.Tensor
     probs: torch.Tensor | None = None
-    alternatives: list[tuple[int, int]] = field(default_factory=list)
+    confidence: list[float] | None = None
+    kind: int | None = None
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> Draft:
@@ -43,37 +45,40 @@ class Draft:
     def __len__(self) -> int:
         return int(self.tokens.numel())
 
+    def prefix(self, n: int) -> Draft:
+        """The first ``n`` tokens of this draft."""
+        probs = None if self.probs is None else self.probs[:n]
+        confidence = None if self.confidence is None else self.confidence[:n]
+        return Draft(self.tokens[:n], probs, confidence, self.kind)
+
 
 class Drafter(ABC):
-    """Proposes continuations; the engine verifies them against the target.
+    """Proposes continuations; a planner decides what to ask and the engine verifies them against the target.
 
-    A drafter serves one sequence at a time: ``begin`` starts it, then the context only grows by the
-    tokens the engine emits.
+    A drafter serves one sequence at a time: ``begin`` starts it, then the context only grows by the tokens the
+    engine emits.
     """
 
     name: str = "drafter"
     needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
-    # Set by the engine from the schedule before each proposal: a drafter that can estimate the probability that
-    # all its tokens so far will be accepted stops drafting once that falls below this (0: never stop early).
-    min_confidence: float = 0.0
-    # Set by propose: True when the drafter had a proposal but held it back for confidence below min_confidence
-    # (the engine then counts the plain step under "low_confidence" rather than "no_draft").
-    declined: bool = False
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""
 
     @abstractmethod
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop: float = 0.0,
+    ) -> Draft:
         """Propose up to ``k`` tokens continuing ``context`` (prompt and everything emitted so far).
 
         Under sampling, a drafter that returns ``probs`` must draw each token from ``probs`` shaped by
         ``params`` with ``generator``; one that returns None proposes deterministic tokens.
+        stop: the planner cuts the draft at the first token where the product of ``Draft.confidence`` falls below
+        this; a drafter that drafts token by token may stop there instead of drafting tokens that would be cut
+        (0: no stop; drafters without a confidence ignore it).
         """
-
-    def source_name(self) -> str:
-        """The name of the drafter that made the last proposal (a part of a combined drafter, or this one)."""
-        return self.name
-
-    def observe(self, num_accepted: int) -> None:
-        """Feedback after verification: how many of the last proposal's tokens were kept."""

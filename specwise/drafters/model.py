@@ -38,7 +38,9 @@ class ModelDrafter(Drafter):
         self._fed.extend(new)
         return logits[-1]
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float = 0.0
+    ) -> Draft:
         if k <= 0:
             return Draft.empty(self.device)
         logits = self._sync(context)  # [vocab]

@@ -16,5 +16,5 @@ class NoDrafter(Drafter):
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = device
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator) -> Draft:
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator, stop: float = 0.0) -> Draft:
         return Draft.empty(self.device)

@@ -21,7 +21,6 @@ class Model(ABC):
     device: torch.device
     max_length: int | None = None  # the longest sequence the model supports, when known
     keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
-    cost_curve: dict[int, float] | None = None  # time of a pass over k tokens / over 1 (a measured prior), if known
 
     @property
     @abstractmethod
@@ -40,35 +39,6 @@ class Model(ABC):
     @abstractmethod
     def rollback(self, length: int) -> None:
         """Discard everything after the first ``length`` cached tokens."""
-
-    supports_tree: bool = False  # forward_tree and keep_path are implemented
-
-    def forward_tree(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
-        """Append a draft tree: ``tokens`` ``[k]`` in topological order, ``parents[i] < i`` the row of token i's
-        parent (``parents[0] == -1``: row 0 continues the cached sequence). Row i sits at position
-        ``length + depth(i)`` and sees the cache and its ancestors only. Returns logits ``[k, vocab]``; the cache
-        then holds all k rows until :meth:`keep_path` keeps one branch."""
-        raise NotImplementedError(f"{type(self).__name__} does not verify draft trees")
-
-    def keep_path(self, start: int, rows: list[int]) -> None:
-        """After :meth:`forward_tree` at ``start``: keep the rows ``rows`` (a path from row 0, increasing) as
-        positions ``start ..``, and drop the rest (length becomes ``start + len(rows)``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not verify draft trees")
-
-    @staticmethod
-    def tree_layout(parents: list[int]) -> tuple[list[int], list[list[bool]]]:
-        """Depth of each row and the ancestor matrix (``anc[i][j]``: row j is row i or one of its ancestors)."""
-        k = len(parents)
-        if k == 0 or parents[0] != -1 or any(not 0 <= parents[i] < i for i in range(1, k)):
-            raise ValueError(f"a draft tree needs parents[0] == -1 and 0 <= parents[i] < i, got {parents}")
-        depth = [0] * k
-        anc = [[False] * k for _ in range(k)]
-        for i in range(k):
-            if i:
-                depth[i] = depth[parents[i]] + 1
-                anc[i] = list(anc[parents[i]])
-            anc[i][i] = True
-        return depth, anc
 
     def features(self, start: int, end: int) -> torch.Tensor:
         """The last hidden states (after the final norm: the output layer's input) at cached positions

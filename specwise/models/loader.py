@@ -268,11 +268,6 @@ def _apply_profile(native: Model, device: str) -> None:
 
     profile = load_profile(native.name, device)
     gemm = (profile or {}).get("gemm") or {}
-    try:  # the relative cost of passes over k tokens: the adaptive schedule's prior until it measures them
-        curve = {int(k): float(v) for k, v in ((profile or {}).get("cost_curve") or {}).items()}
-        native.cost_curve = curve if curve and all(v > 0 for v in curve.values()) else None
-    except (ValueError, TypeError):
-        pass
     try:
         by_rows = {int(k): v for k, v in gemm.items()}
         # a "kernel" choice falls back to torch where the kernel does not serve the weights

@@ -24,7 +24,7 @@ import torch
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
 from specwise.models.kernels.quant import QMat, QTensor, _lib, _mode_id
-from specwise.models.native import keep_cache_path, rotary_tables
+from specwise.models.native import rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
 
@@ -149,8 +149,6 @@ class TargetWeights:
 
 class QuantizedModel(Model):
     """A Llama-family GGUF model behind the Model contract, decoded by the quantized native kernels."""
-
-    supports_tree = True
 
     def __init__(self, path: str | Path, precision: str = "q8", name: str | None = None, capacity: int = 1024):
         _mode_id(precision)
@@ -318,21 +316,7 @@ class QuantizedModel(Model):
             return torch.empty((0, self.vocab_size), dtype=torch.float32)
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
 
-    @torch.inference_mode()
-    def forward_tree(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
-        self._check_forward(tokens)
-        if len(parents) != tokens.numel():
-            raise ValueError(f"{tokens.numel()} tokens but {len(parents)} parents")
-        if tokens.numel() > MAX_ROWS:
-            raise ValueError(f"a draft tree has at most {MAX_ROWS} rows, got {tokens.numel()}")
-        depth, anc = self.tree_layout(parents)
-        tree = (torch.tensor(depth, dtype=torch.int32), torch.tensor(anc, dtype=torch.uint8))
-        return self._run(tokens.to(torch.int64).cpu(), tokens.numel(), tree)
-
-    def keep_path(self, start: int, rows: list[int]) -> None:
-        keep_cache_path(self, start, rows)
-
-    def _run(self, ids: torch.Tensor, keep: int, tree=None) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
         k = ids.numel()
         start = self._length
         if start + k > self._capacity:
@@ -366,8 +350,8 @@ class QuantizedModel(Model):
             self._scores.data_ptr(),
             threads,
             _mode_id(self.precision),
-            None if tree is None else tree[0].data_ptr(),
-            None if tree is None else tree[1].data_ptr(),
+            None,  # a chain: no draft tree (depth, ancestors)
+            None,
         )
         if status != 0:
             raise RuntimeError(f"the quantized layer kernel failed (status {status})")

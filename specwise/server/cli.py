@@ -60,7 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.tree, args.precision)
+    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     app = create_app(
         runtime,
         model_name=args.served_model_name,

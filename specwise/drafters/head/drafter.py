@@ -44,7 +44,6 @@ class HeadDrafter(Drafter):
         target,
         capacity: int = 1024,
         half_weights: bool = True,
-        alternatives: tuple[int, ...] = (),
         window: int | None = 128,
         sinks: int = 4,
     ) -> None:
@@ -60,9 +59,6 @@ class HeadDrafter(Drafter):
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
             raise ValueError(f"sinks must be an integer >= 0, got {sinks!r}")
         self.window, self.sinks = window, sinks
-        # greedy drafts: this many runner-up tokens at each drafted position (a draft tree's leaves), verified in
-        # the same pass by targets that verify trees
-        self.alternatives = tuple(int(a) for a in alternatives)
         self.target = target
         self.device = target.device
         self._c = head.config
@@ -167,23 +163,19 @@ class HeadDrafter(Drafter):
         return norm(x, h.out_norm)
 
     def _choose(
-        self, feature: torch.Tensor, params: SamplingParams, generator, extra: int = 0
-    ) -> tuple[int, torch.Tensor | None, float, list[int]]:
+        self, feature: torch.Tensor, params: SamplingParams, generator, stop: float
+    ) -> tuple[int, torch.Tensor | None, float]:
         """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
 
         Also returns the head's confidence: greedy, its largest probability at temperature 1, an estimate of the
-        chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`);
-        sampling, 1; and (greedy, ``extra`` > 0) the next ``extra`` best tokens.
+        chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`;
+        1 without a ``stop`` level, which is all it is used for); sampling, 1.
         """
         logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
         if params.greedy:
-            if extra > 0:
-                top = torch.topk(logits, extra + 1).indices
-                best, others = int(top[0]), self._vocab_ids[top[1:]].tolist()
-            else:
-                best, others = int(logits.argmax()), []
-            confidence = 1.0 if self.min_confidence <= 0 else float(torch.softmax(logits, -1)[best])
-            return int(self._vocab_ids[best]), None, confidence, others
+            best = int(logits.argmax())
+            confidence = 1.0 if stop <= 0 else float(torch.softmax(logits, -1)[best])
+            return int(self._vocab_ids[best]), None, confidence
         # q over the draft vocabulary, then placed in the full vocabulary (zero elsewhere): top-k, top-p and
         # min-p give the same result on the draft vocabulary as on the full one with -inf outside it
         q_draft = probs_from_logits(logits, params)  # [draft_vocab]
@@ -191,13 +183,16 @@ class HeadDrafter(Drafter):
         q[self._vocab_ids] = q_draft
         # confidence 1: a sampled token is accepted with probability min(1, p/q), alpha = sum min(p, q) on
         # average, which q's largest probability does not estimate (a flat q at temperature 1 can match a flat p
-        # well); the schedule's measured acceptance per position decides the length instead
-        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, 1.0, []
+        # well); the planner's measured acceptance per position decides the length instead
+        return int(self._vocab_ids[int(sample(q_draft, generator))]), q, 1.0
 
     @torch.inference_mode()
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+    def propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float = 0.0
+    ) -> Draft:
+        """Draft up to ``k`` tokens, each with the head's confidence; drafting stops after the first token at which
+        the product of the confidences falls below ``stop`` (the planner cuts that token)."""
         known = min(self.target.length, len(context) - 1)  # positions with target features
-        self.declined = False
         if k <= 0 or known <= 0:
             return Draft.empty(self.device)
         # cache position i holds (feature of context[: i + 1], context[i + 1]): keep those still matching, and
@@ -220,20 +215,18 @@ class HeadDrafter(Drafter):
         self._fed = fed
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
-        alternatives: list[tuple[int, int]] = []
+        confidences: list[float] = []
         reach = 1.0  # estimated probability that the whole draft so far is accepted
         for i in range(k):
-            extra = self.alternatives[i] if i < len(self.alternatives) else 0
-            token, q, confidence, others = self._choose(pred, params, generator, extra)
-            reach *= confidence
-            if reach < self.min_confidence:
-                self.declined = not tokens
-                break  # not worth verifying: below the schedule's break-even
+            token, q, confidence = self._choose(pred, params, generator, stop)
             tokens.append(token)
-            alternatives.extend((i, t) for t in others)
+            confidences.append(confidence)
             if q is not None:
                 probs.append(q)
+            reach *= confidence
+            if reach < stop:
+                break  # not worth verifying from here: below the planner's break-even
             if i + 1 < k:
                 pred = self._step(pred[None], torch.tensor([token], device=self.device), known + i - self._shift)[-1]
         draft = torch.tensor(tokens, dtype=torch.int64, device=self.device)
-        return Draft(draft, torch.stack(probs) if probs else None, alternatives)
+        return Draft(draft, torch.stack(probs) if probs else None, confidences)

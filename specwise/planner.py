@@ -1,0 +1,566 @@
+"""Each step, which source drafts, how many tokens, and the confidence at which drafting stops.
+
+Drafters are pure proposers; the planner decides and owns every estimate. Its sources are the drafters of a
+sequence (one drafter, or several such as ``ngram+head``: prompt lookup is accepted differently from a trained
+head, and costs nothing to ask). Each step the planner asks one or more sources for tokens
+(:meth:`Planner.draft`), and after verification it is told how many were accepted and how long the target's pass
+took (:meth:`Planner.observe`).
+
+What the planner knows comes in two parts:
+
+- the machine's costs (a target pass over k tokens, drafting a token, an ask that got nothing), kept by the
+  planner itself and shared by every sequence it plans for;
+- the text's acceptance (by draft position and source, how often a source has nothing, the first token's
+  acceptance by the kind of draft), kept per sequence in a :class:`PlanState`.
+
+So one planner can later plan for several sequences sharing one target pass, each with its own state.
+
+Planners:
+
+- :class:`FixedPlanner` (``--gamma N``): always ask for N tokens (fewer near the end of the budget). With several
+  sources, they are asked in turn, cheapest first as listed, and a later one only if it could do better than the
+  draft in hand: source s with token acceptance a_s and a draft of n tokens is expected to have
+  a_s + a_s^2 + ... + a_s^n of them accepted. A sampled draft is used as soon as it is drawn.
+- :class:`AdaptivePlanner` (``--gamma auto``): before each step, for each source, the gamma (0 included: a plain
+  step) with the largest expected tokens per second
+
+      E[tokens](gamma) / (gamma * t_draft + t_verify(gamma + 1)),   E[tokens](gamma) = 1 + sum_j prod_{i<=j} a_i
+
+  weighed by the estimated probability that the source has a draft at all (an empty ask costs time too: the head
+  runs its layer to find out), so that a source that keeps having nothing stops being asked (until the next
+  probe). Sources are asked in the order listed; a later one only when its expected rate beats that of the draft
+  in hand, and a draft in hand is used only when it beats a plain step or is a probe.
+
+Drafting stops at a confidence: a drafter may give each drafted token a confidence (``Draft.confidence``, the
+estimated probability that it is accepted when the ones before it are), and prompt lookup labels a draft with
+the length of its match (``Draft.kind``), whose first-token acceptance the planner measures. The planner cuts a
+draft at the first token where the product of the confidences so far falls below the break-even of one more
+token (:meth:`AdaptivePlanner.stop_level`); the stop level is also passed to ``propose``, so that a drafter
+that drafts token by token (the head) stops there instead of drafting tokens that would be cut.
+
+Every choice depends only on the context, past outcomes and deterministic drafts, never on what a sampled draft
+contains, and the rejection rule is exact for every gamma: the output stays exact.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specwise.drafters.base import Draft, Drafter
+from specwise.sampling import SamplingParams
+
+__all__ = [
+    "Rate",
+    "Proposal",
+    "PlanState",
+    "Planner",
+    "FixedPlanner",
+    "AdaptivePlanner",
+    "make_planner",
+    "sources_of",
+]
+
+
+class Rate:
+    """A decayed mean with a prior: ``(total + weight * prior) / (count + weight)``.
+
+    ``add(sample, count)`` forgets a fraction ``1 - decay`` of what came before, then adds ``sample`` over
+    ``count`` observations (an acceptance rate: 1 or 0 per try; accepted tokens over drafted ones; a mean of
+    measured ratios).
+    """
+
+    __slots__ = ("prior", "weight", "decay", "total", "count")
+
+    def __init__(self, prior: float, weight: float, decay: float) -> None:
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.total = 0.0
+        self.count = 0.0
+
+    def value(self, prior: float | None = None) -> float:
+        """The estimate (with ``prior`` instead of the stored one, when given)."""
+        prior = self.prior if prior is None else prior
+        return (self.total + self.weight * prior) / (self.count + self.weight)
+
+    def add(self, sample: float, count: float = 1.0) -> None:
+        self.total = self.decay * self.total + sample
+        self.count = self.decay * self.count + count
+
+    def scale(self, factor: float) -> None:
+        self.total *= factor
+        self.count *= factor
+
+    def reset(self) -> None:
+        self.total = self.count = 0.0
+
+
+def expected_accepted(alpha: float, n: int) -> float:
+    """Accepted tokens expected of a draft of ``n`` when each is accepted with probability ``alpha``."""
+    return sum(alpha**i for i in range(1, n + 1))
+
+
+@dataclass
+class Proposal:
+    """The outcome of planning a step: the draft to verify and the source that made it, or an empty draft and
+    ``reason``, why the step is a plain one: ``budget`` (no room for a draft), ``schedule`` (drafting not worth
+    it), ``calibrate`` (a plain pass measured on purpose), ``no_draft`` (asked, nothing proposed) or
+    ``low_confidence`` (a proposal held back below the stop level)."""
+
+    draft: Draft
+    source: int = 0
+    reason: str | None = None
+
+
+class _Source:
+    """What a planner knows about one source of one sequence."""
+
+    def __init__(self, max_gamma: int, prior_weight: float, decay: float) -> None:
+        # P(position i accepted | positions < i accepted); each position's prior is the estimate before it
+        self.positions = [Rate(0.0, prior_weight, decay) for _ in range(max_gamma)]
+        self.asks = Rate(1.0, 0.5, decay)  # asks that got a draft (half a pseudo-observation of "yes")
+        self.tokens = Rate(0.5, 4.0, 0.9)  # accepted / drafted tokens this request (a fixed gamma's choice)
+        self.kinds: dict[object, Rate] = {}  # first token accepted, by Draft.kind, this request
+        self.time_asks = False  # False for a request's first ask (it also takes in the prompt: not typical)
+        self.plain_run = 0  # steps since this source was last asked
+        self.asked_now = False  # asked during the current step
+        self.probing = False  # the last choice for this source was a probe
+
+    def begin(self, carry: float) -> None:
+        self.plain_run = 0
+        self.time_asks = False
+        self.asked_now = False
+        self.tokens.reset()
+        self.kinds.clear()
+        first = self.positions[0].count
+        factor = min(1.0, carry / first) if first > 0 else 1.0  # carry 0: all to 0
+        for rate in self.positions:
+            rate.scale(factor)
+        if self.asks.count > 0:
+            self.asks.scale(min(1.0, carry / self.asks.count))
+
+
+@dataclass
+class PlanState:
+    """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them."""
+
+    drafter: object  # as given to the engine: a Drafter or a list of them
+    sources: list[Drafter]
+    known: list[_Source] = field(default_factory=list)
+
+
+def sources_of(drafter: Drafter | Sequence[Drafter]) -> list[Drafter]:
+    """The sources of a drafter given to the engine: itself, or the drafters of a list (``ngram+head``)."""
+    sources = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
+    if not sources:
+        raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
+    return sources
+
+
+class Planner(ABC):
+    """Decides every step of a sequence; told the outcome of each.
+
+    gamma: how ``--gamma`` names this planner (an integer, or ``auto``).
+    """
+
+    gamma: int | str
+    max_gamma: int = 8
+    prior_weight: float = 2.0
+    decay: float = 0.95
+    carry: float = 0.0
+    KIND_PRIOR, KIND_WEIGHT, KIND_DECAY = 0.5, 2.0, 0.9  # first-token acceptance by kind of draft
+
+    def new_state(self, drafter: Drafter | Sequence[Drafter]) -> PlanState:
+        """The state of a new sequence drafted by ``drafter`` (one, or a list: several sources)."""
+        sources = sources_of(drafter)
+        known = [_Source(self.max_gamma, self.prior_weight, self.decay) for _ in sources]
+        return PlanState(drafter, sources, known)
+
+    def begin(self, state: PlanState) -> None:
+        """A new request on ``state``'s sequence: what describes the text is kept as a prior worth at most
+        ``carry`` observations (the measured times are the machine's and are kept whole)."""
+        for source in state.known:
+            source.begin(self.carry)
+
+    @abstractmethod
+    def draft(
+        self,
+        state: PlanState,
+        context: list[int],
+        limit: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Proposal:
+        """Ask the sources for at most ``limit`` tokens continuing ``context``; the draft to verify."""
+
+    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float) -> None:
+        """The target verified ``proposal`` (an empty draft: a plain step), kept ``accepted`` tokens and took
+        ``seconds`` (sampling and acceptance included)."""
+        drafted = len(proposal.draft)
+        if not drafted:
+            return
+        known = state.known[proposal.source]
+        known.tokens.add(accepted, drafted)
+        kind = proposal.draft.kind
+        if kind is not None:
+            self._kind_rate(known, kind).add(1.0 if accepted > 0 else 0.0)
+
+    def _kind_rate(self, known: _Source, kind: object) -> Rate:
+        rate = known.kinds.get(kind)
+        if rate is None:
+            rate = known.kinds[kind] = Rate(self.KIND_PRIOR, self.KIND_WEIGHT, self.KIND_DECAY)
+        return rate
+
+    def _ask(
+        self,
+        state: PlanState,
+        source: int,
+        context: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop: float,
+    ) -> tuple[Draft, bool]:
+        """Ask ``source`` for up to ``k`` tokens; cut its draft where its confidence falls below ``stop``.
+        Returns (the draft, whether a proposal was cut to nothing)."""
+        drafter = state.sources[source]
+        draft = drafter.propose(context, k, params, generator, stop)
+        if len(draft) > k:
+            raise RuntimeError(f"drafter {drafter.name!r} proposed {len(draft)} tokens when asked for {k}")
+        if stop <= 0 or not len(draft):
+            return draft, False
+        reach = 1.0  # estimated probability that the draft so far is accepted
+        if draft.kind is not None:
+            reach = self._kind_rate(state.known[source], draft.kind).value()
+        confidence = draft.confidence or []
+        for i in range(len(draft)):
+            if i < len(confidence):
+                reach *= confidence[i]
+            if reach < stop:
+                return draft.prefix(i), i == 0
+            if i + 1 >= len(confidence):
+                break  # no confidences after this token: the rest of the draft stands with it
+        return draft, False
+
+
+class FixedPlanner(Planner):
+    """Always ask for ``gamma`` tokens (fewer near the end of the budget).
+
+    stop: the confidence at which drafting stops (0: never; a fixed gamma drafts exactly gamma tokens).
+    """
+
+    def __init__(self, gamma: int, stop: float = 0.0) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 0:
+            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}")
+        self.gamma = gamma
+        self.max_gamma = max(gamma, 1)
+        self.stop = stop
+
+    def draft(self, state, context, limit, params, generator) -> Proposal:
+        k = min(self.gamma, limit)
+        if k <= 0:
+            return Proposal(Draft.empty(), reason="budget" if limit <= 0 else "schedule")
+        best: tuple[float, int, Draft] | None = None  # (expected accepted tokens, source, draft)
+        held = False
+        for i in range(len(state.sources)):
+            alpha = state.known[i].tokens.value()
+            if best is not None and expected_accepted(alpha, k) <= best[0]:
+                continue  # cannot beat the draft in hand even with all k tokens
+            draft, cut = self._ask(state, i, context, k, params, generator, self.stop)
+            if not len(draft):
+                held = held or cut
+                continue
+            if draft.probs is not None:
+                # a sampled draft is used as soon as it is drawn: choosing among drafts by what was sampled
+                # would bias its tokens away from q and break exactness
+                best = (0.0, i, draft)
+                break
+            value = expected_accepted(alpha, len(draft))
+            if best is None or value > best[0]:
+                best = (value, i, draft)
+        if best is None:
+            return Proposal(Draft.empty(), reason="low_confidence" if held else "no_draft")
+        return Proposal(best[2], best[1])
+
+
+def _clip(sample: float, around: float) -> float:
+    """``sample`` limited to [1/2, 2] times the current estimate ``around``: one pause of the machine moves an
+    estimate by a bounded step."""
+    return min(max(sample, 0.5 * around), 2.0 * around)
+
+
+def _smooth(old: float | None, sample: float, weight: float = 0.2) -> float:
+    """Exponential smoothing of a time, the sample clipped first."""
+    if old is None or old <= 0:
+        return sample
+    return (1.0 - weight) * old + weight * _clip(sample, old)
+
+
+class AdaptivePlanner(Planner):
+    """Pick the source and gamma per step from online estimates of acceptance per position and of the costs.
+
+    max_gamma: the largest gamma considered.
+    cost_curve: optional prior c(k) = time(forward of k) / time(forward of 1), e.g. from `specwise profile`;
+        a pass over k tokens is estimated as (smoothed time of a 1-token pass) * ratio(k), where ratio(k) starts
+        at c(k) and moves towards the measured ratios as they come in.
+    draft_cost: optional prior for the time of drafting one token, relative to a 1-token target pass.
+    prior: the acceptance probability assumed at the first position before anything is observed, with
+        ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
+        ``decay`` (< 1) forgets old observations so the estimate follows the text.
+    probe_every: after this many steps in a row without asking a source, ask it for one token anyway (and verify
+        that draft), so a drafter that became useful is noticed.
+    margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
+        break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
+        in expectation and keeps speculation from ever being measurably slower than plain decoding.
+    carry: what a new request keeps from the ones before. Measured times (passes over k tokens, drafting a token,
+        an empty ask) describe the machine and are kept whole; the drafting time of a request's first ask is not
+        used (the drafter then also takes in the whole prompt, a one-off cost that would make every later token
+        look dear). Acceptance describes the text, so the observations are kept as a prior worth at most
+        ``carry`` observations per draft position (0: each request starts from ``prior`` again): a drafter seen
+        to be rarely accepted is not trusted at 50% at the start of the next request, and one seen to be
+        accepted often drafts long from its first step.
+    """
+
+    gamma = "auto"
+    RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
+    RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
+
+    def __init__(
+        self,
+        max_gamma: int = 8,
+        cost_curve: dict[int, float] | None = None,
+        draft_cost: float = 0.0,
+        prior: float = 0.5,
+        prior_weight: float = 2.0,
+        decay: float = 0.95,
+        probe_every: int = 8,
+        margin: float = 0.03,
+        carry: float = 4.0,
+    ) -> None:
+        if max_gamma < 1:
+            raise ValueError(f"max_gamma must be >= 1, got {max_gamma}")
+        if carry < 0:
+            raise ValueError(f"carry must be >= 0, got {carry}")
+        self.max_gamma = max_gamma
+        self.prior_curve = dict(cost_curve or {})
+        self.prior_draft_cost = draft_cost
+        self.prior = prior
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.probe_every = probe_every
+        self.margin = margin
+        self.carry = carry
+        # a pass over k tokens is estimated as scale * ratio(k): the scale (seconds of a 1-token pass) follows
+        # the plain steps' passes, so it tracks the machine's speed and the growing context; the ratios start
+        # from the cost curve and learn from the passes over k tokens actually measured. An estimate that is
+        # updated only by the choices it drives cannot get stuck on one slow measurement: a ratio moves by a
+        # fraction of each observation, and every observation is clipped to [1/2, 2] times the current estimate.
+        self._scale: float | None = None
+        self._scale_provisional = False  # True while the scale comes from passes over k > 1 tokens only
+        self._since_plain = 0  # passes since the last 1-token pass (a plain step)
+        self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
+        self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
+        self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
+
+    # ---- estimates -------------------------------------------------------------------------------------------
+
+    def acceptance(self, state: PlanState, source: int = 0) -> list[float]:
+        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1, for ``source``.
+
+        Each position's prior is the estimate of the position before it, so positions rarely drafted so far
+        inherit what was seen just before them (and a drafter that is always right gets to draft longer).
+        """
+        prior, out = self.prior, []
+        for rate in state.known[source].positions:
+            prior = rate.value(prior)
+            out.append(prior)
+        return out
+
+    def _prior_c(self, k: int) -> float:
+        """The cost curve as a prior, made non-decreasing from c(1) = 1: a pass over more tokens never costs less
+        (a measured curve can dip, e.g. c(2) = 0.98 after a short context, where extra rows are nearly free; at
+        answer lengths they are not, and a prior below 1 would make every 2-token pass look free)."""
+        return max([1.0] + [self.prior_curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
+
+    def _ratio_rate(self, k: int) -> Rate:
+        rate = self._ratios.get(k)
+        if rate is None:
+            rate = self._ratios[k] = Rate(self._prior_c(k), self.RATIO_PRIOR, self.RATIO_DECAY)
+        return rate
+
+    def _ratio(self, k: int) -> float:
+        """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth
+        ``RATIO_PRIOR`` observations, then the measured ratios."""
+        return 1.0 if k <= 1 else self._ratio_rate(k).value()
+
+    def verify_time(self, k: int) -> float:
+        """Estimated seconds of a target pass over k tokens (relative units before anything was measured)."""
+        return (1.0 if self._scale is None else self._scale) * self._ratio(k)
+
+    def draft_time(self, source: int = 0) -> float:
+        """Estimated seconds of drafting one token with ``source``."""
+        seconds = self._draft_seconds.get(source)
+        return seconds if seconds is not None else self.prior_draft_cost * self.verify_time(1)
+
+    def draft_probability(self, state: PlanState, source: int = 0) -> float:
+        """Estimated probability that asking ``source`` yields a draft."""
+        return state.known[source].asks.value()
+
+    def _expected_tokens(self, state: PlanState, gamma: int, source: int) -> float:
+        tokens, reach = 1.0, 1.0
+        for a in self.acceptance(state, source)[:gamma]:
+            reach *= a
+            tokens += reach
+        return tokens
+
+    def plain_rate(self) -> float:
+        """Expected tokens per second of a plain step."""
+        return 1.0 / self.verify_time(1)
+
+    def expected_rate(self, state: PlanState, gamma: int, source: int = 0) -> float:
+        """Expected tokens per second when asking ``source`` for ``gamma`` tokens now: with the estimated
+        probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
+        empty ask."""
+        if gamma == 0:
+            return self.plain_rate()
+        tokens = self._expected_tokens(state, gamma, source)
+        drafted = gamma * self.draft_time(source) + self.verify_time(gamma + 1)
+        p = self.draft_probability(state, source)
+        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(1)
+        return (p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
+
+    def draft_rate(self, state: PlanState, drafted: int, source: int = 0) -> float:
+        """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
+        in hand (its drafting time is spent)."""
+        return self._expected_tokens(state, drafted, source) / self.verify_time(drafted + 1)
+
+    def worth_drafting(self, rate: float) -> bool:
+        """Whether an expected rate beats a plain step's by the margin."""
+        return rate >= (1.0 + self.margin) * self.plain_rate()
+
+    def stop_level(self, source: int = 0) -> float:
+        """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
+        of a plain step, which is what an accepted token saves. Drafting stops once the probability that the
+        draft so far is all accepted falls below this."""
+        extra = self.draft_time(source) + max(self.verify_time(2) - self.verify_time(1), 0.0)
+        return min(extra / self.verify_time(1), 1.0)
+
+    def calibrating(self) -> bool:
+        """Whether the next step should be a plain one, to measure a 1-token pass: none has been measured yet and
+        ``probe_every`` passes over more tokens have. Every pass is estimated relative to a 1-token pass; measured
+        from longer passes through the cost curve, that unit is off by as much as the curve is, and a planner that
+        drafts on every step would never correct it (with the curve too low, a plain step looks dearer than it is
+        and drafting keeps looking worth it). Once measured, the unit follows the plain steps; if none come (a
+        drafter that always pays) it grows stale, and the stale unit is too low as the context grows, which makes
+        drafting look less worth it, not more."""
+        return self._scale_provisional and self._since_plain >= self.probe_every
+
+    # ---- choices ---------------------------------------------------------------------------------------------
+
+    def choose(self, state: PlanState, limit: int, source: int = 0) -> int:
+        """Tokens to ask of ``source`` in the next step, at most ``limit`` (0: do not ask it)."""
+        known = state.known[source]
+        top = min(self.max_gamma, limit)
+        if top <= 0 or self.calibrating():
+            known.probing = False
+            return 0
+        rates = [self.expected_rate(state, g, source) for g in range(top + 1)]
+        best = max(range(top + 1), key=rates.__getitem__)
+        if not self.worth_drafting(rates[best]):
+            best = 0
+        known.probing = best == 0 and known.plain_run >= self.probe_every
+        return 1 if known.probing else best
+
+    def draft(self, state, context, limit, params, generator) -> Proposal:
+        if limit <= 0:
+            return Proposal(Draft.empty(), reason="budget")
+        best: tuple[float, int, Draft] | None = None  # (expected tokens/s, source, draft)
+        asked = held = False
+        alone = len(state.sources) == 1  # the only source's draft is verified as it comes
+        for i in range(len(state.sources)):
+            gamma = self.choose(state, limit, i)
+            if gamma <= 0 or (best is not None and self.expected_rate(state, gamma, i) <= best[0]):
+                continue
+            t0 = time.perf_counter()
+            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i))
+            self._observe_ask(state, i, len(draft), time.perf_counter() - t0)
+            asked = True
+            if not len(draft):
+                held = held or cut
+                continue
+            if alone or draft.probs is not None or state.known[i].probing:
+                # sampled: used as drawn (see FixedPlanner.draft); a probe: verified, so that its record follows
+                # the text
+                best = (float("inf"), i, draft)
+                break
+            rate = self.draft_rate(state, len(draft), i)
+            if self.worth_drafting(rate) and (best is None or rate > best[0]):
+                best = (rate, i, draft)
+        if best is not None:
+            return Proposal(best[2], best[1])
+        if asked:
+            return Proposal(Draft.empty(), reason="low_confidence" if held else "no_draft")
+        return Proposal(Draft.empty(), reason="calibrate" if self.calibrating() else "schedule")
+
+    # ---- observations ----------------------------------------------------------------------------------------
+
+    def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float) -> None:
+        """``source`` was asked for tokens and proposed ``drafted`` (after cutting) in ``seconds``."""
+        known = state.known[source]
+        known.asked_now = True
+        timed, known.time_asks = known.time_asks, True
+        known.asks.add(1.0 if drafted else 0.0)
+        if not timed:
+            return
+        if drafted == 0:
+            self._empty_seconds[source] = _smooth(self._empty_seconds.get(source), seconds)
+        else:
+            self._draft_seconds[source] = _smooth(self._draft_seconds.get(source), seconds / drafted)
+
+    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float) -> None:
+        super().observe(state, proposal, accepted, seconds)
+        drafted = len(proposal.draft)
+        self._observe_pass(drafted + 1, seconds)
+        for known in state.known:  # steps since each source was last asked
+            known.plain_run = 0 if known.asked_now else known.plain_run + 1
+            known.asked_now = False
+        positions = state.known[proposal.source].positions
+        for i in range(min(drafted, self.max_gamma)):
+            positions[i].add(1.0 if i < accepted else 0.0)
+            if i >= accepted:
+                break  # positions after the first rejection were not judged
+
+    def _observe_pass(self, k: int, seconds: float) -> None:
+        """A target pass over ``k`` tokens took ``seconds``."""
+        ratio = self._ratio(k)
+        self._since_plain = 0 if k == 1 else self._since_plain + 1
+        if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
+            if self._scale_provisional:  # the first 1-token pass: re-express the ratios measured so far
+                for rate in self._ratios.values():
+                    rate.total *= self._scale / seconds
+                self._scale, self._scale_provisional = seconds, False
+            else:
+                self._scale = _smooth(self._scale, seconds)
+        elif self._scale is None or self._scale_provisional:  # no 1-token pass yet: from the cost curve
+            self._scale = _smooth(self._scale, seconds / ratio)
+            self._scale_provisional = True
+        if k >= 2:
+            self._ratio_rate(k).add(_clip(seconds / self._scale, ratio))
+
+
+def make_planner(gamma: int | str | Planner, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Planner:
+    """``gamma``: an integer (fixed), ``"auto"`` (adaptive, up to ``max_gamma``, with the saved ``cost_curve``
+    as its prior), or a Planner (used as is)."""
+    if isinstance(gamma, Planner):
+        return gamma
+    if gamma == "auto":
+        return AdaptivePlanner(max_gamma=max_gamma, cost_curve=cost_curve)
+    if isinstance(gamma, str):
+        try:
+            gamma = int(gamma)
+        except ValueError:
+            raise ValueError(f"gamma must be an integer >= 0 or 'auto', got {gamma!r}") from None
+    return FixedPlanner(gamma)

@@ -1,0 +1,513 @@
+"""The planner: fixed and adaptive gamma, the choice among sources, where drafting stops, and exactness with
+gamma=auto. The adaptive planner's estimates are driven with synthetic acceptance and costs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
+from specwise.engine import Engine
+from specwise.models.toy import ToyModel
+from specwise.planner import AdaptivePlanner, FixedPlanner, Proposal, Rate, make_planner
+from specwise.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def draft_of(n: int) -> Draft:
+    return Draft(torch.zeros(n, dtype=torch.int64))
+
+
+def start(planner, sources: int = 1):
+    """A planner's state for a sequence with ``sources`` drafters (never asked here: the steps are synthetic)."""
+    state = planner.new_state([NoDrafter() for _ in range(sources)])
+    planner.begin(state)
+    return state
+
+
+def observe(planner, state, drafted, accepted, draft_seconds, verify_seconds, asked=None, source=0):
+    """One synthetic step: ``source`` was asked for ``asked`` tokens (default: ``drafted``) and proposed ``drafted``
+    in ``draft_seconds``; the target's pass kept ``accepted`` and took ``verify_seconds``."""
+    asked = drafted if asked is None else asked
+    if asked > 0:
+        planner._observe_ask(state, source, drafted, draft_seconds)
+    planner.observe(state, Proposal(draft_of(drafted), source), accepted, verify_seconds)
+
+
+def feed(planner, state, steps, accept_prob_fn, verify_cost, draft_cost=0.0, limit=8):
+    """Drive a planner with a synthetic drafter: position i accepted when accept_prob_fn(i) says so."""
+    chosen = []
+    for _ in range(steps):
+        g = planner.choose(state, limit)
+        chosen.append(g)
+        accepted = 0
+        while accepted < g and accept_prob_fn(accepted):
+            accepted += 1
+        observe(planner, state, g, accepted, g * draft_cost, verify_cost(g + 1))
+    return chosen
+
+
+def pass_times(planner) -> list[float]:
+    """The planner's estimated seconds of a pass over 1 .. 8 tokens."""
+    return [planner.verify_time(k) for k in range(1, 9)]
+
+
+def cost(k):
+    return 1.0 + 0.15 * (k - 1)  # a pass over k tokens, relative to one
+
+
+def test_rate_is_a_decayed_mean_with_a_prior():
+    r = Rate(prior=0.5, weight=2.0, decay=0.5)
+    assert r.value() == 0.5 and r.value(prior=0.9) == pytest.approx(0.9)
+    r.add(1.0)
+    assert r.value() == pytest.approx((1.0 + 1.0) / (1.0 + 2.0))
+    r.add(0.0)  # the first observation now counts half
+    assert (r.total, r.count) == (0.5, 1.5)
+    r.add(3.0, count=4.0)  # accepted tokens over drafted ones
+    assert (r.total, r.count) == (3.25, 4.75)
+    r.scale(0.5)
+    assert r.count == pytest.approx(2.375) and r.value() == pytest.approx((1.625 + 1.0) / (2.375 + 2.0))
+
+
+def test_never_accepted_drafter_leads_to_plain_steps():
+    s = AdaptivePlanner(max_gamma=6, probe_every=1000)
+    chosen = feed(s, start(s), 60, lambda i: False, cost)
+    assert chosen[-40:] == [0] * 40
+
+
+def test_never_accepted_drafter_is_still_probed_now_and_then():
+    s = AdaptivePlanner(max_gamma=6, probe_every=8)
+    chosen = feed(s, start(s), 200, lambda i: False, cost)
+    tail = chosen[100:]
+    assert set(tail) <= {0, 1}
+    assert 0 < tail.count(1) <= len(tail) // 8 + 1
+
+
+def test_a_planner_that_always_drafts_still_measures_a_plain_pass():
+    """The first steps draft (prior 0.5): without a 1-token pass the planner's unit comes from longer passes and
+    the cost curve (here c(2) = 1.1 assumed, 1.5 true), which makes a plain step look dearer than it is and keeps
+    drafting looking worth it. A plain step is taken to measure it, and the drafter (35% accepted, below its
+    break-even) is then left alone but for probes."""
+    import random
+
+    rng = random.Random(3)
+    near = lambda k: 1.0 + 0.5 * (k - 1)  # noqa: E731
+    s = AdaptivePlanner(max_gamma=6, probe_every=8, cost_curve={2: 1.1})
+    chosen = feed(s, start(s), 400, lambda i: rng.random() < 0.35, near)
+    assert 0 in chosen[:20]
+    assert s.verify_time(1) == pytest.approx(1.0, rel=0.05)
+    assert chosen[-100:].count(0) > 80
+
+
+def test_perfect_drafter_leads_to_the_largest_gamma():
+    s = AdaptivePlanner(max_gamma=6)
+    chosen = feed(s, start(s), 40, lambda i: True, cost)
+    assert chosen[-20:] == [6] * 20
+
+
+def test_gamma_follows_the_cost_of_verification():
+    """With acceptance 0.7 per position, cheap verification favours long drafts and expensive verification short."""
+    import random
+
+    rng = random.Random(0)
+    s_cheap, s_dear = AdaptivePlanner(max_gamma=8), AdaptivePlanner(max_gamma=8)
+    cheap = feed(s_cheap, start(s_cheap), 300, lambda i: rng.random() < 0.7, lambda k: 1.0 + 0.02 * (k - 1))
+    dear = feed(s_dear, start(s_dear), 300, lambda i: rng.random() < 0.7, lambda k: 1.0 + 0.6 * (k - 1))
+    assert sum(cheap[100:]) / 200 > sum(dear[100:]) / 200 + 1.5
+
+
+def test_costly_drafter_drafts_less():
+    s_free = AdaptivePlanner(max_gamma=8)
+    s_dear = AdaptivePlanner(max_gamma=8)
+    free = feed(s_free, start(s_free), 100, lambda i: i < 3, cost, draft_cost=0.0)
+    dear = feed(s_dear, start(s_dear), 100, lambda i: i < 3, cost, draft_cost=2.0)
+    assert sum(dear[50:]) < sum(free[50:])
+
+
+def feed_declining(planner, steps, draft_prob_fn, ask_cost, limit=8):
+    """A drafter that, when asked, proposes a draft only when draft_prob_fn() says so (always accepted then);
+    an empty ask costs ``ask_cost`` (relative to a 1-token pass of cost 1)."""
+    state = start(planner)
+    chosen = []
+    for _ in range(steps):
+        g = planner.choose(state, limit)
+        chosen.append(g)
+        if g > 0 and draft_prob_fn():
+            observe(planner, state, g, g, 0.0, cost(g + 1), asked=g)
+        else:
+            observe(planner, state, 0, 0, ask_cost if g > 0 else 0.0, cost(1), asked=g)
+    return chosen
+
+
+def test_a_drafter_that_keeps_declining_costly_asks_is_rarely_asked():
+    """A head-like drafter that declines 98% of asks, each empty ask costing 20% of a pass: asking does not pay, so
+    the planner takes plain steps and only probes now and then."""
+    import random
+
+    rng = random.Random(1)
+    chosen = feed_declining(AdaptivePlanner(max_gamma=6, probe_every=8), 400, lambda: rng.random() < 0.02, 0.2)
+    asked = sum(g > 0 for g in chosen[100:])
+    assert asked <= 300 // 8 + 5
+
+
+def test_a_drafter_whose_empty_asks_are_free_is_still_asked():
+    """Prompt lookup without a match costs nothing to ask: a drafter that drafts (and is accepted) 30% of the
+    time keeps being asked every step."""
+    import random
+
+    rng = random.Random(2)
+    chosen = feed_declining(AdaptivePlanner(max_gamma=6), 300, lambda: rng.random() < 0.3, 0.0)
+    assert all(g > 0 for g in chosen[50:])
+
+
+def test_limit_and_make_planner():
+    s = AdaptivePlanner(max_gamma=6)
+    assert s.choose(start(s), 0) == 0
+    assert s.choose(start(s), 2) <= 2
+    assert isinstance(make_planner("auto"), AdaptivePlanner) and make_planner("auto").gamma == "auto"
+    assert make_planner("3").gamma == 3 and make_planner(4).gamma == 4
+    assert make_planner(s) is s
+    for bad in (-1, "x", 1.5):
+        with pytest.raises(ValueError, match="gamma must be"):
+            make_planner(bad)
+
+
+def test_greedy_identity_with_gamma_auto(tiny_target, tiny_target_twin, tiny_draft):
+    prompt = [1, 5, 9, 2]
+    plain = Engine(tiny_target, NoDrafter()).generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+    for drafter in (ModelDrafter(tiny_target_twin), ModelDrafter(tiny_draft), NgramDrafter()):
+        spec = Engine(tiny_target, drafter, gamma="auto").generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+        assert spec.token_ids == plain.token_ids
+        assert sum(spec.stats.plain_step_reasons.values()) == spec.stats.gamma_histogram.get(0, 0)
+    # one engine serving requests one after the other (its schedule carries what it learnt): still exact
+    prompts = [prompt, [3, 3, 7], [1, 5, 9, 2, 8, 8]]
+    plains = [Engine(tiny_target, NoDrafter()).generate(p, SamplingParams(), 30, eos_token_ids=[]) for p in prompts]
+    engine = Engine(tiny_target, NgramDrafter(), gamma="auto")
+    for p, expected in zip(prompts * 2, plains * 2):
+        assert engine.generate(p, SamplingParams(), 30, eos_token_ids=[]).token_ids == expected.token_ids
+
+
+class OracleDrafter(Drafter):
+    """Proposes the toy target's own greedy continuation by table lookup: always right, almost free."""
+
+    name = "oracle"
+
+    def __init__(self, model: ToyModel) -> None:
+        self.model = model
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        ctx = list(context)
+        for _ in range(k):
+            ctx.append(int(self.model.next_logits(len(ctx) - 1, ctx[-1]).argmax()))
+        return Draft(torch.tensor(ctx[len(context) :], dtype=torch.int64))
+
+
+class WrongDrafter(Drafter):
+    """Proposes k tokens the toy target never emits next (deterministic, like prompt lookup gone wrong)."""
+
+    name = "wrong"
+
+    def __init__(self, model: ToyModel) -> None:
+        self.model = model
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        best = int(self.model.next_logits(len(context) - 1, context[-1]).argmax())
+        return Draft(torch.tensor([(best + 1) % self.model.vocab_size] * k, dtype=torch.int64))
+
+
+class Scripted(Drafter):
+    """Proposes what ``script(context, k)`` returns: a Draft (or None: nothing); counts the asks."""
+
+    def __init__(self, name: str, script) -> None:
+        self.name, self.script, self.asks = name, script, 0
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        self.asks += 1
+        return self.script(context, k) or Draft.empty()
+
+
+class SyntheticTimes(AdaptivePlanner):
+    """The adaptive planner fed fixed costs instead of wall-clock times (a toy model's passes take microseconds,
+    so measured times are mostly noise and would make the choice depend on the machine's load)."""
+
+    def _observe_ask(self, state, source, drafted, seconds):
+        super()._observe_ask(state, source, drafted, 1e-4 * drafted)
+
+    def _observe_pass(self, k, seconds):
+        super()._observe_pass(k, 0.01 * cost(k))
+
+
+def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
+    target = ToyModel.random(6, seed=3)
+    result = Engine(target, OracleDrafter(ToyModel.random(6, seed=3)), gamma=SyntheticTimes(max_gamma=8)).generate(
+        [1], max_new_tokens=600, eos_token_ids=[]
+    )
+    hist = result.stats.gamma_histogram
+    assert result.stats.acceptance_rate == 1.0
+    assert hist.get(8, 0) >= 0.8 * result.stats.target_passes
+    # one plain step measured the unit pass (only longer passes had been measured), and the stats say why
+    assert result.stats.plain_step_reasons.get("calibrate") == 1
+
+
+def test_stop_level_is_the_break_even_of_one_more_token():
+    """(draft time + extra verify time of one more token) / plain step time, from what was measured."""
+    s = AdaptivePlanner(max_gamma=4)
+    feed(s, start(s), 30, lambda i: i < 2, lambda k: 0.030 + 0.003 * (k - 1), draft_cost=0.0015)
+    assert s.stop_level() == pytest.approx((0.0015 + 0.003) / 0.030, rel=0.05)
+    assert FixedPlanner(4).stop == 0.0  # a fixed gamma drafts exactly gamma tokens
+    dear = AdaptivePlanner(max_gamma=4)
+    feed(dear, start(dear), 30, lambda i: i < 2, lambda k: 0.030 + 0.003 * (k - 1), draft_cost=0.1)
+    assert dear.stop_level() == 1.0
+
+
+def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior():
+    """begin(): times are kept whole; acceptance counts shrink to `carry` observations per position, so the next
+    request starts from what the drafter did (not from 0.5) and still follows new evidence quickly."""
+    s = AdaptivePlanner(max_gamma=6, probe_every=8, carry=4.0)
+    state = start(s)
+    feed(s, state, 80, lambda i: False, cost)
+    times = pass_times(s)
+    s.begin(state)
+    assert pass_times(s) == times  # the machine did not change
+    assert state.known[0].positions[0].count == pytest.approx(4.0) and s.acceptance(state)[0] < 0.2
+    assert s.choose(state, 8) == 0  # a drafter never accepted is not asked at the start of the next request
+    # ... but a drafter that turns perfect is noticed at the next probe and trusted soon after
+    assert feed(s, state, 40, lambda i: True, cost)[-5:] == [6] * 5
+    s.begin(state)
+    assert s.acceptance(state)[0] > 0.7 and s.choose(state, 8) >= 4  # and drafts long from the first step
+
+    fresh = AdaptivePlanner(max_gamma=6, probe_every=1000, carry=0.0)
+    state = start(fresh)
+    feed(fresh, state, 80, lambda i: False, cost)
+    times = pass_times(fresh)
+    fresh.begin(state)
+    assert fresh.acceptance(state)[0] == pytest.approx(fresh.prior) and pass_times(fresh) == times
+    with pytest.raises(ValueError, match="carry"):
+        AdaptivePlanner(carry=-1)
+
+
+def test_the_engine_gives_the_planner_the_cost_curve():
+    curve = {1: 1.0, 2: 1.02, 3: 1.05}
+    engine = Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto", cost_curve=curve)
+    assert engine.planner.prior_curve == curve
+    assert engine.planner.verify_time(3) == pytest.approx(1.05)  # before any pass is measured
+    assert Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto").planner.verify_time(3) == 1.2
+
+
+def test_the_runtime_hands_the_saved_cost_curve_to_the_planner(tmp_path, monkeypatch, tiny_dir):
+    """`specwise profile` saves c(k) per model, device and implementation; build_runtime reads it for the planner
+    (the Model carries no cost curve). A profile of another implementation, or a broken one, is not used."""
+    from specwise.profile import profile_path, save_profile, saved_cost_curve
+    from specwise.runtime import build_runtime
+
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))
+    path = profile_path(tiny_dir, "cpu")
+    save_profile(path, {"implementation": "NativeModel", "cost_curve": {"1": 1.0, "2": 1.01, "3": 1.3}})
+    runtime = build_runtime(tiny_dir, "ngram", "auto", "cpu")
+    assert runtime.engine.planner.prior_curve == {1: 1.0, 2: 1.01, 3: 1.3}
+    assert not hasattr(runtime.target.model, "cost_curve")
+    assert saved_cost_curve(tiny_dir, "cpu", "HFModel") is None
+    save_profile(path, {"implementation": "NativeModel", "cost_curve": {"1": 1.0, "2": -1}})
+    assert saved_cost_curve(tiny_dir, "cpu") is None
+    path.write_text(json.dumps({"cost_curve": "x"}))
+    assert saved_cost_curve(tiny_dir, "cpu") is None
+
+
+def test_the_first_ask_of_a_request_does_not_set_the_drafting_time():
+    """The first ask also takes in the prompt (a head runs its layer over every prompt position): that one-off time
+    must not make every later drafted token look as dear as a target pass."""
+    s = AdaptivePlanner(max_gamma=4)
+    state = start(s)
+    observe(s, state, 2, 1, 0.030, 0.032)  # first ask: 30 ms of drafting, most of it the prompt
+    assert s.draft_time() == pytest.approx(0.0)  # not measured yet (prior 0)
+    observe(s, state, 2, 1, 0.004, 0.032)  # the next ask: 2 ms per token
+    assert s.draft_time() == pytest.approx(0.002)
+    s.begin(state)
+    observe(s, state, 0, 0, 0.050, 0.030, asked=2)  # an empty first ask of the next request is not timed either
+    assert 0 not in s._empty_seconds and s.draft_time() == pytest.approx(0.002)
+    assert s.stop_level() < 0.5
+
+
+def test_one_slow_pass_does_not_stick_in_the_estimates():
+    """A pass over 2 tokens that once took three times as long (the machine paused) moves the estimate by a bounded
+    step, and the times of passes over 1 token keep the scale current."""
+    s = AdaptivePlanner(max_gamma=4, cost_curve={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3, 5: 1.4})
+    state = start(s)
+    for _ in range(5):
+        observe(s, state, 0, 0, 0.0, 0.030)
+    observe(s, state, 1, 1, 0.002, 0.099)  # true: 0.033
+    assert s.verify_time(2) < 1.6 * 0.033
+    for _ in range(5):
+        observe(s, state, 1, 1, 0.002, 0.033)
+    assert s.verify_time(2) == pytest.approx(0.033, rel=0.15)
+    for _ in range(20):  # the context grows: 1-token passes slow down, and so does the estimate for 2 tokens
+        observe(s, state, 0, 0, 0.0, 0.045)
+    assert s.verify_time(1) == pytest.approx(0.045, rel=0.05) and s.verify_time(2) > 0.045
+
+
+def test_the_cost_curve_prior_never_decreases():
+    """A profile measured after a short context can dip (c(2) < c(1)); as a prior it is made non-decreasing."""
+    s = AdaptivePlanner(max_gamma=4, cost_curve={1: 1.0, 2: 0.98, 3: 1.22, 4: 1.19, 5: 1.40})
+    assert [s._prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]
+
+
+def test_each_source_has_its_own_acceptance_and_drafting_time():
+    """Two drafters behind one planner: one never accepted and dear, one always accepted and cheap. Each gets the
+    gamma its own record calls for; the target's pass times are shared."""
+    s = AdaptivePlanner(max_gamma=6, probe_every=1000)
+    state = start(s, sources=2)
+    for step in range(60):
+        source = step % 2
+        g = s.choose(state, 8, source=source) or 1  # keep both drafting, to record both
+        accepted = g if source == 1 else 0
+        observe(s, state, g, accepted, g * (0.004 if source == 0 else 0.0001), 0.030 * cost(g + 1), source=source)
+    assert s.acceptance(state, 0)[0] < 0.1 and s.acceptance(state, 1)[0] > 0.9
+    assert s.draft_time(0) == pytest.approx(0.004, rel=0.2) and s.draft_time(1) < 0.001
+    assert s.choose(state, 8, source=0) == 0 and s.choose(state, 8, source=1) == 6
+    assert s.stop_level(0) > s.stop_level(1)
+    assert s.expected_rate(state, 6, source=1) > s.expected_rate(state, 0) > s.expected_rate(state, 1, source=0)
+
+
+def test_two_sources_with_gamma_auto_draft_with_the_source_that_pays():
+    """ngram-like drafter first, always wrong; an oracle second. With gamma auto the first is judged on its own
+    record and stops being used (probes aside), the oracle drafts long; the output equals plain decoding."""
+    target = ToyModel.random(6, seed=3)
+    sources = [WrongDrafter(ToyModel.random(6, seed=3)), OracleDrafter(ToyModel.random(6, seed=3))]
+    plain = Engine(target, NoDrafter()).generate([1], max_new_tokens=600, eos_token_ids=[])
+    result = Engine(target, sources, gamma=SyntheticTimes(max_gamma=8)).generate(
+        [1], max_new_tokens=600, eos_token_ids=[]
+    )
+    assert result.token_ids == plain.token_ids
+    by = result.stats.by_drafter
+    assert by["oracle"]["accepted"] == by["oracle"]["drafted"] > 450
+    assert by.get("wrong", {"steps": 0})["steps"] <= 3
+    assert result.stats.gamma_histogram.get(8, 0) >= 0.7 * result.stats.target_passes
+    assert "by drafter: oracle" in result.stats.summary()
+
+
+# ---- the fixed planner, drafts cut at a confidence, empty drafts ---------------------------------------------
+
+
+def test_fixed_gamma_asks_for_gamma_tokens_within_the_limit():
+    calls = []
+    drafter = Scripted("s", lambda context, k: calls.append(k) or draft_of(k))
+    p = FixedPlanner(4)
+    state = p.new_state(drafter)
+    assert len(p.draft(state, [1], 10, GREEDY, None).draft) == 4
+    assert len(p.draft(state, [1], 2, GREEDY, None).draft) == 2
+    assert calls == [4, 2]
+    assert p.draft(state, [1], 0, GREEDY, None).reason == "budget"
+    assert FixedPlanner(0).draft(state, [1], 5, GREEDY, None).reason == "schedule"
+    assert calls == [4, 2]  # neither asks the drafter
+    with pytest.raises(ValueError, match="gamma must be"):
+        FixedPlanner(-1)
+
+
+def test_fixed_gamma_chooses_between_two_sources_by_their_measured_acceptance():
+    """Both propose; the source whose drafts were accepted more drafts; a later source is not even asked when it
+    cannot beat the draft in hand with all k tokens."""
+    first, second = Scripted("a", lambda c, k: draft_of(k)), Scripted("b", lambda c, k: draft_of(k))
+    p = FixedPlanner(4)
+    state = p.new_state([first, second])
+    p.begin(state)
+    proposal = p.draft(state, [1], 10, GREEDY, None)
+    assert proposal.source == 0 and second.asks == 0  # same prior: b cannot do better than a's 4 tokens
+    for _ in range(8):
+        p.observe(state, Proposal(draft_of(4), 0), 0, 0.01)  # a's drafts all rejected
+    proposal = p.draft(state, [1], 10, GREEDY, None)
+    assert proposal.source == 1 and second.asks == 1
+    p.begin(state)  # a new request starts from the prior again
+    assert p.draft(state, [1], 10, GREEDY, None).source == 0
+
+
+def test_a_sampled_draft_is_used_as_drawn():
+    """Choosing among sampled drafts by what they contain would bias them away from q: a sampled draft is taken as
+    soon as it is drawn, even when a later source has the better record."""
+    sampled = Draft(torch.tensor([1, 2]), torch.full((2, 4), 0.25))
+    first, second = Scripted("a", lambda c, k: sampled), Scripted("b", lambda c, k: draft_of(k))
+    p = FixedPlanner(4)
+    state = p.new_state([first, second])
+    for _ in range(8):
+        p.observe(state, Proposal(draft_of(4), 0), 0, 0.01)  # a's drafts rejected: b could do better
+    proposal = p.draft(state, [1], 10, SamplingParams(temperature=1.0), None)
+    assert proposal.source == 0 and proposal.draft is sampled and second.asks == 0
+
+
+def test_empty_drafts_are_counted_as_no_draft():
+    nothing = Scripted("nothing", lambda c, k: None)
+    for planner in (FixedPlanner(3), AdaptivePlanner(max_gamma=4)):
+        state = planner.new_state([nothing, Scripted("also", lambda c, k: Draft.empty())])
+        planner.begin(state)
+        proposal = planner.draft(state, [1, 2], 5, GREEDY, None)
+        assert len(proposal.draft) == 0 and proposal.reason == "no_draft"
+    target = ToyModel.random(6, seed=3)
+    result = Engine(target, nothing, gamma=3).generate([1], max_new_tokens=5, eos_token_ids=[])
+    assert result.stats.plain_step_reasons == {"no_draft": 4, "budget": 1}
+
+
+def test_a_draft_is_cut_where_its_confidence_falls_below_the_stop_level():
+    confident = Draft(torch.tensor([5, 6, 7, 8]), confidence=[0.9, 0.8, 0.5, 0.9])
+    drafter = Scripted("c", lambda c, k: confident)
+    p = FixedPlanner(4, stop=0.5)
+    state = p.new_state(drafter)
+    assert p.draft(state, [1], 10, GREEDY, None).draft.tokens.tolist() == [5, 6]  # 0.9 * 0.8 * 0.5 < 0.5
+    assert FixedPlanner(4).draft(state, [1], 10, GREEDY, None).draft is confident  # stop 0: never cut
+    sure = FixedPlanner(4, stop=0.95)
+    proposal = sure.draft(state, [1], 10, GREEDY, None)
+    assert len(proposal.draft) == 0 and proposal.reason == "low_confidence"
+
+
+def test_prompt_lookup_is_held_back_by_the_measured_acceptance_of_its_match_length():
+    """The planner measures the first token's acceptance per Draft.kind (the n-gram's match length): a match length
+    whose first token keeps being rejected falls below the stop level and is held back; a longer one with a good
+    record is still drafted; each request starts again from the prior."""
+    d = NgramDrafter(max_ngram=3)
+    p = FixedPlanner(4, stop=0.3)
+    state = p.new_state(d)
+    p.begin(state)
+    one = [7, 1, 2, 8, 2]  # suffix [2] matches (one token), [8, 2] and [1, 8, 2] do not
+    three = [4, 5, 6, 9, 4, 5, 6]  # suffix [4, 5, 6] matches
+    proposal = p.draft(state, one, 4, GREEDY, None)
+    assert proposal.draft.tokens.tolist() == [8, 2] and proposal.draft.kind == 1
+    p.observe(state, proposal, 0, 0.01)
+    assert p.draft(state, one, 4, GREEDY, None).draft.tokens.tolist() == [8, 2]  # 1/3 is still above 0.3
+    p.observe(state, proposal, 0, 0.01)
+    held = p.draft(state, one, 4, GREEDY, None)
+    assert len(held.draft) == 0 and held.reason == "low_confidence"
+    p.observe(state, held, 0, 0.01)  # nothing was verified: nothing to learn
+    assert len(p.draft(state, one, 4, GREEDY, None).draft) == 0
+    d.begin([])  # another context, same request: the record of one-token matches stands
+    assert p.draft(state, three, 4, GREEDY, None).draft.tokens.tolist() == [9, 4, 5, 6]
+    p.begin(state)
+    assert p.draft(state, one, 4, GREEDY, None).draft.tokens.tolist() == [8, 2]
+
+
+def test_low_confidence_plain_steps_are_counted_and_output_is_unchanged(tiny_target):
+    prompt = [1, 5, 9, 2, 1, 5, 9, 2, 1, 5]
+    plain = Engine(tiny_target, NoDrafter()).generate(prompt, GREEDY, 24, eos_token_ids=[])
+    strict = Engine(tiny_target, NgramDrafter(), gamma=FixedPlanner(4, stop=0.99))  # above the prior: held back
+    result = strict.generate(prompt, GREEDY, 24, eos_token_ids=[])
+    assert result.token_ids == plain.token_ids
+    assert result.stats.drafted == 0
+    assert result.stats.plain_step_reasons.get("low_confidence", 0) > 0
+
+
+def test_the_adaptive_planner_passes_its_stop_level_to_the_drafter():
+    seen = []
+
+    class Listening(Drafter):
+        name = "listening"
+
+        def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+            seen.append(stop)
+            return draft_of(k)
+
+    p = AdaptivePlanner(max_gamma=4)
+    state = start(p)
+    state = p.new_state(Listening())
+    p.begin(state)
+    p.draft(state, [1], 8, GREEDY, None)
+    assert seen == [pytest.approx(p.stop_level())] and 0 < seen[0] < 1
