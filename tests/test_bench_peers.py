@@ -317,3 +317,99 @@ def test_greedy_from_text_uses_the_chat_template(tmp_path):
     out = llamacpp.greedy_generate(tmp_path / "m.gguf", "a bb", 2, server=srv, chat=False, ignore_eos=False)
     assert [p for p, _ in srv.requests] == ["/tokenize", "/completion"]
     assert out["prompt_token_ids"] == [1, 2] and srv.requests[1][1]["ignore_eos"] is False
+
+
+# ----------------------------------------------------------------------------- llama.cpp as a peer of specwise bench
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory):
+    """A tiny random Llama with the default model's tokenizer, loaded."""
+    from transformers import AutoTokenizer
+
+    from conftest import tiny_llama
+    from specwise.models import load_model
+    from specwise.models.loader import converted_gguf_dir, default_gguf_path
+
+    tokenizer = AutoTokenizer.from_pretrained(converted_gguf_dir(default_gguf_path()))
+    path = tmp_path_factory.mktemp("tiny-peer")
+    tiny_llama(seed=5, vocab=len(tokenizer), hidden=16, layers=1).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return load_model(str(path))
+
+
+def test_bench_with_a_faked_llama_cpp_peer(tmp_path, monkeypatch, tiny_target):
+    """llama.cpp runs in every round, its decode rates are paired with specwise's, and its (later, untimed) token
+    ids are checked against plain decoding of the same prompt."""
+    from specwise.bench import runner
+    from specwise.bench.prompts import BenchPrompt
+    from specwise.engine import Engine
+    from specwise.models import loader
+    from specwise.sampling import SamplingParams
+
+    calls: list[str] = []
+
+    def completion(gguf, text, n, threads):
+        calls.append(text)
+        return {"decode_tokens_per_s": 50.0 + len(calls), "runs": n, "command": ["llama-completion"]}
+
+    def tokens(gguf, prompts, n, threads):
+        engine = Engine(tiny_target.model, None, gamma=0)
+        out = {
+            pid: engine.generate(ids, SamplingParams(0.0), n, eos_token_ids=[]).token_ids
+            for pid, ids in prompts.items()
+        }
+        out["b"] = out["b"][:2] + [(out["b"][2] + 1) % 100] + out["b"][3:]  # differs from plain at token 2
+        return out
+
+    monkeypatch.setattr(llamacpp, "find_llama_cpp", lambda: tmp_path)
+    monkeypatch.setattr(llamacpp, "completion_decode", completion)
+    monkeypatch.setattr(loader, "gguf_source", lambda spec: tmp_path / "model.gguf")
+    monkeypatch.setattr(runner, "llama_cpp_tokens", tokens)
+    info = {
+        "binaries": str(tmp_path),
+        "gguf": "model.gguf",
+        "threads": 1,
+        "llama_bench_tg": {"test": "tg6", "tokens_per_s": 61.5},
+    }
+    monkeypatch.setattr(runner, "llama_cpp_info", lambda gguf, n, threads: info)
+    prompts = [BenchPrompt("a", "x", "Say hello."), BenchPrompt("b", "y", "Count to five.")]
+    settings = runner.BenchSettings(drafters=["ngram"], gammas=[2], max_new_tokens=6, rounds=2, llama_cpp="")
+    settings.hf_baselines, settings.warmup = False, False
+    data = runner.run_bench(settings, prompts, loaded=tiny_target, progress=False)
+
+    runner.validate_results(data)
+    assert [c["id"] for c in data["configurations"]] == ["specwise:none", "specwise:ngram:g2", "llama_cpp"]
+    assert len(calls) == 2 * 2 and all("Say hello." in t or "Count to five." in t for t in calls)
+    peer = [r for r in data["runs"] if r["config"] == "llama_cpp"]
+    assert [r["identical_to_plain"] for r in sorted(peer, key=lambda r: r["prompt_id"])] == [True, True, False, False]
+    assert {r["first_difference"] for r in peer if r["prompt_id"] == "b"} == {2}
+    assert all(r["decode_tokens_per_second"] == pytest.approx(r["tokens_per_second"]) for r in peer)
+    check = data["greedy_check"]
+    assert check["all_identical"] and check["llama_cpp_identical"] == {"identical": 2, "total": 4}
+    vs_peer = [e for e in data["paired"] if e["baseline"] == "llama_cpp" and e["category"] == "all"]
+    assert {e["config"] for e in vs_peer} == {"specwise:none", "specwise:ngram:g2"}
+    assert all(e["measure"] == "decode_tokens_per_second" and e["questions"] == 2 for e in vs_peer)
+    summary = {(s["config"], s["category"]): s for s in data["summary"]}
+    assert summary[("llama_cpp", "all")]["speedup_vs_plain"] is None
+    assert data["llama_cpp"] == info
+    from specwise.bench.report import render_markdown
+
+    text = render_markdown(data)
+    assert "llama-bench tg6: 61.5 tokens/s" in text and "llama.cpp matched plain greedy output in 2 of 4 runs" in text
+    assert "| configuration | tokens/s | decode tokens/s | speedup vs plain |" in text
+
+
+def test_the_llama_cpp_peer_is_greedy_on_a_gguf_file(tmp_path, monkeypatch, tiny_target):
+    from specwise.bench import runner
+    from specwise.bench.prompts import BenchPrompt
+
+    prompts = [BenchPrompt("a", "x", "Say hello.")]
+    with pytest.raises(ValueError, match="greedily"):
+        runner.run_bench(runner.BenchSettings(temperature=0.7, llama_cpp=""), prompts, loaded=tiny_target)
+    monkeypatch.setattr(llamacpp, "find_llama_cpp", lambda: None)
+    with pytest.raises(FileNotFoundError, match="--llama-cpp PATH"):
+        runner.run_bench(runner.BenchSettings(llama_cpp=""), prompts, loaded=tiny_target)
+    monkeypatch.setattr(llamacpp, "find_llama_cpp", lambda: tmp_path)
+    with pytest.raises(ValueError, match="needs a GGUF target"):
+        runner.run_bench(runner.BenchSettings(target=str(tmp_path), llama_cpp=""), prompts, loaded=tiny_target)

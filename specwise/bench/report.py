@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specwise.bench.paired import FASTER, SLOWER
 from specwise.bench.runner import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID, validate_results
+from specwise.extras import missing_extra
 from specwise.metrics import expected_tau
 
 __all__ = ["PLOT_FILES", "overall_lines", "paired_lines", "render_markdown", "write_plots", "write_report"]
@@ -129,7 +130,7 @@ def _header(results: dict) -> list[str]:
 
 
 def _bench_figure(tg: dict) -> str:
-    rate, std = tg.get("tokens_per_second"), tg.get("tokens_per_second_std")
+    rate, std = tg.get("tokens_per_s"), tg.get("tokens_per_s_stddev")
     test = tg.get("test", "tg")
     if not isinstance(rate, (int, float)):
         return f"{test}: {DASH}"
@@ -339,7 +340,10 @@ def render_markdown(results: dict, plots: list[str] | None = None) -> str:
 
 
 def _figure(width: float = 8.0, height: float = 4.5):
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError as err:
+        raise missing_extra(err, "bench", "specwise's plots") from err
 
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()
