@@ -8,6 +8,7 @@ import json
 import sys
 
 from specwise.drafters import DRAFTER_HELP
+from specwise.extras import MissingExtraError
 
 DEFAULT_DRAFTER = "auto"
 DEFAULT_GAMMA = "auto"
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError) as err:
+    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError, MissingExtraError) as err:
         print(f"specwise: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from specwise.drafters import DRAFTER_HELP
+from specwise.extras import require
 
 __all__ = ["register", "cmd_bench", "cmd_simulate"]
 
@@ -184,6 +185,7 @@ def _finish(results: dict, out: Path) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
+    require("bench", "specwise bench")  # the plots: checked before anything runs
     from specwise.bench.runner import run_bench, validate_results
 
     out = Path(args.out)
@@ -213,6 +215,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``specwise simulate``: write the theory plots and the toy exactness experiment."""
+    require("bench", "specwise simulate")
     from specwise.bench.simulate import SIMULATE_FILES, SimulateSettings, run_simulate, summary_lines
 
     settings = SimulateSettings(

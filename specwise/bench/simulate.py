@@ -19,6 +19,7 @@ import torch
 
 from specwise.drafters.model import ModelDrafter
 from specwise.engine import Engine
+from specwise.extras import missing_extra
 from specwise.metrics import SpecStats, expected_tau
 from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams, probs_from_logits
@@ -146,7 +147,10 @@ def exactness_experiment(s: SimulateSettings) -> dict:
 
 
 def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.figure import Figure
+    except ModuleNotFoundError as err:
+        raise missing_extra(err, "bench", "specwise's plots") from err
 
     fig = Figure(figsize=(width, height), layout="constrained")
     return fig, fig.add_subplot()

@@ -15,10 +15,15 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from specwise.extras import missing_extra
+
+try:
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
+    from starlette.exceptions import HTTPException as StarletteHTTPException
+except ModuleNotFoundError as err:
+    raise missing_extra(err, "server", "specwise's server") from err
 
 from specwise.runtime import Runtime, encode_chat
 from specwise.sampling import SamplingParams

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specwise.extras import require
+
 __all__ = ["cmd_serve", "register"]
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
@@ -51,6 +53,7 @@ def _check_args(args: argparse.Namespace) -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     """Load the model, build the app and serve it until interrupted."""
     _check_args(args)
+    require("server", "specwise serve")
     import uvicorn
 
     from specwise.runtime import build_runtime

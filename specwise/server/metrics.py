@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-
+from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+except ModuleNotFoundError as err:
+    raise missing_extra(err, "server", "specwise's server") from err
 
 __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 

@@ -11,9 +11,13 @@ import time
 import uuid
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
+
+try:
+    from pydantic import BaseModel, ConfigDict, Field, field_validator
+except ModuleNotFoundError as err:
+    raise missing_extra(err, "server", "specwise's server") from err
 
 __all__ = [
     "ChatCompletionRequest",

@@ -1,0 +1,199 @@
+"""Imports: every module imports on its own, the layers import downward only, and decoding leaves the optional
+parts (server, plots) alone; where one is missing, the command that needs it says what to install."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import specwise
+from specwise.cli import main
+from specwise.extras import EXTRAS, MissingExtraError, missing_extra, require
+
+PACKAGE = Path(specwise.__file__).parent
+OPTIONAL = ["fastapi", "uvicorn", "prometheus_client", "matplotlib", "starlette"]
+
+
+def all_modules() -> list[str]:
+    names = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__main__":  # running it is the command line
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names.append(".".join(parts))
+    return names
+
+
+# Each module is imported in a child of one fresh interpreter that has imported torch and nothing of specwise:
+# the child starts with no specwise module loaded, as a fresh interpreter does, without paying for torch again.
+_IMPORT_ALONE = textwrap.dedent(
+    """
+    import importlib, json, os, sys, traceback
+    import torch  # noqa: F401
+    modules, forbidden = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    assert not [m for m in sys.modules if m.split(".")[0] == "specwise"]
+    errors = {}
+    for name in modules:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(read)
+            try:
+                importlib.import_module(name)
+                loaded = sorted(m for m in forbidden if m in sys.modules)
+                message = f"imports {', '.join(loaded)}" if loaded else ""
+            except BaseException:
+                message = traceback.format_exc()
+            os.write(write, message.encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read, "rb") as pipe:
+            message = pipe.read().decode()
+        os.waitpid(pid, 0)
+        if message:
+            errors[name] = message
+    print(json.dumps(errors))
+    """
+)
+
+
+def import_alone(modules: list[str], forbidden: list[str] = ()) -> dict[str, str]:
+    """Import each module in a process of its own; returns module -> what went wrong (an error, or the
+    ``forbidden`` modules it loaded), for the modules where something did."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _IMPORT_ALONE, json.dumps(modules), json.dumps(list(forbidden))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+needs_fork = pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="the import check forks")
+
+
+@needs_fork
+def test_every_module_imports_on_its_own():
+    modules = all_modules()
+    assert "specwise.models.kernels.quant" in modules and "specwise.files" in modules
+    assert import_alone(modules) == {}
+
+
+@needs_fork
+def test_lower_layers_do_not_import_the_loader():
+    """The kernels sit below the models and the loader above them; profiles and paths need no loader either."""
+    lower = [
+        "specwise.files",
+        "specwise.models",
+        "specwise.models.kernels",
+        "specwise.models.kernels.quant",
+        "specwise.models.native",
+        "specwise.models.quantized",
+        "specwise.profile",
+    ]
+    assert import_alone(lower, forbidden=["specwise.models.loader"]) == {}
+
+
+@needs_fork
+def test_decoding_imports_none_of_the_optional_parts():
+    decoding = ["specwise", "specwise.engine", "specwise.cli", "specwise.runtime", "specwise.models.loader"]
+    assert import_alone(decoding, forbidden=OPTIONAL) == {}
+
+
+def _generate_alone(target: str) -> dict:
+    """Run ``specwise generate`` in a fresh interpreter; returns its exit code and the optional modules it loaded."""
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        from specwise.cli import main
+        code = main(["generate", "Hi", "--target", {target!r}, "--max-new-tokens", "3", "--json"])
+        print(json.dumps({{"code": code, "loaded": sorted(m for m in {OPTIONAL!r} if m in sys.modules)}}))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_generate_imports_none_of_the_optional_parts(tiny_dir):
+    assert _generate_alone(tiny_dir) == {"code": 0, "loaded": []}
+
+
+@pytest.mark.slow
+def test_generate_with_the_default_model_imports_none_of_the_optional_parts():
+    assert _generate_alone("default") == {"code": 0, "loaded": []}
+
+
+@pytest.mark.parametrize(
+    ("argv", "blocked", "extra"),
+    [
+        (["serve", "--target", "default"], "fastapi", "server"),
+        (["serve", "--target", "default"], "prometheus_client", "server"),
+        (["bench", "--out", "unused"], "matplotlib", "bench"),
+        (["simulate", "--out", "unused"], "matplotlib", "bench"),
+    ],
+)
+def test_a_missing_extra_is_one_line_naming_the_command_to_fix_it(monkeypatch, capsys, argv, blocked, extra):
+    monkeypatch.setitem(sys.modules, blocked, None)  # None in sys.modules: the import fails as if not installed
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert blocked in err and f"pip install 'specwise[{extra}]'" in err
+
+
+@pytest.mark.parametrize(
+    ("module", "blocked", "extra"),
+    [
+        ("specwise.server.app", "fastapi", "server"),
+        ("specwise.server.metrics", "prometheus_client", "server"),
+        ("specwise.server.protocol", "pydantic", "server"),
+    ],
+)
+def test_importing_a_part_without_its_extra_names_the_extra(monkeypatch, module, blocked, extra):
+    import importlib
+
+    monkeypatch.setitem(sys.modules, blocked, None)
+    monkeypatch.delitem(sys.modules, module, raising=False)  # imported afresh below; monkeypatch puts it back
+    with pytest.raises(MissingExtraError, match=rf"{blocked}.*pip install 'specwise\[{extra}\]'"):
+        importlib.import_module(module)
+
+
+def test_plots_without_matplotlib_name_the_bench_extra(monkeypatch):
+    from specwise.bench import report, simulate
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    for figure in (report._figure, simulate._figure):
+        with pytest.raises(MissingExtraError, match=r"pip install 'specwise\[bench\]'"):
+            figure(4.0, 3.0)
+
+
+def test_require_and_missing_extra():
+    require("server", "specwise serve")  # installed in the test environment
+    err = ModuleNotFoundError("No module named 'specwise.nothing'", name="specwise.nothing")
+    assert missing_extra(err, "server", "x") is err  # a module of specwise itself is a bug, not an extra
+    wrapped = missing_extra(ModuleNotFoundError("no", name="uvicorn.config"), "server", "specwise serve")
+    assert str(wrapped) == "specwise serve needs uvicorn, which is not installed: pip install 'specwise[server]'"
+
+
+def test_extras_match_pyproject():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    optional = project["optional-dependencies"]
+
+    def names(requirements: list[str]) -> set[str]:
+        return {re.split(r"[\[<>=!~ ;]", r)[0].replace("-", "_").lower() for r in requirements}
+
+    core = names(project["dependencies"])
+    for extra, modules in EXTRAS.items():
+        assert set(modules) <= names(optional[extra]), extra  # the distributions here share the modules' names
+        assert not set(modules) & core, f"{extra}'s modules are in the core dependencies"
+    assert f"specwise[{','.join(EXTRAS)}]" in optional["dev"]  # `pip install -e .[dev]` sets up everything
