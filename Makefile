@@ -11,13 +11,13 @@ demo: setup
 	$(VENV)/specwise generate "$(PROMPT)" --max-new-tokens 128
 
 test: setup
-	$(VENV)/ruff check specwise tests
-	$(VENV)/ruff format --check specwise tests
+	$(VENV)/ruff check specwise tests benchmarks
+	$(VENV)/ruff format --check specwise tests benchmarks
 	$(VENV)/python -m pytest -q
 
 lint:
-	$(VENV)/ruff check specwise tests
+	$(VENV)/ruff check specwise tests benchmarks
 
 format:
-	$(VENV)/ruff format specwise tests
-	$(VENV)/ruff check --fix specwise tests
+	$(VENV)/ruff format specwise tests benchmarks
+	$(VENV)/ruff check --fix specwise tests benchmarks

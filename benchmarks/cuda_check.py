@@ -25,22 +25,21 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from engine_speed import load_questions, run_engine  # noqa: E402  (beside this script)
-
-from specwise.drafters import make_drafter  # noqa: E402
-from specwise.engine import Engine  # noqa: E402
-from specwise.models import load_model  # noqa: E402
-from specwise.runtime import encode_prompt  # noqa: E402
-from specwise.sampling import SamplingParams  # noqa: E402
+from specwise.bench.prompts import load_questions, select_prompts
+from specwise.drafters import make_drafter
+from specwise.engine import Engine
+from specwise.models import load_model
+from specwise.runtime import encode_prompt
+from specwise.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
 DRAFTERS = ["ngram@4", "head@4", "head@auto", "ngram+head@auto", "ngram+head@8"]
 
 
 def decode(engine: Engine, ids: list[int], n: int) -> tuple[list[int], float, dict]:
-    return run_engine(engine, ids, n, GREEDY)
+    """Greedy decoding of exactly n tokens (EOS ignored): token ids, seconds, statistics."""
+    result = engine.generate(ids, GREEDY, max_new_tokens=n, eos_token_ids=[])
+    return result.token_ids, result.stats.total_seconds, result.stats.to_dict()
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -76,8 +75,8 @@ def main() -> int:
     loaded = load_model("default", device=args.device)
     hf_loaded = load_model("default", device=args.device, impl="hf")
     tok, n = loaded.tokenizer, args.max_new_tokens
-    questions = load_questions(args.questions, per_category=1, categories=None)  # the first of each category
-    prompts = [encode_prompt(tok, q["turns"][0], chat=True) for q in questions]
+    questions = select_prompts(load_questions(args.questions), None, 1)  # the first of each category
+    prompts = [encode_prompt(tok, q.text, chat=True) for q in questions]
     reference = json.loads(Path(args.reference).read_text()) if args.reference else None
     plain_engine = Engine(loaded.model, None, gamma=0)
     hf_engine = Engine(hf_loaded.model, None, gamma=0)
@@ -93,11 +92,11 @@ def main() -> int:
     rows = []
     for i, (q, ids) in enumerate(zip(questions, prompts)):
         plain, seconds, _ = decode(plain_engine, ids, n)
-        row = {"category": q["category"], "question_id": q["question_id"], "prompt_tokens": len(ids)}
+        row = {"category": q.category, "question_id": q.id, "prompt_tokens": len(ids)}
         row["plain"] = {"token_ids": plain, "seconds": round(seconds, 4)}
         if reference is not None:
             ref = reference["rows"][i]
-            assert ref["question_id"] == q["question_id"], "the reference was made from other questions"
+            assert str(ref["question_id"]) == q.id, "the reference was made from other questions"
             cut = first_difference(plain, ref["plain"]["token_ids"])
             row["plain"]["equals_cpu"] = cut is None
             if cut is not None:
@@ -120,7 +119,7 @@ def main() -> int:
             for k, v in row.items()
             if isinstance(v, dict)
         )
-        print(f"[{i + 1}/{len(questions)}] {q['category']:>16} {flags}", file=sys.stderr)
+        print(f"[{i + 1}/{len(questions)}] {q.category:>16} {flags}", file=sys.stderr)
     summary = {}
     if reference is not None:
         summary = {

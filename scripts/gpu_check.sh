@@ -38,10 +38,9 @@ stage tests "$py" -m pytest -q -p no:cacheprovider tests/test_cuda.py
 stage cuda_check "$py" benchmarks/cuda_check.py --device cuda --questions "$questions" \
     --reference benchmarks/results/cpu_reference.json --out "$out/cuda_check.json"
 stage profile profile
-stage speed "$py" benchmarks/engine_speed.py --device cuda --questions "$questions" --per-category "$per_category" \
-    --max-new-tokens 128 --keep-engines --pairs ngram@auto head@4 head@auto ngram+head@auto ngram+head@8 \
-    --out "$out/cuda_speed_greedy.json"
-stage speed "$py" benchmarks/engine_speed.py --device cuda --questions "$questions" --per-category 1 \
-    --max-new-tokens 128 --keep-engines --temperature 1 --pairs ngram@auto head@auto ngram+head@auto \
-    --out "$out/cuda_speed_t1.json"
+stage speed "$py" -m specwise bench --device cuda --questions "$questions" --limit-per-category "$per_category" \
+    --max-new-tokens 128 --drafter ngram head ngram+head --gamma 4 auto --quiet --out "$out/cuda_speed_greedy"
+stage speed "$py" -m specwise bench --device cuda --questions "$questions" --limit-per-category 1 \
+    --max-new-tokens 128 --temperature 1 --no-hf --drafter ngram head ngram+head --gamma auto --quiet \
+    --out "$out/cuda_speed_t1"
 exit $status
