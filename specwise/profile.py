@@ -58,14 +58,14 @@ def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64, roun
 
     Rounds: on a shared machine the speed drifts within seconds; each round measures every k in turn, so drift
     hits all k alike, and the median over rounds drops a disturbed round. Three profiles each with 3 rounds of 3
-    and with 5 rounds of 3, interleaved on the development machine (session 10,
-    benchmarks/results/profile_s10/), read c(2) = 1.04–1.27 against 1.06–1.14 but c(5) = 1.67–1.73 against
+    and with 5 rounds of 3, interleaved on the development machine (float32 engine; the files are in git history
+    at 580c369, benchmarks/results/profile_s10/), read c(2) = 1.04–1.27 against 1.06–1.14 but c(5) = 1.67–1.73 against
     1.35–1.56: no clear gain for 1.7 times the time, so 3 rounds stay the default.
 
     The context matters: attention over the cache grows with it, and extra rows cost more after a few hundred
-    tokens than after a few dozen (on the development machine c(2) = 0.98 after 64 tokens,
-    benchmarks/results/profile_s4_cpu.json, and 1.09 after 256, profile_s8_cpu.json). Measure after a context like
-    the ones decoding sees.
+    tokens than after a few dozen (on the development machine c(2) = 0.98 after 64 tokens and 1.09 after 256 with
+    the float32 engine: profile_s4_cpu.json and profile_s8_cpu.json in git history at 580c369). Measure after a
+    context like the ones decoding sees.
     """
     limit = getattr(model, "max_length", None)
     if limit is not None and context + max_k > limit:
