@@ -1,6 +1,6 @@
 """Compare the head's token losses (KL, TV, JSD) on the same data and budget; held-out fidelity per drafting step.
 
-Uses the data cached by `specwise distill` (or `--data-dir`). Example (the committed run):
+Uses the data cached by `specwise distill` (or `--data-dir`). Example (the run behind docs/DISTILL.md's figures):
 
     python benchmarks/distill_losses.py --train-shards 4 --epochs 1 --out benchmarks/results/distill_losses.json
 """
