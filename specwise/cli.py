@@ -14,7 +14,7 @@ DEFAULT_DRAFTER = "auto"
 DEFAULT_GAMMA = "auto"
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
-_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli"]
+_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli", "specwise.index.cli"]
 
 
 def parse_gamma(value: str) -> int | str:

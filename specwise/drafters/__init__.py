@@ -27,6 +27,8 @@ DRAFTER_HELP = (
     "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
+    "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
+    "for the target if any, and the request's own tokens) | "
     "A+B (several drafters, e.g. ngram+head: each step uses the one expected to give the most tokens per second)"
 )
 
@@ -96,6 +98,10 @@ def make_drafter(
         return ModelDrafter(draft.model)
     if kind == "head":
         return _head_drafter(arg, target, device)
+    if kind == "suffix":
+        from specwise.drafters.suffix import make_suffix_drafter
+
+        return make_suffix_drafter(arg, target, device)
     raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
 
 

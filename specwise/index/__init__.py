@@ -1,0 +1,280 @@
+"""Building the `suffix` drafter's global index: ``specwise index``.
+
+The target answers requests one at a time through the engine (greedy, and sampled at the temperatures given in
+turn): human-written prompts (``shared/data/prompts``), tasks on corpus passages (``shared/data/corpora``) and
+requests the target writes itself. Never benchmark questions. Each answer is kept with the last few tokens of its
+prompt (:data:`specwise.drafters.suffix.LEAD`) and indexed by :class:`specwise.drafters.suffix.SuffixIndex`.
+
+The answers are saved in chunks under a data directory as they come, so an interrupted run continues where it
+stopped (a rerun with a larger ``--max-prompts`` or ``--budget-tokens`` extends the same chunks); the index is
+written atomically at the end, with the target's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from specwise.files import cache_dir, safe_name, write_json_atomic
+
+__all__ = ["IndexOptions", "build_index", "default_data_dir", "run_index"]
+
+# generate(prompt ids, temperature, seed) -> the answer's token ids (its end-of-sequence token included)
+Generate = Callable[[list[int], float, int], list[int]]
+
+
+@dataclass
+class IndexOptions:
+    target: str = "default"
+    out: Path = Path("index")
+    data_dir: Path | None = None
+    prompts_dir: Path | None = None
+    prompt_limits: dict[str, int | None] = field(
+        default_factory=lambda: {
+            "oasst_en.prompts.jsonl": None,
+            "mbpp.prompts.jsonl": None,
+            "gsm8k_train.prompts.jsonl": 1000,
+        }
+    )
+    corpus_dir: Path | None = None
+    passages: int = 0  # tasks on corpus passages (summarise, extract, ...)
+    self_prompts: int = 0  # requests written by the target itself
+    max_prompts: int | None = None  # answer only the first this many requests of the plan (None: all)
+    max_new_tokens: int = 256
+    budget_tokens: int | None = None  # stop once this many tokens are generated (None: answer every request)
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.8)
+    max_prompt_tokens: int = 512
+    chunk: int = 32  # answers per saved chunk
+    max_index_mb: float = 16.0
+    seed: int = 0
+    device: str = "cpu"
+    progress: bool = True
+
+
+def default_data_dir(target: str) -> Path:
+    """Where the answers for an index of ``target`` are kept by default."""
+    return cache_dir() / "index" / safe_name(target)
+
+
+def _check_plan(data_dir: Path, plan: dict) -> None:
+    path = data_dir / "manifest.json"
+    if path.exists():
+        recorded = json.loads(path.read_text())
+        if recorded != plan:
+            diff = sorted(k for k in plan if recorded.get(k) != plan[k])
+            raise ValueError(
+                f"{data_dir} holds answers made with other settings ({', '.join(diff)} differ): "
+                "pass another --data-dir, or the settings that made it"
+            )
+        return
+    write_json_atomic(path, plan)
+
+
+def build_index(
+    requests: list[list[int]],
+    generate: Generate,
+    data_dir: Path,
+    out: Path,
+    info: dict,
+    temperatures: tuple[float, ...] = (0.0,),
+    seed: int = 0,
+    max_requests: int | None = None,
+    budget_tokens: int | None = None,
+    chunk: int = 32,
+    max_index_mb: float = 16.0,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Answer ``requests`` (prompt token ids) with ``generate`` in chunks saved under ``data_dir`` (resumable),
+    then write the index of the answers to ``out``.
+
+    Request j is answered at ``temperatures[j % len]`` with seed ``seed * 1_000_003 + j``; the budget is checked
+    before each answer. info: the index's metadata (``target``: the identity; the rest is kept as given).
+    Returns a report: tokens, tokens/s of this run's generation, the index's size.
+    """
+    from tqdm import tqdm
+
+    from specwise.drafters.suffix import LEAD, SuffixIndex
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    plan = {
+        "target": info.get("target", {}).get("name"),
+        "fingerprint": info.get("target", {}).get("fingerprint"),
+        "requests_sha256": hashlib.sha256(json.dumps(requests).encode()).hexdigest(),
+        "temperatures": list(temperatures),
+        "seed": seed,
+        "chunk": chunk,
+        "max_new_tokens": info.get("build", {}).get("max_new_tokens"),
+    }
+    _check_plan(data_dir, plan)
+    todo = requests if max_requests is None else requests[:max_requests]
+    chunks = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
+    sequences: list[list[int]] = []
+    generated = run_tokens = 0
+    run_seconds = 0.0
+
+    def over_budget() -> bool:
+        return budget_tokens is not None and generated >= budget_tokens
+
+    bar = tqdm(total=len(todo), desc="answering", unit="answer", disable=not progress)
+    for c, block in enumerate(chunks):
+        path = data_dir / f"chunk_{c:05d}.json"
+        answers = json.loads(path.read_text())["answers"] if path.exists() else []
+        bar.update(len(answers))
+        generated += sum(map(len, answers))
+        if len(answers) < len(block) and not over_budget():  # a new chunk, or the rest of one cut by the budget
+            t0 = time.perf_counter()
+            while len(answers) < len(block) and not over_budget():
+                j = c * chunk + len(answers)
+                answer = generate(block[len(answers)], temperatures[j % len(temperatures)], seed * 1_000_003 + j)
+                answers.append(answer)
+                generated += len(answer)
+                run_tokens += len(answer)
+                bar.update(1)
+                rate = run_tokens / max(run_seconds + time.perf_counter() - t0, 1e-9)
+                bar.set_postfix(tokens=generated, tok_s=f"{rate:.0f}")
+            run_seconds += time.perf_counter() - t0
+            write_json_atomic(path, {"answers": answers})
+        for prompt, answer in zip(block, answers):
+            if answer:
+                sequences.append(prompt[-LEAD:] + answer)
+        if len(answers) < len(block):
+            break
+    bar.close()
+    per_token = 2 if info.get("target", {}).get("vocab_size", 1 << 20) < 0xFFFF else 4
+    budget = int(max_index_mb * 2**20) // (per_token + 4)  # token ids and the suffix array
+    size = sum(len(s) + 1 for s in sequences)
+    if size > budget:
+        keep, total = 0, 0
+        while keep < len(sequences) and total + len(sequences[keep]) + 1 <= budget:
+            total += len(sequences[keep]) + 1
+            keep += 1
+        log(f"index: keeping the first {keep} of {len(sequences)} answers ({max_index_mb:g} MB at most)")
+        sequences = sequences[:keep]
+    build = dict(info.get("build", {}))
+    build.update({"answers": len(sequences), "generated_tokens": generated})
+    index = SuffixIndex.from_sequences(sequences, info={**info, "build": build})
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    index.save(out)
+    disk = sum(f.stat().st_size for f in Path(out).iterdir())
+    return {
+        "out": str(out),
+        "answers": len(sequences),
+        "indexed_tokens": len(index),
+        "generated_tokens": generated,
+        "generated_this_run": run_tokens,
+        "tokens_per_second": round(run_tokens / run_seconds, 1) if run_seconds > 0 else None,
+        "index_mb": round(disk / 2**20, 3),
+    }
+
+
+def _user_turn_prefix(tokenizer) -> list[int]:
+    """The chat template's tokens up to where a user's message starts (the target then writes the message)."""
+    from specwise.runtime import encode_prompt
+
+    marker = "\u0000specwise-user-message\u0000"
+    templated = tokenizer.decode(encode_prompt(tokenizer, marker, chat=True))
+    if marker not in templated:
+        raise ValueError("this target has no chat template with a user turn: --self-prompts needs one")
+    return list(tokenizer(templated[: templated.index(marker)], add_special_tokens=False)["input_ids"])
+
+
+def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, progress: bool = True) -> list[str]:
+    """``count`` user requests the target writes itself (sampled at temperature 1 from the opening of a user turn,
+    as in Magpie), cached in ``path`` (written after each one: an interrupted run continues)."""
+    from tqdm import tqdm
+
+    from specwise.sampling import SamplingParams
+
+    prefix = _user_turn_prefix(tokenizer)
+    state = json.loads(path.read_text()) if path.exists() else {"prefix": prefix, "seed": seed, "tries": 0}
+    if state.get("prefix") != prefix or state.get("seed") != seed:
+        raise ValueError(f"{path} was written for another target or seed: pass another --data-dir")
+    kept: list[str] = state.setdefault("prompts", [])
+    seen = set(kept)
+    initial = min(len(kept), count)
+    bar = tqdm(total=count, initial=initial, desc="writing requests", unit="request", disable=not progress)
+    while len(kept) < count:
+        if state["tries"] > 4 * count + 16:
+            raise RuntimeError(f"the target wrote too few usable requests ({len(kept)} of {count})")
+        params = SamplingParams(temperature=1.0, seed=seed * 1_000_003 + 7_919 + state["tries"])
+        state["tries"] += 1
+        result = engine.generate(prefix, params, max_new_tokens=96)
+        ids = result.token_ids[:-1] if result.finish_reason == "stop" else []
+        text = tokenizer.decode(ids, skip_special_tokens=True).strip() if len(ids) >= 6 else ""
+        if text and text not in seen:
+            seen.add(text)
+            kept.append(text)
+            bar.update(1)
+        write_json_atomic(path, state)
+    bar.close()
+    return kept[:count]
+
+
+def run_index(opts: IndexOptions, log: Callable[[str], None] = print) -> dict:
+    """Load the target, gather the requests, answer them and write the index to ``opts.out``. Returns a report."""
+    from specwise.distill.data import PromptSource, collect_prompts, corpus_files, passage_prompts
+    from specwise.drafters.suffix import index_identity
+    from specwise.runtime import build_runtime, encode_prompt
+    from specwise.sampling import SamplingParams
+
+    if opts.prompts_dir is None:
+        raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
+    if opts.passages > 0 and opts.corpus_dir is None:
+        raise ValueError("passage tasks need a corpus: pass --corpus-dir (shared/data/corpora) with --passages")
+    runtime = build_runtime(opts.target, drafter="ngram", gamma="auto", device=opts.device)
+    loaded, engine, tok = runtime.target, runtime.engine, runtime.tokenizer
+    data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(loaded.name)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
+    texts = collect_prompts(sources, opts.seed)
+    counts = {"prompts": len(texts)}
+    if opts.passages > 0:
+        tasks = passage_prompts(corpus_files(Path(opts.corpus_dir)), opts.passages, opts.seed)
+        texts += tasks
+        counts["passages"] = len(tasks)
+    if opts.self_prompts > 0:
+        written = self_written_requests(
+            engine, tok, opts.self_prompts, data_dir / "self_prompts.json", opts.seed, opts.progress
+        )
+        texts += written
+        counts["self_prompts"] = len(written)
+    random.Random(opts.seed).shuffle(texts)
+    requests = [ids for ids in (encode_prompt(tok, t, chat=True) for t in texts) if len(ids) <= opts.max_prompt_tokens]
+    log(f"index: {len(requests)} requests ({counts}), answering {opts.max_prompts or 'all'} -> {data_dir}")
+
+    def generate(prompt: list[int], temperature: float, seed: int) -> list[int]:
+        params = SamplingParams(temperature=temperature, seed=seed)
+        return engine.generate(prompt, params, max_new_tokens=opts.max_new_tokens).token_ids
+
+    info = {
+        "target": index_identity(loaded),
+        "build": {
+            "command": os.environ.get("SPECWISE_COMMAND", ""),
+            "requests": counts,
+            "max_new_tokens": opts.max_new_tokens,
+            "temperatures": list(opts.temperatures),
+            "seed": opts.seed,
+        },
+    }
+    return build_index(
+        requests,
+        generate,
+        data_dir,
+        Path(opts.out),
+        info,
+        temperatures=opts.temperatures,
+        seed=opts.seed,
+        max_requests=opts.max_prompts,
+        budget_tokens=opts.budget_tokens,
+        chunk=opts.chunk,
+        max_index_mb=opts.max_index_mb,
+        progress=opts.progress,
+        log=log,
+    )
