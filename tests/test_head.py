@@ -246,6 +246,40 @@ def test_save_load_and_make_drafter(tmp_path):
     assert out == ref
 
 
+@pytest.mark.parametrize("half", [True, False])
+def test_a_float16_file_drafts_the_same_without_float32_copies(tmp_path, half):
+    """load_head(dtype=None) keeps a float16 file's weights: the drafter built from them computes what it computes
+    from the float32 head, and keeps neither the head nor a float32 copy of the output rows."""
+    import gc
+    import weakref
+
+    hf = tiny_llama(seed=1)
+    save_head(_head(hf, torch.arange(0, 96, 3)), tmp_path / "h")  # float16, as shipped
+    target = NativeModel(hf)
+    target.keep_features = True
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * 4)  # 40 rows: beyond the layer kernel's 32
+    target.forward(ids)
+    feats, nxt = target.features(0, 40), torch.cat([ids[1:], ids[:1]])
+    outputs = []
+    for dtype in (torch.float32, None):
+        head = load_head(tmp_path / "h", dtype=dtype)
+        assert head.qkv.weight.dtype == (torch.float32 if dtype else torch.float16)
+        head.attach_target(hf)
+        drafter = HeadDrafter(head, target, half_weights=half)
+        expected = torch.float16 if drafter._fused is not None else torch.float32
+        assert drafter._lm.weight.dtype == (expected if half else torch.float32)
+        gone = weakref.ref(head)
+        del head
+        gc.collect()
+        assert gone() is None  # the drafter does not keep the head
+        with torch.inference_mode():
+            first = drafter._step(feats, nxt, 0)
+            second = drafter._step(first[-1:], nxt[:1], 40)
+        outputs.append((first, second, drafter._lm(second, drafter._backend)))
+    for a, b in zip(*outputs):
+        assert torch.equal(a, b)
+
+
 def test_a_head_refuses_another_target(tmp_path):
     hf = tiny_llama(seed=1)
     save_head(_head(hf), tmp_path / "h")

@@ -120,6 +120,44 @@ def test_native_greedy_identity_and_sampling(tiny_target, tiny_target_twin):
         assert Engine(native, drafter, gamma=4).generate([1, 2, 3], greedy, 30, eos_token_ids=[]).token_ids == plain
 
 
+def test_decoder_layer_matches_hf_with_and_without_autograd():
+    """The shared torch layer (native model, head) on a Hugging Face layer's fused weights equals that layer, and its
+    in-place path (no autograd) gives the values of its autograd path."""
+    from specwise.models.layer import causal_mask, decoder_layer, qkv_heads
+
+    hf = tiny_llama(seed=3)
+    native = NativeModel(hf)
+    layer, n = native.layers[0], 6
+    cos, sin = native._cos[:n, None], native._sin[:n, None]
+
+    def attend(qkv):
+        q, k, v = qkv_heads(qkv, native.n_heads, native.n_kv, native.head_dim, cos, sin)
+        mask = causal_mask(0, n, "cpu")
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, enable_gqa=True
+        )
+        return out.transpose(0, 1).reshape(n, -1)
+
+    def project(linear, rows):
+        return linear(rows, "torch")
+
+    x = torch.randn(n, native.hidden)
+    with torch.no_grad():
+        in_place = decoder_layer(x.clone(), layer, native.eps, attend, project)
+        position_ids = torch.arange(n)[None]
+        embeddings = hf.model.rotary_emb(x[None], position_ids)
+        ref = hf.model.layers[0](
+            x[None],
+            position_embeddings=embeddings,
+            attention_mask=torch.where(causal_mask(0, n, "cpu"), 0.0, -1e9)[None, None],
+        )
+        ref = ref[0] if isinstance(ref, tuple) else ref
+    with torch.enable_grad():
+        graph = decoder_layer(x.clone().requires_grad_(), layer, native.eps, attend, project)
+    assert torch.equal(in_place, graph.detach())
+    torch.testing.assert_close(in_place, ref[0], atol=1e-5, rtol=1e-5)
+
+
 def test_unsupported_architecture_falls_back_to_hf(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -135,7 +135,7 @@ def _head_drafter(arg: str, target, device) -> Drafter:
             f"no head is shipped for target {target.name!r}: train one with `specwise distill --target "
             f"{target.name} --out DIR`, then use --drafter head:DIR"
         )
-    head = load_head(directory, device=device)
+    head = load_head(directory, device=device, dtype=None)  # the drafter makes the copies it computes with
     if target.hf_model is None:
         raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
     check_target(head.config, target.hf_model, target.name)

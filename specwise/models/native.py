@@ -15,14 +15,22 @@ The Hugging Face model it is built from stays the reference: the tests check tha
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specwise.models.base import Model
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm, small_gemm_available
+from specwise.models.layer import (
+    LayerWeights,
+    apply_rotary,
+    cached_attention,
+    causal_mask,
+    decoder_layer,
+    qkv_heads,
+    rms_norm,
+    rotary_tables,
+)
 
-__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary", "keep_cache_path"]
+__all__ = ["NativeModel", "native_supported", "GEMM_BACKENDS", "rotary_tables", "apply_rotary"]
 
 _ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 GEMM_BACKENDS = ("torch", "kernel")
@@ -45,38 +53,6 @@ def native_supported(hf_model) -> str | None:
     if getattr(config, "pretraining_tp", 1) != 1:
         return "pretraining_tp != 1 is not supported"
     return None
-
-
-def rotary_tables(
-    inv_freq: torch.Tensor, positions: torch.Tensor, scale: float = 1.0
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables ``[n, head_dim]`` for rotate-half rotary embeddings at ``positions``, for
-    :func:`apply_rotary`. rotate_half(x) = cat(-x2, x1) = roll(x, half) * [-1]*half + [1]*half, so the sign is
-    folded into the sine table."""
-    freqs = torch.outer(positions.float(), inv_freq.float())  # [n, head_dim / 2]
-    emb = torch.cat([freqs, freqs], dim=-1)
-    sin = emb.sin() * scale
-    half = inv_freq.numel()
-    return emb.cos() * scale, torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x ``[..., head_dim]`` with tables from :func:`rotary_tables` broadcast to it."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
-
-
-def keep_cache_path(model, start: int, rows: list[int]) -> None:
-    """``Model.keep_path`` for a model whose caches are ``k_cache``/``v_cache`` ``[layers, kv_heads, capacity,
-    head_dim]`` and ``_features`` ``[capacity, hidden]``, with its length in ``_length``."""
-    if not rows or rows[0] != 0 or any(b <= a for a, b in zip(rows, rows[1:])) or start + rows[-1] >= model._length:
-        raise ValueError(f"keep_path takes increasing rows from 0 inside the last tree, got {rows}")
-    for i, row in enumerate(rows):
-        if row != i:  # row >= i: moving down never overwrites a row still to be moved
-            model.k_cache[:, :, start + i] = model.k_cache[:, :, start + row]
-            model.v_cache[:, :, start + i] = model.v_cache[:, :, start + row]
-            if model.keep_features:
-                model._features[start + i] = model._features[start + row]
-    model._length = start + len(rows)
 
 
 class Linear:
@@ -109,16 +85,6 @@ class Linear:
                 self._converted = weight.to(x.dtype)
             weight = self._converted
         return torch.nn.functional.linear(x, weight, self.bias)
-
-
-@dataclass
-class _Layer:
-    attn_norm: torch.Tensor
-    qkv: Linear
-    o: Linear
-    mlp_norm: torch.Tensor
-    gate_up: Linear
-    down: Linear
 
 
 class NativeModel(Model):
@@ -185,14 +151,14 @@ class NativeModel(Model):
         )
 
     @staticmethod
-    def _layer(block) -> _Layer:
+    def _layer(block) -> LayerWeights:
         attn, mlp = block.self_attn, block.mlp
         qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
         qkv_b = None
         if attn.q_proj.bias is not None:
             qkv_b = torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]).detach()
         gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
-        return _Layer(
+        return LayerWeights(
             attn_norm=block.input_layernorm.weight.detach(),
             qkv=Linear(qkv_w, qkv_b),
             o=Linear(attn.o_proj.weight.detach(), getattr(attn.o_proj, "bias", None)),
@@ -254,38 +220,15 @@ class NativeModel(Model):
         self._default_gemm = default
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.rms_norm(x, (self.hidden,), weight, self.eps)
+        return rms_norm(x, weight, self.eps)
 
-    def _attention(self, layer: int, qkv: torch.Tensor, start: int, tree=None) -> torch.Tensor:
-        """qkv: [k, (heads + 2 kv_heads) * head_dim] for cache rows start .. start + k - 1. Returns [k, heads * hd].
-
-        tree: None (row i at position start + i, causal), or (positions [k], mask [k, start + k]) for a draft tree.
-        """
-        k, hd, nq, nkv = qkv.shape[0], self.head_dim, self.n_heads, self.n_kv
-        heads = qkv.view(k, nq + 2 * nkv, hd)
-        qk = heads[:, : nq + nkv]  # rotary on queries and keys at once
-        if tree is None:
-            cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
-        else:
-            cos, sin = self._cos[tree[0], None], self._sin[tree[0], None]
-        qk = apply_rotary(qk, cos, sin)
-        end = start + k
-        self.k_cache[layer, :, start:end] = qk[:, nq:].transpose(0, 1)
-        self.v_cache[layer, :, start:end] = heads[:, nq + nkv :].transpose(0, 1)
-        q = qk[:, :nq].transpose(0, 1)  # [heads, k, hd]
-        keys = self.k_cache[layer, :, :end]  # [kv, end, hd]
-        values = self.v_cache[layer, :, :end]
-        mask = tree[1] if tree is not None else None if k == 1 else self._causal_mask(start, k)
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q[None], keys[None], values[None], attn_mask=mask, enable_gqa=nq != nkv
-        )  # [1, heads, k, hd]
-        return out[0].transpose(0, 1).reshape(k, nq * hd)
-
-    def _causal_mask(self, start: int, k: int) -> torch.Tensor:
-        """True where query i (at start + i) may see key j: j <= start + i. Shape [k, start + k]."""
-        rows = torch.arange(k, device=self.device)[:, None] + start
-        cols = torch.arange(start + k, device=self.device)[None, :]
-        return cols <= rows
+    def _attention(self, layer: int, qkv: torch.Tensor, start: int) -> torch.Tensor:
+        """qkv: [k, (heads + 2 kv_heads) * head_dim] for cache rows start .. start + k - 1. Returns [k, heads * hd]."""
+        k = qkv.shape[0]
+        cos, sin = self._cos[start : start + k, None], self._sin[start : start + k, None]  # [k, 1, hd]
+        q, keys, values = qkv_heads(qkv, self.n_heads, self.n_kv, self.head_dim, cos, sin)
+        mask = None if k == 1 else causal_mask(start, k, self.device)
+        return cached_attention(q, keys, values, self.k_cache[layer], self.v_cache[layer], start, mask)
 
     # ---- forward ---------------------------------------------------------------------------------------------
 
@@ -294,20 +237,7 @@ class NativeModel(Model):
         self._check_forward(tokens)
         return self._run(tokens, num_logits)
 
-    supports_tree = True
-
-    @torch.inference_mode()
-    def forward_tree(self, tokens: torch.Tensor, parents: list[int]) -> torch.Tensor:
-        self._check_forward(tokens)
-        if len(parents) != tokens.numel():
-            raise ValueError(f"{tokens.numel()} tokens but {len(parents)} parents")
-        depth, anc = self.tree_layout(parents)
-        return self._run(tokens, None, (depth, anc))
-
-    def keep_path(self, start: int, rows: list[int]) -> None:
-        keep_cache_path(self, start, rows)
-
-    def _run(self, tokens: torch.Tensor, num_logits: int | None, tree=None) -> torch.Tensor:
+    def _run(self, tokens: torch.Tensor, num_logits: int | None) -> torch.Tensor:
         k = tokens.numel()
         start = self._length
         if start + k > self._capacity:
@@ -316,19 +246,9 @@ class NativeModel(Model):
         x = self.embed[tokens.to(self.device)]  # [k, hidden]
         if backend == "kernel" and self._fused is not None and k <= LayerKernel.MAX_ROWS:
             x = x.contiguous()
-            extra = {}
-            if tree is not None:
-                extra["depth"] = torch.tensor(tree[0], dtype=torch.int32)
-                extra["ancestors"] = torch.tensor(tree[1], dtype=torch.uint8)
-            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin, **extra)
+            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
         else:
-            layout = None
-            if tree is not None:
-                positions = torch.tensor(tree[0], device=self.device) + start
-                mask = torch.ones((k, start + k), dtype=torch.bool, device=self.device)
-                mask[:, start:] = torch.tensor(tree[1], dtype=torch.bool, device=self.device)
-                layout = (positions, mask)
-            x = self._torch_layers(x, start, backend, layout)
+            x = self._torch_layers(x, start, backend)
         self._length = start + k
         keep = k if num_logits is None else num_logits
         if self.keep_features:
@@ -342,11 +262,10 @@ class NativeModel(Model):
         head_backend = self._gemm.get(keep, self._default_gemm)
         return self.lm_head(h, head_backend).float()
 
-    def _torch_layers(self, x: torch.Tensor, start: int, backend: str, tree=None) -> torch.Tensor:
+    def _torch_layers(self, x: torch.Tensor, start: int, backend: str) -> torch.Tensor:
+        def project(linear: Linear, rows: torch.Tensor) -> torch.Tensor:
+            return linear(rows, backend)
+
         for i, layer in enumerate(self.layers):
-            attn = self._attention(i, layer.qkv(self._rms_norm(x, layer.attn_norm), backend), start, tree)
-            x = x + layer.o(attn, backend)
-            gate_up = layer.gate_up(self._rms_norm(x, layer.mlp_norm), backend)  # [k, 2 * intermediate]
-            gate, up = gate_up.chunk(2, dim=-1)
-            x.add_(layer.down(torch.nn.functional.silu(gate).mul_(up), backend))
+            x = decoder_layer(x, layer, self.eps, lambda qkv, i=i: self._attention(i, qkv, start), project)
         return x

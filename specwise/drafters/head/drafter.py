@@ -16,12 +16,20 @@ Training is in :mod:`specwise.distill`; ``specwise distill`` writes a directory 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.head.module import EagleHead
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm_available
-from specwise.models.native import Linear, apply_rotary, rotary_tables
+from specwise.models.layer import (
+    LayerWeights,
+    cached_attention,
+    causal_mask,
+    decoder_layer,
+    qkv_heads,
+    rms_norm,
+    rotary_tables,
+)
+from specwise.models.native import Linear
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["HeadDrafter"]
@@ -47,7 +55,6 @@ class HeadDrafter(Drafter):
         window: int | None = 128,
         sinks: int = 4,
     ) -> None:
-        self.head = head.eval()
         # Catching up on a context longer than ``window`` positions (a new request's prompt), the head feeds its
         # first ``sinks`` positions and its last ``window`` ones only: its layer's cost no longer grows with the
         # prompt. The head then attends to fewer positions than it was trained with, which may change q (never the
@@ -67,18 +74,31 @@ class HeadDrafter(Drafter):
         # the same values; the output layer (rows of the target's) is rounded. That changes q slightly, never the
         # output: verification uses the q the draft was drawn from.
         half = half_weights and small_gemm_available() and torch.device(self.device).type == "cpu"
+        # The drafter keeps what it computes with, not the head: float16 weights, or float32 ones (the head's own
+        # where they are float32), the norms, and the output layer's draft-vocabulary rows (gathered in the
+        # products' dtype, read on demand from a quantized target). The embedding is the target's.
         with torch.no_grad():
 
             def linear(weight: torch.Tensor) -> Linear:
                 weight = weight.detach()
-                return Linear(weight.half().contiguous() if half else weight)
+                return Linear(weight.half().contiguous() if half else weight.float())
+
+            def vector(weight: torch.Tensor) -> torch.Tensor:
+                return weight.detach().float().contiguous()
 
             self._fc = linear(head.fc.weight)
             self._qkv = linear(head.qkv.weight)
             self._o = linear(head.o.weight)
             self._gate_up = linear(head.gate_up.weight)
             self._down = linear(head.down.weight)
-            self._lm = linear(head.head_weight)
+            self._layer = LayerWeights(
+                vector(head.attn_norm), self._qkv, self._o, vector(head.mlp_norm), self._gate_up, self._down
+            )
+            self._feature_norm, self._embed_norm = vector(head.feature_norm), vector(head.embed_norm)
+            self._out_norm = vector(head.out_norm)
+            self._lm = Linear(head.output_rows(torch.float16 if half else None))
+        self._embed = head.embed  # [vocab, d], the target's
+        self._inv_freq = head.inv_freq.detach().float()
         self._backend = "kernel" if self._lm.kernel_ok else "torch"
         self._fused = self._fused_setup()
         self._vocab_ids = head.vocab_ids.to(self.device)
@@ -92,7 +112,7 @@ class HeadDrafter(Drafter):
         """The native layer kernel over the head's decoder layer (None where unavailable)."""
         if self._backend != "kernel":
             return None
-        c, h = self._c, self.head
+        c, layer = self._c, self._layer
         return layer_kernel(
             c.hidden_size,
             c.num_heads,
@@ -100,12 +120,12 @@ class HeadDrafter(Drafter):
             c.head_dim,
             c.intermediate_size,
             c.rms_eps,
-            attn_norm=[h.attn_norm.detach()],
+            attn_norm=[layer.attn_norm],
             qkv=[self._qkv.weight],
             qkv_bias=[None],
             o=[self._o.weight],
             o_bias=[None],
-            mlp_norm=[h.mlp_norm.detach()],
+            mlp_norm=[layer.mlp_norm],
             gate_up=[self._gate_up.weight],
             down=[self._down.weight],
         )
@@ -119,7 +139,7 @@ class HeadDrafter(Drafter):
             k_cache[:, : self._capacity] = self.k_cache
             v_cache[:, : self._capacity] = self.v_cache
         self.k_cache, self.v_cache = k_cache, v_cache
-        cos, sin = rotary_tables(self.head.inv_freq, torch.arange(capacity, device=self.device))
+        cos, sin = rotary_tables(self._inv_freq, torch.arange(capacity, device=self.device))
         self._cos, self._sin = cos[:, None, :], sin[:, None, :]
         self._capacity = capacity
 
@@ -129,38 +149,31 @@ class HeadDrafter(Drafter):
 
     def _step(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
         """Feed n positions at ``start``; return predicted features [n, d]."""
-        c, h, b = self._c, self.head, self._backend
-        norm = h._norm
+        c, b = self._c, self._backend
         n = features.shape[0]
         if start + n > self._capacity:
             self._grow(max(2 * self._capacity, start + n))
-        emb = h.embed[next_tokens]
-        x = self._fc(torch.cat([norm(features, h.feature_norm), norm(emb, h.embed_norm)], dim=-1), b)
+        emb = self._embed[next_tokens]
+        fused = torch.cat([self._norm(features, self._feature_norm), self._norm(emb, self._embed_norm)], dim=-1)
+        x = self._fc(fused, b)
         if self._fused is not None and n <= LayerKernel.MAX_ROWS and x.dtype == torch.float32:
             x = x.contiguous()
             self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
-            return norm(x, h.out_norm)
-        qkv = self._qkv(norm(x, h.attn_norm), b).view(n, c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-        nq, nkv = c.num_heads, c.num_kv_heads
-        qk = apply_rotary(qkv[:, : nq + nkv], self._cos[start : start + n], self._sin[start : start + n])
-        end = start + n
-        self.k_cache[:, start:end] = qk[:, nq:].transpose(0, 1)
-        self.v_cache[:, start:end] = qkv[:, nq + nkv :].transpose(0, 1)
-        mask = None
-        if n > 1:
-            rows = torch.arange(start, end, device=self.device)[:, None]
-            mask = torch.arange(end, device=self.device)[None, :] <= rows
-        attn = F.scaled_dot_product_attention(
-            qk[:, :nq].transpose(0, 1)[None],
-            self.k_cache[None, :, :end],
-            self.v_cache[None, :, :end],
-            attn_mask=mask,
-            enable_gqa=nq != nkv,
-        )[0]  # [heads, n, hd]
-        x = x + self._o(attn.transpose(0, 1).reshape(n, nq * c.head_dim), b)
-        gate, up = self._gate_up(norm(x, h.mlp_norm), b).chunk(2, dim=-1)
-        x = x + self._down(F.silu(gate) * up, b)
-        return norm(x, h.out_norm)
+            return self._norm(x, self._out_norm)
+
+        def attend(qkv: torch.Tensor) -> torch.Tensor:
+            cos, sin = self._cos[start : start + n], self._sin[start : start + n]
+            q, k, v = qkv_heads(qkv, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)
+            mask = causal_mask(start, n, self.device) if n > 1 else None
+            return cached_attention(q, k, v, self.k_cache, self.v_cache, start, mask)
+
+        def project(linear: Linear, rows: torch.Tensor) -> torch.Tensor:
+            return linear(rows, b)
+
+        return self._norm(decoder_layer(x, self._layer, c.rms_eps, attend, project), self._out_norm)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self._c.rms_eps)
 
     def _choose(
         self, feature: torch.Tensor, params: SamplingParams, generator, stop: float

@@ -110,9 +110,17 @@ def save_head(head: EagleHead, directory: Path, dtype: torch.dtype = torch.float
     write_json_atomic(directory / "config.json", head.config.to_json())
 
 
-def load_head(directory: Path | str, device: torch.device | str = "cpu") -> EagleHead:
-    """Read a head directory (weights in float32 on ``device``); attach a target before use."""
+def load_head(
+    directory: Path | str, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32
+) -> EagleHead:
+    """Read a head directory onto ``device``; attach a target before use.
+
+    dtype: the floating-point weights' dtype (float32 for training); None keeps the file's (a drafter makes the
+    copies it computes with, so a float16 file needs no float32 copy on the way).
+    """
     from safetensors.torch import load_file
+
+    from specwise.drafters.head.module import EagleHead
 
     directory = Path(directory)
     cfg_path = directory / "config.json"
@@ -120,11 +128,17 @@ def load_head(directory: Path | str, device: torch.device | str = "cpu") -> Eagl
         raise FileNotFoundError(
             f"{directory} is not a head directory (no config.json): train one with `specwise distill --out DIR`"
         )
-    from specwise.drafters.head.module import EagleHead
-
     config = HeadConfig.from_json(json.loads(cfg_path.read_text()))
-    head = EagleHead(config)
+    with torch.device("meta"):  # shapes only: the file's tensors become the parameters (no initialisation)
+        head = EagleHead(config)
+
+    def cast(name: str, value: torch.Tensor) -> torch.Tensor:
+        if not value.is_floating_point():
+            return value
+        if name == "inv_freq" or dtype is not None:
+            return value.to(torch.float32 if name == "inv_freq" else dtype)
+        return value
+
     state = load_file(str(directory / "model.safetensors"))
-    state = {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
-    head.load_state_dict(state)
+    head.load_state_dict({name: cast(name, value) for name, value in state.items()}, assign=True)
     return head.to(device).eval()

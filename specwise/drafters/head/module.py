@@ -6,11 +6,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specwise.drafters.head.format import HeadConfig, target_identity
-from specwise.models.native import apply_rotary, rotary_tables
+from specwise.models.layer import decoder_layer, qkv_heads, rms_norm, rotary_tables
 
 __all__ = ["EagleHead", "new_head"]
 
@@ -18,8 +17,9 @@ __all__ = ["EagleHead", "new_head"]
 class EagleHead(nn.Module):
     """One decoder layer mapping (target feature at t, embedding of token t+1) to the feature at t+1.
 
-    Trainable: input norms, the fusing projection, the decoder layer and the output norm. Frozen and not saved:
-    the target's embedding and its output layer's rows for the draft vocabulary (``attach_target``).
+    Trainable: input norms, the fusing projection, the decoder layer (:func:`specwise.models.layer.decoder_layer`,
+    with this module as its weights) and the output norm. Frozen and not saved: the target's embedding and its
+    output layer's rows for the draft vocabulary (``attach_target``).
     """
 
     def __init__(self, config: HeadConfig) -> None:
@@ -41,37 +41,53 @@ class EagleHead(nn.Module):
         self.register_buffer("inv_freq", torch.ones(hd // 2))
         # frozen target parts, set by attach_target (not saved)
         self.embed: torch.Tensor | None = None  # [vocab, d]
-        self.head_weight: torch.Tensor | None = None  # [draft_vocab, d]
+        self._target_output = None  # the target's output layer weight [vocab, d]
+        self._head_weight: torch.Tensor | None = None
 
     def attach_target(self, hf_model) -> None:
-        """Take the target's embedding and the draft-vocabulary rows of its output layer (frozen, shared)."""
+        """Take the target's embedding and output layer (frozen, shared; a quantized target's rows are read on
+        demand). The output layer's draft-vocabulary rows are gathered when first asked for (:attr:`head_weight`,
+        :meth:`output_rows`)."""
         self.embed = hf_model.get_input_embeddings().weight.detach()
-        head = hf_model.get_output_embeddings().weight.detach()
-        self.head_weight = head[self.vocab_ids.to(head.device)].contiguous()
+        self._target_output = hf_model.get_output_embeddings().weight.detach()
+        self._head_weight = None
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The target's output layer on the draft vocabulary ``[draft_vocab, d]``, in its dtype (gathered once)."""
+        if self._head_weight is None:
+            if self._target_output is None:
+                raise RuntimeError("attach a target to the head first (attach_target)")
+            self._head_weight = self.output_rows()
+        return self._head_weight
+
+    @head_weight.setter
+    def head_weight(self, value: torch.Tensor | None) -> None:
+        self._head_weight = value
+
+    def output_rows(self, dtype: torch.dtype | None = None, chunk: int = 1024) -> torch.Tensor:
+        """The output layer's draft-vocabulary rows ``[draft_vocab, d]`` in ``dtype`` (None: the target's), gathered
+        ``chunk`` rows at a time: no whole float32 copy is made on the way to float16. (:attr:`head_weight` itself
+        when it was gathered already and has that dtype.)"""
+        if self._head_weight is not None:
+            return self._head_weight.to(dtype or self._head_weight.dtype)
+        weight = self._target_output
+        if weight is None:
+            raise RuntimeError("attach a target to the head first (attach_target)")
+        ids = self.vocab_ids.to(weight.device)
+        out = torch.empty((ids.numel(), weight.shape[1]), dtype=dtype or weight.dtype, device=weight.device)
+        for a in range(0, ids.numel(), chunk):
+            out[a : a + chunk] = weight[ids[a : a + chunk]]
+        return out
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), weight, self.config.rms_eps)
+        return rms_norm(x, weight, self.config.rms_eps)
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Input of the layer: [..., d] from features [..., d] and token ids [...]."""
         emb = self.embed[next_tokens]
         both = torch.cat([self._norm(features, self.feature_norm), self._norm(emb, self.embed_norm)], dim=-1)
         return self.fc(both)
-
-    def qkv_heads(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Rotated queries and keys, and values: [..., n, heads or kv_heads, hd]."""
-        c = self.config
-        qkv = self.qkv(self._norm(x, self.attn_norm))
-        heads = qkv.view(*qkv.shape[:-1], c.num_heads + 2 * c.num_kv_heads, c.head_dim)
-        qk = apply_rotary(heads[..., : c.num_heads + c.num_kv_heads, :], cos, sin)
-        return qk[..., : c.num_heads, :], qk[..., c.num_heads :, :], heads[..., c.num_heads + c.num_kv_heads :, :]
-
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual, MLP and output norm after attention: the predicted feature [..., d]."""
-        h = x + self.o(attn)
-        gate, up = self.gate_up(self._norm(h, self.mlp_norm)).chunk(2, dim=-1)
-        h = h + self.down(F.silu(gate) * up)
-        return self._norm(h, self.out_norm)
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., draft_vocab] of (predicted or true) features."""
@@ -89,44 +105,54 @@ class EagleHead(nn.Module):
         what the cache holds when the s-th token of a draft is made.
         """
         c = self.config
-        B, T, _ = features.shape
-        positions = torch.arange(T, device=features.device)
-        cos, sin = rotary_tables(self.inv_freq, positions)
+        T = features.shape[1]
+        cos, sin = rotary_tables(self.inv_freq, torch.arange(T, device=features.device))
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]
-        group = c.num_heads // c.num_kv_heads
-        scale = 1.0 / math.sqrt(c.head_dim)
         outputs: list[torch.Tensor] = []
         keys: list[torch.Tensor] = []  # per step: [B, heads, T, hd]
         values: list[torch.Tensor] = []
         feats = features
-        for s in range(1, steps + 1):
+
+        def attend(qkv: torch.Tensor) -> torch.Tensor:
+            return self._unrolled_attention(qkv, cos, sin, keys, values)
+
+        for _ in range(steps):
             x = self.fuse(feats, next_tokens)  # [B, T, d]
-            q, k, v = self.qkv_heads(x, cos, sin)  # [B, T, h, hd]
-            q = q.transpose(1, 2)  # [B, heads, T, hd]
-            k = k.transpose(1, 2).repeat_interleave(group, dim=1)
-            v = v.transpose(1, 2).repeat_interleave(group, dim=1)
-            keys.append(k)
-            values.append(v)
-            # scores against the first step's (true) keys, at j <= t - s + 1
-            scores = [q @ keys[0].transpose(-1, -2) * scale]  # [B, heads, T, T]
-            allowed = positions[None, :] <= positions[:, None] - (s - 1)
-            scores[0] = scores[0].masked_fill(~allowed, float("-inf"))
-            # and against each later step m's key at position t - (s - m)
-            for m in range(2, s + 1):
-                shift = s - m
-                km = _shift(keys[m - 1], shift)
-                scores.append(((q * km).sum(-1) * scale)[..., None])
-            weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # [B, heads, T, T + s - 1]
-            weights = torch.nan_to_num(weights)  # rows with no allowed key (t < s - 1) are invalid anyway
-            attn = weights[..., :T] @ values[0]
-            for m in range(2, s + 1):
-                attn = attn + weights[..., T + m - 2 : T + m - 1] * _shift(values[m - 1], s - m)
-            attn = attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
-            pred = self.finish(x, attn)  # [B, T, d]
+            pred = self._norm(decoder_layer(x, self, c.rms_eps, attend), self.out_norm)  # [B, T, d]
             outputs.append(pred)
             # next step: position t reads the prediction made at t - 1
             feats = torch.cat([torch.zeros_like(pred[:, :1]), pred[:, :-1]], dim=1)
         return outputs
+
+    def _unrolled_attention(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: list, values: list
+    ) -> torch.Tensor:
+        """Attention of drafting step s = len(keys) + 1 (this step's keys and values are appended to the lists):
+        qkv [B, T, (heads + 2 kv_heads) * hd] -> [B, T, heads * hd]."""
+        c = self.config
+        B, T = qkv.shape[:2]
+        positions = torch.arange(T, device=qkv.device)
+        group = c.num_heads // c.num_kv_heads
+        scale = 1.0 / math.sqrt(c.head_dim)
+        q, k, v = qkv_heads(qkv, c.num_heads, c.num_kv_heads, c.head_dim, cos, sin)  # [B, T, h, hd]
+        q = q.transpose(1, 2)  # [B, heads, T, hd]
+        keys.append(k.transpose(1, 2).repeat_interleave(group, dim=1))
+        values.append(v.transpose(1, 2).repeat_interleave(group, dim=1))
+        s = len(keys)
+        # scores against the first step's (true) keys, at j <= t - s + 1
+        scores = [q @ keys[0].transpose(-1, -2) * scale]  # [B, heads, T, T]
+        allowed = positions[None, :] <= positions[:, None] - (s - 1)
+        scores[0] = scores[0].masked_fill(~allowed, float("-inf"))
+        # and against each later step m's key at position t - (s - m)
+        for m in range(2, s + 1):
+            km = _shift(keys[m - 1], s - m)
+            scores.append(((q * km).sum(-1) * scale)[..., None])
+        weights = torch.softmax(torch.cat(scores, dim=-1), dim=-1)  # [B, heads, T, T + s - 1]
+        weights = torch.nan_to_num(weights)  # rows with no allowed key (t < s - 1) are invalid anyway
+        attn = weights[..., :T] @ values[0]
+        for m in range(2, s + 1):
+            attn = attn + weights[..., T + m - 2 : T + m - 1] * _shift(values[m - 1], s - m)
+        return attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
 
 
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
