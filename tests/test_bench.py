@@ -335,6 +335,14 @@ def test_paired_entries_of_a_run(rounds_results):
     assert "specwise ngram γ=auto" in text
 
 
+def test_report_of_rounds_with_gamma_auto(rounds_results, tmp_path):
+    from specwise.bench.report import write_report
+
+    files = write_report(rounds_results, tmp_path)
+    assert [f.name for f in files] == ["report.md", *PLOT_FILES.values()]
+    assert all(f.stat().st_size > 0 for f in files)
+
+
 def test_t_quantile_on_fixed_inputs():
     from specwise.bench.paired import t_quantile
 
