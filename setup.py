@@ -13,7 +13,10 @@ setup(
     ext_modules=[
         Extension(
             "specwise.models.kernels._native",
-            sources=[f"{KERNELS}/{name}" for name in ("module.c", "smallgemm.c", "llama.c", "quant.c", "qllama.c", "suffix.c")],
+            sources=[
+                f"{KERNELS}/{name}"
+                for name in ("module.c", "smallgemm.c", "llama.c", "quant.c", "qllama.c", "sample.c", "suffix.c")
+            ],
             depends=[f"{KERNELS}/quant.h"],
             extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-fno-math-errno"],
             extra_link_args=["-fopenmp"],

@@ -141,6 +141,9 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         probs = torch.zeros_like(logits)
         probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
         return probs
+    fast = _native_probs(logits, params)
+    if fast is not None:
+        return fast
     logits = logits / params.temperature
     if torch.isposinf(logits).any():
         raise ValueError(f"logits overflow at temperature {params.temperature}: use a larger temperature")
@@ -155,6 +158,41 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
+    """probs_from_logits in one native pass per row (CPU float32), or None where the native library is absent."""
+    if logits.device.type != "cpu" or logits.dim() == 0 or logits.numel() == 0:
+        return None
+    global _probs_fn
+    if _probs_fn is None:
+        from specwise.models.kernels import native_library
+
+        lib = native_library()
+        _probs_fn = lib.specwise_probs if lib is not None else False
+    if _probs_fn is False:
+        return None
+    logits = logits.contiguous()
+    n = logits.shape[-1]
+    out = torch.empty_like(logits)
+    status = _probs_fn(
+        logits.data_ptr(),
+        logits.numel() // n,
+        n,
+        params.temperature,
+        params.top_k,
+        params.top_p,
+        params.min_p,
+        out.data_ptr(),
+    )
+    if status == 1:
+        raise ValueError(f"logits overflow at temperature {params.temperature}: use a larger temperature")
+    if status:
+        raise MemoryError("out of memory while computing sampling probabilities")
+    return out
+
+
+_probs_fn = None
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -425,3 +425,76 @@ def test_argmax_with_nan_falls_back_to_torch():
     assert torch.equal(argmax(x), x.argmax(dim=-1))
     y = torch.randn(4, 30)[:, ::2]  # not contiguous: torch's argmax
     assert torch.equal(argmax(y), y.argmax(dim=-1))
+
+
+# ---- the native distribution (temperature, top-k, softmax, top-p, min-p in one pass per row) ---------------
+
+NATIVE_SETTINGS = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_p=0.95),
+    SamplingParams(temperature=1.0, top_k=50, top_p=0.9, min_p=0.05),
+    SamplingParams(temperature=1.3, top_k=7),
+    SamplingParams(temperature=1.0, min_p=0.2),
+    SamplingParams(temperature=0.5, top_p=1e-200),
+]
+
+
+def _native():
+    import specwise.sampling as s
+    from specwise.models.kernels import native_library
+
+    if native_library() is None:
+        pytest.skip("native kernels not built")
+    return s, native_library()
+
+
+def _torch_probs(s, logits, params):
+    saved, s._probs_fn = s._probs_fn, False
+    try:
+        return probs_from_logits(logits, params)
+    finally:
+        s._probs_fn = saved
+
+
+@pytest.mark.parametrize("params", NATIVE_SETTINGS, ids=lambda p: f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
+def test_native_probs_match_the_torch_definition(params):
+    s, _ = _native()
+    g = torch.Generator().manual_seed(3)
+    for vocab in (13, 1000, 49152):
+        logits = torch.randn(4, vocab, generator=g) * 4  # peaked like a language model's
+        logits[1, :5] = float("-inf")
+        fast = probs_from_logits(logits, params)
+        ref = _torch_probs(s, logits, params)
+        assert fast.shape == ref.shape and fast.dtype == torch.float32
+        assert torch.equal(fast > 0, ref > 0)  # the same tokens kept
+        torch.testing.assert_close(fast, ref, atol=2e-6, rtol=1e-4)
+        torch.testing.assert_close(fast.double().sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_native_probs_keep_ties_and_the_top_token():
+    _native()
+    logits = torch.tensor([[2.0, 5.0, 5.0, 1.0, 5.0, 0.0]])
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))  # ties with the 2nd largest kept
+    assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
+    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-9))  # one tie group: all kept
+    assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
+    p = probs_from_logits(torch.tensor([[0.0, 3.0, 1.0]]), SamplingParams(temperature=2.0, top_p=1e-200))
+    assert p[0].tolist() == [0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="overflow at temperature"):
+        probs_from_logits(torch.tensor([[3e38, 0.0]]), SamplingParams(temperature=0.01))
+
+
+def test_native_probs_are_the_same_on_every_path_and_for_any_row_count():
+    s, lib = _native()
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, 5003, generator=g) * 3
+    for params in NATIVE_SETTINGS:
+        together = probs_from_logits(logits, params)
+        for r in range(5):
+            assert torch.equal(probs_from_logits(logits[r : r + 1], params)[0], together[r])
+        lib.specwise_probs_portable(1)
+        try:
+            portable = probs_from_logits(logits, params)
+        finally:
+            lib.specwise_probs_portable(0)
+        assert torch.equal(portable, together), params

@@ -79,6 +79,8 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_gather": ([p, p, i, p], None),
         "specwise_q_abs_sum": ([p, ctypes.c_longlong, ctypes.c_longlong], ctypes.c_double),
         "specwise_logits_scan": ([p, i, i, p], i),
+        "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
+        "specwise_probs_portable": ([i], None),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
