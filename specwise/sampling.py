@@ -223,6 +223,9 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     """
     vocab = probs.shape[-1]
     flat = probs.reshape(-1, vocab)
+    fast = _native_sample(flat, generator)
+    if fast is not None:
+        return fast.reshape(probs.shape[:-1])
     cdf = flat.double().cumsum(dim=-1)  # [rows, vocab]
     total = cdf[:, -1:]
     if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((flat < 0).any()):
@@ -234,3 +237,30 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
         last = vocab - 1 - (flat.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
         tokens = torch.where(over, last, tokens)
     return tokens.reshape(probs.shape[:-1])
+
+
+def _native_sample(flat: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
+    """sample() in native code for CPU float32 rows (the same uniforms from ``generator``), or None."""
+    if flat.device.type != "cpu" or flat.dtype != torch.float32 or flat.numel() == 0:
+        return None
+    global _sample_fn
+    if _sample_fn is None:
+        from specwise.models.kernels import native_library
+
+        lib = native_library()
+        _sample_fn = lib.specwise_sample if lib is not None else False
+    if _sample_fn is False:
+        return None
+    flat = flat.contiguous()
+    rows, vocab = flat.shape
+    u = torch.rand((rows, 1), generator=generator, dtype=torch.float64)  # as the torch path draws them
+    out = torch.empty(rows, dtype=torch.int64)
+    status = _sample_fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
+    if status == 1:
+        raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
+    if status:
+        raise MemoryError("out of memory while sampling")
+    return out
+
+
+_sample_fn = None

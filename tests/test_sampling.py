@@ -498,3 +498,33 @@ def test_native_probs_are_the_same_on_every_path_and_for_any_row_count():
         finally:
             lib.specwise_probs_portable(0)
         assert torch.equal(portable, together), params
+
+
+def test_native_sample_draws_what_the_torch_path_draws():
+    s, _ = _native()
+    g = torch.Generator().manual_seed(11)
+    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 3, dim=-1)
+    probs[1, ::2] = 0.0  # zeros in the middle: never drawn
+    fast_gen, ref_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+    fast = torch.stack([sample(probs, fast_gen) for _ in range(300)])
+    saved, s._sample_fn = s._sample_fn, False
+    try:
+        ref = torch.stack([sample(probs, ref_gen) for _ in range(300)])
+    finally:
+        s._sample_fn = saved
+    assert torch.equal(fast, ref)
+    assert bool((probs[1][fast[:, 1]] > 0).all())
+
+
+def test_native_sample_edges():
+    _native()
+    one = torch.zeros(1, 1000)
+    one[0, 999] = 0.25  # unnormalised, only the last token
+    assert sample(one, torch.Generator().manual_seed(0)).tolist() == [999]
+    first = torch.zeros(2, 700)
+    first[0, 0] = 1.0
+    first[1, 300] = 2.0
+    assert sample(first, torch.Generator().manual_seed(0)).tolist() == [0, 300]
+    for bad in (torch.zeros(1, 10), torch.tensor([[0.5, -0.1, 0.6]]), torch.tensor([[0.5, float("nan")]])):
+        with pytest.raises(ValueError, match="cannot sample"):
+            sample(bad, torch.Generator().manual_seed(0))

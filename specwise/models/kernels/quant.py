@@ -81,6 +81,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_logits_scan": ([p, i, i, p], i),
         "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
         "specwise_probs_portable": ([i], None),
+        "specwise_sample": ([p, i, i, p, p], i),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (

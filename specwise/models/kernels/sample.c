@@ -364,3 +364,68 @@ int specwise_probs(const float *logits, int rows, int n, float t, int top_k, dou
     free(heap); free(members); free(mass);
     return status;
 }
+
+/* ---- drawing a token ---------------------------------------------------------------------------------------- */
+
+/* For each row of probabilities p[rows][n] (need not sum to 1) and uniform u[row] in [0, 1): the first token whose
+ * cumulative probability exceeds u * total, the inverse-CDF draw. Sums are in double: per chunk of CHUNK values in
+ * four lanes, then the chunks in order, then the values of the chosen chunk one by one (should rounding leave the
+ * scan short inside that chunk, its last token of positive probability is taken). A token of probability 0 is
+ * never drawn. Returns 0, or 1 when a row is negative somewhere, not finite, or all zero. */
+int specwise_sample(const float *probs, int rows, int n, const double *u, int64_t *out) {
+    const int chunks = (n + CHUNK - 1) / CHUNK;
+    double *totals = malloc(sizeof(double) * (size_t)chunks);
+    if (!totals) return 2;
+    int status = 0;
+    for (int r = 0; r < rows && !status; r++) {
+        const float *p = probs + (size_t)r * n;
+        double total = 0.0;
+        int bad = 0;
+        for (int c = 0; c < chunks; c++) {
+            const int lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+            double a[4] = {0.0, 0.0, 0.0, 0.0};
+            int i = lo;
+            for (; i + 4 <= hi; i += 4)
+                for (int l = 0; l < 4; l++) {
+                    bad |= !(p[i + l] >= 0.0f) || p[i + l] == INFINITY;
+                    a[l] += p[i + l];
+                }
+            for (; i < hi; i++) {
+                bad |= !(p[i] >= 0.0f) || p[i] == INFINITY;
+                a[0] += p[i];
+            }
+            totals[c] = (a[0] + a[1]) + (a[2] + a[3]);
+            total += totals[c];
+        }
+        if (bad || !(total > 0.0) || !isfinite(total)) {
+            status = 1;
+            break;
+        }
+        const double target = u[r] * total;
+        double run = 0.0;
+        int c = 0;
+        while (c < chunks - 1 && !(run + totals[c] > target)) run += totals[c++];
+        const int lo = c * CHUNK, hi = lo + CHUNK < n ? lo + CHUNK : n;
+        int pick = -1, last = -1;
+        for (int i = lo; i < hi; i++) {
+            if (p[i] > 0.0f) last = i;
+            run += p[i];
+            if (run > target && p[i] > 0.0f) {
+                pick = i;
+                break;
+            }
+        }
+        if (pick < 0) { /* rounding: the target lies in the last ulps of the chunk, or the chunk is all zero */
+            pick = last;
+            for (int j = c; pick < 0 && j >= 0; j--)
+                for (int i = (j == c ? hi : (j + 1) * CHUNK) - 1; i >= j * CHUNK; i--)
+                    if (p[i] > 0.0f) {
+                        pick = i;
+                        break;
+                    }
+        }
+        out[r] = pick;
+    }
+    free(totals);
+    return status;
+}
