@@ -73,7 +73,7 @@ def test_longest_match_and_most_frequent_continuation(native):
     # [2, 3, 4] was followed by 6 twice and by 5 once; [2, 3, 4, 6] by 7 twice (the pattern grows with the draft)
     tokens, conf, counts = index.draft(index.match([0, 2, 3, 4], 24, 1), 8, 0.0, 1.0, 2.0)
     assert tokens == [6, 7]  # then the sequences end: no more
-    assert counts == [3, 2]
+    assert counts == [(2, 3), (2, 2)]
     assert conf == pytest.approx([confidence(2, 3, 3, 1.0, 2.0), confidence(2, 2, 4, 1.0, 2.0)], rel=1e-6)
     # the longer match decides: [1, 2, 3, 4] was followed by 5
     assert index.draft(index.match([1, 2, 3, 4], 24, 1), 8, 0.0, 1.0, 2.0)[0] == [5]
@@ -253,6 +253,30 @@ def test_build_keeps_the_index_within_its_size_limit(tmp_path):
     assert report["answers"] == 3  # 9 tokens and a separator each
 
 
+def test_calibration_fits_each_source_on_held_out_answers():
+    from specwise.index import calibrate
+
+    rng = random.Random(4)
+    phrases = [[rng.randrange(60) for _ in range(12)] for _ in range(6)]
+    answers = [sum((rng.choice(phrases) for _ in range(6)), []) for _ in range(40)]
+    prompts = [[rng.randrange(60) for _ in range(5)] for _ in answers]
+    fitted = calibrate(answers[:30], list(zip(prompts[30:], answers[30:])))
+    assert set(fitted) == {"index", "counts"}
+    for fit in fitted.values():
+        assert fit["events"] >= 50 and 0 < fit["acceptance"] < 1
+        assert abs(fit["mean_confidence"] - fit["acceptance"]) < 0.1  # calibrated on average
+
+
+def test_the_drafter_uses_the_index_calibration(tmp_path, tiny_target):
+    from specwise.drafters.suffix import DEFAULT_PRIORS, index_identity
+
+    target = tiny_loaded(tiny_target.model, "tiny-target")
+    info = {"target": index_identity(target), "calibration": {"index": {"smooth": 4.0, "half": 8.0, "events": 99}}}
+    SuffixIndex.from_sequences(SEQS, info=info).save(tmp_path / "idx")
+    drafter = make_suffix_drafter(str(tmp_path / "idx"), target)
+    assert drafter.priors == {"index": (4.0, 8.0), "counts": DEFAULT_PRIORS["counts"]}
+
+
 # ---- the target -------------------------------------------------------------------------------------------------
 
 
@@ -344,3 +368,31 @@ def test_sequences_may_hold_large_token_ids(tmp_path):
     drafter = SuffixDrafter(load_index(tmp_path / "big"), min_match=1)
     assert propose(drafter, [70_001])[0] == [70_002, 9]  # then the end of one sequence, 9 in the other (a tie)
     assert json.loads((tmp_path / "big" / "index.json").read_text())["tokens"] == 7
+
+
+@pytest.mark.slow
+def test_real_target_greedy_identity_from_its_own_answers(smollm, tmp_path):
+    """The default model answers two prompts; an index of those answers drafts them again, exactly."""
+    from specwise.drafters.suffix import index_identity
+    from specwise.runtime import encode_prompt
+
+    texts = ["Name three primary colors.", "Write a Python function that reverses a string."]
+    prompts = [encode_prompt(smollm.tokenizer, t, chat=True) for t in texts]
+    plain_engine = Engine(smollm.model, None, gamma=0)
+    plain = [plain_engine.generate(p, GREEDY, max_new_tokens=48, eos_token_ids=[]).token_ids for p in prompts]
+
+    def answer(prompt, temperature, seed):
+        return plain[prompts.index(prompt)]
+
+    info = {"target": index_identity(smollm)}
+    build_index(prompts, answer, tmp_path / "data", tmp_path / "index", info, progress=False)
+    drafter = make_suffix_drafter(str(tmp_path / "index"), smollm)
+    engine = Engine(smollm.model, drafter, gamma="auto")
+    for prompt, expected in zip(prompts + [encode_prompt(smollm.tokenizer, "Count from one to ten.", chat=True)],
+                                plain + [None]):  # fmt: skip
+        result = engine.generate(prompt, GREEDY, max_new_tokens=48, eos_token_ids=[])
+        if expected is None:
+            expected = plain_engine.generate(prompt, GREEDY, max_new_tokens=48, eos_token_ids=[]).token_ids
+        else:
+            assert result.stats.accepted >= 24  # the answer is in the index
+        assert result.token_ids == expected

@@ -171,8 +171,8 @@ class SuffixIndex:
         return (int(length), int(self._range[0]), int(self._range[1])) if length else (0, 0, 0)
 
     def draft(self, match: tuple[int, int, int], k: int, stop: float, smooth: float, half: float):
-        """(tokens, confidences, pattern counts): up to ``k`` tokens continuing a match of :meth:`match`; see
-        :func:`confidence`."""
+        """(tokens, confidences, counts): up to ``k`` tokens continuing a match of :meth:`match` (see
+        :func:`confidence`); counts: (times the token followed, times the pattern before it occurred) per token."""
         length, lo, hi = match
         k = min(k, self.depth - length)
         if length == 0 or k <= 0:
@@ -180,14 +180,15 @@ class SuffixIndex:
         if self._lib is None:
             return self._draft_py(match, k, stop, smooth, half)
         if len(self._out[0]) < k:
-            self._out = (np.empty(k, np.int32), np.empty(k, np.float32), np.empty(k, np.int64))
+            self._out = (np.empty(k, np.int32), np.empty(k, np.float32), np.empty(2 * k, np.int64))
             self._out_ptr = tuple(a.ctypes.data for a in self._out)
         tokens, conf, counts = self._out
         text, sa = self._ptr[:2]
         n = self._lib.specwise_suffix_draft(
             text, sa, lo, hi, length, self.depth, k, stop, smooth, half, SCAN, *self._out_ptr
         )  # fmt: skip
-        return tokens[:n].tolist(), conf[:n].tolist(), counts[:n].tolist()
+        pairs = counts[: 2 * n].tolist()
+        return tokens[:n].tolist(), conf[:n].tolist(), list(zip(pairs[::2], pairs[1::2]))
 
     # the Python reference of kernels/suffix.c (the same choices, for tests and builds without a C compiler)
 
@@ -256,7 +257,7 @@ class SuffixIndex:
             reach *= q
             tokens.append(best)
             conf.append(q)
-            counts.append(r)
+            counts.append((b - a, r))
             lo, hi, depth = a, b, depth + 1
         return tokens, conf, counts
 
@@ -403,8 +404,9 @@ class NgramCounts:
         self._update(seq, done, len(seq), 1)
 
     def draft(self, context: list[int], k: int, max_len: int, min_len: int, stop: float, smooth: float, half: float):
-        """(n, tokens, confidences): the longest n-gram ending the context that has followed text, and up to ``k``
-        tokens drafted from it, each the most frequent follower of the last n tokens so far."""
+        """(n, tokens, confidences, counts): the longest n-gram ending the context that has followed text, and up to
+        ``k`` tokens drafted from it, each the most frequent follower of the last n tokens so far; counts: (times
+        the token followed, times the n tokens before it occurred) per token."""
         table = self.table
         for n in self.orders:
             if n > max_len or n < min_len or n > len(context):
@@ -413,7 +415,7 @@ class NgramCounts:
             if row is None:
                 continue
             window = list(context[-n:])
-            tokens, conf = [], []
+            tokens, conf, counts = [], [], []
             reach = 1.0
             while row is not None and len(tokens) < k:
                 total = row[-1]
@@ -424,15 +426,17 @@ class NgramCounts:
                 reach *= q
                 tokens.append(best)
                 conf.append(q)
+                counts.append((count, total))
                 window = window[1:] + [best]
                 row = table.get(tuple(window))
-            return n, tokens, conf
-        return 0, [], []
+            return n, tokens, conf, counts
+        return 0, [], [], []
 
 
 # ---- the drafter -----------------------------------------------------------------------------------------------
 
 LOCAL_ORDERS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+DEFAULT_PRIORS = {"index": (1.0, 2.0), "counts": (1.0, 2.0)}  # (smooth, half) where an index has no calibration
 
 
 def expected_accepted(confidence: list[float]) -> float:
@@ -450,8 +454,10 @@ class SuffixDrafter(Drafter):
 
     max_match, min_match: the suffix lengths of the context searched (longest first); shorter matches than
         ``min_match`` propose nothing.
-    smooth, half: the weight of the prior in a confidence, and the match length whose prior is 1/2 (see
-        :func:`confidence`).
+    priors: (smooth, half) of the confidences (:func:`confidence`) of the global index's drafts (``"index"``) and
+        of the counts' (``"counts"``): the weight of the prior and the match length whose prior is 1/2. An index
+        built by ``specwise index`` holds the values fitted on held-out answers of the target (``calibration`` in
+        its ``index.json``), which :func:`make_suffix_drafter` uses.
     overlay_tokens: the most tokens the overlay of served answers holds (the oldest answers leave first).
     """
 
@@ -462,8 +468,7 @@ class SuffixDrafter(Drafter):
         index: SuffixIndex | None = None,
         max_match: int = 24,
         min_match: int = 2,
-        smooth: float = 1.0,
-        half: float = 2.0,
+        priors: dict[str, tuple[float, float]] | None = None,
         overlay_tokens: int = 100_000,
         device: torch.device | str = "cpu",
     ) -> None:
@@ -471,7 +476,7 @@ class SuffixDrafter(Drafter):
             raise ValueError(f"match lengths must satisfy 1 <= min_match <= max_match, got {min_match}, {max_match}")
         self.index = index
         self.max_match, self.min_match = max_match, min_match
-        self.smooth, self.half = smooth, half
+        self.priors = {**DEFAULT_PRIORS, **(priors or {})}
         self.device = device
         orders = tuple(n for n in LOCAL_ORDERS if n <= max_match) + (max_match,)
         self.overlay = NgramCounts(orders)
@@ -515,16 +520,16 @@ class SuffixDrafter(Drafter):
         if k <= 0 or len(context) < self.min_match:
             return Draft.empty(self.device)
         best: tuple[float, int, list[int], list[float]] = (0.0, 0, [], [])
-        args = (context, k, self.max_match, self.min_match, stop, self.smooth, self.half)
+        args = (context, k, self.max_match, self.min_match, stop, *self.priors["counts"])
         for counts in (self.local, self.overlay):
             if counts.table:
-                n, tokens, conf = counts.draft(*args)
+                n, tokens, conf, _ = counts.draft(*args)
                 if tokens:
                     best = max(best, (expected_accepted(conf), n, tokens, conf), key=lambda b: (b[0], b[1]))
         if self.index is not None:
             match = self.index.match(context, self.max_match, self.min_match)
             if match[0]:
-                tokens, conf, _ = self.index.draft(match, k, stop, self.smooth, self.half)
+                tokens, conf, _ = self.index.draft(match, k, stop, *self.priors["index"])
                 if tokens:
                     best = max(best, (expected_accepted(conf), match[0], tokens, conf), key=lambda b: (b[0], b[1]))
         if not best[2]:
@@ -540,4 +545,6 @@ def make_suffix_drafter(arg: str, target, device="cpu") -> SuffixDrafter:
     if directory is not None:
         index = load_index(directory)
         check_index_target(index.info, target)
-    return SuffixDrafter(index, device=device)
+    fitted = (index.info.get("calibration") or {}) if index is not None else {}
+    priors = {source: (fit["smooth"], fit["half"]) for source, fit in fitted.items() if source in DEFAULT_PRIORS}
+    return SuffixDrafter(index, priors=priors, device=device)

@@ -21,9 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from specwise.files import cache_dir, safe_name, write_json_atomic
 
-__all__ = ["IndexOptions", "build_index", "default_data_dir", "run_index"]
+__all__ = ["IndexOptions", "build_index", "calibrate", "default_data_dir", "run_index"]
 
 # generate(prompt ids, temperature, seed) -> the answer's token ids (its end-of-sequence token included)
 Generate = Callable[[list[int], float, int], list[int]]
@@ -88,6 +90,7 @@ def build_index(
     budget_tokens: int | None = None,
     chunk: int = 32,
     max_index_mb: float = 16.0,
+    calibration_answers: int = 300,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -96,7 +99,8 @@ def build_index(
 
     Request j is answered at ``temperatures[j % len]`` with seed ``seed * 1_000_003 + j``; the budget is checked
     before each answer. info: the index's metadata (``target``: the identity; the rest is kept as given).
-    Returns a report: tokens, tokens/s of this run's generation, the index's size.
+    The drafts' confidences are fitted (:func:`calibrate`) on up to ``calibration_answers`` greedy answers held out
+    of an index of the others. Returns a report: tokens, tokens/s of this run's generation, the index's size.
     """
     from tqdm import tqdm
 
@@ -116,6 +120,7 @@ def build_index(
     todo = requests if max_requests is None else requests[:max_requests]
     chunks = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
     sequences: list[list[int]] = []
+    greedy: list[tuple[list[int], list[int], int]] = []  # greedy answers (prompt, answer, place in sequences)
     generated = run_tokens = 0
     run_seconds = 0.0
 
@@ -141,9 +146,11 @@ def build_index(
                 bar.set_postfix(tokens=generated, tok_s=f"{rate:.0f}")
             run_seconds += time.perf_counter() - t0
             write_json_atomic(path, {"answers": answers})
-        for prompt, answer in zip(block, answers):
+        for i, (prompt, answer) in enumerate(zip(block, answers)):
             if answer:
                 sequences.append(prompt[-LEAD:] + answer)
+                if temperatures[(c * chunk + i) % len(temperatures)] == 0:
+                    greedy.append((prompt, answer, len(sequences) - 1))
         if len(answers) < len(block):
             break
     bar.close()
@@ -159,7 +166,14 @@ def build_index(
         sequences = sequences[:keep]
     build = dict(info.get("build", {}))
     build.update({"answers": len(sequences), "generated_tokens": generated})
-    index = SuffixIndex.from_sequences(sequences, info={**info, "build": build})
+    held = greedy[::10][:calibration_answers]  # every 10th greedy answer, held out
+    out_of_train = {place for _, _, place in held}
+    train = [seq for place, seq in enumerate(sequences) if place not in out_of_train]
+    fitted = calibrate(train, [(prompt, answer) for prompt, answer, _ in held])
+    if fitted:
+        log(f"index: confidences fitted on {len(held)} held-out answers: {json.dumps(fitted)}")
+    meta = {**info, "build": build, "calibration": fitted}
+    index = SuffixIndex.from_sequences(sequences, info=meta)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     index.save(out)
     disk = sum(f.stat().st_size for f in Path(out).iterdir())
@@ -172,6 +186,70 @@ def build_index(
         "tokens_per_second": round(run_tokens / run_seconds, 1) if run_seconds > 0 else None,
         "index_mb": round(disk / 2**20, 3),
     }
+
+
+SMOOTH_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+HALF_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+
+
+def calibrate(
+    train: list[list[int]], held: list[tuple[list[int], list[int]]], k: int = 8, max_match: int = 24, min_match: int = 2
+) -> dict:
+    """(smooth, half) of the drafts' confidences (:func:`specwise.drafters.suffix.confidence`) for each source, fitted
+    by likelihood on ``held`` (prompt, greedy answer) pairs with an index of ``train``.
+
+    At every position of a held-out answer each source drafts ``k`` tokens, as the drafter does with its request's
+    context (the prompt and the answer so far); each token up to the first wrong one is an event (its counts, the
+    match length, whether it is the answer's next token): the probability that a token is accepted once the ones
+    before it are. Sources with fewer than 50 events keep the defaults (absent from the result).
+    """
+    from specwise.drafters.suffix import LOCAL_ORDERS, NgramCounts, SuffixIndex
+
+    index = SuffixIndex.from_sequences(train)
+    orders = tuple(n for n in LOCAL_ORDERS if n <= max_match) + (max_match,)
+    events: dict[str, list[tuple[int, int, int, bool]]] = {"index": [], "counts": []}
+
+    def record(source, tokens, counts, length, truth, grow) -> None:
+        for j, (token, (count, total)) in enumerate(zip(tokens, counts)):
+            hit = j < len(truth) and token == truth[j]
+            events[source].append((count, total, length + j if grow else length, hit))
+            if not hit:
+                break
+
+    for prompt, answer in held:
+        local = NgramCounts(orders)
+        done = 0
+        for i in range(len(answer)):
+            context = prompt + answer[:i]
+            local.extend(context, done)
+            done = len(context)
+            truth = answer[i : i + k]
+            match = index.match(context, max_match, min_match)
+            if match[0]:
+                tokens, _, counts = index.draft(match, k, 0.0, 1.0, 1.0)
+                record("index", tokens, counts, match[0], truth, grow=True)
+            n, tokens, _, counts = local.draft(context, k, max_match, min_match, 0.0, 1.0, 1.0)
+            record("counts", tokens, counts, n, truth, grow=False)
+    fitted = {}
+    for source, rows in events.items():
+        if len(rows) < 50:
+            continue
+        c, total, length, hit = (np.array(col, dtype=np.float64) for col in zip(*rows))
+        best = None
+        for smooth in SMOOTH_GRID:
+            for half in HALF_GRID:
+                q = np.clip((c + smooth * length / (length + half)) / (total + smooth), 1e-6, 1 - 1e-6)
+                loglik = float(np.mean(hit * np.log(q) + (1 - hit) * np.log1p(-q)))
+                if best is None or loglik > best[0]:
+                    best = (loglik, smooth, half, float(q.mean()))
+        fitted[source] = {
+            "smooth": best[1],
+            "half": best[2],
+            "events": len(rows),
+            "acceptance": round(float(hit.mean()), 4),
+            "mean_confidence": round(best[3], 4),
+        }
+    return fitted
 
 
 def _user_turn_prefix(tokenizer) -> list[int]:

@@ -113,8 +113,8 @@ static uint32_t mode_at(const uint32_t *text, const int32_t *sa, int depth, int6
 /* Draft up to k tokens following a match of `depth` tokens whose occurrences are sa[lo..hi): each token is the
  * most frequent continuation of the pattern so far, which then grows by it (the range narrows to its occurrences).
  * conf[i] = (count(token | pattern) + smooth * prior) / (count(pattern) + smooth), with the prior
- * L / (L + half) of a pattern of L tokens (a longer match is more often followed the same way); counts[i] =
- * count(pattern). Stops at k tokens, at
+ * L / (L + half) of a pattern of L tokens (a longer match is more often followed the same way);
+ * counts[2i], counts[2i + 1] = count(token | pattern), count(pattern). Stops at k tokens, at
  * `max_depth`, when the most frequent continuation is the end of a sequence, or before a token that would bring
  * the product of confidences below `stop`. Returns the number of tokens drafted. */
 int specwise_suffix_draft(const uint32_t *text, const int32_t *sa, int64_t lo, int64_t hi, int depth, int max_depth,
@@ -133,7 +133,8 @@ int specwise_suffix_draft(const uint32_t *text, const int32_t *sa, int64_t lo, i
         reach *= q;
         tokens[out] = (int32_t)t;
         conf[out] = (float)q;
-        counts[out] = hi - lo;
+        counts[2 * out] = b - a;
+        counts[2 * out + 1] = hi - lo;
         out++;
         lo = a, hi = b, depth++;
     }
