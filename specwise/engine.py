@@ -67,22 +67,41 @@ class StopText:
     the next tokens decide it.
     """
 
+    OVERLAP = 4  # tokens decoded again before the new ones, so that merges across the boundary come out right
+
     def __init__(self, tokenizer, stop: Iterable[str] = ()) -> None:
         self.tokenizer = tokenizer
         self.stop = [s for s in stop if s]
         self.token_ids: list[int] = []
         self.sent = 0  # characters of text already emitted
+        self._base = 0  # the text of token_ids[:_base] is _base_text, final (no incomplete character at its end)
+        self._base_text = ""
 
     def _decode(self, ids: list[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _text(self) -> str:
+        """The text of all tokens so far, decoding only the new tokens and a few before them: the text of the
+        tokens from ``lo`` with that of ``lo .. _base`` taken off, appended to the text up to ``_base`` (a full
+        decode whenever that does not line up, e.g. after an incomplete character)."""
+        ids, base = self.token_ids, self._base
+        lo = max(0, base - self.OVERLAP)
+        head, window = self._decode(ids[lo:base]), self._decode(ids[lo:])
+        if window.startswith(head):
+            text = self._base_text + window[len(head) :]
+        else:
+            text = self._decode(ids)
+        if not text.endswith("\ufffd"):
+            self._base, self._base_text = len(ids), text
+        return text
+
     def feed(self, new_ids: list[int], final: bool) -> tuple[str, list[int], bool]:
         """Add tokens; return (new text, new tokens kept, whether a stop string ended the output)."""
         start = len(self.token_ids)
         self.token_ids.extend(new_ids)
-        text = self._decode(self.token_ids)
+        text = self._text()
         hit = self._first_stop(text)
         if hit is not None:
             # keep the fewest tokens whose text contains the stop string
@@ -91,6 +110,7 @@ class StopText:
                     break
             kept = self.token_ids[start:m]
             del self.token_ids[m:]
+            self._base, self._base_text = 0, ""  # the output ends here
             return self._take(text[:hit]), kept, True
         if final:
             return self._take(text), new_ids, False

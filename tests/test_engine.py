@@ -293,3 +293,41 @@ def test_engine_default_eos_ids_and_request_override(tiny_target):
     engine = Engine(tiny_target, NgramDrafter(), gamma=3, eos_token_ids=[eos])
     assert engine.generate([1, 5, 9, 2], max_new_tokens=20).token_ids == plain[: plain.index(eos) + 1]
     assert engine.generate([1, 5, 9, 2], max_new_tokens=20, eos_token_ids=[]).token_ids == plain
+
+
+class _CountingTokenizer(_CharTokenizer):
+    def __init__(self):
+        self.decoded = 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return super().decode(ids, skip_special_tokens)
+
+
+def test_stop_text_decodes_only_the_new_tokens():
+    tok = _CountingTokenizer()
+    st = StopText(tok)
+    pieces = [st.feed([i % 26], final=False)[0] for i in range(400)]
+    assert "".join(pieces) == _CharTokenizer().decode([i % 26 for i in range(400)])
+    assert tok.decoded < 400 * 2 * (StopText.OVERLAP + 1)  # a full decode each step would be 80,000 tokens
+
+
+@pytest.mark.slow
+def test_stop_text_incremental_equals_full_decode(smol_tokenizer):
+    """Random pieces of real text and random token ids (multi-byte characters split across feeds included)."""
+    import random
+
+    rng = random.Random(0)
+    samples = ["Grüße aus Köln: 日本語のテキスト 🙂🚀 and ∑∫√ — done.\n\n```python\nprint('x')\n```"] * 3
+    ids_list = [smol_tokenizer(s, add_special_tokens=False)["input_ids"] for s in samples]
+    ids_list += [[rng.randrange(smol_tokenizer.vocab_size) for _ in range(300)] for _ in range(3)]
+    for ids in ids_list:
+        st = StopText(smol_tokenizer)
+        out, i = [], 0
+        while i < len(ids):
+            n = rng.randint(1, 6)
+            final = i + n >= len(ids)
+            out.append(st.feed(ids[i : i + n], final=final)[0])
+            i += n
+            assert st._base_text == smol_tokenizer.decode(ids[: st._base], skip_special_tokens=True)
+        assert "".join(out) == smol_tokenizer.decode(ids, skip_special_tokens=True)

@@ -69,6 +69,11 @@ class LightTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._backend.get_vocab(with_added_tokens=True)
 
+    @property
+    def vocab_size(self) -> int:
+        """The base vocabulary, without added tokens (as transformers counts it)."""
+        return self._backend.get_vocab_size(with_added_tokens=False)
+
     def __len__(self) -> int:
         return self._backend.get_vocab_size(with_added_tokens=True)
 
