@@ -369,3 +369,46 @@ def test_greedy_identity_with_ngram_and_head_and_gamma_auto():
         assert result.token_ids == want
         drafted = {name: c["drafted"] for name, c in result.stats.by_drafter.items()}
         assert sum(drafted.values()) == result.stats.drafted
+
+
+def test_the_quantized_head_computes_what_the_float_head_computes_up_to_8_bits():
+    from specwise.drafters.head.quantized import head_quantization_available
+
+    if not head_quantization_available():
+        pytest.skip("the quantized kernels are unavailable here")
+    hf = tiny_llama(seed=1)
+    head = _head(hf)
+    target = NativeModel(hf)
+    target.keep_features = True
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * 5)  # 50 positions: more than one call of 32 rows
+    target.forward(ids)
+    feats, nxt = target.features(0, 50), torch.cat([ids[1:], ids[:1]])
+    full = HeadDrafter(head, target, half_weights=False)
+    q8 = HeadDrafter(head, target, quantized=True)
+    assert q8.quantized and q8._backend == "quantized" and not hasattr(q8, "_qkv")  # no float copies kept
+    with torch.no_grad():
+        a, b = full._step(feats, nxt, 0), q8._step(feats, nxt, 0)
+    cos = torch.nn.functional.cosine_similarity(a, b, dim=-1)
+    assert float(cos.min()) > 0.98  # 8-bit weights and activations: close, not equal
+    # a row's result does not depend on how many rows share the call (the kernels' contract)
+    with torch.no_grad():
+        alone = q8._step(feats[:1], nxt[:1], 0)
+    torch.testing.assert_close(alone, b[:1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_greedy_identity_with_a_quantized_head(gamma):
+    from specwise.drafters.head.quantized import head_quantization_available
+
+    if not head_quantization_available():
+        pytest.skip("the quantized kernels are unavailable here")
+    hf = tiny_llama(seed=1)
+    plain = Engine(NativeModel(hf), None, gamma=0)
+    target = NativeModel(hf)
+    engine = Engine(target, HeadDrafter(_head(hf, torch.arange(0, 96, 2)), target, quantized=True), gamma=gamma)
+    for prompt in ([4], [1, 2, 3], [9, 9, 9, 9, 9, 30, 31]):
+        greedy = SamplingParams(temperature=0.0)
+        want = plain.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[]).token_ids
+        got = engine.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[])
+        assert got.token_ids == want
+        assert got.stats.drafted > 0

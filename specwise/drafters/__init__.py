@@ -126,6 +126,11 @@ def shipped_head_dir(target_name: str):
     return None
 
 
+def quantized_head(model) -> bool:
+    """Whether a head drafts on the quantized kernels: where its target runs on them (a GGUF on the CPU)."""
+    return getattr(model, "precision", None) is not None and str(getattr(model, "device", "cpu")) == "cpu"
+
+
 def _head_drafter(arg: str, target, device) -> Drafter:
     from specwise.drafters.head import HeadDrafter, check_target, load_head
 
@@ -140,4 +145,4 @@ def _head_drafter(arg: str, target, device) -> Drafter:
         raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
     check_target(head.config, target.hf_model, target.name)
     head.attach_target(target.hf_model)
-    return HeadDrafter(head, target.model)
+    return HeadDrafter(head, target.model, quantized=quantized_head(target.model))

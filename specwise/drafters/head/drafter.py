@@ -19,7 +19,9 @@ import torch
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.head.module import EagleHead
+from specwise.drafters.head.quantized import QuantizedHeadLayer, head_quantization_available, quantize_rows
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm_available
+from specwise.models.kernels.quant import q_gemm
 from specwise.models.layer import (
     LayerWeights,
     cached_attention,
@@ -54,6 +56,7 @@ class HeadDrafter(Drafter):
         half_weights: bool = True,
         window: int | None = 128,
         sinks: int = 4,
+        quantized: bool = False,
     ) -> None:
         # Catching up on a context longer than ``window`` positions (a new request's prompt), the head feeds its
         # first ``sinks`` positions and its last ``window`` ones only: its layer's cost no longer grows with the
@@ -74,6 +77,10 @@ class HeadDrafter(Drafter):
         # the same values; the output layer (rows of the target's) is rounded. That changes q slightly, never the
         # output: verification uses the q the draft was drawn from.
         half = half_weights and small_gemm_available() and torch.device(self.device).type == "cpu"
+        # quantized: the products on the quantized kernels, weights in Q8_0 and activations in 8 bits (half the
+        # bytes of float16 per drafted token; see specwise.drafters.head.quantized)
+        self.quantized = bool(quantized) and torch.device(self.device).type == "cpu" and head_quantization_available()
+        self._q = None
         # The drafter keeps what it computes with, not the head: float16 weights, or float32 ones (the head's own
         # where they are float32), the norms, and the output layer's draft-vocabulary rows (gathered in the
         # products' dtype, read on demand from a quantized target). The embedding is the target's.
@@ -86,21 +93,45 @@ class HeadDrafter(Drafter):
             def vector(weight: torch.Tensor) -> torch.Tensor:
                 return weight.detach().float().contiguous()
 
-            self._fc = linear(head.fc.weight)
-            self._qkv = linear(head.qkv.weight)
-            self._o = linear(head.o.weight)
-            self._gate_up = linear(head.gate_up.weight)
-            self._down = linear(head.down.weight)
-            self._layer = LayerWeights(
-                vector(head.attn_norm), self._qkv, self._o, vector(head.mlp_norm), self._gate_up, self._down
-            )
+            if self.quantized:
+                c = head.config
+                self._q = (
+                    quantize_rows(head.fc.weight, "head.fc"),
+                    QuantizedHeadLayer(
+                        c.hidden_size,
+                        c.num_heads,
+                        c.num_kv_heads,
+                        c.head_dim,
+                        c.intermediate_size,
+                        c.rms_eps,
+                        head.attn_norm,
+                        head.qkv.weight,
+                        head.o.weight,
+                        head.mlp_norm,
+                        head.gate_up.weight,
+                        head.down.weight,
+                    ),
+                    quantize_rows(head.output_rows(None), "head.output"),
+                )
+            else:
+                self._fc = linear(head.fc.weight)
+                self._qkv = linear(head.qkv.weight)
+                self._o = linear(head.o.weight)
+                self._gate_up = linear(head.gate_up.weight)
+                self._down = linear(head.down.weight)
+                self._layer = LayerWeights(
+                    vector(head.attn_norm), self._qkv, self._o, vector(head.mlp_norm), self._gate_up, self._down
+                )
+                self._lm = Linear(head.output_rows(torch.float16 if half else None))
             self._feature_norm, self._embed_norm = vector(head.feature_norm), vector(head.embed_norm)
             self._out_norm = vector(head.out_norm)
-            self._lm = Linear(head.output_rows(torch.float16 if half else None))
         self._embed = head.embed  # [vocab, d], the target's
         self._inv_freq = head.inv_freq.detach().float()
-        self._backend = "kernel" if self._lm.kernel_ok else "torch"
-        self._fused = self._fused_setup()
+        if self._q is not None:
+            self._backend, self._fused = "quantized", None
+        else:
+            self._backend = "kernel" if self._lm.kernel_ok else "torch"
+            self._fused = self._fused_setup()
         self._vocab_ids = head.vocab_ids.to(self.device)
         self._capacity = 0
         self._grow(capacity)
@@ -155,6 +186,11 @@ class HeadDrafter(Drafter):
             self._grow(max(2 * self._capacity, start + n))
         emb = self._embed[next_tokens]
         fused = torch.cat([self._norm(features, self._feature_norm), self._norm(emb, self._embed_norm)], dim=-1)
+        if self._q is not None:
+            fc, layer, _ = self._q
+            x = q_gemm(fc, fused.float().contiguous(), mode="q8")
+            layer.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
+            return self._norm(x, self._out_norm)
         x = self._fc(fused, b)
         if self._fused is not None and n <= LayerKernel.MAX_ROWS and x.dtype == torch.float32:
             x = x.contiguous()
@@ -184,7 +220,10 @@ class HeadDrafter(Drafter):
         chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`;
         1 without a ``stop`` level, which is all it is used for); sampling, 1.
         """
-        logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
+        if self._q is not None:
+            logits = q_gemm(self._q[2], feature[None].float().contiguous(), mode="q8")[0]  # [draft_vocab]
+        else:
+            logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
         if params.greedy:
             best = int(logits.argmax())
             confidence = 1.0 if stop <= 0 else float(torch.softmax(logits, -1)[best])

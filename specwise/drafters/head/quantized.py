@@ -1,0 +1,127 @@
+"""The head drafter's products on the quantized kernels: its weights in Q8_0, activations in 8 bits.
+
+A drafted token of the head reads its layer, its input projection and the output layer over the draft vocabulary
+(8,192 rows for the shipped head): 18 MB in float16, 9.5 MB in Q8_0. On a CPU bound by memory that halves the
+cost of a drafted token. A drafter need not be exact (the rejection rule keeps the output exact, verification uses
+the q a draft was drawn from), so the head's own numerics are free to change; its acceptance is measured
+(``docs/DISTILL.md``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+from specwise.models.kernels.quant import QMat, QTensor, _mode_id, quantized_available
+
+__all__ = ["QuantizedHeadLayer", "quantize_rows", "head_quantization_available"]
+
+GGML_Q8_0 = 8
+MAX_ROWS = 32  # rows per call of the layer kernel (as the quantized target)
+
+
+def head_quantization_available() -> bool:
+    try:
+        import gguf.quants  # noqa: F401
+    except ImportError:
+        return False
+    return quantized_available()
+
+
+def quantize_rows(weight: torch.Tensor, name: str = "") -> QTensor:
+    """A float matrix ``[out, in]`` (in a multiple of 32) as a Q8_0 QTensor."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = weight.detach().float().cpu().numpy()
+    raw = np.ascontiguousarray(quantize(np.ascontiguousarray(w), GGMLQuantizationType.Q8_0))
+    return QTensor(GGML_Q8_0, raw.reshape(-1), w.shape[0], w.shape[1], name=name)
+
+
+class QuantizedHeadLayer:
+    """One Llama decoder layer (no biases) run by the quantized layer kernel, with the caller's KV cache."""
+
+    def __init__(
+        self,
+        hidden: int,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        intermediate: int,
+        eps: float,
+        attn_norm: torch.Tensor,
+        qkv: torch.Tensor,
+        o: torch.Tensor,
+        mlp_norm: torch.Tensor,
+        gate_up: torch.Tensor,
+        down: torch.Tensor,
+    ) -> None:
+        from specwise.models.kernels import native_library
+
+        self._lib = native_library()
+        self.hidden, self.n_heads, self.n_kv, self.head_dim = hidden, n_heads, n_kv, head_dim
+        self.intermediate, self.eps = intermediate, float(eps)
+        q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
+        self.weights = [
+            quantize_rows(qkv[:q_rows], "head.q"),
+            quantize_rows(qkv[q_rows : q_rows + kv_rows], "head.k"),
+            quantize_rows(qkv[q_rows + kv_rows :], "head.v"),
+            quantize_rows(o, "head.o"),
+            quantize_rows(gate_up[:intermediate], "head.gate"),
+            quantize_rows(gate_up[intermediate:], "head.up"),
+            quantize_rows(down, "head.down"),
+        ]
+        self._structs = (QMat * 7)(*[w.struct for w in self.weights])
+        self._attn_norm = attn_norm.detach().float().contiguous()
+        self._mlp_norm = mlp_norm.detach().float().contiguous()
+        self._attn_ptr = (ctypes.c_void_p * 1)(self._attn_norm.data_ptr())
+        self._mlp_ptr = (ctypes.c_void_p * 1)(self._mlp_norm.data_ptr())
+        self._bias_ptr = (ctypes.c_void_p * 1)(0)
+        size = self._lib.specwise_qllama_scratch_floats(hidden, n_heads, n_kv, head_dim, intermediate, MAX_ROWS)
+        self._scratch = torch.empty(int(size), dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(w.nbytes for w in self.weights)
+
+    def run(self, x: torch.Tensor, start: int, k_cache, v_cache, capacity: int, cos, sin) -> None:
+        """The layer on x ``[k, hidden]`` (float32, contiguous, updated in place) at positions ``start ..``;
+        writes k_cache / v_cache ``[kv_heads, capacity, head_dim]``; cos, sin: ``[capacity, head_dim]``."""
+        for lo in range(0, x.shape[0], MAX_ROWS):
+            rows = x[lo : lo + MAX_ROWS]
+            k, at = rows.shape[0], start + lo
+            need = self.n_heads * k * (at + k)
+            if self._scores.numel() < need:
+                self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+            status = self._lib.specwise_qllama_layers(
+                1,
+                self.hidden,
+                self.n_heads,
+                self.n_kv,
+                self.head_dim,
+                self.intermediate,
+                self.eps,
+                self._attn_ptr,
+                self._structs,
+                self._bias_ptr,
+                self._mlp_ptr,
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                capacity,
+                cos.data_ptr(),
+                sin.data_ptr(),
+                rows.data_ptr(),
+                k,
+                at,
+                self._scratch.data_ptr(),
+                self._scores.data_ptr(),
+                torch.get_num_threads(),
+                _mode_id("q8"),
+                None,
+                None,
+            )
+            if status != 0:
+                raise RuntimeError(f"the quantized layer kernel failed on the head (status {status})")
