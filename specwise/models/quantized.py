@@ -350,8 +350,6 @@ class QuantizedModel(Model):
             self._scores.data_ptr(),
             threads,
             _mode_id(self.precision),
-            None,  # a chain: no draft tree (depth, ancestors)
-            None,
         )
         if status != 0:
             raise RuntimeError(f"the quantized layer kernel failed (status {status})")

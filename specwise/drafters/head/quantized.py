@@ -120,8 +120,6 @@ class QuantizedHeadLayer:
                 self._scores.data_ptr(),
                 torch.get_num_threads(),
                 _mode_id("q8"),
-                None,
-                None,
             )
             if status != 0:
                 raise RuntimeError(f"the quantized layer kernel failed on the head (status {status})")

@@ -71,7 +71,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     layers.restype = ctypes.c_int
     layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
     layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2
-    layers.argtypes += [ctypes.c_void_p] * 2
     return lib
 
 
@@ -174,14 +173,9 @@ class LayerKernel:
         capacity: int,
         cos,
         sin,
-        depth: torch.Tensor | None = None,
-        ancestors: torch.Tensor | None = None,
     ) -> None:
         """All layers on x ``[k, hidden]`` (contiguous, updated in place) at positions ``start ..``; writes the
-        caches ``[layers, kv_heads, capacity, head_dim]``. cos and sin: ``[capacity, head_dim]`` tables.
-
-        A draft tree: ``depth`` (int32 ``[k]``: row r at position start + depth[r]) and ``ancestors`` (uint8
-        ``[k, k]``: row r sees row j where set), both contiguous; rows stay in cache rows start .. start + k - 1."""
+        caches ``[layers, kv_heads, capacity, head_dim]``. cos and sin: ``[capacity, head_dim]`` tables."""
         k = x.shape[0]
         heads = self._shape[1]
         need = heads * k * (start + k)
@@ -204,8 +198,6 @@ class LayerKernel:
             self._scores.data_ptr(),
             torch.get_num_threads(),
             self._half,
-            None if depth is None else depth.data_ptr(),
-            None if ancestors is None else ancestors.data_ptr(),
         )
         if status != 0:
             raise RuntimeError(f"the native layer kernel failed (status {status})")

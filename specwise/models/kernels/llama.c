@@ -12,11 +12,7 @@
  *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   scratch  see scratch_floats() below
- *
- * Draft trees: with depth and anc set (else NULL), row r sits at position start + depth[r] (rotary) while its
- * keys and values go to cache row start + r as usual, and it attends to the whole cache before start and to the
- * new rows j <= r with anc[r * k + j] != 0 (its ancestors and itself; rows are in topological order). Without
- * them, row r is at position start + r and attends causally.
+ * Row r is at position start + r and attends causally.
  */
 #if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
 #pragma GCC target("avx2,fma,f16c")
@@ -85,8 +81,7 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
                           const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
                           const float *const *gate_up_w, const float *const *down_w, float *k_cache,
                           float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads, int half, const int *depth,
-                          const unsigned char *anc) {
+                          int start, float *scratch, float *scores, int threads, int half) {
     if (head_dim > 512) return 1;
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
@@ -104,7 +99,7 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
         rms_norm(x, attn_norm[l], h, k, hidden, eps);
         gemm(h, qkv_w[l], qkv_b[l], qkv, k, hidden, n_qkv, threads, half);
         for (int r = 0; r < k; r++) {
-            int pos = start + (depth ? depth[r] : r), slot = start + r;
+            int pos = start + r, slot = pos;
             float *row = qkv + (size_t)r * n_qkv;
             const float *c = cos_t + (size_t)pos * hd, *s = sin_t + (size_t)pos * hd;
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
@@ -119,13 +114,8 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
             const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
             float *sc = scores + (size_t)t * end;
-            const unsigned char *seen = anc ? anc + (size_t)r * k : NULL; /* seen[j - start] for j >= start */
             float mx = -INFINITY;
             for (int j = 0; j < len; j++) {
-                if (seen && j >= start && !seen[j - start]) {
-                    sc[j] = -INFINITY; /* another branch of the tree: exp gives an exact zero below */
-                    continue;
-                }
                 sc[j] = dot(q, keys + (size_t)j * hd, hd) * scale;
                 if (sc[j] > mx) mx = sc[j];
             }

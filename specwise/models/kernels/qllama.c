@@ -11,9 +11,6 @@
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
- * Draft trees: with depth and anc set (else NULL), row r sits at position start + depth[r] while its keys and values
- * go to cache row start + r, and it attends to the cache before start and to the rows j <= r with anc[r * k + j].
- *
  * Everything here is plain C compiled for several instruction sets (target_clones picks one at load time); the
  * products are quant.c's. A row's result depends only on its own inputs and position, never on k.
  */
@@ -277,8 +274,6 @@ void specwise_qllama_timings(int enable, double *out) {
         }                                            \
     } while (0)
 
-#define MAX_TREE 64 /* rows of a draft tree (the model passes at most 32) */
-
 size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k) {
     size_t qkv = (size_t)(n_heads + 2 * n_kv) * head_dim;
     return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
@@ -289,7 +284,7 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
                            const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                            const float *const *mlp_norm, float *k_cache, float *v_cache, int capacity,
                            const float *cos_t, const float *sin_t, float *x, int k, int start, float *scratch,
-                           float *scores, int threads, int mode, const int *depth, const unsigned char *anc) {
+                           float *scores, int threads, int mode) {
     if (head_dim > 512) return 1;
     const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
@@ -312,7 +307,7 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
         specwise_q_gemm(w, 3, h, qkv_b[l], qkv, k, mode, threads);
         MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
-            const int pos = start + (depth ? depth[r] : r), slot = start + r;
+            const int pos = start + r, slot = pos;
             float *row = qkv + (size_t)r * n_qkv;
             const float *c = cos_t + (size_t)pos * hd, *s = sin_t + (size_t)pos * hd;
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
@@ -332,23 +327,9 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
             float *sc = scores + (size_t)t * end;
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
             float sum;
-            if (!anc) {
-                key_scores(q, keys, len, hd, scale, sc, isa);
-                sum = softmax_unnormalised(sc, len, isa);
-                weighted_values(sc, vals, len, hd, out, isa, 1);
-            } else {
-                /* a tree row sees the cache before start and its ancestors: their scores side by side, in the
-                 * order of its path, so that every sum runs as it does for the same path fed as a chain */
-                int seen[MAX_TREE], n = 0;
-                for (int j = 0; j <= r; j++)
-                    if (anc[(size_t)r * k + j] && n < MAX_TREE) seen[n++] = start + j;
-                key_scores(q, keys, start, hd, scale, sc, isa);
-                for (int i = 0; i < n; i++) key_scores(q, keys + (size_t)seen[i] * hd, 1, hd, scale, sc + start + i, isa);
-                sum = softmax_unnormalised(sc, start + n, isa);
-                weighted_values(sc, vals, start, hd, out, isa, 1);
-                for (int i = 0; i < n; i++)
-                    weighted_values(sc + start + i, vals + (size_t)seen[i] * hd, 1, hd, out, isa, 0);
-            }
+            key_scores(q, keys, len, hd, scale, sc, isa);
+            sum = softmax_unnormalised(sc, len, isa);
+            weighted_values(sc, vals, len, hd, out, isa, 1);
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }

@@ -85,7 +85,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_layers": (
-            [i] * 6 + [ctypes.c_float] + [p] * 6 + [i, p, p, p, i, i, p, p, i, i, p, p],
+            [i] * 6 + [ctypes.c_float] + [p] * 6 + [i, p, p, p, i, i, p, p, i, i],
             i,
         ),
     }
