@@ -79,7 +79,7 @@ def build_runtime(
 
     from specwise.drafters import make_drafter, resolve_drafter_spec
     from specwise.models import load_model
-    from specwise.models.loader import DEFAULT_PRECISION
+    from specwise.models.loader import DEFAULT_PRECISION, release_free_memory
 
     make_planner(gamma)  # validates gamma before anything is loaded
     device = resolve_device(device)
@@ -87,6 +87,7 @@ def build_runtime(
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl, precision=precision)
     drafter = resolve_drafter_spec(drafter, loaded)
     draft = make_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
+    release_free_memory()  # what building the drafter left free (its weights' conversions)
     engine = Engine(
         loaded.model,
         draft,

@@ -111,7 +111,7 @@ class HeadDrafter(Drafter):
                         head.gate_up.weight,
                         head.down.weight,
                     ),
-                    quantize_rows(head.output_rows(None), "head.output"),
+                    quantize_rows(head.output_row_block, "head.output", (head.vocab_ids.numel(), c.hidden_size)),
                 )
             else:
                 self._fc = linear(head.fc.weight)

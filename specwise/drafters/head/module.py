@@ -80,6 +80,15 @@ class EagleHead(nn.Module):
             out[a : a + chunk] = weight[ids[a : a + chunk]]
         return out
 
+    def output_row_block(self, first: int, count: int) -> torch.Tensor:
+        """Rows ``first .. first + count - 1`` of :meth:`output_rows`, float32 (for slice-by-slice conversions)."""
+        if self._head_weight is not None:
+            return self._head_weight[first : first + count].float()
+        if self._target_output is None:
+            raise RuntimeError("attach a target to the head first (attach_target)")
+        ids = self.vocab_ids[first : first + count].to(self._target_output.device)
+        return self._target_output[ids].float()
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_eps)
 

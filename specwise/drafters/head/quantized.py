@@ -30,14 +30,30 @@ def head_quantization_available() -> bool:
     return quantized_available()
 
 
-def quantize_rows(weight: torch.Tensor, name: str = "") -> QTensor:
-    """A float matrix ``[out, in]`` (in a multiple of 32) as a Q8_0 QTensor."""
+def quantize_rows(weight, name: str = "", shape: tuple[int, int] | None = None) -> QTensor:
+    """A float matrix ``[out, in]`` (in a multiple of 32) as a Q8_0 QTensor, quantized a slice of rows at a time
+    (no float32 copy of the whole matrix). weight: a tensor, or a function ``(first, count) -> rows`` with
+    ``shape`` given."""
     from gguf import GGMLQuantizationType
     from gguf.quants import quantize
 
-    w = weight.detach().float().cpu().numpy()
-    raw = np.ascontiguousarray(quantize(np.ascontiguousarray(w), GGMLQuantizationType.Q8_0))
-    return QTensor(GGML_Q8_0, raw.reshape(-1), w.shape[0], w.shape[1], name=name)
+    if callable(weight):
+        block, (out, n_in) = weight, shape
+    else:
+        weight = weight.detach()
+        out, n_in = weight.shape
+
+        def block(first: int, count: int) -> torch.Tensor:
+            return weight[first : first + count]
+
+    def rows(first: int, count: int) -> np.ndarray:
+        pieces = []
+        for lo in range(first, first + count, 256):  # numpy's quantization makes several copies of its input
+            w = np.ascontiguousarray(block(lo, min(256, first + count - lo)).float().cpu().numpy())
+            pieces.append(np.ascontiguousarray(quantize(w, GGMLQuantizationType.Q8_0)).reshape(-1))
+        return np.concatenate(pieces)
+
+    return QTensor(GGML_Q8_0, rows, out, n_in, name=name)
 
 
 class QuantizedHeadLayer:
