@@ -24,7 +24,8 @@ __all__ = [
 ]
 
 DRAFTER_HELP = (
-    "auto (ngram+head when a head is shipped for the target, else ngram) | none | ngram[:MAX_N[:MIN_N]] | "
+    "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else ngram) | "
+    "none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
     "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
@@ -106,11 +107,17 @@ def make_drafter(
 
 
 def resolve_drafter_spec(spec: str, target) -> str:
-    """``auto`` becomes ``ngram+head`` when a head is shipped for the target (a LoadedModel), else ``ngram``.
+    """``auto`` becomes ``suffix`` when an index of the target's answers is shipped (its request counts do what
+    prompt lookup does), else ``ngram+head`` when a head is shipped for the target (a LoadedModel), else ``ngram``.
 
-    ngram+head was the fastest configuration measured with the shipped head (docs/DISTILL.md)."""
+    On the default model, on prompts kept out of the index and out of Spec-Bench, `suffix` was the fastest of
+    ngram+head, suffix, suffix+head and ngram+suffix+head (benchmarks/results/README.md)."""
     if spec != "auto":
         return spec
+    from specwise.drafters.suffix import shipped_index_dir
+
+    if shipped_index_dir(target.name) is not None:
+        return "suffix"
     return "ngram+head" if shipped_head_dir(target.name) is not None else "ngram"
 
 

@@ -1,0 +1,63 @@
+"""Prompts unlike any the shipped suffix index was built from, and not Spec-Bench: for choosing a default drafter.
+
+Three groups of 10 in Spec-Bench's question format: GSM8K training questions that the index's request plan did not
+sample (`specwise index` takes 1,000 of them with --seed 0), OASST prompts from the end of the plan's shuffled
+order (the build's token budget stopped long before them), and tasks on corpus passages drawn with another seed.
+
+    python benchmarks/heldout_prompts.py --prompts-dir ../shared/data/prompts --corpus-dir ../shared/data/corpora \
+        --self-prompts ~/.cache/specwise/index/SmolLM2-135M-Instruct/self_prompts.json \
+        --out benchmarks/results/default_drafter_choice_heldout/prompts.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from specwise.distill.data import PromptSource, collect_prompts, corpus_files, passage_prompts
+from specwise.index import IndexOptions
+
+
+def _rows(path: Path) -> list[str]:
+    return [json.loads(line)["prompt"] for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts-dir", type=Path, required=True)
+    ap.add_argument("--corpus-dir", type=Path, required=True)
+    ap.add_argument("--self-prompts", type=Path, required=True, help="self_prompts.json of the index build")
+    ap.add_argument("--passages", type=int, default=400, help="--passages of the index build")
+    ap.add_argument("--seed", type=int, default=0, help="--seed of the index build")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    limits = IndexOptions().prompt_limits
+    texts = collect_prompts([PromptSource(args.prompts_dir / n, k) for n, k in limits.items()], args.seed)
+    used = set(texts)
+    tasks = passage_prompts(corpus_files(args.corpus_dir), args.passages, args.seed)
+    written = json.loads(args.self_prompts.read_text())
+    plan = texts + tasks + list(written if isinstance(written, list) else written["prompts"])
+    random.Random(args.seed).shuffle(plan)  # the order in which the build answers
+    oasst = set(_rows(args.prompts_dir / "oasst_en.prompts.jsonl"))
+    groups = {
+        "gsm8k_train_unused": random.Random(7).sample(
+            [g for g in _rows(args.prompts_dir / "gsm8k_train.prompts.jsonl") if g not in used], 10
+        ),
+        "oasst_unanswered": [t for t in plan[-600:] if t in oasst and 20 < len(t) < 400][:10],
+        "passages_new": [t for t in passage_prompts(corpus_files(args.corpus_dir), 10, 123) if t not in set(tasks)],
+    }
+    rows = [
+        {"question_id": f"{cat}-{i}", "category": cat, "turns": [t]}
+        for cat, items in groups.items()
+        for i, t in enumerate(items)
+    ]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    print(f"{len(rows)} prompts -> {args.out}")
+
+
+if __name__ == "__main__":
+    main()
