@@ -86,6 +86,18 @@ def test_other_attributes_come_from_transformers():
 
 
 @pytest.mark.slow
+def test_copies_and_pickles_work_after_a_template_was_rendered():
+    import copy
+    import pickle
+
+    light = LightTokenizer(_default_dir())
+    expected = light.apply_chat_template(CONVERSATIONS[0], tokenize=False, add_generation_prompt=True)
+    for clone in (copy.deepcopy(light), pickle.loads(pickle.dumps(light))):
+        assert clone.apply_chat_template(CONVERSATIONS[0], tokenize=False, add_generation_prompt=True) == expected
+        assert clone("Name three primary colors.")["input_ids"] == light("Name three primary colors.")["input_ids"]
+
+
+@pytest.mark.slow
 def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
     from specwise.models.loader import default_gguf_path, gguf_tokenizer
 

@@ -119,6 +119,11 @@ class LightTokenizer:
             raise AttributeError(name)
         return getattr(self._full, name)
 
+    def __reduce__(self):
+        # copies (the server keeps one for its request thread) and pickles load the same directory afresh: the
+        # compiled template and the backend are rebuilt rather than copied
+        return (LightTokenizer, (self.directory,))
+
     def __repr__(self) -> str:
         return f"LightTokenizer({str(self.directory)!r}, vocab={len(self)})"
 

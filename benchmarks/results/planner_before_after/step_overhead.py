@@ -1,21 +1,39 @@
-import time, sys, torch
+"""Time per plain greedy step outside the target's forward, and the forward itself (median of 5 runs of 128 tokens).
+
+PYTHONPATH=<tree> python step_overhead.py <label>
+"""
+
+import sys
+import time
+
+from specwise.engine import Engine
+from specwise.models.loader import load_model
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
-from specwise.models.loader import load_model
-from specwise.engine import Engine
+
 lm = load_model("default")
-m = lm.model
-orig = m.forward
-acc = [0.0, 0]
-def fwd(*a, **k):
-    t = time.perf_counter(); r = orig(*a, **k); acc[0] += time.perf_counter() - t; acc[1] += 1; return r
-m.forward = fwd
-eng = Engine(m, None, gamma=0, tokenizer=lm.tokenizer)
+model = lm.model
+forward = model.forward
+spent = [0.0, 0]
+
+
+def timed_forward(*args, **kwargs):
+    t = time.perf_counter()
+    out = forward(*args, **kwargs)
+    spent[0] += time.perf_counter() - t
+    spent[1] += 1
+    return out
+
+
+model.forward = timed_forward
+engine = Engine(model, None, gamma=0, tokenizer=lm.tokenizer)
 ids = encode_prompt(lm.tokenizer, "Write a story about a robot who learns to paint.", True)
-res = []
-for rep in range(5):
-    acc[:] = [0.0, 0]
-    t = time.perf_counter(); r = eng.generate(ids, SamplingParams(temperature=0), max_new_tokens=128, eos_token_ids=[])
-    tot = time.perf_counter() - t
-    res.append(((tot-acc[0])/(acc[1]-1)*1000, acc[0]/acc[1]*1000))
-print(sys.argv[1], "outside %.3f ms, forward %.3f ms" % (sorted(x[0] for x in res)[2], sorted(x[1] for x in res)[2]))
+outside, inside = [], []
+for _ in range(5):
+    spent[:] = [0.0, 0]
+    t = time.perf_counter()
+    engine.generate(ids, SamplingParams(temperature=0), max_new_tokens=128, eos_token_ids=[])
+    total = time.perf_counter() - t
+    outside.append((total - spent[0]) / (spent[1] - 1) * 1000)
+    inside.append(spent[0] / spent[1] * 1000)
+print(f"{sys.argv[1]}: outside {sorted(outside)[2]:.3f} ms, forward {sorted(inside)[2]:.3f} ms")
