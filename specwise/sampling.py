@@ -70,6 +70,20 @@ def _check_number(name: str, value: float) -> None:
         raise ValueError(f"{name} must be finite, got {value}")
 
 
+_NATIVE: dict[str, object] = {}  # symbol -> the native function, or False where the library is absent
+
+
+def _native(symbol: str):
+    """A function of the native library (looked up once), or None without it."""
+    fn = _NATIVE.get(symbol)
+    if fn is None:
+        from specwise.models.kernels import native_library
+
+        lib = native_library()
+        fn = _NATIVE[symbol] = getattr(lib, symbol) if lib is not None else False
+    return fn or None
+
+
 def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
     """(argmax over the last dim, flags) from one native pass over CPU float32 logits; None where it cannot run.
     Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
@@ -77,21 +91,13 @@ def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
         return None
     if logits.dim() == 0 or logits.numel() == 0:
         return None
-    global _scan_fn
-    if _scan_fn is None:
-        from specwise.models.kernels import native_library
-
-        lib = native_library()
-        _scan_fn = lib.specwise_logits_scan if lib is not None else False
-    if _scan_fn is False:
+    fn = _native("specwise_logits_scan")
+    if fn is None:
         return None
     n = logits.shape[-1]
     out = torch.empty(logits.shape[:-1], dtype=torch.int64)
-    flags = _scan_fn(logits.data_ptr(), logits.numel() // n, n, out.data_ptr())
+    flags = fn(logits.data_ptr(), logits.numel() // n, n, out.data_ptr())
     return out, flags
-
-
-_scan_fn = None
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
@@ -164,18 +170,13 @@ def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor 
     """probs_from_logits in one native pass per row (CPU float32), or None where the native library is absent."""
     if logits.device.type != "cpu" or logits.dim() == 0 or logits.numel() == 0:
         return None
-    global _probs_fn
-    if _probs_fn is None:
-        from specwise.models.kernels import native_library
-
-        lib = native_library()
-        _probs_fn = lib.specwise_probs if lib is not None else False
-    if _probs_fn is False:
+    fn = _native("specwise_probs")
+    if fn is None:
         return None
     logits = logits.contiguous()
     n = logits.shape[-1]
     out = torch.empty_like(logits)
-    status = _probs_fn(
+    status = fn(
         logits.data_ptr(),
         logits.numel() // n,
         n,
@@ -190,9 +191,6 @@ def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor 
     if status:
         raise MemoryError("out of memory while computing sampling probabilities")
     return out
-
-
-_probs_fn = None
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -243,24 +241,16 @@ def _native_sample(flat: torch.Tensor, generator: torch.Generator | None) -> tor
     """sample() in native code for CPU float32 rows (the same uniforms from ``generator``), or None."""
     if flat.device.type != "cpu" or flat.dtype != torch.float32 or flat.numel() == 0:
         return None
-    global _sample_fn
-    if _sample_fn is None:
-        from specwise.models.kernels import native_library
-
-        lib = native_library()
-        _sample_fn = lib.specwise_sample if lib is not None else False
-    if _sample_fn is False:
+    fn = _native("specwise_sample")
+    if fn is None:
         return None
     flat = flat.contiguous()
     rows, vocab = flat.shape
     u = torch.rand((rows, 1), generator=generator, dtype=torch.float64)  # as the torch path draws them
     out = torch.empty(rows, dtype=torch.int64)
-    status = _sample_fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
+    status = fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
     if status == 1:
         raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
     if status:
         raise MemoryError("out of memory while sampling")
     return out
-
-
-_sample_fn = None

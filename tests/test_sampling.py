@@ -449,11 +449,11 @@ def _native():
 
 
 def _torch_probs(s, logits, params):
-    saved, s._probs_fn = s._probs_fn, False
+    saved, s._NATIVE["specwise_probs"] = s._native("specwise_probs"), False
     try:
         return probs_from_logits(logits, params)
     finally:
-        s._probs_fn = saved
+        s._NATIVE["specwise_probs"] = saved
 
 
 @pytest.mark.parametrize("params", NATIVE_SETTINGS, ids=lambda p: f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
@@ -507,11 +507,11 @@ def test_native_sample_draws_what_the_torch_path_draws():
     probs[1, ::2] = 0.0  # zeros in the middle: never drawn
     fast_gen, ref_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
     fast = torch.stack([sample(probs, fast_gen) for _ in range(300)])
-    saved, s._sample_fn = s._sample_fn, False
+    saved, s._NATIVE["specwise_sample"] = s._native("specwise_sample"), False
     try:
         ref = torch.stack([sample(probs, ref_gen) for _ in range(300)])
     finally:
-        s._sample_fn = saved
+        s._NATIVE["specwise_sample"] = saved
     assert torch.equal(fast, ref)
     assert bool((probs[1][fast[:, 1]] > 0).all())
 
