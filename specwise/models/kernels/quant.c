@@ -265,7 +265,25 @@ int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in
     }
     for (int o = first; o < first + count; o++) {
         const int t = o / QTILE, L = o % QTILE;
-        decode_row(type, raw + (size_t)(o - first) * row_bytes, in, q, sf, sh, mh, sc, mn);
+        const uint8_t *src = raw + (size_t)(o - first) * row_bytes;
+        if (type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0) {
+            /* the blocks' bytes are already the tiles' bytes: a Q4 byte holds elements i and i + 16 in its low and
+             * high nibbles, as the tile's groups do; a Q8_0 value plus 128 is its byte with the top bit flipped */
+            const int size = type == GGML_Q4_0 ? 18 : (type == GGML_Q4_1 ? 20 : 34);
+            const int groups = type == GGML_Q8_0 ? 8 : 4, qoff = size - 4 * groups;
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *blk = src + (size_t)b * size, *qs = blk + qoff;
+                const size_t si = ((size_t)t * nb + b) * QTILE + L;
+                ((uint16_t *)st)[si] = rd16(blk);
+                if (type == GGML_Q4_1) ((uint16_t *)mt)[si] = rd16(blk + 2);
+                uint8_t *dst = qt + ((size_t)t * nb + b) * groups * 64 + (size_t)L * 4;
+                for (int g = 0; g < groups; g++)
+                    for (int j = 0; j < 4; j++)
+                        dst[g * 64 + j] = type == GGML_Q8_0 ? (uint8_t)(qs[4 * g + j] ^ 0x80) : qs[4 * g + j];
+            }
+            continue;
+        }
+        decode_row(type, src, in, q, sf, sh, mh, sc, mn);
         if (kind == KIND_F32) {
             float *w = (float *)qt;
             for (int i = 0; i < in; i++) w[((size_t)t * in + i) * QTILE + L] = sf[i];
