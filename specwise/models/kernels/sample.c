@@ -343,11 +343,7 @@ int specwise_probs(const float *logits, int rows, int n, float t, int top_k, dou
             status = 1;
             break;
         }
-        if (heap) {
-            const float kth = kth_largest(y, n, top_k, heap);
-            drop_below(y, n, kth, -INFINITY);
-            max = row_max(y, n); /* unchanged: the largest is kept */
-        }
+        if (heap) drop_below(y, n, kth_largest(y, n, top_k, heap), -INFINITY); /* the largest stays: max holds */
 #ifdef HAVE_AVX2_PATH
         const double total = fast ? exp_row_avx2(y, n, max) : exp_row(y, n, max);
 #else
