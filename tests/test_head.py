@@ -115,11 +115,18 @@ def test_half_weight_drafting_matches_float32_on_a_float16_head():
 
 
 @pytest.mark.parametrize("gamma", [1, 4])
-def test_greedy_identity_with_a_head_drafter(gamma):
+@pytest.mark.parametrize("quantized", [False, True])
+def test_greedy_identity_with_a_head_drafter(gamma, quantized):
+    from specwise.drafters.head.quantized import head_quantization_available
+
+    if quantized and not head_quantization_available():
+        pytest.skip("the quantized kernels are unavailable here")
     hf = tiny_llama(seed=1)
     plain = Engine(NativeModel(hf), None, gamma=0)
     target = NativeModel(hf)
-    engine = Engine(target, HeadDrafter(_head(hf, torch.arange(0, 96, 2)), target), gamma=gamma)
+    drafter = HeadDrafter(_head(hf, torch.arange(0, 96, 2)), target, quantized=quantized)
+    assert drafter.quantized == quantized
+    engine = Engine(target, drafter, gamma=gamma)
     for prompt in ([4], [1, 2, 3], [9, 9, 9, 9, 9, 30, 31]):
         greedy = SamplingParams(temperature=0.0)
         want = plain.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[]).token_ids
@@ -394,21 +401,3 @@ def test_the_quantized_head_computes_what_the_float_head_computes_up_to_8_bits()
     with torch.no_grad():
         alone = q8._step(feats[:1], nxt[:1], 0)
     torch.testing.assert_close(alone, b[:1], atol=0, rtol=0)
-
-
-@pytest.mark.parametrize("gamma", [1, 4])
-def test_greedy_identity_with_a_quantized_head(gamma):
-    from specwise.drafters.head.quantized import head_quantization_available
-
-    if not head_quantization_available():
-        pytest.skip("the quantized kernels are unavailable here")
-    hf = tiny_llama(seed=1)
-    plain = Engine(NativeModel(hf), None, gamma=0)
-    target = NativeModel(hf)
-    engine = Engine(target, HeadDrafter(_head(hf, torch.arange(0, 96, 2)), target, quantized=True), gamma=gamma)
-    for prompt in ([4], [1, 2, 3], [9, 9, 9, 9, 9, 30, 31]):
-        greedy = SamplingParams(temperature=0.0)
-        want = plain.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[]).token_ids
-        got = engine.generate(prompt, greedy, max_new_tokens=24, eos_token_ids=[])
-        assert got.token_ids == want
-        assert got.stats.drafted > 0

@@ -79,7 +79,6 @@ class HeadDrafter(Drafter):
         half = half_weights and small_gemm_available() and torch.device(self.device).type == "cpu"
         # quantized: the products on the quantized kernels, weights in Q8_0 and activations in 8 bits (half the
         # bytes of float16 per drafted token; see specwise.drafters.head.quantized)
-        self.quantized = bool(quantized) and torch.device(self.device).type == "cpu" and head_quantization_available()
         self._q = None
         # The drafter keeps what it computes with, not the head: float16 weights, or float32 ones (the head's own
         # where they are float32), the norms, and the output layer's draft-vocabulary rows (gathered in the
@@ -93,7 +92,7 @@ class HeadDrafter(Drafter):
             def vector(weight: torch.Tensor) -> torch.Tensor:
                 return weight.detach().float().contiguous()
 
-            if self.quantized:
+            if quantized and torch.device(self.device).type == "cpu" and head_quantization_available():
                 c = head.config
                 self._q = (
                     quantize_rows(head.fc.weight, "head.fc"),
@@ -138,6 +137,11 @@ class HeadDrafter(Drafter):
         self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
         # positions >= self._offset are at cache index position - self._shift (both 0 without a window)
         self._offset = self._shift = 0
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the products run on the quantized kernels."""
+        return self._q is not None
 
     def _fused_setup(self) -> LayerKernel | None:
         """The native layer kernel over the head's decoder layer (None where unavailable)."""
