@@ -19,11 +19,11 @@ from specwise.drafters.base import Drafter
 from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
-from specwise.planner import Planner, PlanState, make_planner, sources_of
-from specwise.rejection import verify_greedy, verify_stochastic
+from specwise.planner import Planner, PlanState, Proposal, make_planner, sources_of
+from specwise.rejection import verify_coupled, verify_greedy, verify_stochastic
 from specwise.sampling import SamplingParams, check_logits, probs_from_logits
 
-__all__ = ["Engine", "GenerationEvent", "GenerationResult", "StopText"]
+__all__ = ["Engine", "GenerationEvent", "GenerationResult", "Run", "StopText"]
 
 
 @dataclass
@@ -131,6 +131,46 @@ class StopText:
         return piece
 
 
+class Run:
+    """One request being generated: its target sequence, the planner's state of its drafters, its randomness,
+    text, statistics and context (prompt and output so far)."""
+
+    def __init__(
+        self,
+        target: Model,
+        state: PlanState,
+        params: SamplingParams,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        eos: set[int],
+    ) -> None:
+        self.target, self.state, self.params = target, state, params
+        self.prompt_ids = prompt_ids
+        self.max_new_tokens = max_new_tokens
+        self.eos = eos
+        self.generator = params.generator(target.device) if not params.greedy else None
+        self.uniforms = params.uniforms() if not params.greedy else None
+        self.stats = SpecStats(prompt_tokens=len(prompt_ids))
+        self.text: StopText | None = None
+        self.context = list(prompt_ids)
+        self.produced = 0
+        self.finish: str | None = None
+        self.last_accepted = 0
+        self.t0 = time.perf_counter()
+
+    def prefill_tokens(self) -> list[int]:
+        """What goes into the cache before the first step: the prompt but its last token."""
+        return self.prompt_ids[:-1]
+
+    def prefilled(self, seconds: float) -> None:
+        self.stats.prefill_seconds = seconds
+
+    def feed(self, proposal: Proposal) -> torch.Tensor:
+        """A step's input: the last emitted token, then the draft."""
+        last = torch.tensor(self.context[-1:], device=self.target.device)
+        return torch.cat([last, proposal.draft.tokens.to(self.target.device)])
+
+
 class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
@@ -196,102 +236,113 @@ class Engine:
         eos_token_ids: Iterable[int] | None = None,
     ) -> Iterator[GenerationEvent]:
         """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats."""
+        if self._state is None or self._state.drafter is not self.drafter:
+            self._state = self.planner.new_state(self.drafter)
+        run = self.start(self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids)
+        prefill = run.prefill_tokens()
+        if prefill:
+            self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
+        run.prefilled(time.perf_counter() - run.t0)
+        while run.finish is None:
+            proposal = self.plan(run)
+            t1 = time.perf_counter()
+            logits = self.target.forward(run.feed(proposal))  # [k + 1, vocab]
+            event = self.finish_step(run, proposal, logits, t1)
+            self.planner.observe(run.state, proposal, run.last_accepted, time.perf_counter() - t1)
+            yield event
+
+    def start(
+        self,
+        target: Model,
+        state: PlanState,
+        prompt_ids: list[int],
+        params: SamplingParams | None,
+        max_new_tokens: int,
+        stop: Iterable[str] = (),
+        eos_token_ids: Iterable[int] | None = None,
+    ) -> Run:
+        """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
+        ``state``'s sources: checked, its drafters begun, its cache emptied (the prompt is not fed yet)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         self._check_request(prompt_ids, max_new_tokens)
         stop = list(stop)
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
-        eos = self._eos_ids(eos_token_ids)
-        generator = params.generator(self.target.device) if not params.greedy else None
-        stats = SpecStats(prompt_tokens=len(prompt_ids))
-        text = StopText(self.tokenizer, stop)
-        t0 = time.perf_counter()
-        self.target.reset()
-        if self._state is None or self._state.drafter is not self.drafter:
-            self._state = self.planner.new_state(self.drafter)
-        state = self._state
-        self.target.keep_features = any(d.needs_features for d in state.sources)
+        run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
+        run.text = StopText(self.tokenizer, stop)
+        target.reset()
+        target.keep_features = any(d.needs_features for d in state.sources)
         for drafter in state.sources:
             drafter.begin(prompt_ids)
         self.planner.begin(state)
-        if len(prompt_ids) > 1:
-            self.target.forward(torch.tensor(prompt_ids[:-1], device=self.target.device), num_logits=0)
-        stats.prefill_seconds = time.perf_counter() - t0
+        return run
 
-        context = list(prompt_ids)
-        produced = 0
-        finish: str | None = None
-        while finish is None:
-            new, num_from_draft, finish = self._step(
-                state, context, params, generator, max_new_tokens - produced, eos, stats
-            )
-            piece, kept, stopped = text.feed(new, final=finish is not None)
-            if stopped:
-                finish = "stop"
-                stats.new_tokens -= len(new) - len(kept)
-                num_from_draft = min(num_from_draft, len(kept))
-            context.extend(kept)
-            produced += len(kept)
-            if finish is not None:
-                stats.total_seconds = time.perf_counter() - t0
-                yield GenerationEvent(piece, kept, num_from_draft, finish, stats)
-            else:
-                yield GenerationEvent(piece, kept, num_from_draft)
-
-    def _step(
-        self,
-        state: PlanState,
-        context: list[int],
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        remaining: int,
-        eos: set[int],
-        stats: SpecStats,
-    ) -> tuple[list[int], int, str | None]:
-        """One plan-draft-verify step. Returns (emitted tokens, how many came from the draft, finish reason)."""
-        target = self.target
-        limit = remaining - 1
-        if target.max_length is not None:
-            limit = min(limit, target.max_length - len(context))
+    def plan(self, run: Run, batch: tuple[int, float] | None = None) -> Proposal:
+        """The planner's draft for ``run``'s next step (``batch``: what others put in a shared pass)."""
+        limit = run.max_new_tokens - run.produced - 1
+        if run.target.max_length is not None:
+            limit = min(limit, run.target.max_length - len(run.context))
         t0 = time.perf_counter()
-        proposal = self.planner.draft(state, context, limit, params, generator)
-        draft = proposal.draft
-        t1 = time.perf_counter()
+        proposal = self.planner.draft(run.state, run.context, limit, run.params, run.generator, batch)
+        run.stats.draft_seconds += time.perf_counter() - t0
+        return proposal
+
+    def finish_step(self, run: Run, proposal: Proposal, logits: torch.Tensor, t_pass: float) -> GenerationEvent:
+        """Verify ``proposal`` against ``logits`` ``[k + 1, vocab]`` of the pass begun at ``t_pass`` (a
+        ``perf_counter`` time), roll the cache back to the kept tokens, and return the step's event."""
+        draft, params, stats = proposal.draft, run.params, run.stats
         k = len(draft)
         if k == 0:
             stats.plain_step_reasons[proposal.reason] = stats.plain_step_reasons.get(proposal.reason, 0) + 1
-        start = target.length  # == len(context) - 1: the last token is not yet in the cache
-        fed = torch.cat([torch.tensor(context[-1:], device=target.device), draft.tokens.to(target.device)])
-        logits = target.forward(fed)  # [k + 1, vocab]
+        start = len(run.context) - 1  # where the last emitted token went into the cache
         check_logits(logits)
-        drafts = draft.tokens[None].to(target.device)  # [1, k]
         if params.greedy:
-            result = verify_greedy(drafts, logits[None])
+            result = verify_greedy(draft.tokens[None].to(logits.device), logits[None])
+            accepted = int(result.num_accepted[0])
+            new = result.tokens[0, : accepted + 1].tolist()
+        elif draft.probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
+            p = probs_from_logits(logits, params)  # [k + 1, vocab]
+            at = len(run.context) - len(run.prompt_ids)
+            new = verify_coupled(draft.tokens.tolist(), p, lambda i: run.uniforms(at + i))
+            accepted = len(new) - 1
         else:
             p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
-            q = None if draft.probs is None else draft.probs[None].to(target.device)
-            result = verify_stochastic(drafts, q, p, generator)
-        accepted = int(result.num_accepted[0])
-        new = result.tokens[0, : accepted + 1].tolist()
-        target.rollback(start + 1 + accepted)
-        t2 = time.perf_counter()
-        stats.draft_seconds += t1 - t0
-        stats.verify_seconds += t2 - t1
-        self.planner.observe(state, proposal, accepted, t2 - t1)
+            q = draft.probs[None].to(logits.device)
+            result = verify_stochastic(draft.tokens[None].to(logits.device), q, p, run.generator)
+            accepted = int(result.num_accepted[0])
+            new = result.tokens[0, : accepted + 1].tolist()
+        run.target.rollback(start + 1 + accepted)
+        stats.verify_seconds += time.perf_counter() - t_pass
+        run.last_accepted = accepted
 
+        remaining = run.max_new_tokens - run.produced
         finish = None
         for i, token in enumerate(new):
-            if token in eos:
+            if token in run.eos:
                 new, finish = new[: i + 1], "stop"
                 break
         if len(new) >= remaining:
             new = new[:remaining]
             finish = finish or "length"
-        if finish is None and target.max_length is not None and len(context) + len(new) >= target.max_length:
+        limit = run.target.max_length
+        if finish is None and limit is not None and len(run.context) + len(new) >= limit:
             finish = "length"
-        stats.record_step(k, min(accepted, len(new)), len(new), state.sources[proposal.source].name if k else None)
-        return new, min(accepted, len(new)), finish
+        from_draft = min(accepted, len(new))
+        stats.record_step(k, from_draft, len(new), run.state.sources[proposal.source].name if k else None)
+
+        piece, kept, stopped = run.text.feed(new, final=finish is not None)
+        if stopped:
+            finish = "stop"
+            stats.new_tokens -= len(new) - len(kept)
+            from_draft = min(from_draft, len(kept))
+        run.context.extend(kept)
+        run.produced += len(kept)
+        run.finish = finish
+        if finish is not None:
+            stats.total_seconds = time.perf_counter() - run.t0
+            return GenerationEvent(piece, kept, from_draft, finish, stats)
+        return GenerationEvent(piece, kept, from_draft)
 
     def generate(
         self,

@@ -193,12 +193,18 @@ class Planner(ABC):
         limit: int,
         params: SamplingParams,
         generator: torch.Generator | None,
+        batch: tuple[int, float] | None = None,
     ) -> Proposal:
-        """Ask the sources for at most ``limit`` tokens continuing ``context``; the draft to verify."""
+        """Ask the sources for at most ``limit`` tokens continuing ``context``; the draft to verify.
 
-    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float) -> None:
+        batch: when other sequences share the pass, (rows they put in it, tokens they are expected to emit):
+        the plan then maximises the whole pass's tokens per second, so that drafting fades out as the pass over
+        all rows grows dear (None: the sequence is alone)."""
+
+    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
         """The target verified ``proposal`` (an empty draft: a plain step), kept ``accepted`` tokens and took
-        ``seconds`` (sampling and acceptance included)."""
+        ``seconds`` (sampling and acceptance included; None when the pass was shared by other sequences and is
+        told by :meth:`observe_pass`)."""
         drafted = len(proposal.draft)
         if not drafted:
             return
@@ -207,6 +213,15 @@ class Planner(ABC):
         kind = proposal.draft.kind
         if kind is not None:
             self._kind_rate(known, kind).add(1.0 if accepted > 0 else 0.0)
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        """A target pass over ``rows`` rows (of one or several sequences) took ``seconds``."""
+
+    def expected_gain(self, state: PlanState, proposal: Proposal) -> float:
+        """Accepted tokens expected of ``proposal``'s draft."""
+        if not len(proposal.draft):
+            return 0.0
+        return expected_accepted(state.known[proposal.source].tokens.value(), len(proposal.draft))
 
     def _kind_rate(self, known: _Source, kind: object) -> Rate:
         rate = known.kinds.get(kind)
@@ -259,7 +274,7 @@ class FixedPlanner(Planner):
         self.max_gamma = max(gamma, 1)
         self.stop = stop
 
-    def draft(self, state, context, limit, params, generator) -> Proposal:
+    def draft(self, state, context, limit, params, generator, batch=None) -> Proposal:
         k = min(self.gamma, limit)
         if k <= 0:
             return Proposal(Draft.empty(), reason="budget" if limit <= 0 else "schedule")
@@ -364,6 +379,7 @@ class AdaptivePlanner(Planner):
         self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
+        self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
 
     # ---- estimates -------------------------------------------------------------------------------------------
 
@@ -417,8 +433,8 @@ class AdaptivePlanner(Planner):
         return tokens
 
     def plain_rate(self) -> float:
-        """Expected tokens per second of a plain step."""
-        return 1.0 / self.verify_time(1)
+        """Expected tokens per second of a plain step (of the whole pass, when others share it)."""
+        return (self._tokens + 1.0) / self.verify_time(self._rows + 1)
 
     def expected_rate(self, state: PlanState, gamma: int, source: int = 0) -> float:
         """Expected tokens per second when asking ``source`` for ``gamma`` tokens now: with the estimated
@@ -426,16 +442,18 @@ class AdaptivePlanner(Planner):
         empty ask."""
         if gamma == 0:
             return self.plain_rate()
+        others, rows = self._tokens, self._rows
         tokens = self._expected_tokens(state, gamma, source)
-        drafted = gamma * self.draft_time(source) + self.verify_time(gamma + 1)
+        drafted = gamma * self.draft_time(source) + self.verify_time(rows + gamma + 1)
         p = self.draft_probability(state, source)
-        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(1)
-        return (p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
+        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1)
+        return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
     def draft_rate(self, state: PlanState, drafted: int, source: int = 0) -> float:
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
         in hand (its drafting time is spent)."""
-        return self._expected_tokens(state, drafted, source) / self.verify_time(drafted + 1)
+        tokens = self._tokens + self._expected_tokens(state, drafted, source)
+        return tokens / self.verify_time(self._rows + drafted + 1)
 
     def worth_drafting(self, rate: float) -> bool:
         """Whether an expected rate beats a plain step's by the margin."""
@@ -445,8 +463,10 @@ class AdaptivePlanner(Planner):
         """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
         of a plain step, which is what an accepted token saves. Drafting stops once the probability that the
         draft so far is all accepted falls below this."""
-        extra = self.draft_time(source) + max(self.verify_time(2) - self.verify_time(1), 0.0)
-        return min(extra / self.verify_time(1), 1.0)
+        rows = self._rows
+        extra = self.draft_time(source) + max(self.verify_time(rows + 2) - self.verify_time(rows + 1), 0.0)
+        per_token = self.verify_time(rows + 1) / (self._tokens + 1.0)  # what a plain token of the pass costs
+        return min(extra / per_token, 1.0)
 
     def calibrating(self) -> bool:
         """Whether the next step should be a plain one, to measure a 1-token pass: none has been measured yet and
@@ -456,7 +476,7 @@ class AdaptivePlanner(Planner):
         and drafting keeps looking worth it). Once measured, the unit follows the plain steps; if none come (a
         drafter that always pays) it grows stale, and the stale unit is too low as the context grows, which makes
         drafting look less worth it, not more."""
-        return self._scale_provisional and self._since_plain >= self.probe_every
+        return self._rows == 0 and self._scale_provisional and self._since_plain >= self.probe_every
 
     # ---- choices ---------------------------------------------------------------------------------------------
 
@@ -474,7 +494,19 @@ class AdaptivePlanner(Planner):
         known.probing = best == 0 and known.plain_run >= self.probe_every
         return 1 if known.probing else best
 
-    def draft(self, state, context, limit, params, generator) -> Proposal:
+    def draft(self, state, context, limit, params, generator, batch=None) -> Proposal:
+        self._rows, self._tokens = batch if batch is not None else (0, 0.0)
+        try:
+            return self._draft(state, context, limit, params, generator)
+        finally:
+            self._rows, self._tokens = 0, 0.0
+
+    def expected_gain(self, state: PlanState, proposal: Proposal) -> float:
+        if not len(proposal.draft):
+            return 0.0
+        return self._expected_tokens(state, len(proposal.draft), proposal.source) - 1.0
+
+    def _draft(self, state, context, limit, params, generator) -> Proposal:
         if limit <= 0:
             return Proposal(Draft.empty(), reason="budget")
         best: tuple[float, int, Draft] | None = None  # (expected tokens/s, source, draft)
@@ -520,10 +552,11 @@ class AdaptivePlanner(Planner):
         else:
             self._draft_seconds[source] = _smooth(self._draft_seconds.get(source), seconds / drafted)
 
-    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float) -> None:
+    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
         super().observe(state, proposal, accepted, seconds)
         drafted = len(proposal.draft)
-        self._observe_pass(drafted + 1, seconds)
+        if seconds is not None:
+            self._observe_pass(drafted + 1, seconds)
         for known in state.known:  # steps since each source was last asked
             known.plain_run = 0 if known.asked_now else known.plain_run + 1
             known.asked_now = False
@@ -532,6 +565,9 @@ class AdaptivePlanner(Planner):
             positions[i].add(1.0 if i < accepted else 0.0)
             if i >= accepted:
                 break  # positions after the first rejection were not judged
+
+    def observe_pass(self, rows: int, seconds: float) -> None:
+        self._observe_pass(rows, seconds)
 
     def _observe_pass(self, k: int, seconds: float) -> None:
         """A target pass over ``k`` tokens took ``seconds``."""

@@ -7,6 +7,12 @@ Stochastic rule (Leviathan et al. 2023; Chen et al. 2023): draft token ``x_i`` i
 ``norm(max(0, p_i - q_i))``; when all ``gamma`` drafts are accepted a *bonus* token is drawn from
 ``p_gamma``. The emitted tokens then follow the target's distribution ``p`` exactly.
 
+Coupled rule, for drafts of single tokens (q one-hot on ``x_i``): sample ``y_i`` from ``p_i`` with the
+position's own uniform and accept ``x_i`` when ``y_i == x_i``; the first ``y_i`` that differs is the recovered
+token. This is the stochastic rule for a one-hot q (accepted with probability ``p_i(x_i)``, and a rejection
+draws from p without ``x_i``, which is ``norm(max(0, p_i - q_i))``), and the emitted token at every position is
+the one plain sampling with the same uniforms gives: the output does not depend on what was drafted.
+
 Greedy rule: accept while the draft equals the target's argmax; the first mismatch (or the position after
 the last draft) emits the target's argmax. The output equals plain greedy decoding token for token.
 """
@@ -17,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specwise.sampling import argmax, sample
+from specwise.sampling import argmax, sample, sample_with
 
-__all__ = ["Verification", "verify_greedy", "verify_stochastic", "residual_distribution"]
+__all__ = ["Verification", "verify_greedy", "verify_stochastic", "verify_coupled", "residual_distribution"]
 
 # Below this residual mass the residual is float noise (p and q agree); p itself is used instead.
 # Rejection then happens with probability of the same order, so the choice does not bias the output.
@@ -140,3 +146,26 @@ def verify_stochastic(
         p_at = torch.where(rejected[:, None], residual_distribution(p_at, q_at), p_at)
     last = sample(p_at, generator)  # [B]
     return Verification(_emit(draft_tokens, num_accepted, last), num_accepted)
+
+
+def verify_coupled(draft_tokens: list[int], target_probs: torch.Tensor, uniforms) -> list[int]:
+    """Coupled rule for one sequence's draft of single tokens (see the module's docstring).
+
+    draft_tokens: the ``gamma`` drafted tokens; target_probs: ``[gamma + 1, vocab]`` p at each drafted position
+    and the bonus position; uniforms: a function ``row -> uniform in [0, 1)`` (the position's own).
+    Returns the emitted tokens: the accepted drafts, then the recovered or bonus token. Rows are sampled one at
+    a time and only as far as the first rejection.
+    """
+    gamma = len(draft_tokens)
+    if target_probs.dim() != 2 or target_probs.shape[0] != gamma + 1:
+        raise ValueError(
+            f"target_probs must be [gamma + 1, vocab] = [{gamma + 1}, vocab], got {tuple(target_probs.shape)}"
+        )
+    out: list[int] = []
+    for i in range(gamma + 1):
+        u = torch.tensor([[uniforms(i)]], dtype=torch.float64)
+        y = int(sample_with(target_probs[i : i + 1], u)[0])
+        out.append(y)
+        if i == gamma or y != draft_tokens[i]:
+            break
+    return out

@@ -7,11 +7,12 @@ is exact only when both are shaped by the same settings.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "probs_from_logits", "sample", "check_logits", "argmax"]
+__all__ = ["SamplingParams", "PositionUniforms", "probs_from_logits", "sample", "sample_with", "check_logits", "argmax"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,40 @@ class SamplingParams:
         else:
             gen.manual_seed(self.seed)
         return gen
+
+    def uniforms(self) -> PositionUniforms:
+        """The run's uniforms by output position, from ``seed`` (or a fresh random seed)."""
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little")
+        return PositionUniforms(seed)
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """SplitMix64's finalizer: a bijection of 64-bit integers whose outputs look independent."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class PositionUniforms:
+    """One uniform in [0, 1) per output position, a pure function of (seed, position): the token sampled at a
+    position does not depend on how many draws came before it, so it is the same whatever was drafted, whatever
+    shared the pass, and however the steps fell."""
+
+    __slots__ = ("_key",)
+
+    def __init__(self, seed: int) -> None:
+        self._key = _mix64(seed & _MASK)
+
+    def __call__(self, position: int) -> float:
+        return (_mix64(self._key ^ _mix64(position)) >> 11) * (1.0 / (1 << 53))
+
+    def rows(self, start: int, n: int) -> torch.Tensor:
+        """Uniforms of positions ``start .. start + n - 1`` as float64 ``[n, 1]``."""
+        return torch.tensor([[self(start + i)] for i in range(n)], dtype=torch.float64)
 
 
 def _check_number(name: str, value: float) -> None:
@@ -237,8 +272,27 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return tokens.reshape(probs.shape[:-1])
 
 
-def _native_sample(flat: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor | None:
-    """sample() in native code for CPU float32 rows (the same uniforms from ``generator``), or None."""
+def sample_with(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """:func:`sample` with the uniforms given: ``probs`` ``[rows, vocab]``, ``uniforms`` float64 ``[rows, 1]``."""
+    fast = _native_sample(probs, None, uniforms)
+    if fast is not None:
+        return fast
+    cdf = probs.double().cumsum(dim=-1)
+    total = cdf[:, -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((probs < 0).any()):
+        raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
+    tokens = torch.searchsorted(cdf, uniforms.to(cdf.device) * total, right=True).squeeze(-1)
+    over = tokens >= probs.shape[-1]
+    if bool(over.any()):
+        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
+        tokens = torch.where(over, last, tokens)
+    return tokens
+
+
+def _native_sample(
+    flat: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """sample() in native code for CPU float32 rows (the same uniforms from ``generator``, or ``u``), or None."""
     if flat.device.type != "cpu" or flat.dtype != torch.float32 or flat.numel() == 0:
         return None
     fn = _native("specwise_sample")
@@ -246,7 +300,9 @@ def _native_sample(flat: torch.Tensor, generator: torch.Generator | None) -> tor
         return None
     flat = flat.contiguous()
     rows, vocab = flat.shape
-    u = torch.rand((rows, 1), generator=generator, dtype=torch.float64)  # as the torch path draws them
+    if u is None:
+        u = torch.rand((rows, 1), generator=generator, dtype=torch.float64)  # as the torch path draws them
+    u = u.contiguous()
     out = torch.empty(rows, dtype=torch.int64)
     status = fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
     if status == 1:

@@ -35,7 +35,8 @@ from specwise.sampling import SamplingParams  # noqa: E402
 if not quant.quantized_available():
     pytest.skip("the native quantized kernels are not built", allow_module_level=True)
 
-from specwise.models.quantized import MAX_ROWS, QuantizedModel  # noqa: E402
+from specwise.models.kernels.quant import MAX_ROWS  # noqa: E402
+from specwise.models.quantized import QuantizedModel  # noqa: E402
 
 EXACT_REL = 1e-5
 Q8_REL = 5e-2

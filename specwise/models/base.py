@@ -40,6 +40,22 @@ class Model(ABC):
     def rollback(self, length: int) -> None:
         """Discard everything after the first ``length`` cached tokens."""
 
+    def sequence(self) -> Model:
+        """Another sequence over the same weights, with its own empty cache: what a batch of sequences sharing
+        target passes is made of (see :meth:`forward_batch`)."""
+        raise NotImplementedError(f"{type(self).__name__} holds one sequence only")
+
+    def forward_batch(
+        self, items: list[tuple[Model, torch.Tensor]], num_logits: list[int | None] | None = None
+    ) -> list[torch.Tensor]:
+        """``seq.forward(tokens, n)`` for each ``(seq, tokens)`` (sequences of this model: itself or made by
+        :meth:`sequence`), in one pass where the implementation can (each weight read once for every row). Each
+        result equals what the sequence's own forward would give; this default runs them one after another."""
+        keeps = list(num_logits) if num_logits is not None else [None] * len(items)
+        if len(keeps) != len(items):
+            raise ValueError(f"{len(items)} sequences need {len(items)} num_logits, got {len(keeps)}")
+        return [seq.forward(tokens, keep) for (seq, tokens), keep in zip(items, keeps)]
+
     def features(self, start: int, end: int) -> torch.Tensor:
         """The last hidden states (after the final norm: the output layer's input) at cached positions
         ``start .. end - 1``, as ``[end - start, hidden]``. Needs ``keep_features = True`` before those positions

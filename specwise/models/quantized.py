@@ -15,6 +15,7 @@ draft gives the logits plain decoding would.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 from pathlib import Path
 
@@ -23,13 +24,12 @@ import torch
 
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
-from specwise.models.kernels.quant import QMat, QTensor, _lib, _mode_id
+from specwise.models.kernels.quant import DecoderStack, QMat, QTensor, _mode_id
 from specwise.models.native import rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-MAX_ROWS = 32  # rows per native call; longer inputs (prompts) run in chunks, which gives the same logits
 
 
 class GGUFConfig:
@@ -176,16 +176,10 @@ class QuantizedModel(Model):
         self.vocab_size = self.lm_head.shape[0]
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
         self._inv_freq = (1.0 / (config.rope_theta**exponent)).float()
+        self._rotary: dict[str, torch.Tensor] = {}  # cos, sin for positions 0 .. n - 1 (shared by the sequences)
         self._length = 0
         self._capacity = 0
         self._grow(min(capacity, self.max_length))
-        lib = _lib()
-        self._lib = lib
-        size = lib.specwise_qllama_scratch_floats(
-            self.hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate, MAX_ROWS
-        )
-        self._scratch = torch.empty(int(size), dtype=torch.float32)
-        self._scores = torch.empty(0, dtype=torch.float32)
 
     # ---- weights -----------------------------------------------------------------------------------------
 
@@ -244,14 +238,18 @@ class QuantizedModel(Model):
             else:
                 self.qkv_biases.append(None)
         self.intermediate = self.layers[0][4].shape[0]
-        flat = [w.struct for layer in self.layers for w in layer]
-        self._weights = (QMat * len(flat))(*flat)
-        self._attn_norm_ptrs = (ctypes.c_void_p * len(self.attn_norms))(*[t.data_ptr() for t in self.attn_norms])
-        self._mlp_norm_ptrs = (ctypes.c_void_p * len(self.mlp_norms))(*[t.data_ptr() for t in self.mlp_norms])
-        self._bias_ptrs = (ctypes.c_void_p * len(self.qkv_biases))(
-            *[0 if b is None else b.data_ptr() for b in self.qkv_biases]
+        self._stack = DecoderStack(
+            self.layers,
+            self.attn_norms,
+            self.mlp_norms,
+            self.qkv_biases,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.rms_norm_eps,
         )
         self._head_struct = (QMat * 1)(self.lm_head.struct)
+        self._lib = self._stack._lib
 
     def hf_reference(self):
         """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
@@ -281,9 +279,23 @@ class QuantizedModel(Model):
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
             feats[: self._length] = self._features[: self._length]
         self.k_cache, self.v_cache, self._features = k_cache, v_cache, feats
-        cos, sin = rotary_tables(self._inv_freq, torch.arange(capacity))  # rotate-half sign folded into sin
-        self._cos, self._sin = cos.contiguous(), sin.contiguous()
         self._capacity = capacity
+
+    def _tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary tables ``[>= n, head_dim]`` (rotate-half sign folded into sin), grown for every sequence."""
+        if "cos" not in self._rotary or self._rotary["cos"].shape[0] < n:
+            size = min(max(n, 2 * self._rotary["cos"].shape[0] if self._rotary else n), self.max_length)
+            cos, sin = rotary_tables(self._inv_freq, torch.arange(size))
+            self._rotary["cos"], self._rotary["sin"] = cos.contiguous(), sin.contiguous()
+        return self._rotary["cos"], self._rotary["sin"]
+
+    def sequence(self) -> QuantizedModel:
+        """Another sequence over the same weights, with its own empty cache (see ``forward_batch``)."""
+        other = copy.copy(self)
+        other._capacity = other._length = 0
+        other.keep_features = False
+        other._grow(min(self._capacity, self.max_length))
+        return other
 
     @property
     def length(self) -> int:
@@ -301,80 +313,68 @@ class QuantizedModel(Model):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        self._check_forward(tokens)
-        k = tokens.numel()
-        keep = k if num_logits is None else num_logits
-        ids = tokens.to(torch.int64).cpu()
-        outputs = []
-        for lo in range(0, k, MAX_ROWS):  # chunks give the same logits as one pass
-            hi = min(k, lo + MAX_ROWS)
-            chunk_keep = max(0, min(hi - lo, keep - (k - hi)))
-            logits = self._run(ids[lo:hi], chunk_keep)
-            if chunk_keep:
-                outputs.append(logits)
-        if not outputs:
-            return torch.empty((0, self.vocab_size), dtype=torch.float32)
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+        return self.forward_batch([(self, tokens)], [num_logits])[0]
 
-    def _run(self, ids: torch.Tensor, keep: int) -> torch.Tensor:
-        k = ids.numel()
-        start = self._length
-        if start + k > self._capacity:
-            self._grow(min(max(2 * self._capacity, start + k), self.max_length))
-        x = self.embed.rows(ids)  # [k, hidden]
-        need = self.n_heads * k * (start + k)
-        if self._scores.numel() < need:
-            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
-        threads = torch.get_num_threads()
-        status = self._lib.specwise_qllama_layers(
-            self.config.num_hidden_layers,
-            self.hidden,
-            self.n_heads,
-            self.n_kv,
-            self.head_dim,
-            self.intermediate,
-            self.eps,
-            self._attn_norm_ptrs,
-            self._weights,
-            self._bias_ptrs,
-            self._mlp_norm_ptrs,
-            self.k_cache.data_ptr(),
-            self.v_cache.data_ptr(),
-            self._capacity,
-            self._cos.data_ptr(),
-            self._sin.data_ptr(),
-            x.data_ptr(),
-            k,
-            start,
-            self._scratch.data_ptr(),
-            self._scores.data_ptr(),
-            threads,
-            _mode_id(self.precision),
-        )
-        if status != 0:
-            raise RuntimeError(f"the quantized layer kernel failed (status {status})")
-        self._length = start + k
-        if self.keep_features:
-            h = torch.nn.functional.rms_norm(x, (self.hidden,), self.final_norm, self.eps)
-            self._features[start : start + k] = h
-            h = h[k - keep :]
-        elif keep:
-            h = torch.nn.functional.rms_norm(x[k - keep :], (self.hidden,), self.final_norm, self.eps)
-        if keep == 0:
-            return torch.empty((0, self.vocab_size), dtype=torch.float32)
-        logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
-        h = h.contiguous()
-        self._lib.specwise_q_gemm(
-            ctypes.cast(self._head_struct, ctypes.c_void_p),
-            1,
-            h.data_ptr(),
-            None,
-            logits.data_ptr(),
-            keep,
-            _mode_id(self.precision),
-            threads,
-        )
-        return logits
+    @torch.inference_mode()
+    def forward_batch(
+        self, items: list[tuple[Model, torch.Tensor]], num_logits: list[int | None] | None = None
+    ) -> list[torch.Tensor]:
+        """One pass over several sequences (this model and others from ``sequence()``): the decoder layers read
+        each weight once for all rows, and the output layer once for all kept rows. A row's logits are those of
+        the same row in a pass of its own."""
+        keeps = list(num_logits) if num_logits is not None else [None] * len(items)
+        if len(keeps) != len(items):
+            raise ValueError(f"{len(items)} sequences need {len(items)} num_logits, got {len(keeps)}")
+        ids, caches, positions, spans = [], [], [], []
+        for (seq, tokens), keep in zip(items, keeps):
+            if getattr(seq, "_stack", None) is not self._stack:
+                raise ValueError("forward_batch takes sequences of this model (made by its sequence())")
+            seq._check_forward(tokens)
+            k = tokens.numel()
+            keep = k if keep is None else keep
+            if not 0 <= keep <= k:
+                raise ValueError(f"num_logits must be in [0, {k}], got {keep}")
+            start = seq._length
+            if start + k > seq._capacity:
+                seq._grow(min(max(2 * seq._capacity, start + k), self.max_length))
+            ids.append(tokens.to(torch.int64).cpu().reshape(-1))
+            caches.extend([(seq.k_cache, seq.v_cache)] * k)
+            positions.extend(range(start, start + k))
+            spans.append((seq, start, k, keep))
+        if len(set(id(seq) for seq, *_ in spans)) != len(spans):
+            raise ValueError("a sequence appears twice in one batch: give its tokens together")
+        x = self.embed.rows(torch.cat(ids))  # [rows, hidden]
+        cos, sin = self._tables(max(positions) + 1)
+        self._stack.run(x, caches, positions, cos, sin, self.precision)
+        kept, row = [], 0
+        for seq, start, k, keep in spans:
+            seq._length = start + k
+            if seq.keep_features:
+                seq._features[start : start + k] = torch.nn.functional.rms_norm(
+                    x[row : row + k], (self.hidden,), self.final_norm, self.eps
+                )
+            kept.append(x[row + k - keep : row + k])
+            row += k
+        h = torch.cat(kept)
+        n = h.shape[0]
+        logits = torch.empty((n, self.vocab_size), dtype=torch.float32)
+        if n:
+            h = torch.nn.functional.rms_norm(h, (self.hidden,), self.final_norm, self.eps).contiguous()
+            self._lib.specwise_q_gemm(
+                ctypes.cast(self._head_struct, ctypes.c_void_p),
+                1,
+                h.data_ptr(),
+                None,
+                logits.data_ptr(),
+                n,
+                _mode_id(self.precision),
+                torch.get_num_threads(),
+            )
+        out, row = [], 0
+        for *_, keep in spans:
+            out.append(logits[row : row + keep])
+            row += keep
+        return out
 
     def __repr__(self) -> str:
         return (

@@ -9,17 +9,14 @@ the q a draft was drawn from), so the head's own numerics are free to change; it
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import torch
 
-from specwise.models.kernels.quant import QMat, QTensor, _mode_id, quantized_available
+from specwise.models.kernels.quant import DecoderStack, QTensor, quantized_available
 
 __all__ = ["QuantizedHeadLayer", "quantize_rows", "head_quantization_available"]
 
 GGML_Q8_0 = 8
-MAX_ROWS = 32  # rows per call of the layer kernel (as the quantized target)
 
 
 def head_quantization_available() -> bool:
@@ -74,9 +71,6 @@ class QuantizedHeadLayer:
         gate_up: torch.Tensor,
         down: torch.Tensor,
     ) -> None:
-        from specwise.models.kernels import native_library
-
-        self._lib = native_library()
         self.hidden, self.n_heads, self.n_kv, self.head_dim = hidden, n_heads, n_kv, head_dim
         self.intermediate, self.eps = intermediate, float(eps)
         q_rows, kv_rows = n_heads * head_dim, n_kv * head_dim
@@ -89,15 +83,16 @@ class QuantizedHeadLayer:
             quantize_rows(gate_up[intermediate:], "head.up"),
             quantize_rows(down, "head.down"),
         ]
-        self._structs = (QMat * 7)(*[w.struct for w in self.weights])
-        self._attn_norm = attn_norm.detach().float().contiguous()
-        self._mlp_norm = mlp_norm.detach().float().contiguous()
-        self._attn_ptr = (ctypes.c_void_p * 1)(self._attn_norm.data_ptr())
-        self._mlp_ptr = (ctypes.c_void_p * 1)(self._mlp_norm.data_ptr())
-        self._bias_ptr = (ctypes.c_void_p * 1)(0)
-        size = self._lib.specwise_qllama_scratch_floats(hidden, n_heads, n_kv, head_dim, intermediate, MAX_ROWS)
-        self._scratch = torch.empty(int(size), dtype=torch.float32)
-        self._scores = torch.empty(0, dtype=torch.float32)
+        self._stack = DecoderStack(
+            [self.weights],
+            [attn_norm.detach().float().contiguous()],
+            [mlp_norm.detach().float().contiguous()],
+            [None],
+            n_heads,
+            n_kv,
+            head_dim,
+            eps,
+        )
 
     @property
     def nbytes(self) -> int:
@@ -106,36 +101,5 @@ class QuantizedHeadLayer:
     def run(self, x: torch.Tensor, start: int, k_cache, v_cache, capacity: int, cos, sin) -> None:
         """The layer on x ``[k, hidden]`` (float32, contiguous, updated in place) at positions ``start ..``;
         writes k_cache / v_cache ``[kv_heads, capacity, head_dim]``; cos, sin: ``[capacity, head_dim]``."""
-        for lo in range(0, x.shape[0], MAX_ROWS):
-            rows = x[lo : lo + MAX_ROWS]
-            k, at = rows.shape[0], start + lo
-            need = self.n_heads * k * (at + k)
-            if self._scores.numel() < need:
-                self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
-            status = self._lib.specwise_qllama_layers(
-                1,
-                self.hidden,
-                self.n_heads,
-                self.n_kv,
-                self.head_dim,
-                self.intermediate,
-                self.eps,
-                self._attn_ptr,
-                self._structs,
-                self._bias_ptr,
-                self._mlp_ptr,
-                k_cache.data_ptr(),
-                v_cache.data_ptr(),
-                capacity,
-                cos.data_ptr(),
-                sin.data_ptr(),
-                rows.data_ptr(),
-                k,
-                at,
-                self._scratch.data_ptr(),
-                self._scores.data_ptr(),
-                torch.get_num_threads(),
-                _mode_id("q8"),
-            )
-            if status != 0:
-                raise RuntimeError(f"the quantized layer kernel failed on the head (status {status})")
+        k = x.shape[0]
+        self._stack.run(x, [(k_cache[None], v_cache[None])] * k, list(range(start, start + k)), cos, sin, "q8")

@@ -7,7 +7,7 @@
  *
  * Layouts (float32, row-major, contiguous):
  *   x        [k, hidden]                     the residual stream, updated in place
- *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
+ *   k_cache  [layers, n_kv, capacity, hd]    per sequence; row r writes position pos[r] of its sequence's
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
@@ -279,16 +279,23 @@ size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int hea
     return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
 }
 
-/* Returns 0 on success, 1 when head_dim is too large, 2 for a bad weight count. */
-int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                           const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
-                           const float *const *mlp_norm, float *k_cache, float *v_cache, int capacity,
-                           const float *cos_t, const float *sin_t, float *x, int k, int start, float *scratch,
-                           float *scores, int threads, int mode) {
+/* The layers over k rows, each with its own cache and position: row r is at position pos[r] of the sequence
+ * whose caches start at k_rows[r] / v_rows[r] ([layers, n_kv, cap[r], hd]); it attends to positions 0 .. pos[r] of
+ * that cache. The rows of one sequence come in order of position, and a row's earlier positions are in its cache
+ * or among the rows before it in this pass: one pass scores several sequences' rows (a batch, ragged) and a row's
+ * result is the same as in a pass of its own. scores: at least n_heads * k * max(pos + 1) floats.
+ * Returns 0 on success, 1 when head_dim is too large. */
+int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
+                         const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
+                         const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
+                         const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
+                         float *scores, int threads, int mode) {
     if (head_dim > 512) return 1;
     const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
-    const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
+    const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
+    int end = 0;
+    for (int r = 0; r < k; r++) end = pos[r] + 1 > end ? pos[r] + 1 : end;
     const float scale = 1.0f / sqrtf((float)hd);
     float *h = scratch;                      /* [k, hidden] */
     float *tmp = h + (size_t)k * hidden;     /* [k, hidden] */
@@ -300,20 +307,20 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
     double t_mark = g_timing ? now_s() : 0.0;
     for (int l = 0; l < n_layers; l++) {
         const qmat *w = weights + (size_t)7 * l;
-        float *kc = k_cache + (size_t)l * n_kv * capacity * hd;
-        float *vc = v_cache + (size_t)l * n_kv * capacity * hd;
         rms_norm_rows(x, attn_norm[l], h, k, hidden, eps);
         MARK(PART_REST);
         specwise_q_gemm(w, 3, h, qkv_b[l], qkv, k, mode, threads);
         MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
-            const int pos = start + r, slot = pos;
+            const int p = pos[r];
+            const size_t layer = (size_t)l * n_kv * cap[r] * hd;
+            float *kc = k_rows[r] + layer, *vc = v_rows[r] + layer;
             float *row = qkv + (size_t)r * n_qkv;
-            const float *c = cos_t + (size_t)pos * hd, *s = sin_t + (size_t)pos * hd;
+            const float *c = cos_t + (size_t)p * hd, *s = sin_t + (size_t)p * hd;
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
             for (int g = 0; g < n_kv; g++) {
-                memcpy(kc + ((size_t)g * capacity + slot) * hd, row + (size_t)(nq + g) * hd, (size_t)hd * 4);
-                memcpy(vc + ((size_t)g * capacity + slot) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
+                memcpy(kc + ((size_t)g * cap[r] + p) * hd, row + (size_t)(nq + g) * hd, (size_t)hd * 4);
+                memcpy(vc + ((size_t)g * cap[r] + p) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
             }
         }
         MARK(PART_REST);
@@ -321,9 +328,11 @@ int specwise_qllama_layers(int n_layers, int hidden, int n_heads, int n_kv, int 
          * the tasks that read the same keys and values one after the other, while they are in its cache */
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int t = 0; t < nq * k; t++) {
-            const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = start + r + 1;
+            const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
+            const size_t layer = (size_t)l * n_kv * cap[r] * hd;
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
-            const float *keys = kc + (size_t)g * capacity * hd, *vals = vc + (size_t)g * capacity * hd;
+            const float *keys = k_rows[r] + layer + (size_t)g * cap[r] * hd;
+            const float *vals = v_rows[r] + layer + (size_t)g * cap[r] * hd;
             float *sc = scores + (size_t)t * end;
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
             float sum;

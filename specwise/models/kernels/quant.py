@@ -35,9 +35,12 @@ __all__ = [
     "supported_types",
     "quantized_available",
     "QMat",
+    "DecoderStack",
+    "MAX_ROWS",
 ]
 
 MODES = ("exact", "q8")
+MAX_ROWS = 64  # rows per call of the layer kernel; more rows run in slices, which gives the same results
 ISAS = ("portable", "avx2", "avx512")
 
 # GGML type ids (the GGUF file format) that the kernels take
@@ -84,10 +87,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_sample": ([p, i, i, p, p], i),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
-        "specwise_qllama_layers": (
-            [i] * 6 + [ctypes.c_float] + [p] * 6 + [i, p, p, p, i, i, p, p, i, i],
-            i,
-        ),
+        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i], i),
     }
     for name, (args, res) in table.items():
         fn = getattr(lib, name)
@@ -289,3 +289,89 @@ def q_gemm(
         threads or torch.get_num_threads(),
     )
     return y
+
+
+class DecoderStack:
+    """Llama-family decoder layers over QTensors, run by one native call per pass (``qllama.c``).
+
+    layers: per layer the seven weights q, k, v, o, gate, up, down; attn_norms, mlp_norms: float32 ``[hidden]``
+    per layer; qkv_biases: per layer float32 ``[q + k + v outputs]`` or None. The caller owns the caches and the
+    rotary tables; :meth:`run` takes, per row, the sequence's caches and the row's position, so one pass can
+    score several sequences' rows (a batch) and a row's result is the same in any pass.
+    """
+
+    def __init__(self, layers, attn_norms, mlp_norms, qkv_biases, n_heads: int, n_kv: int, head_dim: int, eps: float):
+        self._lib = _lib()
+        self.n_layers = len(layers)
+        self.hidden = layers[0][0].shape[1]
+        self.intermediate = layers[0][4].shape[0]
+        self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, float(eps)
+        self._keep = (layers, attn_norms, mlp_norms, qkv_biases)  # the pointers below point into these
+        flat = [w.struct for layer in layers for w in layer]
+        self._weights = (QMat * len(flat))(*flat)
+        self._attn = (ctypes.c_void_p * len(attn_norms))(*[t.data_ptr() for t in attn_norms])
+        self._mlp = (ctypes.c_void_p * len(mlp_norms))(*[t.data_ptr() for t in mlp_norms])
+        self._bias = (ctypes.c_void_p * len(qkv_biases))(*[0 if b is None else b.data_ptr() for b in qkv_biases])
+        size = self._lib.specwise_qllama_scratch_floats(
+            self.hidden, n_heads, n_kv, head_dim, self.intermediate, MAX_ROWS
+        )
+        self._scratch = torch.empty(int(size), dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        positions: list[int],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mode: str,
+        threads: int | None = None,
+    ) -> None:
+        """The layers on x ``[k, hidden]`` (float32, contiguous, updated in place).
+
+        caches: per row, (k_cache, v_cache) ``[layers, n_kv, capacity, head_dim]`` of the row's sequence;
+        positions: per row, its position there (a sequence's rows in order; its earlier positions cached or
+        among the rows before). cos, sin: ``[>= max position + 1, head_dim]``.
+        """
+        k = x.shape[0]
+        if len(caches) != k or len(positions) != k:
+            raise ValueError(f"{k} rows need {k} caches and positions, got {len(caches)} and {len(positions)}")
+        mode_id, threads = _mode_id(mode), threads or torch.get_num_threads()
+        for lo in range(0, k, MAX_ROWS):
+            hi = min(k, lo + MAX_ROWS)
+            n = hi - lo
+            rows_k = (ctypes.c_void_p * n)(*[caches[r][0].data_ptr() for r in range(lo, hi)])
+            rows_v = (ctypes.c_void_p * n)(*[caches[r][1].data_ptr() for r in range(lo, hi)])
+            caps = (ctypes.c_int * n)(*[caches[r][0].shape[2] for r in range(lo, hi)])
+            pos = (ctypes.c_int * n)(*positions[lo:hi])
+            need = self.n_heads * n * (max(positions[lo:hi]) + 1)
+            if self._scores.numel() < need:
+                self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+            status = self._lib.specwise_qllama_rows(
+                self.n_layers,
+                self.hidden,
+                self.n_heads,
+                self.n_kv,
+                self.head_dim,
+                self.intermediate,
+                self.eps,
+                self._attn,
+                self._weights,
+                self._bias,
+                self._mlp,
+                rows_k,
+                rows_v,
+                caps,
+                pos,
+                cos.data_ptr(),
+                sin.data_ptr(),
+                x[lo:hi].data_ptr(),
+                n,
+                self._scratch.data_ptr(),
+                self._scores.data_ptr(),
+                threads,
+                mode_id,
+            )
+            if status != 0:
+                raise RuntimeError(f"the quantized layer kernel failed (status {status})")
