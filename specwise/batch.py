@@ -1,0 +1,223 @@
+"""Continuous batching: several requests share each target pass, each with its own speculation.
+
+A :class:`BatchEngine` holds up to ``max_batch`` sequences of the engine's target (``Model.sequence``), each with
+its own cache, drafters (``Drafter.fork``), planner state, sampling settings, randomness and statistics. Every
+:meth:`BatchEngine.step` plans each running request's draft, scores all their rows in one target pass
+(``Model.forward_batch``: ragged, a new request's prompt among them) and verifies each request on its own rows.
+Requests join between steps and leave when done; a cancelled one frees its slot at the next step.
+
+A row's logits do not depend on what shares its pass, so each request's output is the one it gets alone:
+greedy token for token; sampled, the coupled rule draws every position's token with that position's own uniform,
+so a seeded request gives the tokens of the same seeded request run alone (for drafters of single tokens, and
+for any drafter under a fixed gamma).
+
+The planner plans for the pass as a whole (``Planner.draft(..., batch=...)``): each request's gamma is chosen for
+the pass's tokens per second given the rows the others put in it, so drafting fades out as the batch makes the
+pass dear and comes back as it thins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from specwise.engine import Engine, GenerationEvent, Run
+from specwise.models.base import Model
+from specwise.planner import PlanState, sources_of
+from specwise.sampling import SamplingParams
+
+__all__ = ["BatchEngine", "BatchStep", "Request"]
+
+
+@dataclass
+class Request:
+    """What to generate: the arguments of ``Engine.stream``."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    eos_token_ids: list[int] | None = None
+
+
+@dataclass
+class _Slot:
+    """A sequence of the target with its drafters and their planner state, reused by request after request."""
+
+    target: Model
+    state: PlanState
+    run: Run | None = None
+    rid: int | None = None
+    prefill_at: int = 0  # prompt tokens fed so far (prefill runs in chunks)
+    cancelled: bool = False
+
+
+@dataclass
+class BatchStep:
+    """What one step did: the events per request id (finished requests' last events included), how many
+    sequences and rows shared the pass, and how long it took."""
+
+    events: list[tuple[int, GenerationEvent]]
+    sequences: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+
+
+class BatchEngine:
+    """Steps up to ``max_batch`` requests together on ``engine``'s target, drafter(s) and planner.
+
+    max_batch: sequences that share a pass; more requests wait (``waiting``) and join as slots free.
+    prefill_chunk: prompt tokens a joining request feeds per step (longer prompts take several steps), so that
+        a long prompt delays the others' next tokens by a bounded amount.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 256) -> None:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        self.engine = engine
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self._slots: list[_Slot] = []
+        self._queue: deque[tuple[int, Request]] = deque()
+        self._next_id = 0
+
+    # ---- requests --------------------------------------------------------------------------------------------
+
+    def submit(self, request: Request) -> int:
+        """Queue ``request``; returns its id. Raises ValueError at once for a bad request (nothing is queued)."""
+        self.engine._check_request([int(t) for t in request.prompt_ids], request.max_new_tokens)
+        if request.stop and self.engine.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
+        rid = self._next_id
+        self._next_id += 1
+        self._queue.append((rid, request))
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Drop request ``rid``: taken out of the queue, or its slot freed at the next step."""
+        for i, (queued, _) in enumerate(self._queue):
+            if queued == rid:
+                del self._queue[i]
+                return
+        for slot in self._slots:
+            if slot.rid == rid:
+                slot.cancelled = True
+
+    @property
+    def running(self) -> int:
+        """Requests holding a slot."""
+        return sum(slot.run is not None and not slot.cancelled for slot in self._slots)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot."""
+        return len(self._queue)
+
+    def has_work(self) -> bool:
+        return bool(self._queue) or any(slot.run is not None for slot in self._slots)
+
+    # ---- slots -----------------------------------------------------------------------------------------------
+
+    def _new_slot(self) -> _Slot:
+        engine = self.engine
+        if not self._slots:  # the engine's own sequence and drafters serve the first slot
+            target, drafter = engine.target, engine.drafter
+        else:
+            target = engine.target.sequence()
+            drafter = _fork(engine.drafter, target)
+        slot = _Slot(target, engine.planner.new_state(drafter))
+        self._slots.append(slot)
+        return slot
+
+    def _admit(self) -> None:
+        """Queued requests into free slots."""
+        while self._queue:
+            slot = next((s for s in self._slots if s.run is None), None)
+            if slot is None:
+                if len(self._slots) >= self.max_batch:
+                    return
+                slot = self._new_slot()
+            rid, req = self._queue.popleft()
+            slot.run = self.engine.start(
+                slot.target, slot.state, req.prompt_ids, req.params, req.max_new_tokens, req.stop, req.eos_token_ids
+            )
+            slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
+
+    def _release(self, slot: _Slot) -> None:
+        slot.run, slot.rid, slot.cancelled = None, None, False
+
+    # ---- a step ----------------------------------------------------------------------------------------------
+
+    def step(self) -> BatchStep:
+        """Admit what fits, then one target pass for every running request. Returns the events it made."""
+        for slot in self._slots:
+            if slot.cancelled:
+                self._release(slot)
+        self._admit()
+        active = [s for s in self._slots if s.run is not None]
+        if not active:
+            return BatchStep([])
+        engine = self.engine
+        # each sequence puts at least one row in the pass (a prefill chunk puts its tokens)
+        feeds: list[list[int] | None] = []
+        for slot in active:
+            rest = slot.run.prefill_tokens()[slot.prefill_at :]
+            feeds.append(rest[: self.prefill_chunk] if rest else None)
+        rows = sum(len(f) if f is not None else 1 for f in feeds)
+        tokens = float(sum(f is None for f in feeds))
+        items, keeps, plans = [], [], []
+        for slot, chunk in zip(active, feeds):
+            if chunk is not None:
+                items.append((slot.target, torch.tensor(chunk, device=slot.target.device)))
+                keeps.append(0)
+                plans.append(None)
+                continue
+            proposal = engine.plan(slot.run, batch=(rows - 1, tokens - 1.0))
+            drafted = len(proposal.draft)
+            rows += drafted
+            tokens += engine.planner.expected_gain(slot.state, proposal)
+            items.append((slot.target, slot.run.feed(proposal)))
+            keeps.append(drafted + 1)
+            plans.append(proposal)
+        t_pass = time.perf_counter()
+        outputs = engine.target.forward_batch(items, keeps)
+        seconds_pass = time.perf_counter() - t_pass
+        events: list[tuple[int, GenerationEvent]] = []
+        for slot, chunk, proposal, logits in zip(active, feeds, plans, outputs):
+            run = slot.run
+            if proposal is None:
+                slot.prefill_at += len(chunk)
+                if slot.prefill_at >= len(run.prefill_tokens()):
+                    run.prefilled(time.perf_counter() - run.t0)
+                continue
+            event = engine.finish_step(run, proposal, logits, t_pass)
+            engine.planner.observe(slot.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
+            events.append((slot.rid, event))
+            if event.finish_reason is not None:
+                self._release(slot)
+        if len(items) > 1:
+            engine.planner.observe_pass(rows, seconds_pass)
+        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass)
+
+    def run_all(self, requests: Iterable[Request]) -> list[list[GenerationEvent]]:
+        """Submit ``requests`` and step until all are done; each request's events in order (a convenience for
+        tests and benchmarks)."""
+        ids = [self.submit(r) for r in requests]
+        out: dict[int, list[GenerationEvent]] = {rid: [] for rid in ids}
+        while self.has_work():
+            for rid, event in self.step().events:
+                out[rid].append(event)
+        return [out[rid] for rid in ids]
+
+
+def _fork(drafter, target: Model):
+    """The engine's drafter (one, or a list of sources) for another sequence of the target."""
+    sources = sources_of(drafter)
+    forks = [d.fork(target) for d in sources]
+    return forks if isinstance(drafter, (list, tuple)) else forks[0]

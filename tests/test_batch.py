@@ -1,0 +1,171 @@
+"""Continuous batching: each request's output is the one it gets alone, whatever shares its passes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_engine import chi2_pvalue, exact_joint
+from test_quantized_model import VARIANTS, write_gguf
+
+from specwise.batch import BatchEngine, Request
+from specwise.drafters import Draft, Drafter, NgramDrafter, NoDrafter
+from specwise.engine import Engine
+from specwise.models.quantized import QuantizedModel
+from specwise.models.toy import ToyModel
+from specwise.planner import AdaptivePlanner
+from specwise.sampling import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("batch") / "tiny.gguf"
+    write_gguf(path, VARIANTS["llama-Q4_1"])
+    return path
+
+
+def prompts(n: int, vocab: int = 100, seed: int = 0) -> list[list[int]]:
+    """Prompts of different lengths, some repetitive (prompt lookup drafts there)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        base = torch.randint(0, vocab, (3 + i % 4,), generator=gen).tolist()
+        out.append((base * (1 + i % 3))[: 2 + 3 * i])
+    return out
+
+
+def solo(engine: Engine, request: Request) -> list[int]:
+    return engine.generate(request.prompt_ids, request.params, request.max_new_tokens, request.stop).token_ids
+
+
+def batched(engine: Engine, requests: list[Request], max_batch: int = 8, **kw) -> list[list[int]]:
+    events = BatchEngine(engine, max_batch=max_batch, **kw).run_all(requests)
+    return [[t for e in evs for t in e.token_ids] for evs in events]
+
+
+@pytest.mark.parametrize("precision", ["exact", "q8"])
+@pytest.mark.parametrize("gamma", [0, 3, "auto"])
+def test_greedy_batch_equals_solo(gguf_path, precision, gamma):
+    model = QuantizedModel(gguf_path, precision=precision)
+    drafter = NoDrafter() if gamma == 0 else NgramDrafter()
+    engine = Engine(model, drafter, gamma=gamma)
+    requests = [Request(p, GREEDY, max_new_tokens=12 + 3 * i) for i, p in enumerate(prompts(6))]
+    want = [solo(Engine(QuantizedModel(gguf_path, precision=precision), NgramDrafter(), 2), r) for r in requests]
+    assert batched(engine, requests) == want
+    # fewer slots than requests: the rest wait and join as slots free
+    assert batched(Engine(model, drafter, gamma=gamma), requests, max_batch=2, prefill_chunk=3) == want
+
+
+@pytest.mark.parametrize("gamma", [0, 2, 4, "auto"])
+def test_seeded_sampling_batch_equals_solo_and_plain(gguf_path, gamma):
+    """Under the coupled rule a seeded request's tokens are those of plain seeded sampling, whatever gamma, the
+    drafts or the batch."""
+    model = QuantizedModel(gguf_path)
+    params = [SamplingParams(temperature=0.9, top_p=0.95, top_k=40, seed=s) for s in range(5)]
+    requests = [Request(p, params[i], max_new_tokens=16) for i, p in enumerate(prompts(5, seed=1))]
+    plain = Engine(QuantizedModel(gguf_path), NoDrafter(), gamma=0)
+    want = [solo(plain, r) for r in requests]
+    engine = Engine(model, NoDrafter() if gamma == 0 else NgramDrafter(), gamma=gamma)
+    assert [solo(engine, r) for r in requests] == want
+    assert batched(engine, requests, max_batch=3) == want
+
+
+def test_sampled_batch_is_in_distribution():
+    """A batch's sampled outputs follow the target's joint distribution (toy model, enumerated)."""
+    model = ToyModel.random(4, seed=3)
+    params = SamplingParams(temperature=1.0)
+    prompt, length, n = [1, 2], 3, 3000
+    engine = Engine(model, NgramDrafter(max_ngram=2), gamma=2)
+    counts: dict = {}
+    batch = BatchEngine(engine, max_batch=8)
+    for out in batch.run_all([Request(prompt, params, max_new_tokens=length) for _ in range(n)]):
+        seq = tuple(t for e in out for t in e.token_ids)
+        counts[seq] = counts.get(seq, 0) + 1
+    assert chi2_pvalue(counts, exact_joint(model, prompt, params, length), n) > 1e-3
+
+
+def test_joins_between_steps_and_cancel(gguf_path):
+    model = QuantizedModel(gguf_path)
+    engine = Engine(model, NgramDrafter(), gamma=3)
+    reference = Engine(QuantizedModel(gguf_path), NoDrafter(), gamma=0)
+    ps = prompts(4, seed=2)
+    batch = BatchEngine(engine, max_batch=4)
+    got: dict[int, list[int]] = {}
+    first = batch.submit(Request(ps[0], GREEDY, 20))
+    doomed = batch.submit(Request(ps[1], GREEDY, 20))
+    ids = {first: 0, doomed: 1}
+    steps = 0
+    while batch.has_work():
+        if steps == 2:  # a request joins while others are mid-answer
+            ids[batch.submit(Request(ps[2], GREEDY, 20))] = 2
+        if steps == 3:
+            batch.cancel(doomed)
+        for rid, event in batch.step().events:
+            got.setdefault(rid, []).extend(event.token_ids)
+        steps += 1
+        assert steps < 200
+    assert got[first] == solo(reference, Request(ps[0], GREEDY, 20))
+    late = next(r for r, i in ids.items() if i == 2)
+    assert got[late] == solo(reference, Request(ps[2], GREEDY, 20))
+    assert len(got.get(doomed, [])) < 20  # stopped early
+    assert batch.running == 0 and batch.waiting == 0
+
+
+def test_cancel_a_queued_request_and_bad_requests(gguf_path):
+    engine = Engine(QuantizedModel(gguf_path), NgramDrafter(), gamma=2)
+    batch = BatchEngine(engine, max_batch=1)
+    a = batch.submit(Request([1, 2, 3], GREEDY, 5))
+    b = batch.submit(Request([4, 5, 6], GREEDY, 5))
+    assert batch.waiting == 2
+    batch.cancel(b)
+    assert batch.waiting == 1
+    with pytest.raises(ValueError, match="prompt is empty"):
+        batch.submit(Request([], GREEDY, 5))
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        batch.submit(Request([10**6], GREEDY, 5))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        batch.submit(Request([1], GREEDY, 0))
+    done = [rid for rid, e in _drain(batch) if e.finish_reason is not None]
+    assert done == [a]
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchEngine(engine, max_batch=0)
+
+
+def _drain(batch: BatchEngine):
+    while batch.has_work():
+        yield from batch.step().events
+
+
+class Always(Drafter):
+    """Proposes the token 1, k times."""
+
+    name = "always"
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        return Draft(torch.ones(k, dtype=torch.int64))
+
+
+def test_planner_drafts_less_when_the_batch_makes_the_pass_dear():
+    """With a pass cost flat for a few rows and steep (compute-bound) after, a sequence alone drafts long; in a
+    pass that seven other sequences fill, the same sequence drafts less."""
+    steep = {k: 1.0 + 0.02 * (k - 1) if k <= 6 else 1.0 + 0.5 * (k - 1) for k in range(1, 80)}
+    planner = AdaptivePlanner(cost_curve=steep, prior=0.8)
+    state = planner.new_state(Always())
+    planner.begin(state)
+    alone = len(planner.draft(state, [1, 2], 16, GREEDY, None).draft)
+    full = len(planner.draft(state, [1, 2], 16, GREEDY, None, batch=(7, 7.0)).draft)
+    assert alone >= 4 and full < alone
+    assert len(planner.draft(state, [1, 2], 16, GREEDY, None, batch=(1, 1.0)).draft) >= 2  # a thin batch
+
+
+def test_step_reports_its_pass(gguf_path):
+    engine = Engine(QuantizedModel(gguf_path), NgramDrafter(), gamma=3)
+    batch = BatchEngine(engine, max_batch=4, prefill_chunk=4)
+    for p in prompts(4, seed=5):
+        batch.submit(Request(p, GREEDY, 8))
+    first = batch.step()
+    assert first.sequences == 4 and first.rows >= 4 and first.seconds > 0
+    while batch.has_work():
+        step = batch.step()
+        assert step.rows >= step.sequences >= len(step.events)
