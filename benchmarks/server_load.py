@@ -1,15 +1,17 @@
-"""Load test of `specwise serve`: throughput and latency with 1, 4 and 8 concurrent streaming clients.
+"""Load test of `specwise serve` beside llama.cpp's `llama-server`: throughput and latency with concurrent clients.
 
-Starts the server in-process on 127.0.0.1 (or uses --url). Every level sends the same --requests streamed chat
-requests (the prompts below, in turn) with the official openai client, split over that many concurrent clients,
-each sending its share one after another. Levels are interleaved over --rounds (1, 4, 8, 1, 4, 8, ...) so that
-drift in the machine's load hits them alike. Records per request: time to first token, end-to-end latency,
-tokens and the speculative statistics from `usage`; per level and round: wall time, aggregate tokens/s and
-requests/s. With several --drafter values, one server per drafter runs and every (drafter, level) pair is
-interleaved in each round. Writes JSON (with the command that made it) and prints a Markdown table of medians.
+Every server runs as its own process on 127.0.0.1 with the same threads: `specwise serve` once per --drafter (with
+--max-batch), and with --llama-cpp, `llama-server -np MAX_BATCH` on the same GGUF file. Every level sends the same
+--requests streamed chat requests (Spec-Bench questions with --questions, else the prompts below, in turn; greedy,
+--max-tokens each) with the official openai client, split over that many concurrent clients, each sending its
+share one after another. Every (server, level) pair runs once per round, interleaved over --rounds, so that drift
+in the machine's load hits them alike. Records per request: time to first token, end-to-end latency, tokens and
+(for specwise) the speculative statistics from `usage`; per level and round: wall time, aggregate tokens/s and
+requests/s. Writes JSON (with the command that made it) and prints a Markdown table of medians.
 
-    python benchmarks/server_load.py --target default --drafter ngram none --concurrency 1 4 8 --max-tokens 64 \\
-        --threads 1 --out benchmarks/results/server_load.json
+    python benchmarks/server_load.py --target default --drafter auto --max-batch 8 --llama-cpp \
+        --concurrency 1 8 --questions ../shared/data/spec_bench/question.jsonl --requests 16 --rounds 3 \
+        --max-tokens 128 --threads 2 --out benchmarks/results/server_load/server_load.json
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import platform
 import shlex
 import socket
 import statistics
+import subprocess
 import sys
-import threading
 import time
 from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
@@ -43,13 +45,17 @@ PROMPTS = [
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default=None, help="an already running server (default: start one on 127.0.0.1)")
+    p.add_argument("--url", default=None, help="an already running server (default: start them on 127.0.0.1)")
     p.add_argument("--target", default="default")
-    p.add_argument("--drafter", nargs="+", default=["ngram"], help="one server per drafter, interleaved")
-    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--drafter", nargs="+", default=["auto"], help="one specwise server per drafter, interleaved")
+    p.add_argument("--gamma", default="auto")
+    p.add_argument("--max-batch", type=int, default=8, help="specwise --max-batch, llama-server -np (default 8)")
+    p.add_argument("--llama-cpp", action="store_true", help="also llama-server -np MAX_BATCH on the same GGUF")
     p.add_argument("--device", default="cpu")
     p.add_argument("--impl", default="auto", choices=["auto", "native", "hf"], help="model implementation")
-    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=2, help="threads of every server (default: 2)")
+    p.add_argument("--ctx-size", type=int, default=1024, help="llama-server's context per slot (default: 1024)")
+    p.add_argument("--questions", default=None, help="a Spec-Bench question.jsonl (default: the prompts here)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=16, help="requests per level and round (default: 16)")
     p.add_argument("--rounds", type=int, default=2, help="passes over all levels, interleaved (default: 2)")
@@ -60,33 +66,63 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited during startup (status {proc.returncode})")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"the server at {url} did not start in {timeout:.0f} s")
+
+
 @contextmanager
-def local_server(args: argparse.Namespace, drafter: str):
-    """Serve the model with uvicorn on 127.0.0.1 (a free port) in a thread; yields its url, model id and class."""
-    import uvicorn
+def specwise_server(args: argparse.Namespace, drafter: str):
+    """`specwise serve` in its own process on a free port; yields its url, model id and command."""
+    import httpx
 
-    from specwise.runtime import build_runtime
-    from specwise.server.app import create_app
-
-    app = create_app(build_runtime(args.target, drafter, args.gamma, args.device, args.impl))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if not server.started:
-        raise RuntimeError("the server did not start")
+    port = _free_port()
+    command = [sys.executable, "-m", "specwise", "serve", "--target", args.target, "--drafter", drafter]
+    command += ["--gamma", str(args.gamma), "--device", args.device, "--impl", args.impl, "--port", str(port)]
+    command += ["--threads", str(args.threads), "--max-batch", str(args.max_batch), "--log-level", "warning"]
+    proc = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
     try:
-        state = app.state.server
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        yield {"url": url, "model": state.model_name, "implementation": type(state.runtime.engine.target).__name__}
+        _wait_ready(url, proc)
+        model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+        yield {"url": url, "model": model, "command": shlex.join(command), "kind": "specwise"}
     finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextmanager
+def llama_server(args: argparse.Namespace):
+    """`llama-server -np MAX_BATCH` on the target's GGUF file, same threads; yields its url and command."""
+    from specwise.bench.llamacpp import LlamaServer
+    from specwise.models.loader import gguf_source
+
+    path = gguf_source(args.target)
+    if path is None:
+        raise SystemExit(f"--llama-cpp needs a GGUF target (default or a .gguf path), got {args.target!r}")
+    server = LlamaServer(path, threads=args.threads, ctx_size=args.ctx_size, parallel=args.max_batch)
+    with server:
+        yield {"url": server.url, "model": path.stem, "command": shlex.join(server.command()), "kind": "llama.cpp"}
 
 
 async def one_request(api, model: str, prompt: str, args: argparse.Namespace) -> dict:
@@ -107,7 +143,7 @@ async def one_request(api, model: str, prompt: str, args: argparse.Namespace) ->
         if chunk.usage is not None:
             final = chunk
     end = time.perf_counter()
-    spec = final.usage.speculative
+    spec = getattr(final.usage, "speculative", None) or {"drafted": 0, "accepted": 0, "target_passes": 0}
     return {
         "prompt": prompt,
         "start": start,
@@ -124,7 +160,8 @@ async def run_level(url: str, model: str, concurrency: int, args: argparse.Names
     """The level's requests over ``concurrency`` clients; client i sends requests i, i + c, i + 2c, ... in turn."""
     import openai
 
-    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+    pool = args.prompt_texts
+    prompts = [pool[i % len(pool)] for i in range(args.requests)]
 
     async def client(index: int) -> list[dict]:
         api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout, max_retries=0)
@@ -168,10 +205,13 @@ def summarize(concurrency: int, rounds: list[dict]) -> dict:
 def environment(args: argparse.Namespace) -> dict:
     import torch
 
+    from specwise.bench.runner import _cpu_flags, _cpu_name
+
     return {
+        "cpu": _cpu_name(),
+        "cpu_flags": _cpu_flags(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
@@ -212,12 +252,25 @@ async def run_all(servers: dict[str, dict], args: argparse.Namespace) -> dict[st
     return {d: [summarize(c, rounds[d, c]) for c in args.concurrency] for d in servers}
 
 
+def prompt_texts(args: argparse.Namespace) -> list[str]:
+    """The requests' user messages: Spec-Bench's first turns, one category after another in turn, or PROMPTS."""
+    if not args.questions:
+        return list(PROMPTS)
+    from specwise.bench.prompts import load_questions
+
+    questions = load_questions(args.questions)
+    by_category: dict[str, list[str]] = {}
+    for q in questions:
+        by_category.setdefault(q.category, []).append(q.text)
+    mixed = [
+        texts[i] for i in range(max(map(len, by_category.values()))) for texts in by_category.values() if i < len(texts)
+    ]
+    return mixed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.threads is not None:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    args.prompt_texts = prompt_texts(args)
     load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     with ExitStack() as stack:
         if args.url:
@@ -227,12 +280,14 @@ def main(argv: list[str] | None = None) -> int:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             servers = {"server": {"url": url, "model": model, "implementation": "unknown"}}
         else:
-            servers = {d: stack.enter_context(local_server(args, d)) for d in args.drafter}
+            servers = {f"specwise {d}": stack.enter_context(specwise_server(args, d)) for d in args.drafter}
+            if args.llama_cpp:
+                servers["llama.cpp"] = stack.enter_context(llama_server(args))
         results = asyncio.run(run_all(servers, args))
     report = {
         "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/server_load.py", *argv]),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "prompt_texts")},
         "environment": environment(args) | {"load_average_before": load_before},
         "servers": servers,
         "results": results,

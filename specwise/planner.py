@@ -398,8 +398,16 @@ class AdaptivePlanner(Planner):
     def _prior_c(self, k: int) -> float:
         """The cost curve as a prior, made non-decreasing from c(1) = 1: a pass over more tokens never costs less
         (a measured curve can dip, e.g. c(2) = 0.98 after a short context, where extra rows are nearly free; at
-        answer lengths they are not, and a prior below 1 would make every 2-token pass look free)."""
-        return max([1.0] + [self.prior_curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
+        answer lengths they are not, and a prior below 1 would make every 2-token pass look free). Beyond the
+        curve's last point (a batch's passes hold many rows) it goes on along the slope of the curve's second
+        half, not flat: rows past the measured ones are not free."""
+        curve = self.prior_curve
+        last = max(curve) if curve else 0
+        if last >= 2 and k > last:  # beyond the measured curve: on along the slope of its second half
+            mid = max(1, last // 2)
+            slope = max(0.0, (curve[last] - curve.get(mid, 1.0)) / (last - mid))
+            return self._prior_c(last) + slope * (k - last)
+        return max([1.0] + [curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
 
     def _ratio_rate(self, k: int) -> Rate:
         rate = self._ratios.get(k)

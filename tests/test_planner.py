@@ -354,6 +354,15 @@ def test_the_cost_curve_prior_never_decreases():
     assert [s._prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]
 
 
+def test_the_cost_curve_prior_goes_on_past_its_last_point():
+    """A batch's pass holds more rows than the profile measured: past the curve's end the prior follows the slope
+    of its second half instead of staying flat (rows past the measured ones are not free)."""
+    s = AdaptivePlanner(cost_curve={1: 1.0, 2: 1.1, 4: 1.5, 8: 2.5})
+    assert s._prior_c(8) == 2.5
+    assert s._prior_c(16) == pytest.approx(2.5 + 0.25 * 8)
+    assert s._prior_c(12) < s._prior_c(16) < s._prior_c(32)
+
+
 def test_each_source_has_its_own_acceptance_and_drafting_time():
     """Two drafters behind one planner: one never accepted and dear, one always accepted and cheap. Each gets the
     gamma its own record calls for; the target's pass times are shared."""

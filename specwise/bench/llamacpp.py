@@ -239,8 +239,9 @@ def _free_port(host: str) -> int:
 class LlamaServer:
     """``llama-server`` for one GGUF model on a free local port, as a context manager.
 
-    One slot (``-np 1``), ``-c ctx_size``, ``-t threads``, no web UI and no prompt cache between requests, so each
-    request is timed from an empty KV cache. ``extra_args`` go on the command line as they are (for example
+    ``parallel`` slots (``-np``, default 1; continuous batching across them), ``ctx_size`` tokens of context per
+    slot, ``-t threads``, no web UI and no prompt cache between requests, so each request is timed from an empty
+    KV cache. ``extra_args`` go on the command line as they are (for example
     ``["-md", draft_gguf]`` for llama.cpp's own speculative decoding). The server's log goes to ``log_path`` (a
     temporary file by default) and its tail is quoted when it fails to start. After startup a ``warmup_tokens``
     completion runs untimed, so that the first measured request does not pay for page-ins.
@@ -252,6 +253,7 @@ class LlamaServer:
         *,
         threads: int = 2,
         ctx_size: int = 4096,
+        parallel: int = 1,
         host: str = "127.0.0.1",
         port: int | None = None,
         extra_args: Sequence[str] = (),
@@ -263,6 +265,7 @@ class LlamaServer:
         self.gguf_path = Path(gguf_path)
         self.threads = threads
         self.ctx_size = ctx_size
+        self.parallel = parallel
         self.host = host
         self.port = port
         self.extra_args = list(extra_args)
@@ -293,9 +296,9 @@ class LlamaServer:
             "-t",
             str(self.threads),
             "-c",
-            str(self.ctx_size),
+            str(self.ctx_size * self.parallel),
             "-np",
-            "1",
+            str(self.parallel),
             "--cache-ram",
             "0",
             "--no-webui",
