@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 
 import torch
@@ -43,6 +44,15 @@ class HFModel(Model):
         except TypeError:
             return self._cache_cls()
 
+    def sequence(self) -> HFModel:
+        """Another sequence over the same Hugging Face module (shared, not copied), with its own empty cache."""
+        other = copy.copy(self)
+        other._length = 0
+        other._cache = other._new_cache()
+        other._features = torch.empty(0)
+        other.keep_features = False
+        return other
+
     @property
     def length(self) -> int:
         return self._length
@@ -78,8 +88,9 @@ class HFModel(Model):
         start, end = self._length, self._length + tokens.numel()
         if end > self._features.shape[0]:  # grow by doubling, keeping what is cached
             grown = hidden.new_zeros((max(2 * self._features.shape[0], end), hidden.shape[-1]))
-            if start:
-                grown[:start] = self._features[:start]
+            kept = min(start, self._features.shape[0])  # fewer where keep_features was set after some positions
+            if kept:
+                grown[:kept] = self._features[:kept]
             self._features = grown
         self._features[start:end] = hidden
         self._length = end

@@ -15,6 +15,8 @@ The Hugging Face model it is built from stays the reference: the tests check tha
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from specwise.models.base import Model
@@ -186,6 +188,16 @@ class NativeModel(Model):
         cos, sin = rotary_tables(self._inv_freq, positions, self._rope_scale)  # [capacity, head_dim]
         self._cos, self._sin = cos.to(self.dtype), sin.to(self.dtype)
         self._capacity = capacity
+
+    def sequence(self) -> NativeModel:
+        """Another sequence over the same weights and kernels (shared, not copied), with its own empty KV cache and
+        features (as large as this one's now). The layer kernel's scratch space is shared too: the sequences of a
+        model run one after another, never at the same time."""
+        other = copy.copy(self)
+        other._length = other._capacity = 0
+        other.keep_features = False
+        other._grow(self._capacity)
+        return other
 
     @property
     def length(self) -> int:

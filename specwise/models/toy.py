@@ -31,6 +31,10 @@ class ToyModel(Model):
         gen = torch.Generator().manual_seed(seed)
         return cls(torch.randn(periods, vocab, vocab, generator=gen) * scale, **kw)
 
+    def sequence(self) -> ToyModel:
+        """Another sequence over the same table (shared, not copied), with no tokens."""
+        return ToyModel(self.table, self.max_length)
+
     @property
     def length(self) -> int:
         return len(self.tokens)
