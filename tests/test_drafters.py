@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specwise.drafters import (
+    Drafter,
     ModelDrafter,
     NgramDrafter,
     NoDrafter,
@@ -130,3 +131,88 @@ def test_make_drafter_specs_and_errors():
         make_drafter("magic", None)
     with pytest.raises(ValueError, match="ngram takes integers"):
         make_drafter("ngram:x", None)
+
+
+# ---- forks: one drafter per sequence of a batch --------------------------------------------------------------
+
+SAMPLE = SamplingParams(temperature=1.0, top_k=6)
+CTX_A = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3, 4, 5, 9, 2]
+CTX_B = [6, 6, 7, 0, 6, 6, 7, 1, 4, 0, 6, 6, 7, 0, 2]
+# each sequence's contexts step by step: growing by 1 to 3 tokens, then a new request (a shorter context)
+STEPS_A = [CTX_A[:n] for n in (4, 6, 7, 10, 13, 14, 17)] + [CTX_B[:5], CTX_B[:8]]
+STEPS_B = [CTX_B[:n] for n in (3, 4, 7, 9, 11, 12, 15)] + [CTX_A[:6], CTX_A[:9]]
+
+
+def summary(draft) -> tuple:
+    probs = None if draft.probs is None else draft.probs.tolist()
+    return draft.tokens.tolist(), probs, draft.confidence, draft.kind
+
+
+def drafts_in_turn(drafters, steps, params=GREEDY, seeds=None, before=None, k=4, stop=0.0):
+    """Each drafter proposes for its own sequence's contexts (``steps[i]``), the drafters taking turns step by step;
+    ``before[i](context)`` runs before drafter i is asked (its target's pass). Returns each one's drafts."""
+    seeds = seeds or list(range(len(drafters)))
+    gens = [torch.Generator().manual_seed(100 + s) for s in seeds]
+    out = [[] for _ in drafters]
+    for step in range(max(map(len, steps))):
+        for i, drafter in enumerate(drafters):
+            if step < len(steps[i]):
+                if before is not None:
+                    before[i](steps[i][step])
+                draft = drafter.propose(steps[i][step], k, params, gens[i], stop)
+                out[i].append(summary(draft))
+    return out
+
+
+def assert_forks_draft_alone(make, fork, params=GREEDY, stop=0.0, steps=(STEPS_A, STEPS_B)):
+    """A drafter and its fork (``fork(drafter)``), asked in turn for two sequences, propose exactly what a fresh
+    drafter (``make()``) asked for each sequence alone proposes."""
+    first = make()
+    second = fork(first)
+    assert type(second) is type(first) and second is not first
+    together = drafts_in_turn([first, second], list(steps), params)
+    for i, seq_steps in enumerate(steps):
+        assert together[i] == drafts_in_turn([make()], [seq_steps], params, seeds=[i])[0]
+
+
+def test_forks_of_the_ngram_drafter_keep_their_own_index():
+    assert_forks_draft_alone(lambda: NgramDrafter(max_ngram=3), lambda d: d.fork(None))
+    d = NgramDrafter(max_ngram=4, min_ngram=2)
+    d.propose(CTX_A, 4, GREEDY, None)
+    f = d.fork(None)
+    assert (f.max_ngram, f.min_ngram) == (4, 2) and f._last is not d._last and f._last[2] == {}
+
+
+def test_fork_of_no_drafter_proposes_nothing():
+    fork = NoDrafter().fork(None)
+    assert isinstance(fork, NoDrafter) and propose(fork, [1, 2, 1]) == []
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLE], ids=["greedy", "sampling"])
+def test_forks_of_the_model_drafter_draft_on_their_own_sequence(params):
+    table = ToyModel.random(10, seed=5).table
+    assert_forks_draft_alone(lambda: ModelDrafter(ToyModel(table)), lambda d: d.fork(None), params)
+    d = ModelDrafter(ToyModel(table))
+    f = d.fork(ToyModel(table).sequence())
+    assert f.model is not d.model and f.model.table is d.model.table and f._fed is not d._fed
+
+
+def test_forks_of_a_native_model_drafter_share_its_weights():
+    from conftest import tiny_llama
+    from specwise.models.native import NativeModel
+
+    hf = tiny_llama(seed=2, layers=1)
+    assert_forks_draft_alone(lambda: ModelDrafter(NativeModel(hf)), lambda d: d.fork(None), SAMPLE)
+    d = ModelDrafter(NativeModel(hf))
+    f = d.fork(None)
+    assert f.model.layers is d.model.layers and f.model.k_cache.data_ptr() != d.model.k_cache.data_ptr()
+
+
+class _Plain(Drafter):  # a Drafter that does not say what its per-sequence state is
+    def propose(self, context, k, params, generator, stop=0.0):
+        raise AssertionError
+
+
+def test_a_drafter_without_a_fork_says_so():
+    with pytest.raises(NotImplementedError, match="_Plain does not say which of its state is per sequence"):
+        _Plain().fork(None)

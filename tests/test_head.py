@@ -10,12 +10,14 @@ from test_engine import chi2_pvalue
 
 from conftest import tiny_llama
 from specwise.drafters import TargetMismatchError, make_drafter
+from specwise.drafters.base import common_prefix
 from specwise.drafters.head import HeadDrafter, load_head, new_head, save_head
 from specwise.engine import Engine
 from specwise.metrics import SpecStats
 from specwise.models import HFModel
 from specwise.models.loader import LoadedModel
 from specwise.models.native import NativeModel
+from specwise.models.toy import ToyModel
 from specwise.planner import FixedPlanner
 from specwise.sampling import SamplingParams, probs_from_logits
 
@@ -183,6 +185,65 @@ def test_greedy_identity_with_a_windowed_head(window):
     for prompt in ([4, 8, 15, 16, 23, 42, 7, 7, 1], [2] * 12, [4]):
         want = plain.generate(prompt, greedy, max_new_tokens=20, eos_token_ids=[]).token_ids
         assert engine.generate(prompt, greedy, max_new_tokens=20, eos_token_ids=[]).token_ids == want
+
+
+def _feeder(target: NativeModel):
+    """What the engine leaves in the target before a proposal: the context but its newest token, with features."""
+    target.keep_features = True
+    fed: list[int] = []
+
+    def feed(context: list[int]) -> None:
+        common = common_prefix(fed, context[:-1])
+        target.rollback(common)
+        del fed[common:]
+        if len(context) - 1 > common:
+            target.forward(torch.tensor(context[common:-1]), num_logits=0)
+            fed.extend(context[common:-1])
+
+    return feed
+
+
+@pytest.fixture(scope="module")
+def hf_and_head():
+    hf = tiny_llama(seed=1)
+    return hf, _head(hf, torch.arange(0, 96, 2))
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)])
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("quantized", [False, True])
+def test_forks_draft_from_their_own_target_sequence(hf_and_head, quantized, window, params):
+    """A head drafter and its fork, on two sequences of one target asked in turn, propose what a fresh drafter on
+    a fresh target proposes for each sequence alone; the fork shares the head's weights and kernels."""
+    from test_drafters import STEPS_A, STEPS_B, drafts_in_turn
+
+    from specwise.drafters.head.quantized import head_quantization_available
+
+    if quantized and not head_quantization_available():
+        pytest.skip("the quantized kernels are unavailable here")
+    hf, head = hf_and_head
+
+    def drafter(target: NativeModel) -> HeadDrafter:
+        return HeadDrafter(head, target, window=window, sinks=1, quantized=quantized)
+
+    target = NativeModel(hf)
+    first = drafter(target)
+    second_target = target.sequence()
+    second = first.fork(second_target)
+    assert second.target is second_target and first.target is target
+    assert second._embed is first._embed and second._vocab_ids is first._vocab_ids and second._q is first._q
+    if not quantized:
+        assert second._qkv is first._qkv and second._lm is first._lm and second._fused is first._fused
+    assert second.k_cache.data_ptr() != first.k_cache.data_ptr() and second._fed is not first._fed
+    before = [_feeder(target), _feeder(second_target)]
+    steps = [STEPS_A, STEPS_B]
+    together = drafts_in_turn([first, second], steps, params, before=before, stop=1e-3)  # confidences below 1
+    for i in range(2):
+        alone_target = NativeModel(hf)
+        want = drafts_in_turn([drafter(alone_target)], [steps[i]], params, [i], [_feeder(alone_target)], stop=1e-3)
+        assert together[i] == want[0]
+    with pytest.raises(ValueError, match="fork for a sequence of the same target"):
+        first.fork(ToyModel.random(8))
 
 
 def test_drafts_stay_in_the_draft_vocabulary_and_q_is_zero_outside():

@@ -192,6 +192,22 @@ def test_overlay_of_served_answers_is_bounded_and_saved_only_when_asked(tmp_path
     assert grown.info["target"] == {"name": "toy"}
 
 
+def test_forks_share_the_index_and_the_overlay_but_count_their_own_request(native):
+    """A drafter and its fork, asked in turn for two requests, propose what a fresh drafter over the same index
+    proposes for each request alone (the index's native search buffers are shared: one thread asks)."""
+    from test_drafters import CTX_A, CTX_B, assert_forks_draft_alone
+
+    index = SuffixIndex.from_sequences([CTX_A[3:12] + [40, 41], CTX_B[2:9], [2, 3, 7, 50, 51]], native=native)
+    assert_forks_draft_alone(lambda: SuffixDrafter(index, max_match=6), lambda d: d.fork(None))
+    drafter = SuffixDrafter(index, max_match=6, min_match=1, overlay_tokens=50)
+    drafter.propose(CTX_A, 4, GREEDY, None)
+    fork = drafter.fork(None)
+    assert fork.index is drafter.index and fork.overlay is drafter.overlay and fork.priors == drafter.priors
+    assert fork.local is not drafter.local and fork.local.table == {} and fork.overlay_tokens == 50
+    fork.add_answer([60, 61, 62], prompt=[70, 71])  # an answer served by one sequence: every one drafts from it
+    assert propose(drafter, [5, 70, 71])[0] == [60, 61, 62]
+
+
 # ---- the build --------------------------------------------------------------------------------------------------
 
 

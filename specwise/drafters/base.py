@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from specwise.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specwise.models.base import Model
 
 __all__ = ["Draft", "Drafter", "common_prefix"]
 
@@ -64,6 +69,24 @@ class Drafter(ABC):
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""
+
+    def fork(self, target: Model) -> Drafter:
+        """A drafter of the same kind and configuration for another sequence, whose target sequence is ``target``
+        (a Model from the target's ``sequence()``): it shares everything heavy (weights, global indexes) and none
+        of the per-sequence state, so that the two can draft for different sequences in turn.
+
+        This default is a shallow copy (everything shared) whose per-sequence state :meth:`_forked` then replaces.
+        """
+        other = copy.copy(self)
+        other._forked(target)
+        return other
+
+    def _forked(self, target: Model) -> None:
+        """Called on a shallow copy made by :meth:`fork`: give it new objects for every piece of per-sequence state
+        (never clear a shared one in place), reading the target's features from ``target`` where it reads them."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not say which of its state is per sequence: implement _forked (or fork)"
+        )
 
     @abstractmethod
     def propose(

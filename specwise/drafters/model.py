@@ -24,6 +24,10 @@ class ModelDrafter(Drafter):
         self.device = model.device
         self._fed: list[int] = []  # tokens in the draft model's cache
 
+    def _forked(self, target: Model) -> None:
+        self.model = self.model.sequence()  # the draft model's weights, its own cache
+        self._fed = []
+
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
         self._fed = []

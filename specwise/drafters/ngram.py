@@ -37,6 +37,9 @@ class NgramDrafter(Drafter):
         self._last: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
         self._indexed_until = 0  # ends 1 .. _indexed_until - 1 are in the index
 
+    def _forked(self, target) -> None:
+        self.begin([])  # new tables: the index is all per-sequence state
+
     def _index(self, context: list[int]) -> None:
         end_limit = len(context)  # the current suffix (end == len) is looked up, not indexed
         for end in range(max(self._indexed_until, 1), end_limit):

@@ -16,5 +16,8 @@ class NoDrafter(Drafter):
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = device
 
+    def _forked(self, target) -> None:
+        pass  # no per-sequence state
+
     def propose(self, context: list[int], k: int, params: SamplingParams, generator, stop: float = 0.0) -> Draft:
         return Draft.empty(self.device)

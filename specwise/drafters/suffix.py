@@ -36,6 +36,7 @@ from specwise.drafters.base import Draft, Drafter
 from specwise.sampling import SamplingParams
 
 __all__ = [
+    "AnswerOverlay",
     "IndexTargetMismatchError",
     "NgramCounts",
     "SuffixDrafter",
@@ -433,6 +434,31 @@ class NgramCounts:
         return 0, [], [], []
 
 
+class AnswerOverlay:
+    """Served answers kept in memory (the latest ``max_tokens`` tokens; the oldest answers leave first) and their
+    n-gram counts: what later requests draft from, shared by a drafter and its forks."""
+
+    def __init__(self, orders: tuple[int, ...], max_tokens: int) -> None:
+        self.counts = NgramCounts(orders)
+        self.max_tokens = max_tokens
+        self.answers: deque[list[int]] = deque()  # oldest first
+        self.size = 0  # tokens in ``answers``
+
+    def add(self, answer: list[int], prompt: list[int] | None = None) -> None:
+        """Add an answer after the last ``LEAD`` tokens of its prompt (nothing when the answer is empty, or when
+        the two alone are over the bound)."""
+        seq = list((prompt or [])[-LEAD:]) + list(answer)
+        if not answer or len(seq) > self.max_tokens:
+            return
+        self.counts.add(seq)
+        self.answers.append(seq)
+        self.size += len(seq)
+        while self.size > self.max_tokens:
+            old = self.answers.popleft()
+            self.counts.remove(old)
+            self.size -= len(old)
+
+
 # ---- the drafter -----------------------------------------------------------------------------------------------
 
 LOCAL_ORDERS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
@@ -479,38 +505,38 @@ class SuffixDrafter(Drafter):
         self.priors = {**DEFAULT_PRIORS, **(priors or {})}
         self.device = device
         orders = tuple(n for n in LOCAL_ORDERS if n <= max_match) + (max_match,)
-        self.overlay = NgramCounts(orders)
-        self.overlay_tokens = overlay_tokens
-        self._answers: deque[list[int]] = deque()  # the overlay's sequences, oldest first
-        self._overlay_size = 0
+        self.overlay = AnswerOverlay(orders, overlay_tokens)
         self._orders = orders
         self.begin([])
+
+    @property
+    def overlay_tokens(self) -> int:
+        """The most tokens the overlay of served answers holds."""
+        return self.overlay.max_tokens
 
     def begin(self, prompt: list[int]) -> None:
         self.local = NgramCounts(self._orders)
         self._indexed = 0  # positions of the context whose preceding grams are counted
 
+    def _forked(self, target) -> None:
+        # Shared with the fork: the global index (its native calls' scratch buffers too: one thread steps every
+        # sequence, so no two searches run at once) and the overlay of served answers (an answer added by one
+        # sequence is drafted from by all). Its own: the request's counts.
+        self.begin([])
+
     def add_answer(self, answer: list[int], prompt: list[int] | None = None) -> None:
         """Add a finished answer (with the last tokens of its ``prompt``) to the overlay: later requests draft from
         it. The overlay lives in memory and keeps the latest ``overlay_tokens`` tokens; :meth:`save` writes it."""
-        seq = list((prompt or [])[-LEAD:]) + list(answer)
-        if not answer or len(seq) > self.overlay_tokens:
-            return
-        self.overlay.add(seq)
-        self._answers.append(seq)
-        self._overlay_size += len(seq)
-        while self._overlay_size > self.overlay_tokens:
-            old = self._answers.popleft()
-            self.overlay.remove(old)
-            self._overlay_size -= len(old)
+        self.overlay.add(answer, prompt)
 
     def save(self, directory: Path | str) -> None:
         """Write the global index with the overlay's answers added, as a new index directory."""
         base = self.index.sequences() if self.index is not None else []
         info = dict(self.index.info) if self.index is not None else {}
-        info["overlay_sequences"] = info.get("overlay_sequences", 0) + len(self._answers)
+        answers = list(self.overlay.answers)
+        info["overlay_sequences"] = info.get("overlay_sequences", 0) + len(answers)
         depth = self.index.depth if self.index is not None else DEPTH
-        SuffixIndex.from_sequences(base + list(self._answers), depth, info).save(directory)
+        SuffixIndex.from_sequences(base + answers, depth, info).save(directory)
 
     def propose(self, context: list[int], k: int, params: SamplingParams, generator, stop: float = 0.0) -> Draft:
         if len(context) < self._indexed:
@@ -521,7 +547,7 @@ class SuffixDrafter(Drafter):
             return Draft.empty(self.device)
         best: tuple[float, int, list[int], list[float]] = (0.0, 0, [], [])
         args = (context, k, self.max_match, self.min_match, stop, *self.priors["counts"])
-        for counts in (self.local, self.overlay):
+        for counts in (self.local, self.overlay.counts):
             if counts.table:
                 n, tokens, conf, _ = counts.draft(*args)
                 if tokens:

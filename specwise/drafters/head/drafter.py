@@ -178,6 +178,20 @@ class HeadDrafter(Drafter):
         self._cos, self._sin = cos[:, None, :], sin[:, None, :]
         self._capacity = capacity
 
+    def _forked(self, target) -> None:
+        """Shares the head's weights (float16, float32 or quantized copies), its layer kernel (and that kernel's
+        scratch space: the sequences draft one after another), the norms and the output rows; its own KV cache,
+        reading features from ``target``."""
+        if target.vocab_size != self.target.vocab_size:
+            raise ValueError(
+                f"the fork's target has a vocabulary of {target.vocab_size}, the head's target {self.target.vocab_size}"
+                ": fork for a sequence of the same target (its sequence())"
+            )
+        self.target = target
+        capacity, self._capacity = self._capacity, 0
+        self._grow(capacity)
+        self.begin([])
+
     def begin(self, prompt: list[int]) -> None:
         self._fed = []
         self._offset = self._shift = 0
