@@ -59,12 +59,15 @@ class _Slot:
 @dataclass
 class BatchStep:
     """What one step did: the events per request id (finished requests' last events included), how many
-    sequences and rows shared the pass, and how long it took."""
+    sequences and rows shared the pass, how long it took, and the requests that failed on their own (a ValueError
+    from their plan or verification, e.g. a temperature so low that their logits overflow): those are dropped, the
+    others go on."""
 
     events: list[tuple[int, GenerationEvent]]
     sequences: int = 0
     rows: int = 0
     seconds: float = 0.0
+    errors: list[tuple[int, ValueError]] = field(default_factory=list)
 
 
 class BatchEngine:
@@ -171,39 +174,55 @@ class BatchEngine:
             feeds.append(rest[: self.prefill_chunk] if rest else None)
         rows = sum(len(f) if f is not None else 1 for f in feeds)
         tokens = float(sum(f is None for f in feeds))
-        items, keeps, plans = [], [], []
+        items, keeps, plans, fed = [], [], [], []
+        errors: list[tuple[int, ValueError]] = []
         for slot, chunk in zip(active, feeds):
             if chunk is not None:
                 items.append((slot.target, torch.tensor(chunk, device=slot.target.device)))
                 keeps.append(0)
                 plans.append(None)
+                fed.append((slot, chunk))
                 continue
-            proposal = engine.plan(slot.run, batch=(rows - 1, tokens - 1.0))
+            try:
+                proposal = engine.plan(slot.run, batch=(rows - 1, tokens - 1.0))
+            except ValueError as err:  # this request's own failure: it alone ends
+                errors.append((slot.rid, err))
+                self._release(slot)
+                rows, tokens = rows - 1, tokens - 1.0
+                continue
             drafted = len(proposal.draft)
             rows += drafted
             tokens += engine.planner.expected_gain(slot.state, proposal)
             items.append((slot.target, slot.run.feed(proposal)))
             keeps.append(drafted + 1)
             plans.append(proposal)
+            fed.append((slot, chunk))
+        if not items:
+            return BatchStep([], errors=errors)
         t_pass = time.perf_counter()
         outputs = engine.target.forward_batch(items, keeps)
         seconds_pass = time.perf_counter() - t_pass
         events: list[tuple[int, GenerationEvent]] = []
-        for slot, chunk, proposal, logits in zip(active, feeds, plans, outputs):
+        for (slot, chunk), proposal, logits in zip(fed, plans, outputs):
             run = slot.run
             if proposal is None:
                 slot.prefill_at += len(chunk)
                 if slot.prefill_at >= len(run.prefill_tokens()):
                     run.prefilled(time.perf_counter() - run.t0)
                 continue
-            event = engine.finish_step(run, proposal, logits, t_pass)
+            try:
+                event = engine.finish_step(run, proposal, logits, t_pass)
+            except ValueError as err:  # this request's own failure: it alone ends
+                errors.append((slot.rid, err))
+                self._release(slot)
+                continue
             engine.planner.observe(slot.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
             events.append((slot.rid, event))
             if event.finish_reason is not None:
                 self._release(slot)
         if len(items) > 1:
             engine.planner.observe_pass(rows, seconds_pass)
-        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass)
+        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass, errors)
 
     def run_all(self, requests: Iterable[Request]) -> list[list[GenerationEvent]]:
         """Submit ``requests`` and step until all are done; each request's events in order (a convenience for
@@ -211,7 +230,10 @@ class BatchEngine:
         ids = [self.submit(r) for r in requests]
         out: dict[int, list[GenerationEvent]] = {rid: [] for rid in ids}
         while self.has_work():
-            for rid, event in self.step().events:
+            step = self.step()
+            if step.errors:
+                raise step.errors[0][1]
+            for rid, event in step.events:
                 out[rid].append(event)
         return [out[rid] for rid in ids]
 

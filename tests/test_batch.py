@@ -169,3 +169,45 @@ def test_step_reports_its_pass(gguf_path):
     while batch.has_work():
         step = batch.step()
         assert step.rows >= step.sequences >= len(step.events)
+
+
+class Picky(Drafter):
+    """Drafts nothing, and fails (a ValueError, as a drafter does for settings it cannot sample) for prompts that
+    start with the token 99."""
+
+    name = "picky"
+
+    def _forked(self, target) -> None:
+        pass
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        if context[0] == 99:
+            raise ValueError("cannot draft for this request")
+        return Draft.empty()
+
+
+@pytest.mark.parametrize("where", ["plan", "verify"])
+def test_a_request_that_fails_on_its_own_leaves_and_the_others_go_on(gguf_path, where):
+    """A ValueError of one request's plan (its drafter) or verification (a temperature so low that its logits
+    overflow) ends that request alone, in BatchStep.errors; those sharing its passes finish as if alone."""
+    if where == "plan":
+        engine, bad = Engine(QuantizedModel(gguf_path), Picky(), gamma=2), SamplingParams(temperature=0.8, seed=1)
+        message = "cannot draft"
+    else:
+        engine, bad = Engine(QuantizedModel(gguf_path), NgramDrafter(), gamma=2), SamplingParams(1e-160, seed=1)
+        message = "logits overflow at temperature"
+    good = [Request(p, GREEDY, max_new_tokens=10) for p in prompts(3, seed=4)[1:]]
+    want = [solo(Engine(QuantizedModel(gguf_path), NoDrafter(), gamma=0), r) for r in good]
+    batch = BatchEngine(engine, max_batch=4)
+    ids = [batch.submit(r) for r in (good[0], Request([99, 1, 2, 99, 1], bad, 10), good[1])]
+    got: dict[int, list[int]] = {rid: [] for rid in ids}
+    errors = []
+    while batch.has_work():
+        step = batch.step()
+        errors += step.errors
+        for rid, event in step.events:
+            got[rid] += event.token_ids
+    assert [rid for rid, _ in errors] == [ids[1]] and message in str(errors[0][1])
+    assert [got[ids[0]], got[ids[2]]] == want and got[ids[1]] == []
+    with pytest.raises(ValueError, match=message):
+        BatchEngine(engine).run_all([Request([99, 1, 2], bad, 4)])

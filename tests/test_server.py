@@ -1,5 +1,6 @@
 """The OpenAI-compatible server: the official openai client against a live server on 127.0.0.1, streaming,
-speculative statistics in usage, exactness, errors, concurrency, disconnects, metrics, CLI and a schema fuzz.
+speculative statistics in usage, exactness, errors, continuous batching (every answer equal to the one the same
+request gets alone), disconnects, metrics, CLI and a schema fuzz.
 
 The model is a tiny random Llama with the default model's tokenizer and a 128-token context; torch runs on one
 thread here (the machines are shared and small). Every live server listens on 127.0.0.1 only.
@@ -34,7 +35,9 @@ from specwise.engine import Engine
 from specwise.runtime import Runtime, build_runtime, encode_chat, encode_prompt
 from specwise.sampling import SamplingParams
 from specwise.server.app import create_app, sampling_params
+from specwise.server.metrics import ServerMetrics
 from specwise.server.protocol import ChatCompletionRequest
+from specwise.server.worker import GenerationWorker, Job, JobSpec, ServerStopping
 
 MODEL = "tiny"
 CONTEXT = 128
@@ -42,6 +45,7 @@ TIMEOUT = 60.0
 SPECULATIVE_FIELDS = {"drafter", "gamma", "drafted", "accepted", "acceptance_rate", "mean_accepted_length"}
 SPECULATIVE_FIELDS |= {"target_passes", "acceptance_by_position", "new_tokens", "prompt_tokens"}
 CHATS = ["Say something.", "Name three primary colors.", "Count: one two three one two three"]
+IGNORE_EOS = {"extra_body": {"ignore_eos": True}}  # for the openai client: the whole budget, a known length
 
 
 # ------------------------------------------------------------------------------------------------ fixtures
@@ -67,17 +71,39 @@ def tiny_server_dir(tmp_path_factory, smollm) -> str:
     return str(path)
 
 
+class Throttle:
+    """What the ThrottledDrafter of a server and all its forks share: a delay per proposal, and a failure to raise."""
+
+    def __init__(self) -> None:
+        self.delay = 0.0
+        self.fail: Exception | None = None  # raised by the next proposal (once)
+
+
 class ThrottledDrafter(Drafter):
     """Wraps a drafter; ``delay`` seconds per proposal make generations long enough to interrupt."""
 
     def __init__(self, inner: Drafter) -> None:
-        self.inner, self.name, self.delay = inner, inner.name, 0.0
+        self.inner, self.name, self.throttle = inner, inner.name, Throttle()
+
+    @property
+    def delay(self) -> float:
+        return self.throttle.delay
+
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        self.throttle.delay = seconds
+
+    def _forked(self, target) -> None:
+        self.inner = self.inner.fork(target)  # the throttle stays shared
 
     def begin(self, prompt: list[int]) -> None:
         self.inner.begin(prompt)
 
     def propose(self, context, k, params, generator, stop=0.0):
-        time.sleep(self.delay)
+        time.sleep(self.throttle.delay)
+        fail, self.throttle.fail = self.throttle.fail, None
+        if fail is not None:
+            raise fail
         return self.inner.propose(context, k, params, generator, stop)
 
 
@@ -101,13 +127,28 @@ def live_server(app) -> Iterator[str]:
         assert not thread.is_alive(), "uvicorn did not stop"
 
 
-@pytest.fixture(scope="module")
-def served(tiny_server_dir):
-    """A live server with the ngram drafter (throttle-able); yields (base URL, app, drafter)."""
+def throttled_runtime(tiny_server_dir) -> tuple[Runtime, ThrottledDrafter]:
     runtime = build_runtime(tiny_server_dir, "ngram", 4, "cpu")
     drafter = ThrottledDrafter(runtime.engine.drafter)
     runtime.engine.drafter = drafter
+    return runtime, drafter
+
+
+@pytest.fixture(scope="module")
+def served(tiny_server_dir):
+    """A live server with the ngram drafter (throttle-able) batching up to 8 requests; yields (base URL, app,
+    drafter)."""
+    runtime, drafter = throttled_runtime(tiny_server_dir)
     app = create_app(runtime, model_name=MODEL)
+    with live_server(app) as url:
+        yield url, app, drafter
+
+
+@pytest.fixture(scope="module")
+def solo(tiny_server_dir):
+    """The same server running one request at a time (max_batch 1): the answers requests get alone."""
+    runtime, drafter = throttled_runtime(tiny_server_dir)
+    app = create_app(runtime, model_name=MODEL, max_batch=1)
     with live_server(app) as url:
         yield url, app, drafter
 
@@ -146,6 +187,41 @@ def chat_body(content: str, **kw) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
 
 
+def async_api(url: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+
+
+async def answer(api: openai.AsyncOpenAI, body: dict, on_first: Callable[[], None] | None = None) -> tuple:
+    """(text, completion tokens, finish reason) of a chat request through the openai client, streamed (``stream``
+    in ``body``) or not; ``on_first`` is called when the first chunk arrives."""
+    if not body.get("stream"):
+        reply = await api.chat.completions.create(**body)
+        return reply.choices[0].message.content, reply.usage.completion_tokens, reply.choices[0].finish_reason
+    chunks = []
+    async for chunk in await api.chat.completions.create(**body, stream_options={"include_usage": True}):
+        if not chunks and on_first is not None:
+            on_first()
+        chunks.append(chunk)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finish = next(c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason)
+    return text, chunks[-1].usage.completion_tokens, finish
+
+
+def solo_answers(url: str, bodies: list[dict]) -> list[tuple]:
+    """Each request's answer when it is sent alone (one after another)."""
+
+    async def run() -> list[tuple]:
+        async with async_api(url) as api:
+            return [await answer(api, body) for body in bodies]
+
+    return asyncio.run(run())
+
+
+def shared_passes(app) -> float:
+    """Target passes so far that more than one sequence shared."""
+    return sample(app, "specwise_batch_size_count") - sample(app, "specwise_batch_size_bucket", le="1.0")
+
+
 # ------------------------------------------------------------------------------- the openai client, live
 
 
@@ -155,6 +231,7 @@ def test_models_and_health(client, url):
     health = httpx.get(f"{url}/health", timeout=TIMEOUT).json()
     assert health["status"] == "ok" and health["model"] == MODEL and health["context"] == CONTEXT
     assert health["drafter"] == "ngram" and health["gamma"] == 4
+    assert health["max_batch"] == 8 and health["requests_running"] == 0 and health["requests_waiting"] == 0
 
 
 def test_chat_completion_carries_speculative_usage(client, plain_app):
@@ -354,25 +431,153 @@ def test_errors_through_the_openai_client_and_the_server_keeps_serving(client):
 # ----------------------------------------------------------------------------------------------- concurrency
 
 
-def test_eight_concurrent_streaming_clients_each_get_their_solo_answer(url):
-    requests = [chat_body(CHATS[i % 3], max_tokens=24, temperature=0 if i < 4 else 0.9, seed=i) for i in range(8)]
+def test_eight_concurrent_clients_share_passes_and_each_get_their_solo_answer(served, solo):
+    """Greedy and seeded sampled, streamed and not: every answer is the one the same request gets alone."""
+    url, app, drafter = served
+    bodies = []
+    for i in range(8):
+        sampled = {"temperature": 0.9, "seed": i} if i >= 4 else {"temperature": 0}
+        bodies.append(chat_body(CHATS[i % 3], max_tokens=16 + 2 * i, stream=i % 2 == 1, **sampled))
+    alone = solo_answers(solo[0], bodies)
 
-    async def stream(api: openai.AsyncOpenAI, body: dict) -> tuple[str, int]:
-        chunks = [c async for c in await api.chat.completions.create(**body, stream=True)]
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        return text, chunks[-1].usage.completion_tokens
+    async def together() -> list[tuple]:
+        async with async_api(url) as api:
+            return await asyncio.wait_for(asyncio.gather(*(answer(api, body) for body in bodies)), TIMEOUT)
 
-    async def run(together: bool) -> list[tuple[str, int]]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
-        async with api:
-            if together:
-                return await asyncio.wait_for(asyncio.gather(*(stream(api, r) for r in requests)), TIMEOUT)
-            return [await stream(api, r) for r in requests]
+    shared = shared_passes(app)
+    drafter.delay = 0.005  # long enough for all eight to overlap
+    try:
+        assert asyncio.run(together()) == alone
+    finally:
+        drafter.delay = 0.0
+    assert shared_passes(app) > shared  # the requests did share target passes
+    assert len({text for text, *_ in alone}) > 2  # the requests differ, so mixed-up answers would show
+    assert solo_answers(url, bodies) == alone  # and sent alone to the batching server
 
-    alone = asyncio.run(run(together=False))
-    together = asyncio.run(run(together=True))
-    assert together == alone
-    assert len({text for text, _ in alone}) > 1  # the requests differ, so mixed-up answers would show
+
+def test_requests_join_and_leave_a_running_batch(served, solo):
+    """A request joins while others stream and a streaming client hangs up; the others finish as if alone."""
+    url, app, drafter = served
+    bodies = [
+        chat_body(CHATS[0], max_tokens=40, temperature=0, stream=True, **IGNORE_EOS),
+        chat_body(CHATS[1], max_tokens=30, temperature=0.9, seed=7, **IGNORE_EOS),
+        chat_body(CHATS[2], max_tokens=16, temperature=0.9, seed=3, stream=True),  # joins the two above
+    ]
+    leaving = chat_body(CHATS[2], max_tokens=80, temperature=0, stream=True, **IGNORE_EOS)
+    alone = solo_answers(solo[0], bodies)
+    cancelled = sample(app, "specwise_requests_total", endpoint="chat", outcome="cancelled")
+
+    async def leave(api: openai.AsyncOpenAI) -> None:
+        stream = await api.chat.completions.create(**leaving)
+        chunks = 0
+        async for _ in stream:
+            chunks += 1
+            if chunks == 3:
+                break
+        await stream.close()  # hang up mid-stream
+
+    async def scenario() -> list[tuple]:
+        async with async_api(url) as api:
+            streaming = asyncio.Event()
+            first = asyncio.create_task(answer(api, bodies[0], on_first=streaming.set))
+            others = [asyncio.create_task(answer(api, bodies[1])), asyncio.create_task(leave(api))]
+            await streaming.wait()
+            assert not first.done()
+            joining = asyncio.create_task(answer(api, bodies[2]))
+            return await asyncio.wait_for(asyncio.gather(first, others[0], joining, others[1]), TIMEOUT)
+
+    drafter.delay = 0.02
+    try:
+        got = asyncio.run(scenario())
+    finally:
+        drafter.delay = 0.0
+    assert got[:3] == alone
+    wait_until(lambda: sample(app, "specwise_requests_total", endpoint="chat", outcome="cancelled") > cancelled)
+    wait_until(lambda: app.state.server.worker.running == 0)
+
+
+def test_a_bad_request_while_others_stream_gets_its_400_and_they_finish(served, solo):
+    url, app, drafter = served
+    worker, vocab = app.state.server.worker, app.state.server.runtime.engine.target.vocab_size
+    bodies = [
+        chat_body(CHATS[0], max_tokens=30, temperature=0, stream=True, **IGNORE_EOS),
+        chat_body(CHATS[1], max_tokens=30, temperature=0.9, seed=2, stream=True, **IGNORE_EOS),
+    ]
+    alone = solo_answers(solo[0], bodies)
+    errors = sample(app, "specwise_requests_total", endpoint="completions", outcome="error")
+
+    async def scenario() -> tuple:
+        async with async_api(url) as api:
+            streaming = asyncio.Event()
+            tasks = [asyncio.create_task(answer(api, bodies[0], on_first=streaming.set))]
+            tasks.append(asyncio.create_task(answer(api, bodies[1])))
+            await streaming.wait()
+            with pytest.raises(openai.BadRequestError) as bad_token:
+                await api.completions.create(model=MODEL, prompt=[1, 2, vocab], max_tokens=4)
+            with pytest.raises(openai.BadRequestError) as too_long:
+                await api.completions.create(model=MODEL, prompt="word " * CONTEXT, max_tokens=4, stream=True)
+            # a request that fails only once in the batch (its logits overflow at this temperature) fails alone
+            with pytest.raises(openai.BadRequestError) as overflow:
+                await api.chat.completions.create(**chat_body("hi", max_tokens=4, temperature=1e-160))
+            # past the HTTP layer's checks, the engine's own: the error comes back on the job at once
+            job = Job(JobSpec([1] * CONTEXT, SamplingParams(), 4))
+            worker.submit(job)
+            with pytest.raises(ValueError, match=f"the prompt has {CONTEXT} tokens but the model's context is"):
+                _ = [event async for event in job.events()]
+            assert not any(task.done() for task in tasks)
+            errors = bad_token.value, too_long.value, overflow.value
+            return *errors, await asyncio.wait_for(asyncio.gather(*tasks), TIMEOUT)
+
+    drafter.delay = 0.02
+    try:
+        bad_token, too_long, overflow, got = asyncio.run(scenario())
+    finally:
+        drafter.delay = 0.0
+    assert got == alone
+    assert bad_token.status_code == 400 and bad_token.param == "prompt"
+    assert bad_token.body["message"] == f"token id {vocab} is outside the vocabulary (0..{vocab - 1})"
+    assert too_long.status_code == 400 and too_long.code == "context_length_exceeded"
+    assert too_long.body["message"].endswith(f"but the model's context is {CONTEXT}: shorten the prompt")
+    assert overflow.status_code == 400
+    assert overflow.body["message"] == "logits overflow at temperature 1e-160: use a larger temperature"
+    assert sample(app, "specwise_requests_total", endpoint="completions", outcome="error") == errors + 1
+
+
+def test_a_failing_step_fails_its_batch_and_the_server_goes_on(served, solo):
+    url, app, drafter = served
+    worker = app.state.server.worker
+    streamed = chat_body(CHATS[0], max_tokens=60, temperature=0, stream=True, ignore_eos=True)
+    whole = chat_body(CHATS[1], max_tokens=60, temperature=0, ignore_eos=True)
+    errors = sample(app, "specwise_requests_total", endpoint="chat", outcome="error")
+
+    async def scenario() -> tuple[list[str], httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=TIMEOUT) as http:
+            other = asyncio.create_task(http.post("/v1/chat/completions", json=whole))
+            async with http.stream("POST", "/v1/chat/completions", json=streamed) as response:
+                lines = response.aiter_lines()
+                data = [await anext(lines)]  # the role chunk: the request's first pass is done
+                await asyncio.to_thread(wait_until, lambda: worker.running == 2)
+                health = (await http.get("/health")).json()
+                assert health["requests_running"] == 2 and health["max_batch"] == 8
+                drafter.throttle.fail = RuntimeError("the drafter broke")
+                data += [line async for line in lines if line.startswith("data:")]
+            return data, await other
+
+    drafter.delay = 0.02
+    try:
+        data, other = asyncio.run(scenario())
+    finally:
+        drafter.delay, drafter.throttle.fail = 0.0, None
+    message = "generation failed: RuntimeError: the drafter broke"
+    error = json.loads(data[-2].removeprefix("data: "))["error"]
+    assert error["message"] == message and error["type"] == "server_error" and data[-1] == "data: [DONE]"
+    assert other.status_code == 500 and other.json()["error"]["message"] == message
+    assert sample(app, "specwise_requests_total", endpoint="chat", outcome="error") == errors + 2
+    wait_until(lambda: worker.running == 0)
+    body = chat_body(CHATS[2], max_tokens=20, temperature=0.9, seed=4)
+    assert solo_answers(url, [body, body | {"temperature": 0}]) == solo_answers(
+        solo[0], [body, body | {"temperature": 0}]
+    )
 
 
 def test_a_client_that_disconnects_mid_stream_frees_its_work(served):
@@ -414,8 +619,8 @@ def test_a_non_streaming_client_that_times_out_frees_its_work(served):
         drafter.delay = 0.0
 
 
-def test_a_full_queue_answers_429_then_recovers(served):
-    url, app, drafter = served
+def test_one_at_a_time_with_max_batch_1_and_a_full_queue_answers_429_then_recovers(solo):
+    url, app, drafter = solo
     worker = app.state.server.worker
     body = {"model": MODEL, "prompt": "Once", "max_tokens": 60, "temperature": 0, "ignore_eos": True}
 
@@ -440,13 +645,43 @@ def test_a_full_queue_answers_429_then_recovers(served):
         drafter.delay, worker.max_queue = 0.0, 64
     ok = httpx.post(f"{url}/v1/completions", json=body | {"max_tokens": 2}, timeout=TIMEOUT)
     assert ok.status_code == 200
+    assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["max_batch"] == 1
+    assert sample(app, "specwise_batch_size_count") > 0 and shared_passes(app) == 0  # never two in a pass
+
+
+def test_stopping_fails_the_running_and_the_queued_jobs(tiny_server_dir):
+    runtime, drafter = throttled_runtime(tiny_server_dir)
+    drafter.delay = 0.05
+    worker = GenerationWorker(runtime.engine, ServerMetrics(), max_queue=4, max_batch=1)
+
+    async def scenario() -> None:
+        jobs = [Job(JobSpec([1, 2, 3], SamplingParams(), 100, eos_token_ids=[])) for _ in range(2)]
+        for job in jobs:
+            worker.submit(job)
+        running = jobs[0].events()
+        await anext(running)
+        assert worker.running == 1 and worker.waiting == 1
+        await asyncio.to_thread(worker.stop)
+        assert not worker.alive
+        for events in [running, jobs[1].events()]:
+            with pytest.raises(ServerStopping, match="shutting down"):
+                _ = [event async for event in events]
+
+    asyncio.run(asyncio.wait_for(scenario(), TIMEOUT))
+
+
+def test_max_batch_must_be_at_least_1(plain_app):
+    with pytest.raises(ValueError, match="max_batch must be an integer >= 1, got 0"):
+        create_app(plain_app.app.state.server.runtime, model_name=MODEL, max_batch=0)
 
 
 # ------------------------------------------------------------------------------------------------- metrics
 
 
-def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, url, client):
-    client.chat.completions.create(**chat_body(CHATS[2], max_tokens=16, temperature=0))
+def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, served, client):
+    url, app, _ = served
+    before = {name: sample(app, name) for name in ["specwise_batch_passes_total", "specwise_batch_rows_sum"]}
+    reply = client.chat.completions.create(**chat_body(CHATS[2], max_tokens=16, temperature=0))
     text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
     for name in [
         'specwise_requests_total{endpoint="chat",outcome=',
@@ -466,8 +701,19 @@ def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, url, c
         "specwise_queue_time_seconds_count",
         "specwise_requests_waiting",
         "specwise_requests_running",
+        "specwise_batch_passes_total",
+        'specwise_batch_size_bucket{le="1.0"}',
+        'specwise_batch_rows_bucket{le="8.0"}',
+        "specwise_batch_sequences_running",
     ]:
         assert name in text, name
+    # alone in the batch: a pass for the prompt, then the request's own passes with their drafted rows
+    spec = reply.usage.speculative
+    passes = sample(app, "specwise_batch_passes_total") - before["specwise_batch_passes_total"]
+    rows = sample(app, "specwise_batch_rows_sum") - before["specwise_batch_rows_sum"]
+    assert passes == 1 + spec["target_passes"]
+    assert rows == spec["prompt_tokens"] - 1 + spec["target_passes"] + spec["drafted"]
+    assert sample(app, "specwise_batch_sequences_running") == 0
     drafted = float(re.search(r"^specwise_drafted_tokens_total (\S+)$", text, re.M).group(1))
     assert drafted > 0
     plain_app.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})
@@ -534,6 +780,7 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "specwise.cli", "serve", "--target", tiny_server_dir, "--drafter", "ngram"]
     command += ["--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL, "--device", "cpu", "--threads", "1"]
+    command += ["--max-batch", "3"]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
@@ -549,6 +796,7 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
         api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
         reply = api.chat.completions.create(**chat_body("hi", max_tokens=5, temperature=0))
         assert reply.usage.speculative["drafter"] == "ngram"
+        assert httpx.get(f"{base}/health", timeout=TIMEOUT).json()["max_batch"] == 3
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -557,6 +805,7 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [(["--port", "70000"], "--port must be in 0..65535"), (["--max-queue", "0"], "--max-queue must be >= 1")]
+    + [(["--max-batch", "0"], "--max-batch must be >= 1")]
     + [(["--default-max-tokens", "0"], "--default-max-tokens must be >= 1"), (["--gamma", "-1"], "--gamma")]
     + [(["--threads", "0"], "--threads must be >= 1")],
 )

@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health and metrics.
 
 ``create_app(runtime)`` builds the app around a Runtime; run it with uvicorn (``specwise serve``) or test it
-in-process. Requests are validated and encoded on the event loop, then queued for the one generation thread
-(see ``worker.py``); responses carry the request's speculative statistics in ``usage.speculative``.
+in-process. Requests are validated and encoded on the event loop, then queued for the one generation thread,
+which batches them (see ``worker.py``); responses carry the request's speculative statistics in
+``usage.speculative``.
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -38,7 +39,15 @@ from specwise.server.protocol import (
     SamplingRequest,
     usage,
 )
-from specwise.server.worker import ClientDisconnected, GenerationWorker, Job, JobSpec, QueueFullError, ServerStopping
+from specwise.server.worker import (
+    BatchFailed,
+    ClientDisconnected,
+    GenerationWorker,
+    Job,
+    JobSpec,
+    QueueFullError,
+    ServerStopping,
+)
 
 __all__ = ["APIError", "ServerState", "create_app", "sampling_params"]
 
@@ -90,11 +99,13 @@ def create_app(
     model_name: str | None = None,
     max_queue: int = 64,
     default_max_tokens: int | None = None,
+    max_batch: int = 8,
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 
     model_name: the id clients must send as ``model`` (default: the target's name).
-    max_queue: requests that may wait for the engine before new ones get HTTP 429.
+    max_queue: requests that may wait for a place in the batch before new ones get HTTP 429.
+    max_batch: requests generated together, sharing each target pass (1: one at a time).
     default_max_tokens: the token budget when a request gives none (default: the rest of the context for chat,
         16 for completions, as at OpenAI).
     """
@@ -103,7 +114,7 @@ def create_app(
     if default_max_tokens is not None and default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
     metrics = ServerMetrics()
-    worker = GenerationWorker(runtime.engine, metrics, max_queue)
+    worker = GenerationWorker(runtime.engine, metrics, max_queue, max_batch)
     name = model_name or runtime.target.name
     state = ServerState(
         runtime, name, worker, metrics, default_max_tokens, copy.deepcopy(runtime.tokenizer), int(time.time())
@@ -177,7 +188,7 @@ async def get_model(model_id: str, request: Request) -> dict:
 
 
 async def health(request: Request) -> dict:
-    """Liveness, the model and drafter served, and the queue."""
+    """Liveness, the model and drafter served, the batch and the queue."""
     state = _state(request)
     return {
         "status": "ok",
@@ -185,6 +196,7 @@ async def health(request: Request) -> dict:
         "drafter": state.runtime.drafter_spec,
         "gamma": state.runtime.engine.gamma,
         "context": state.context,
+        "max_batch": state.worker.max_batch,
         "requests_running": state.worker.running,
         "requests_waiting": state.worker.waiting,
     }
@@ -359,6 +371,8 @@ def _as_api_error(err: Exception) -> APIError:
         return APIError(400, str(err))
     if isinstance(err, ServerStopping):
         return APIError(503, str(err), type_="server_error", code="shutting_down")
+    if isinstance(err, BatchFailed):
+        return APIError(500, f"generation failed: {err}", type_="server_error")
     return APIError(500, f"generation failed: {type(err).__name__}: {err}", type_="server_error")
 
 

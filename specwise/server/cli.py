@@ -25,7 +25,15 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind, 0 for any free one (default: 8000)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
-    p.add_argument("--max-queue", type=int, default=64, help="requests that may wait before HTTP 429 (default: 64)")
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=8,
+        help="requests generated together, sharing each target pass (default: 8; 1: one at a time)",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait for the batch before HTTP 429 (default: 64)"
+    )
     p.add_argument(
         "--default-max-tokens",
         type=int,
@@ -42,6 +50,8 @@ def register(subparsers) -> None:
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_batch < 1:
+        raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.default_max_tokens is not None and args.default_max_tokens < 1:
@@ -69,11 +79,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=args.served_model_name,
         max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens,
+        max_batch=args.max_batch,
     )
     name = app.state.server.model_name
     print(
         f"specwise: serving {name!r} ({type(runtime.engine.target).__name__}, drafter {runtime.drafter_spec}, "
-        f"gamma {args.gamma}, device {runtime.device}) "
+        f"gamma {args.gamma}, max batch {args.max_batch}, device {runtime.device}) "
         f"at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
         flush=True,

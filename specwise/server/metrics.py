@@ -1,4 +1,5 @@
-"""Prometheus metrics of the server: requests, tokens, speculation (drafted, accepted, by position), latencies.
+"""Prometheus metrics of the server: requests, tokens, speculation (drafted, accepted, by position), batching
+(sequences and rows per target pass), latencies.
 
 Each app has its own registry, so several servers (or tests) in one process do not collide. The speculative
 counters add up the same SpecStats the responses report in ``usage.speculative``.
@@ -20,6 +21,8 @@ __all__ = ["CONTENT_TYPE_LATEST", "ServerMetrics"]
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1.0, 2.5)
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 class ServerMetrics:
@@ -57,11 +60,17 @@ class ServerMetrics:
         self.accepted_by_position = Counter(
             "specwise_accepted_tokens_by_position", "Steps that accepted position i (0-based)", ["position"], registry=r
         )
+        self.batch_passes = Counter(
+            "specwise_batch_passes", "Target passes of the batch (each shared by its sequences)", registry=r
+        )
 
     def _gauges(self) -> None:
         r = self.registry
         self.waiting = Gauge("specwise_requests_waiting", "Requests queued for the engine", registry=r)
-        self.running = Gauge("specwise_requests_running", "Requests being generated (0 or 1)", registry=r)
+        self.running = Gauge("specwise_requests_running", "Requests in the batch (being generated)", registry=r)
+        self.sequences_running = Gauge(
+            "specwise_batch_sequences_running", "Sequences holding a slot of the batch after the last step", registry=r
+        )
         self.acceptance_rate = Gauge(
             "specwise_acceptance_rate", "alpha = accepted / drafted over all finished requests", registry=r
         )
@@ -97,6 +106,18 @@ class ServerMetrics:
             "specwise_time_per_output_token_seconds",
             "Mean time per token after the first, per finished request",
             buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "specwise_batch_size",
+            "Sequences per target pass (the batch size; a prompt being prefilled counts)",
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "specwise_batch_rows",
+            "Rows (token positions) per target pass: last tokens, drafted tokens and prompt chunks",
+            buckets=ROW_BUCKETS,
             registry=r,
         )
 

@@ -1,27 +1,39 @@
-"""The one thread that runs generations.
+"""The one thread that runs generations, continuously batched.
 
-The Engine holds one sequence in the target's KV cache and is not re-entrant, so requests take turns: the
-asyncio side queues a Job, this thread runs ``Engine.stream`` for it and hands each event back to the Job's
-event loop. A Job whose client has gone is cancelled: skipped if still queued, stopped at the next target pass
-if running, so the next request starts at once.
+The asyncio side queues a Job; this thread keeps a :class:`~specwise.batch.BatchEngine` over the runtime's Engine,
+moves queued Jobs into it as slots free (up to ``max_batch`` share each target pass), steps it, and hands each
+request's events back to its Job's event loop. Requests join between steps and leave when done, so a short
+request does not wait for a long one. A Job whose client has gone is cancelled: skipped if still queued, dropped
+from the batch before the next step if running, so its slot serves the next request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from specwise.batch import BatchEngine, BatchStep, Request
 from specwise.engine import Engine, GenerationEvent
 from specwise.sampling import SamplingParams
 from specwise.server.metrics import ServerMetrics
 
-__all__ = ["ClientDisconnected", "GenerationWorker", "Job", "JobSpec", "QueueFullError", "ServerStopping"]
+__all__ = [
+    "BatchFailed",
+    "ClientDisconnected",
+    "GenerationWorker",
+    "Job",
+    "JobSpec",
+    "QueueFullError",
+    "ServerStopping",
+]
 
 POLL_SECONDS = 0.25  # how often a waiting request checks whether its client is still there
+log = logging.getLogger(__name__)
 
 
 class QueueFullError(RuntimeError):
@@ -36,9 +48,15 @@ class ClientDisconnected(Exception):
     """The client went away while its request was waiting or running."""
 
 
+class BatchFailed(RuntimeError):
+    """A step of the batch failed unexpectedly: every request in it ends with this error (the server's fault, not
+    the request's; the worker goes on with a new batch)."""
+
+
 @dataclass
 class JobSpec:
-    """What to generate: the arguments of ``Engine.stream`` and the endpoint (a metrics label)."""
+    """What to generate: the arguments of ``Engine.stream`` (a batch ``Request``) and the endpoint (a metrics
+    label)."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -46,6 +64,9 @@ class JobSpec:
     stop: list[str] = field(default_factory=list)
     eos_token_ids: list[int] | None = None
     endpoint: str = "completions"
+
+    def request(self) -> Request:
+        return Request(self.prompt_ids, self.params, self.max_tokens, list(self.stop), self.eos_token_ids)
 
 
 class Job:
@@ -55,6 +76,7 @@ class Job:
         self.spec = spec
         self.submitted_at = time.perf_counter()
         self.tokens = 0  # generated so far
+        self.first_token_at: float | None = None  # when the first token came out (perf_counter)
         self._next_check = 0.0  # when to ask next whether the client is still there
         self._loop = loop or asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
@@ -112,21 +134,25 @@ class Job:
 
 
 class GenerationWorker:
-    """Runs queued Jobs one at a time on a dedicated thread.
+    """Runs queued Jobs on a dedicated thread, up to ``max_batch`` of them sharing each target pass.
 
-    max_queue: how many jobs may wait (the running one aside) before ``submit`` refuses more.
+    max_queue: how many jobs may wait for a place in the batch (those in it aside) before ``submit`` refuses more.
+    max_batch: requests generated together (1: one at a time, in arrival order).
     """
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 64) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 64, max_batch: int = 8) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self._batch = BatchEngine(engine, max_batch)  # checks max_batch
+        self.max_batch = max_batch
         self._queue: queue.Queue[Job | None] = queue.Queue()
+        self._jobs: dict[int, Job] = {}  # the batch's request ids -> their jobs (kept by the worker thread)
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()  # the running thread's stop signal
         self._lock = threading.Lock()
-        self._running: Job | None = None
 
     @property
     def alive(self) -> bool:
@@ -135,30 +161,32 @@ class GenerationWorker:
 
     @property
     def waiting(self) -> int:
-        """Jobs queued and not yet started."""
+        """Jobs queued for a place in the batch."""
         return self._queue.qsize()
 
     @property
     def running(self) -> int:
-        """1 while a job is being generated, else 0."""
-        return int(self._running is not None)
+        """Jobs in the batch (being generated)."""
+        return len(self._jobs)
 
     def start(self) -> None:
         """Start the thread (a no-op if it runs)."""
         with self._lock:
             if not self.alive:
-                self._thread = threading.Thread(target=self._run, name="specwise-generation", daemon=True)
+                self._stopping = threading.Event()
+                self._thread = threading.Thread(
+                    target=self._run, args=(self._stopping,), name="specwise-generation", daemon=True
+                )
                 self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the running job, fail the queued ones, and end the thread."""
+        """Fail the running and queued jobs (ServerStopping) and end the thread (after the step under way)."""
         with self._lock:
             thread, self._thread = self._thread, None
         if thread is None:
             return
-        if self._running is not None:
-            self._running.cancel()
-        self._queue.put(None)
+        self._stopping.set()
+        self._queue.put(None)  # wakes the thread if it waits for work
         thread.join(timeout)
 
     def submit(self, job: Job) -> None:
@@ -169,63 +197,132 @@ class GenerationWorker:
         self.metrics.waiting.inc()
         self._queue.put(job)
 
-    def _run(self) -> None:
-        while True:
-            job = self._queue.get()
-            if job is None:
-                break
-            self.metrics.waiting.dec()
-            self._running = job
-            try:
-                self._execute(job)
-            finally:
-                self._running = None
-        self._fail_queued()
+    # ---- the worker thread -----------------------------------------------------------------------------------
 
-    def _fail_queued(self) -> None:
-        while True:
+    def _run(self, stopping: threading.Event) -> None:
+        try:
+            while not stopping.is_set():
+                if not self._jobs:
+                    self._wait_for_work()
+                self._drop_cancelled()
+                self._take_queued()
+                if self._jobs:
+                    self._step()
+                self._set_gauges()
+        finally:
+            self._end(ServerStopping("the server is shutting down"))
+
+    def _wait_for_work(self) -> None:
+        """Block until a job (or the stop signal) arrives."""
+        job = self._queue.get()
+        if job is not None:
+            self._admit(job)
+
+    def _take_queued(self) -> None:
+        """Queued jobs into the batch while it has room."""
+        while len(self._jobs) < self.max_batch:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 return
             if job is not None:
-                self.metrics.waiting.dec()
-                job.put(ServerStopping("the server is shutting down"))
+                self._admit(job)
 
-    def _execute(self, job: Job) -> None:
+    def _admit(self, job: Job) -> None:
         spec, m = job.spec, self.metrics
+        m.waiting.dec()
         if job.cancelled:
             m.requests.labels(spec.endpoint, "cancelled").inc()
             return
         m.queue_time.observe(time.perf_counter() - job.submitted_at)
-        m.running.inc()
-        m.prompt_tokens.inc(len(spec.prompt_ids))
-        events = self.engine.stream(spec.prompt_ids, spec.params, spec.max_tokens, spec.stop, spec.eos_token_ids)
-        first_at: float | None = None
         try:
-            for event in events:
-                if event.token_ids and first_at is None:
-                    first_at = time.perf_counter()
-                    m.time_to_first_token.observe(first_at - job.submitted_at)
-                job.tokens += len(event.token_ids)
-                m.generation_tokens.inc(len(event.token_ids))
-                if event.finish_reason is not None:
-                    self._finished(job, event, first_at)
-                job.put(event)
-                if job.cancelled and event.finish_reason is None:
-                    m.requests.labels(spec.endpoint, "cancelled").inc()
-                    break
-        except Exception as err:  # the engine's ValueError (bad request) or a failure: the job's error
+            rid = self._batch.submit(spec.request())
+        except ValueError as err:  # the engine's check of the request: a bad request, answered at once
             m.requests.labels(spec.endpoint, "error").inc()
             job.put(err)
-        finally:
-            events.close()
-            m.running.dec()
+            return
+        m.prompt_tokens.inc(len(spec.prompt_ids))
+        self._jobs[rid] = job
 
-    def _finished(self, job: Job, event: GenerationEvent, first_at: float | None) -> None:
+    def _drop_cancelled(self) -> None:
+        """Jobs whose clients have gone leave the batch before the next step."""
+        for rid, job in list(self._jobs.items()):
+            if job.cancelled:
+                self._batch.cancel(rid)
+                del self._jobs[rid]
+                self.metrics.requests.labels(job.spec.endpoint, "cancelled").inc()
+
+    def _step(self) -> None:
+        try:
+            step = self._batch.step()
+        except Exception as err:  # a failure of the engine: the batch's jobs end with it, a new batch goes on
+            log.exception("a batch step failed: its %d requests end with the error", len(self._jobs))
+            self._fail_batch(BatchFailed(f"{type(err).__name__}: {err}"))
+            return
+        self._record_pass(step)
+        for rid, err in step.errors:  # a request that failed on its own (e.g. its sampling settings): a 400
+            job = self._jobs.pop(rid, None)
+            if job is not None:
+                self.metrics.requests.labels(job.spec.endpoint, "error").inc()
+                job.put(err)
+        for rid, event in step.events:
+            job = self._jobs.get(rid)
+            if job is not None:
+                self._deliver(rid, job, event)
+        if self._jobs and not self._batch.has_work():  # never expected; its jobs would wait for ever
+            self._fail_batch(BatchFailed(f"the batch lost {len(self._jobs)} requests"))
+
+    def _fail_batch(self, err: BaseException) -> None:
+        """End every job in the batch with ``err`` and start a new, empty batch."""
+        jobs, self._jobs = self._jobs, {}
+        for job in jobs.values():
+            self.metrics.requests.labels(job.spec.endpoint, "error").inc()
+            job.put(err)
+        self._batch = BatchEngine(self.engine, self.max_batch)
+
+    def _deliver(self, rid: int, job: Job, event: GenerationEvent) -> None:
+        m = self.metrics
+        if event.token_ids and job.first_token_at is None:
+            job.first_token_at = time.perf_counter()
+            m.time_to_first_token.observe(job.first_token_at - job.submitted_at)
+        job.tokens += len(event.token_ids)
+        m.generation_tokens.inc(len(event.token_ids))
+        if event.finish_reason is not None:
+            del self._jobs[rid]
+            self._finished(job, event)
+        job.put(event)
+
+    def _finished(self, job: Job, event: GenerationEvent) -> None:
         m, now = self.metrics, time.perf_counter()
         m.requests.labels(job.spec.endpoint, event.finish_reason).inc()
         m.latency.labels(job.spec.endpoint).observe(now - job.submitted_at)
-        if first_at is not None and job.tokens > 1:
-            m.time_per_output_token.observe((now - first_at) / (job.tokens - 1))
+        if job.first_token_at is not None and job.tokens > 1:
+            m.time_per_output_token.observe((now - job.first_token_at) / (job.tokens - 1))
         m.record_stats(event.stats)
+
+    def _record_pass(self, step: BatchStep) -> None:
+        if step.sequences:
+            self.metrics.batch_passes.inc()
+            self.metrics.batch_size.observe(step.sequences)
+            self.metrics.batch_rows.observe(step.rows)
+
+    def _set_gauges(self) -> None:
+        self.metrics.running.set(len(self._jobs))
+        self.metrics.sequences_running.set(self._batch.running)
+
+    def _end(self, err: BaseException) -> None:
+        """The thread ends: fail the running jobs (counted as cancelled) and the queued ones."""
+        jobs, self._jobs = self._jobs, {}
+        for job in jobs.values():
+            self.metrics.requests.labels(job.spec.endpoint, "cancelled").inc()
+            job.put(err)
+        self._batch = BatchEngine(self.engine, self.max_batch)
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                self.metrics.waiting.dec()
+                job.put(err)
+        self._set_gauges()
