@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gamma", default="auto")
     p.add_argument("--max-batch", type=int, default=8, help="specwise --max-batch, llama-server -np (default 8)")
     p.add_argument("--llama-cpp", action="store_true", help="also llama-server -np MAX_BATCH on the same GGUF")
+    p.add_argument("--solo", action="store_true", help="also the first drafter's server with --max-batch 1")
     p.add_argument("--device", default="cpu")
     p.add_argument("--impl", default="auto", choices=["auto", "native", "hf"], help="model implementation")
     p.add_argument("--threads", type=int, default=2, help="threads of every server (default: 2)")
@@ -89,14 +90,14 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> Non
 
 
 @contextmanager
-def specwise_server(args: argparse.Namespace, drafter: str):
+def specwise_server(args: argparse.Namespace, drafter: str, max_batch: int):
     """`specwise serve` in its own process on a free port; yields its url, model id and command."""
     import httpx
 
     port = _free_port()
     command = [sys.executable, "-m", "specwise", "serve", "--target", args.target, "--drafter", drafter]
     command += ["--gamma", str(args.gamma), "--device", args.device, "--impl", args.impl, "--port", str(port)]
-    command += ["--threads", str(args.threads), "--max-batch", str(args.max_batch), "--log-level", "warning"]
+    command += ["--threads", str(args.threads), "--max-batch", str(max_batch), "--log-level", "warning"]
     proc = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -280,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
             model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
             servers = {"server": {"url": url, "model": model, "implementation": "unknown"}}
         else:
-            servers = {f"specwise {d}": stack.enter_context(specwise_server(args, d)) for d in args.drafter}
+            servers = {
+                f"specwise {d}": stack.enter_context(specwise_server(args, d, args.max_batch)) for d in args.drafter
+            }
+            if args.solo:
+                first = args.drafter[0]
+                servers[f"specwise {first} max-batch 1"] = stack.enter_context(specwise_server(args, first, 1))
             if args.llama_cpp:
                 servers["llama.cpp"] = stack.enter_context(llama_server(args))
         results = asyncio.run(run_all(servers, args))
