@@ -137,6 +137,7 @@ async def one_request(api, model: str, prompt: str, args: argparse.Namespace) ->
         max_tokens=args.max_tokens,
         temperature=args.temperature,
         stream=True,
+        stream_options={"include_usage": True},
     )
     async for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
