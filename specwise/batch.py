@@ -89,6 +89,12 @@ class BatchEngine:
         self._slots: list[_Slot] = []
         self._queue: deque[tuple[int, Request]] = deque()
         self._next_id = 0
+        if max_batch > 1:  # a target or drafter that cannot hold several sequences says so now, not mid-request
+            self._new_slot()
+            try:
+                self._new_slot()
+            except NotImplementedError as err:
+                raise ValueError(f"cannot batch several requests: {err}; use max_batch 1") from err
 
     # ---- requests --------------------------------------------------------------------------------------------
 

@@ -211,3 +211,17 @@ def test_a_request_that_fails_on_its_own_leaves_and_the_others_go_on(gguf_path, 
     assert [got[ids[0]], got[ids[2]]] == want and got[ids[1]] == []
     with pytest.raises(ValueError, match=message):
         BatchEngine(engine).run_all([Request([99, 1, 2], bad, 4)])
+
+
+class Unforkable(Drafter):
+    """A drafter that does not say which of its state is per sequence."""
+
+    def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+        return Draft.empty()
+
+
+def test_a_drafter_that_cannot_fork_is_refused_when_the_batch_is_built():
+    engine = Engine(ToyModel.random(4), Unforkable(), gamma=2)
+    with pytest.raises(ValueError, match="cannot batch several requests.*Unforkable.*max_batch 1"):
+        BatchEngine(engine, max_batch=2)
+    assert BatchEngine(engine, max_batch=1).run_all([Request([1, 2], GREEDY, 3)])  # one at a time needs no fork
