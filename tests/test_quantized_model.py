@@ -375,6 +375,24 @@ def test_thread_count_changes_no_logit(tiny, precision):
         torch.set_num_threads(threads)
 
 
+def test_instruction_paths_give_the_same_logits(tiny, precision):
+    """The whole pass (products, attention, softmax, SiLU) gives the same bits on the portable, AVX2 and AVX-512
+    paths."""
+    from specwise.models.kernels import quant
+
+    _, spec, _ = tiny
+    tokens = sequence(spec, 45, seed=15)
+    best = quant.set_isa(None)
+    try:
+        quant.set_isa("portable")
+        want = fresh(tiny, precision).forward(ids(tokens))
+        for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
+            quant.set_isa(name)
+            assert_bits(fresh(tiny, precision).forward(ids(tokens)), want)
+    finally:
+        quant.set_isa(None)
+
+
 def test_capacity_growth_keeps_the_cache(tiny, precision):
     """A model made with a small cache grows it mid-sequence without changing a logit."""
     _, spec, _ = tiny
