@@ -24,7 +24,7 @@ import torch
 
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
-from specwise.models.kernels.quant import DecoderStack, QMat, QTensor, _mode_id
+from specwise.models.kernels.quant import Arena, DecoderStack, QMat, QTensor, _mode_id, tensor_bytes
 from specwise.models.native import rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
@@ -150,8 +150,19 @@ class TargetWeights:
 class QuantizedModel(Model):
     """A Llama-family GGUF model behind the Model contract, decoded by the quantized native kernels."""
 
-    def __init__(self, path: str | Path, precision: str = "q8", name: str | None = None, capacity: int = 1024):
+    def __init__(
+        self,
+        path: str | Path,
+        precision: str = "q8",
+        name: str | None = None,
+        capacity: int = 1024,
+        huge_pages: bool = True,
+    ):
+        """huge_pages: keep the weights in one mapping backed by huge pages where the system allows (a pass streams
+        every weight; 2 MB pages spare the page walks of 4 KB ones: 2-6% faster passes measured on the default
+        model); False: ordinary allocations."""
         _mode_id(precision)
+        self.huge_pages = huge_pages
         self.path = Path(path)
         meta = GGUFFile(self.path)
         config = GGUFConfig(meta)
@@ -190,8 +201,9 @@ class QuantizedModel(Model):
         out, n_in = info.shape
         if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
             raw = np.asarray(meta.read(name)).reshape(out, -1)[rows]
-            return QTensor(info.type, raw, out, n_in, name=name)
-        return QTensor(info.type, lambda first, count: meta.read(name, first, count), out, n_in, name=name)
+            return QTensor(info.type, raw, out, n_in, name=name, arena=self._arena)
+        read = lambda first, count: meta.read(name, first, count)  # noqa: E731
+        return QTensor(info.type, read, out, n_in, name=name, arena=self._arena)
 
     def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
         values = meta.floats(name).reshape(-1)
@@ -201,6 +213,9 @@ class QuantizedModel(Model):
 
     def _load_weights(self, meta: GGUFFile) -> None:
         c = self.config
+        matrices = [info for info in meta.tensors.values() if len(info.shape) == 2]
+        size = sum(tensor_bytes(i.type, i.shape[0], i.shape[1]) + 5 * Arena.ALIGN for i in matrices)
+        self._arena = Arena(size) if self.huge_pages else None
         llama = c.gguf_architecture == "llama"
         q_rows = _unpermute_rows(c.num_attention_heads * c.head_dim, c.num_attention_heads) if llama else None
         k_rows = _unpermute_rows(c.num_key_value_heads * c.head_dim, c.num_key_value_heads) if llama else None

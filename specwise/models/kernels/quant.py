@@ -17,6 +17,7 @@ agree bit for bit.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 
 import numpy as np
@@ -136,7 +137,7 @@ class QTensor:
     raw: the tensor's bytes as the file stores them (row-major blocks), any 1-D uint8 array-like of the right size.
     """
 
-    def __init__(self, ggml_type: int, raw, out: int, in_features: int, name: str = "") -> None:
+    def __init__(self, ggml_type: int, raw, out: int, in_features: int, name: str = "", arena=None) -> None:
         """raw: the tensor's bytes (row-major blocks), or a function ``(first_row, rows) -> bytes of those rows``
         that lets a large tensor be read a slice at a time."""
         lib = _lib()
@@ -162,7 +163,9 @@ class QTensor:
 
         def buffer(n: int) -> torch.Tensor | None:
             # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
-            return torch.from_numpy(np.zeros(n, dtype=np.uint8)) if n else None
+            if not n:
+                return None
+            return arena.take(n) if arena is not None else torch.from_numpy(np.zeros(n, dtype=np.uint8))
 
         self.q = buffer(max(1, n_q))
         self.s = buffer(max(1, n_s))
@@ -242,6 +245,40 @@ class QTensor:
 
     def __repr__(self) -> str:
         return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
+
+
+def tensor_bytes(ggml_type: int, out: int, in_features: int) -> int:
+    """Bytes a QTensor of this type and shape takes (its tiles, scales and factors)."""
+    sizes = [ctypes.c_size_t() for _ in range(5)]
+    _lib().specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
+    return sum(max(1, s.value) if i < 2 else s.value for i, s in enumerate(sizes))
+
+
+class Arena:
+    """One anonymous memory mapping that many QTensors' buffers are cut from, backed by huge pages where the
+    kernel allows (``madvise(MADV_HUGEPAGE)``): a pass streams every weight, and with 4 KB pages it would walk
+    tens of thousands of page-table entries per token. Pages are mapped (zeroed) when first written."""
+
+    ALIGN = 64
+
+    def __init__(self, size: int) -> None:
+        import mmap
+
+        self.size = max(1, size)
+        self._map = mmap.mmap(-1, self.size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # an optimisation: without huge pages the buffers work the same
+            with contextlib.suppress(OSError):
+                self._map.madvise(mmap.MADV_HUGEPAGE)
+        self._all = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._used = 0
+
+    def take(self, n: int) -> torch.Tensor:
+        """``n`` bytes (a uint8 tensor), aligned to 64 bytes."""
+        start = -(-self._used // self.ALIGN) * self.ALIGN
+        if start + n > self.size:
+            raise MemoryError(f"arena of {self.size} bytes is full: {start + n} needed")
+        self._used = start + n
+        return self._all[start : start + n]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
