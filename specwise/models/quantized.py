@@ -24,12 +24,23 @@ import torch
 
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
-from specwise.models.kernels.quant import Arena, DecoderStack, QMat, QTensor, _mode_id, tensor_bytes
+from specwise.models.kernels.quant import (
+    Arena,
+    DecoderStack,
+    QMat,
+    QTensor,
+    _mode_id,
+    advise_huge_pages,
+    tensor_bytes,
+)
 from specwise.models.native import rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+# caches of at least this many positions ask for huge pages: a huge page is resident as soon as one of its bytes
+# is written, so a short answer would hold the whole cache (a 1,024-position cache of the default model is 47 MB)
+HUGE_CACHE = 2048
 
 
 class GGUFConfig:
@@ -288,6 +299,9 @@ class QuantizedModel(Model):
         # uninitialised (its pages become resident only when written): rows are written before they are read
         k_cache = torch.empty(shape, dtype=torch.float32)
         v_cache = torch.empty(shape, dtype=torch.float32)
+        if self.huge_pages and capacity >= HUGE_CACHE:  # a long context: huge pages (8-13% faster at 2,048)
+            advise_huge_pages(k_cache)
+            advise_huge_pages(v_cache)
         feats = torch.empty((capacity, self.hidden), dtype=torch.float32)
         if self._capacity:
             k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]

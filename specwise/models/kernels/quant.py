@@ -281,6 +281,21 @@ class Arena:
         return self._all[start : start + n]
 
 
+def advise_huge_pages(t: torch.Tensor) -> None:
+    """Ask for huge pages under a large, not yet touched tensor (``madvise(MADV_HUGEPAGE)`` on the 2 MB pages
+    inside its buffer): a KV cache that attention streams through every pass. Does nothing where unsupported."""
+    import mmap
+
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)
+    huge = 2 << 20
+    start, size = t.data_ptr(), t.numel() * t.element_size()
+    lo, hi = -(-start // huge) * huge, (start + size) // huge * huge
+    if advice is None or hi <= lo:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(advice))
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
