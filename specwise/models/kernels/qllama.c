@@ -114,6 +114,20 @@ T256 static void weighted_values256(const float *p, const float *vals, int len, 
     for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
 }
 
+#define T512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+/* weighted_values256 with 16 lanes: each output element is the same chain of multiply-adds in increasing j */
+T512 static void weighted_values512(const float *p, const float *vals, int len, int hd, float *out, int init) {
+    __m512 acc[16];
+    const int nv = hd / 16;
+    for (int u = 0; u < nv; u++) acc[u] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(out + 16 * u);
+    for (int j = 0; j < len; j++) {
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        const float *v = vals + (size_t)j * hd;
+        for (int u = 0; u < nv; u++) acc[u] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * u), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + 16 * u, acc[u]);
+}
+
 T256 static int silu_mul8(const float *gate, const float *up, float *act, int n) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
@@ -213,6 +227,10 @@ static float softmax_unnormalised(float *sc, int len, int isa) {
 /* out[d] = sum_j p[j] v[j][d] in increasing j (init: from zero; else added to out, continuing the same sums). */
 static void weighted_values(const float *p, const float *vals, int len, int hd, float *out, int isa, int init) {
 #if defined(__x86_64__)
+    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
+        weighted_values512(p, vals, len, hd, out, init);
+        return;
+    }
     if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
         weighted_values256(p, vals, len, hd, out, init);
         return;
