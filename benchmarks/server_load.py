@@ -121,7 +121,9 @@ def llama_server(args: argparse.Namespace):
     path = gguf_source(args.target)
     if path is None:
         raise SystemExit(f"--llama-cpp needs a GGUF target (default or a .gguf path), got {args.target!r}")
-    server = LlamaServer(path, threads=args.threads, ctx_size=args.ctx_size, parallel=args.max_batch)
+    log = Path(args.out).with_suffix(".llama-server.log")  # kept: what llama-server said, should it fail
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = LlamaServer(path, threads=args.threads, ctx_size=args.ctx_size, parallel=args.max_batch, log_path=log)
     with server:
         yield {"url": server.url, "model": path.stem, "command": shlex.join(server.command()), "kind": "llama.cpp"}
 
@@ -166,7 +168,7 @@ async def run_level(url: str, model: str, concurrency: int, args: argparse.Names
     prompts = [pool[i % len(pool)] for i in range(args.requests)]
 
     async def client(index: int) -> list[dict]:
-        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout, max_retries=0)
+        api = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout, max_retries=2)
         async with api:
             return [await one_request(api, model, prompt, args) for prompt in prompts[index::concurrency]]
 
