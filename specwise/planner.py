@@ -215,7 +215,8 @@ class Planner(ABC):
             self._kind_rate(known, kind).add(1.0 if accepted > 0 else 0.0)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
-        """A target pass over ``rows`` rows (of one or several sequences) took ``seconds``."""
+        """A target pass over ``rows`` rows shared by several sequences took ``seconds`` (a pass of one sequence
+        is told by :meth:`observe`)."""
 
     def expected_gain(self, state: PlanState, proposal: Proposal) -> float:
         """Accepted tokens expected of ``proposal``'s draft."""
@@ -380,6 +381,7 @@ class AdaptivePlanner(Planner):
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
         self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
+        self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
 
     # ---- estimates -------------------------------------------------------------------------------------------
 
@@ -420,9 +422,20 @@ class AdaptivePlanner(Planner):
         ``RATIO_PRIOR`` observations, then the measured ratios."""
         return 1.0 if k <= 1 else self._ratio_rate(k).value()
 
+    def _shared_rate(self, k: int) -> Rate:
+        rate = self._shared.get(k)
+        if rate is None:  # starts from a pass of one sequence over as many rows
+            rate = self._shared[k] = Rate(self._ratio(k), self.RATIO_PRIOR, self.RATIO_DECAY)
+        return rate
+
     def verify_time(self, k: int) -> float:
-        """Estimated seconds of a target pass over k tokens (relative units before anything was measured)."""
-        return (1.0 if self._scale is None else self._scale) * self._ratio(k)
+        """Estimated seconds of a target pass over k tokens (relative units before anything was measured): of
+        this sequence alone, or, while planning for a shared pass, of a pass shared by several sequences (each
+        reads its own cache, so k rows of several cost more than k rows of one)."""
+        scale = 1.0 if self._scale is None else self._scale
+        if self._rows and k >= 2:
+            return scale * self._shared_rate(k).value()
+        return scale * self._ratio(k)
 
     def draft_time(self, source: int = 0) -> float:
         """Estimated seconds of drafting one token with ``source``."""
@@ -575,7 +588,11 @@ class AdaptivePlanner(Planner):
                 break  # positions after the first rejection were not judged
 
     def observe_pass(self, rows: int, seconds: float) -> None:
-        self._observe_pass(rows, seconds)
+        if self._scale is None or self._scale_provisional or rows < 2:  # nothing to measure it against yet
+            self._observe_pass(rows, seconds)
+            return
+        rate = self._shared_rate(rows)
+        rate.add(_clip(seconds / self._scale, rate.value()))
 
     def _observe_pass(self, k: int, seconds: float) -> None:
         """A target pass over ``k`` tokens took ``seconds``."""

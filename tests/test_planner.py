@@ -520,3 +520,17 @@ def test_the_adaptive_planner_passes_its_stop_level_to_the_drafter():
     p.begin(state)
     p.draft(state, [1], 8, GREEDY, None)
     assert seen == [pytest.approx(p.stop_level())] and 0 < seen[0] < 1
+
+
+def test_shared_passes_are_measured_apart_from_passes_of_one_sequence():
+    """Rows of several sequences (each reading its own cache) cost more than as many rows of one: what shared
+    passes measure moves the estimate used when planning for a shared pass, not the one used alone."""
+    s = AdaptivePlanner(cost_curve={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3})
+    s._observe_pass(1, 0.010)  # a plain step alone: the unit
+    alone = s.verify_time(3)
+    for _ in range(30):
+        s.observe_pass(3, 0.020)  # shared passes of 3 rows: twice a plain step
+    assert s.verify_time(3) == pytest.approx(alone)
+    s._rows = 2  # planning for a pass two other rows share
+    assert s.verify_time(3) == pytest.approx(0.020, rel=0.1)
+    s._rows = 0
