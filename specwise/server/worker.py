@@ -272,11 +272,11 @@ class GenerationWorker:
         if self._jobs and not self._batch.has_work():  # never expected; its jobs would wait for ever
             self._fail_batch(BatchFailed(f"the batch lost {len(self._jobs)} requests"))
 
-    def _fail_batch(self, err: BaseException) -> None:
-        """End every job in the batch with ``err`` and start a new, empty batch."""
+    def _fail_batch(self, err: BaseException, outcome: str = "error") -> None:
+        """End every job in the batch with ``err`` (counted as ``outcome``) and start a new, empty batch."""
         jobs, self._jobs = self._jobs, {}
         for job in jobs.values():
-            self.metrics.requests.labels(job.spec.endpoint, "error").inc()
+            self.metrics.requests.labels(job.spec.endpoint, outcome).inc()
             job.put(err)
         self._batch = BatchEngine(self.engine, self.max_batch)
 
@@ -312,11 +312,7 @@ class GenerationWorker:
 
     def _end(self, err: BaseException) -> None:
         """The thread ends: fail the running jobs (counted as cancelled) and the queued ones."""
-        jobs, self._jobs = self._jobs, {}
-        for job in jobs.values():
-            self.metrics.requests.labels(job.spec.endpoint, "cancelled").inc()
-            job.put(err)
-        self._batch = BatchEngine(self.engine, self.max_batch)
+        self._fail_batch(err, "cancelled")
         while True:
             try:
                 job = self._queue.get_nowait()
