@@ -231,7 +231,7 @@ def test_models_and_health(client, url):
     health = httpx.get(f"{url}/health", timeout=TIMEOUT).json()
     assert health["status"] == "ok" and health["model"] == MODEL and health["context"] == CONTEXT
     assert health["drafter"] == "ngram" and health["gamma"] == 4
-    assert health["max_batch"] == 8 and health["requests_running"] == 0 and health["requests_waiting"] == 0
+    assert health["max_batch"] == 16 and health["requests_running"] == 0 and health["requests_waiting"] == 0
 
 
 def test_chat_completion_carries_speculative_usage(client, plain_app):
@@ -558,7 +558,7 @@ def test_a_failing_step_fails_its_batch_and_the_server_goes_on(served, solo):
                 data = [await anext(lines)]  # the role chunk: the request's first pass is done
                 await asyncio.to_thread(wait_until, lambda: worker.running == 2)
                 health = (await http.get("/health")).json()
-                assert health["requests_running"] == 2 and health["max_batch"] == 8
+                assert health["requests_running"] == 2 and health["max_batch"] == 16
                 drafter.throttle.fail = RuntimeError("the drafter broke")
                 data += [line async for line in lines if line.startswith("data:")]
             return data, await other

@@ -99,7 +99,7 @@ def create_app(
     model_name: str | None = None,
     max_queue: int = 64,
     default_max_tokens: int | None = None,
-    max_batch: int = 8,
+    max_batch: int = 16,
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 

@@ -28,8 +28,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--max-batch",
         type=int,
-        default=8,
-        help="requests generated together, sharing each target pass (default: 8; 1: one at a time)",
+        default=16,
+        help="requests generated together, sharing each target pass (default: 16; 1: one at a time)",
     )
     p.add_argument(
         "--max-queue", type=int, default=64, help="requests that may wait for the batch before HTTP 429 (default: 64)"

@@ -140,7 +140,7 @@ class GenerationWorker:
     max_batch: requests generated together (1: one at a time, in arrival order).
     """
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 64, max_batch: int = 8) -> None:
+    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 64, max_batch: int = 16) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.engine = engine
