@@ -174,6 +174,9 @@ class QuantizedModel(Model):
         model); False: ordinary allocations."""
         _mode_id(precision)
         self.huge_pages = huge_pages
+        # q8 keeps keys and values in float16 (as llama.cpp does by default: half of what attention reads); exact keeps
+        # float32, the reference's numbers
+        self.kv_dtype = torch.float16 if precision == "q8" else torch.float32
         self.path = Path(path)
         meta = GGUFFile(self.path)
         config = GGUFConfig(meta)
@@ -297,8 +300,8 @@ class QuantizedModel(Model):
     def _grow(self, capacity: int) -> None:
         shape = (self.config.num_hidden_layers, self.n_kv, capacity, self.head_dim)
         # uninitialised (its pages become resident only when written): rows are written before they are read
-        k_cache = torch.empty(shape, dtype=torch.float32)
-        v_cache = torch.empty(shape, dtype=torch.float32)
+        k_cache = torch.empty(shape, dtype=self.kv_dtype)
+        v_cache = torch.empty(shape, dtype=self.kv_dtype)
         if self.huge_pages and capacity >= HUGE_CACHE:  # a long context: huge pages (8-13% faster at 2,048)
             advise_huge_pages(k_cache)
             advise_huge_pages(v_cache)

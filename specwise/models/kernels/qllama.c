@@ -172,6 +172,66 @@ T256 static void key_scores256(const float *q, const float *keys, int len, int h
         sc[j] = hsum8(acc) * scale;
     }
 }
+T256 static int store_half8(uint16_t *dst, const float *src, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    return i;
+}
+
+T256 static void key_scores_h256(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc) {
+    int j = 0;
+#define KH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+    for (; j + 4 <= len; j += 4) {
+        const uint16_t *k0 = keys + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int d = 0; d < hd; d += 8) {
+            const __m256 qv = _mm256_loadu_ps(q + d);
+            a0 = _mm256_fmadd_ps(qv, KH(k0 + d), a0);
+            a1 = _mm256_fmadd_ps(qv, KH(k1 + d), a1);
+            a2 = _mm256_fmadd_ps(qv, KH(k2 + d), a2);
+            a3 = _mm256_fmadd_ps(qv, KH(k3 + d), a3);
+        }
+        sc[j] = hsum8(a0) * scale;
+        sc[j + 1] = hsum8(a1) * scale;
+        sc[j + 2] = hsum8(a2) * scale;
+        sc[j + 3] = hsum8(a3) * scale;
+    }
+    for (; j < len; j++) {
+        const uint16_t *kj = keys + (size_t)j * hd;
+        __m256 acc = _mm256_setzero_ps();
+        for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), KH(kj + d), acc);
+        sc[j] = hsum8(acc) * scale;
+    }
+#undef KH
+}
+
+T256 static void weighted_values_h256(const float *p, const uint16_t *vals, int len, int hd, float *out) {
+    __m256 acc[32];
+    const int nv = hd / 8;
+    for (int u = 0; u < nv; u++) acc[u] = _mm256_setzero_ps();
+    for (int j = 0; j < len; j++) {
+        const __m256 pj = _mm256_set1_ps(p[j]);
+        const uint16_t *v = vals + (size_t)j * hd;
+        for (int u = 0; u < nv; u++)
+            acc[u] = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * u))), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
+}
+
+T512 static void weighted_values_h512(const float *p, const uint16_t *vals, int len, int hd, float *out) {
+    __m512 acc[16];
+    const int nv = hd / 16;
+    for (int u = 0; u < nv; u++) acc[u] = _mm512_setzero_ps();
+    for (int j = 0; j < len; j++) {
+        const __m512 pj = _mm512_set1_ps(p[j]);
+        const uint16_t *v = vals + (size_t)j * hd;
+        for (int u = 0; u < nv; u++)
+            acc[u] = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * u))), acc[u]);
+    }
+    for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + 16 * u, acc[u]);
+}
+
 #endif
 
 /* sc[j] = (q . keys[j]) * scale: eight lanes accumulated with fused multiply-adds, then added pairwise. */
@@ -245,6 +305,104 @@ static void weighted_values(const float *p, const float *vals, int len, int hd, 
     }
 }
 
+/* ---- a float16 cache (MODE_Q8 with kv_half): keys and values rounded to float16 when written, read back exactly -- */
+
+static inline float h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (mant == 0) {
+            bits = sign;
+        } else {
+            exp = 127 - 15 + 1;
+            while (!(mant & 0x400)) {
+                mant <<= 1;
+                exp--;
+            }
+            bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else {
+        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float to float16, rounding to nearest even (what F16C's vcvtps2ph does) */
+static inline uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 | ((a >> 13) & 0x3ff) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to infinity */
+    if (a < 0x38800000u) {                                  /* a float16 subnormal (or zero) */
+        if (a < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+        uint32_t q = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = a - 0x38000000u;
+    r += 0xfff + ((r >> 13) & 1);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+static void store_half(uint16_t *dst, const float *src, int n, int isa) {
+    int i = 0;
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2) i = store_half8(dst, src, n);
+#endif
+    (void)isa;
+    for (; i < n; i++) dst[i] = f2h(src[i]);
+}
+
+static void key_scores_h_portable(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc) {
+    for (int j = 0; j < len; j++) {
+        const uint16_t *kj = keys + (size_t)j * hd;
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int d = 0; d < hd; d += 8)
+            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], h2f(kj[d + l]), a[l]);
+        float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
+        t0 = t0 + t2;
+        t1 = t1 + t3;
+        sc[j] = (t0 + t1) * scale;
+    }
+}
+
+static void key_scores_h(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc, int isa) {
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2 && hd % 8 == 0) {
+        key_scores_h256(q, keys, len, hd, scale, sc);
+        return;
+    }
+#endif
+    (void)isa;
+    key_scores_h_portable(q, keys, len, hd, scale, sc);
+}
+
+static void weighted_values_h(const float *p, const uint16_t *vals, int len, int hd, float *out, int isa) {
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
+        weighted_values_h512(p, vals, len, hd, out);
+        return;
+    }
+    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
+        weighted_values_h256(p, vals, len, hd, out);
+        return;
+    }
+#endif
+    (void)isa;
+    for (int d = 0; d < hd; d++) out[d] = 0.0f;
+    for (int j = 0; j < len; j++) {
+        const float pj = p[j];
+        const uint16_t *v = vals + (size_t)j * hd;
+        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, h2f(v[d]), out[d]);
+    }
+}
+
 /* act = SiLU(gate) * up */
 static void silu_mul(const float *gate, const float *up, float *act, int n, int isa) {
     int i = 0;
@@ -299,7 +457,8 @@ size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int hea
 
 /* The layers over k rows, each with its own cache and position: row r is at position pos[r] of the sequence
  * whose caches start at k_rows[r] / v_rows[r] ([layers, n_kv, cap[r], hd]); it attends to positions 0 .. pos[r] of
- * that cache. The rows of one sequence come in order of position, and a row's earlier positions are in its cache
+ * that cache (kv_half: the caches hold float16, written rounded to nearest even, read back exactly). The rows of one
+ * sequence come in order of position, and a row's earlier positions are in its cache
  * or among the rows before it in this pass: one pass scores several sequences' rows (a batch, ragged) and a row's
  * result is the same as in a pass of its own. scores: at least n_heads * k * max(pos + 1) floats.
  * Returns 0 on success, 1 when head_dim is too large. */
@@ -307,7 +466,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
                          const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                          const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
                          const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                         float *scores, int threads, int mode) {
+                         float *scores, int threads, int mode, int kv_half) {
     if (head_dim > 512) return 1;
     const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
@@ -333,12 +492,20 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             const int p = pos[r];
             const size_t layer = (size_t)l * n_kv * cap[r] * hd;
             float *kc = k_rows[r] + layer, *vc = v_rows[r] + layer;
+            uint16_t *kh = (uint16_t *)k_rows[r] + layer, *vh = (uint16_t *)v_rows[r] + layer;
             float *row = qkv + (size_t)r * n_qkv;
             const float *c = cos_t + (size_t)p * hd, *s = sin_t + (size_t)p * hd;
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
             for (int g = 0; g < n_kv; g++) {
-                memcpy(kc + ((size_t)g * cap[r] + p) * hd, row + (size_t)(nq + g) * hd, (size_t)hd * 4);
-                memcpy(vc + ((size_t)g * cap[r] + p) * hd, row + (size_t)(nq + n_kv + g) * hd, (size_t)hd * 4);
+                const size_t at = ((size_t)g * cap[r] + p) * hd;
+                const float *key = row + (size_t)(nq + g) * hd, *val = row + (size_t)(nq + n_kv + g) * hd;
+                if (kv_half) {
+                    store_half(kh + at, key, hd, isa);
+                    store_half(vh + at, val, hd, isa);
+                } else {
+                    memcpy(kc + at, key, (size_t)hd * 4);
+                    memcpy(vc + at, val, (size_t)hd * 4);
+                }
             }
         }
         MARK(PART_REST);
@@ -349,14 +516,21 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
             const size_t layer = (size_t)l * n_kv * cap[r] * hd;
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
-            const float *keys = k_rows[r] + layer + (size_t)g * cap[r] * hd;
-            const float *vals = v_rows[r] + layer + (size_t)g * cap[r] * hd;
+            const size_t at = layer + (size_t)g * cap[r] * hd;
+            const float *keys = k_rows[r] + at, *vals = v_rows[r] + at;
+            const uint16_t *keys_h = (const uint16_t *)k_rows[r] + at, *vals_h = (const uint16_t *)v_rows[r] + at;
             float *sc = scores + (size_t)t * end;
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
             float sum;
-            key_scores(q, keys, len, hd, scale, sc, isa);
+            if (kv_half)
+                key_scores_h(q, keys_h, len, hd, scale, sc, isa);
+            else
+                key_scores(q, keys, len, hd, scale, sc, isa);
             sum = softmax_unnormalised(sc, len, isa);
-            weighted_values(sc, vals, len, hd, out, isa, 1);
+            if (kv_half)
+                weighted_values_h(sc, vals_h, len, hd, out, isa);
+            else
+                weighted_values(sc, vals, len, hd, out, isa, 1);
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }

@@ -88,7 +88,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_sample": ([p, i, i, p, p], i),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
-        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i], i),
+        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i], i),
     }
     for name, (args, res) in table.items():
         fn = getattr(lib, name)
@@ -349,7 +349,9 @@ class DecoderStack:
     layers: per layer the seven weights q, k, v, o, gate, up, down; attn_norms, mlp_norms: float32 ``[hidden]``
     per layer; qkv_biases: per layer float32 ``[q + k + v outputs]`` or None. The caller owns the caches and the
     rotary tables; :meth:`run` takes, per row, the sequence's caches and the row's position, so one pass can
-    score several sequences' rows (a batch) and a row's result is the same in any pass.
+    score several sequences' rows (a batch) and a row's result is the same in any pass. The caches are float32, or
+    float16 (``run`` sees their dtype): keys and values rounded to float16 as they are written, as llama.cpp keeps
+    them by default, which halves what attention reads.
     """
 
     def __init__(self, layers, attn_norms, mlp_norms, qkv_biases, n_heads: int, n_kv: int, head_dim: int, eps: float):
@@ -390,6 +392,8 @@ class DecoderStack:
         if len(caches) != k or len(positions) != k:
             raise ValueError(f"{k} rows need {k} caches and positions, got {len(caches)} and {len(positions)}")
         mode_id, threads = _mode_id(mode), threads or torch.get_num_threads()
+        if len({c[0].dtype for c in caches} | {c[1].dtype for c in caches}) > 1:
+            raise ValueError("the caches of one pass must all be float32 or all float16")
         for lo in range(0, k, MAX_ROWS):
             hi = min(k, lo + MAX_ROWS)
             n = hi - lo
@@ -424,6 +428,7 @@ class DecoderStack:
                 self._scores.data_ptr(),
                 threads,
                 mode_id,
+                int(caches[lo][0].dtype == torch.float16),
             )
             if status != 0:
                 raise RuntimeError(f"the quantized layer kernel failed (status {status})")
