@@ -32,6 +32,7 @@ from specwise.bench.runner import machine_info
 from specwise.engine import Engine
 from specwise.models import load_model
 from specwise.models.loader import gguf_source
+from specwise.models.quantized import QuantizedModel
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -78,6 +79,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--depth", type=int, default=0, help="also decode 64 tokens after this many tokens of context")
+    ap.add_argument("--kv-cache", default="float32", choices=["float32", "float16"], help="q8's KV cache")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -86,9 +88,10 @@ def main() -> int:
         raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/bench/llamacpp.py)")
     prompts = select_prompts(load_questions(args.questions), args.categories, args.per_category)
     q8, exact = load_model(args.target, precision="q8"), load_model(args.target, precision="exact")
+    q8_model = q8.model if args.kv_cache == "float32" else QuantizedModel(gguf, precision="q8", kv_cache=args.kv_cache)
     encoded = [encode_prompt(q8.tokenizer, p.text, chat=True) for p in prompts]
     reference = [plain(exact.model, ids, args.new_tokens) for ids in encoded]
-    tokens = {"q8": [plain(q8.model, ids, args.new_tokens) for ids in encoded]}
+    tokens = {"q8": [plain(q8_model, ids, args.new_tokens) for ids in encoded]}
     with LlamaServer(gguf, threads=args.threads, ctx_size=4096) as server:
         tokens["llama.cpp"] = [server.greedy(ids, args.new_tokens)["token_ids"] for ids in encoded]
     depth = None
@@ -96,7 +99,7 @@ def main() -> int:
         depth = {
             "tokens": args.depth,
             "specwise_decode_tokens_per_s": {
-                "q8": [depth_rate(q8.model, args.depth) for _ in range(3)],
+                "q8": [depth_rate(q8_model, args.depth) for _ in range(3)],
                 "exact": [depth_rate(exact.model, args.depth) for _ in range(3)],
             },
             "llama_bench": llama_bench(gguf, n_gen=64, threads=args.threads, depth=args.depth, repetitions=3),
@@ -107,6 +110,7 @@ def main() -> int:
         "target": str(gguf),
         "machine": machine_info("cpu"),
         "threads": args.threads,
+        "kv_cache": args.kv_cache,
         "new_tokens": args.new_tokens,
         "prompts": [p.id for p in prompts],
         "agreement_with_exact": agreement(tokens, reference),

@@ -393,6 +393,33 @@ def test_instruction_paths_give_the_same_logits(tiny, precision):
         quant.set_isa(None)
 
 
+def test_float16_cache_keeps_rows_independent_and_paths_identical(tiny):
+    """The float16 KV cache option (q8): a token's logits are the same bits in a pass of its own, inside a longer
+    pass and on every instruction path; close to the float32 cache's."""
+    from specwise.models.kernels import quant
+
+    path, spec, _ = tiny
+    tokens = sequence(spec, 30, seed=17)
+    whole = QuantizedModel(path, precision="q8", kv_cache="float16").forward(ids(tokens))
+    step = QuantizedModel(path, precision="q8", kv_cache="float16")
+    step.forward(ids(tokens[:20]))
+    rows = [step.forward(ids([t])) for t in tokens[20:]]
+    assert_bits(torch.cat(rows), whole[20:])
+    best = quant.set_isa(None)
+    try:
+        for name in quant.ISAS[: quant.ISAS.index(best) + 1]:
+            quant.set_isa(name)
+            assert_bits(QuantizedModel(path, precision="q8", kv_cache="float16").forward(ids(tokens)), whole)
+    finally:
+        quant.set_isa(None)
+    f32 = QuantizedModel(path, precision="q8").forward(ids(tokens))
+    assert (whole - f32).abs().max() < 0.05 * f32.abs().max()
+    with pytest.raises(ValueError, match="q8 choice"):
+        QuantizedModel(path, precision="exact", kv_cache="float16")
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        QuantizedModel(path, kv_cache="bfloat16")
+
+
 def test_capacity_growth_keeps_the_cache(tiny, precision):
     """A model made with a small cache grows it mid-sequence without changing a logit."""
     _, spec, _ = tiny

@@ -23,11 +23,11 @@ from specwise.sampling import SamplingParams
 pytestmark = pytest.mark.slow
 
 # Measured on the default model over the prompts below (max |logit difference| against the float32 reference):
-# exact 6e-5 .. 9e-5 (float32 summation order over 30 layers; logits reach ~30, so ~3e-6 relative); q8 3.05 over
-# every position of these prompts (8-bit activations and the float16 KV cache; 2.24 with a float32 cache), the
-# argmax agreeing at 97-100% of the positions. The bounds leave room for other instruction paths and prompts.
+# exact 6e-5 .. 9e-5 (float32 summation order over 30 layers; logits reach ~30, so ~3e-6 relative); q8 2.24 over
+# every position of these prompts (8-bit activations; 3.05 with the float16 KV cache option), the argmax agreeing at
+# 96-100% of the positions. The bounds leave room for other instruction paths and prompts.
 EXACT_BOUND = 1e-4 * 2
-Q8_BOUND = 4.0
+Q8_BOUND = 3.0
 TEXTS = [
     "Name three primary colors.",
     "Write a Python function that reverses a string, and explain how it works.",
