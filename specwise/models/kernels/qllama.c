@@ -307,29 +307,6 @@ static void weighted_values(const float *p, const float *vals, int len, int hd, 
 
 /* ---- a float16 cache (MODE_Q8 with kv_half): keys and values rounded to float16 when written, read back exactly -- */
 
-static inline float h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else {
-            exp = 127 - 15 + 1;
-            while (!(mant & 0x400)) {
-                mant <<= 1;
-                exp--;
-            }
-            bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | (mant << 13);
-    } else {
-        bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
 /* float to float16, rounding to nearest even (what F16C's vcvtps2ph does) */
 static inline uint16_t f2h(float f) {
     uint32_t x;
@@ -364,7 +341,7 @@ static void key_scores_h_portable(const float *q, const uint16_t *keys, int len,
         const uint16_t *kj = keys + (size_t)j * hd;
         float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int d = 0; d < hd; d += 8)
-            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], h2f(kj[d + l]), a[l]);
+            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], half_to_float(kj[d + l]), a[l]);
         float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
         t0 = t0 + t2;
         t1 = t1 + t3;
@@ -399,7 +376,7 @@ static void weighted_values_h(const float *p, const uint16_t *vals, int len, int
     for (int j = 0; j < len; j++) {
         const float pj = p[j];
         const uint16_t *v = vals + (size_t)j * hd;
-        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, h2f(v[d]), out[d]);
+        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, half_to_float(v[d]), out[d]);
     }
 }
 
