@@ -93,10 +93,6 @@ class PositionUniforms:
     def __call__(self, position: int) -> float:
         return (_mix64(self._key ^ _mix64(position)) >> 11) * (1.0 / (1 << 53))
 
-    def rows(self, start: int, n: int) -> torch.Tensor:
-        """Uniforms of positions ``start .. start + n - 1`` as float64 ``[n, 1]``."""
-        return torch.tensor([[self(start + i)] for i in range(n)], dtype=torch.float64)
-
 
 def _check_number(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -251,48 +247,36 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Draw one token per row from ``probs`` ``[..., vocab]`` (need not sum to 1); returns ``[...]`` (int64).
 
-    Inverse-CDF sampling: one uniform per row against a float64 cumulative sum. On a CPU this is several
-    times faster than ``torch.multinomial`` over a large vocabulary, and a token of probability 0 is never drawn.
+    Inverse-CDF sampling: one uniform per row (from ``generator``) against a float64 cumulative sum. On a CPU this
+    is several times faster than ``torch.multinomial`` over a large vocabulary, and a token of probability 0 is
+    never drawn.
     """
-    vocab = probs.shape[-1]
-    flat = probs.reshape(-1, vocab)
-    fast = _native_sample(flat, generator)
-    if fast is not None:
-        return fast.reshape(probs.shape[:-1])
-    cdf = flat.double().cumsum(dim=-1)  # [rows, vocab]
-    total = cdf[:, -1:]
-    if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((flat < 0).any()):
-        raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
-    u = torch.rand(total.shape, generator=generator, device=flat.device, dtype=torch.float64) * total
-    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first token whose cdf exceeds u
-    over = tokens >= vocab  # u rounded up to the total: take the last token of positive probability
-    if bool(over.any()):
-        last = vocab - 1 - (flat.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
-        tokens = torch.where(over, last, tokens)
-    return tokens.reshape(probs.shape[:-1])
+    flat = probs.reshape(-1, probs.shape[-1])
+    u = torch.rand((flat.shape[0], 1), generator=generator, device=flat.device, dtype=torch.float64)
+    return sample_with(flat, u).reshape(probs.shape[:-1])
 
 
 def sample_with(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """:func:`sample` with the uniforms given: ``probs`` ``[rows, vocab]``, ``uniforms`` float64 ``[rows, 1]``."""
-    fast = _native_sample(probs, None, uniforms)
+    fast = _native_sample(probs, uniforms)
     if fast is not None:
         return fast
-    cdf = probs.double().cumsum(dim=-1)
+    vocab = probs.shape[-1]
+    cdf = probs.double().cumsum(dim=-1)  # [rows, vocab]
     total = cdf[:, -1:]
     if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((probs < 0).any()):
         raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
-    tokens = torch.searchsorted(cdf, uniforms.to(cdf.device) * total, right=True).squeeze(-1)
-    over = tokens >= probs.shape[-1]
+    u = uniforms.to(cdf.device) * total
+    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first token whose cdf exceeds u
+    over = tokens >= vocab  # u rounded up to the total: take the last token of positive probability
     if bool(over.any()):
-        last = probs.shape[-1] - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
+        last = vocab - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
         tokens = torch.where(over, last, tokens)
     return tokens
 
 
-def _native_sample(
-    flat: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
-) -> torch.Tensor | None:
-    """sample() in native code for CPU float32 rows (the same uniforms from ``generator``, or ``u``), or None."""
+def _native_sample(flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
+    """sample_with() in native code for CPU float32 rows, or None."""
     if flat.device.type != "cpu" or flat.dtype != torch.float32 or flat.numel() == 0:
         return None
     fn = _native("specwise_sample")
@@ -300,8 +284,6 @@ def _native_sample(
         return None
     flat = flat.contiguous()
     rows, vocab = flat.shape
-    if u is None:
-        u = torch.rand((rows, 1), generator=generator, dtype=torch.float64)  # as the torch path draws them
     u = u.contiguous()
     out = torch.empty(rows, dtype=torch.int64)
     status = fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
