@@ -364,6 +364,8 @@ class QuantizedModel(Model):
         keeps = list(num_logits) if num_logits is not None else [None] * len(items)
         if len(keeps) != len(items):
             raise ValueError(f"{len(items)} sequences need {len(items)} num_logits, got {len(keeps)}")
+        if len({id(seq) for seq, _ in items}) != len(items):
+            raise ValueError("a sequence appears twice in one batch: give its tokens together")
         ids, caches, positions, spans = [], [], [], []
         for (seq, tokens), keep in zip(items, keeps):
             if getattr(seq, "_stack", None) is not self._stack:
@@ -380,25 +382,28 @@ class QuantizedModel(Model):
             caches.extend([(seq.k_cache, seq.v_cache)] * k)
             positions.extend(range(start, start + k))
             spans.append((seq, start, k, keep))
-        if len(set(id(seq) for seq, *_ in spans)) != len(spans):
-            raise ValueError("a sequence appears twice in one batch: give its tokens together")
         x = self.embed.rows(torch.cat(ids))  # [rows, hidden]
         cos, sin = self._tables(max(positions) + 1)
         self._stack.run(x, caches, positions, cos, sin, self.precision)
-        kept, row = [], 0
+        # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
+        # rows whose logits are kept
+        need, row = [], 0
         for seq, start, k, keep in spans:
             seq._length = start + k
-            if seq.keep_features:
-                seq._features[start : start + k] = torch.nn.functional.rms_norm(
-                    x[row : row + k], (self.hidden,), self.final_norm, self.eps
-                )
-            kept.append(x[row + k - keep : row + k])
+            need.extend(range(row if seq.keep_features else row + k - keep, row + k))
             row += k
-        h = torch.cat(kept)
+        normed = torch.nn.functional.rms_norm(x[need], (self.hidden,), self.final_norm, self.eps)
+        kept, at = [], 0
+        for seq, start, k, keep in spans:
+            if seq.keep_features:
+                seq._features[start : start + k] = normed[at : at + k]
+                at += k - keep
+            kept.append(normed[at : at + keep])
+            at += keep
+        h = torch.cat(kept).contiguous()
         n = h.shape[0]
         logits = torch.empty((n, self.vocab_size), dtype=torch.float32)
         if n:
-            h = torch.nn.functional.rms_norm(h, (self.hidden,), self.final_norm, self.eps).contiguous()
             self._lib.specwise_q_gemm(
                 ctypes.cast(self._head_struct, ctypes.c_void_p),
                 1,
