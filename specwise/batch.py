@@ -100,9 +100,7 @@ class BatchEngine:
 
     def submit(self, request: Request) -> int:
         """Queue ``request``; returns its id. Raises ValueError at once for a bad request (nothing is queued)."""
-        self.engine._check_request([int(t) for t in request.prompt_ids], request.max_new_tokens)
-        if request.stop and self.engine.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
+        self.engine.check_request([int(t) for t in request.prompt_ids], request.max_new_tokens, request.stop)
         rid = self._next_id
         self._next_id += 1
         self._queue.append((rid, request))

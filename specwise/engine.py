@@ -213,7 +213,10 @@ class Engine:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return {eos} if eos is not None else set()
 
-    def _check_request(self, prompt_ids: list[int], max_new_tokens: int) -> None:
+    def check_request(self, prompt_ids: list[int], max_new_tokens: int, stop: Iterable[str] = ()) -> None:
+        """Raise ValueError naming the problem when a request cannot run (``start`` and the batch use this)."""
+        if stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -265,10 +268,8 @@ class Engine:
         ``state``'s sources: checked, its drafters begun, its cache emptied (the prompt is not fed yet)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
-        self._check_request(prompt_ids, max_new_tokens)
         stop = list(stop)
-        if stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
+        self.check_request(prompt_ids, max_new_tokens, stop)
         run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
         run.text = StopText(self.tokenizer, stop)
         target.reset()

@@ -272,12 +272,17 @@ class GenerationWorker:
         if self._jobs and not self._batch.has_work():  # never expected; its jobs would wait for ever
             self._fail_batch(BatchFailed(f"the batch lost {len(self._jobs)} requests"))
 
-    def _fail_batch(self, err: BaseException, outcome: str = "error") -> None:
-        """End every job in the batch with ``err`` (counted as ``outcome``) and start a new, empty batch."""
+    def _fail_jobs(self, err: BaseException, outcome: str) -> None:
+        """End every job in the batch with ``err``, counted as ``outcome``; their requests leave the batch."""
         jobs, self._jobs = self._jobs, {}
-        for job in jobs.values():
+        for rid, job in jobs.items():
+            self._batch.cancel(rid)
             self.metrics.requests.labels(job.spec.endpoint, outcome).inc()
             job.put(err)
+
+    def _fail_batch(self, err: BaseException) -> None:
+        """A step failed: its jobs end with ``err`` and a new, empty batch goes on."""
+        self._fail_jobs(err, "error")
         self._batch = BatchEngine(self.engine, self.max_batch)
 
     def _deliver(self, rid: int, job: Job, event: GenerationEvent) -> None:
@@ -312,7 +317,7 @@ class GenerationWorker:
 
     def _end(self, err: BaseException) -> None:
         """The thread ends: fail the running jobs (counted as cancelled) and the queued ones."""
-        self._fail_batch(err, "cancelled")
+        self._fail_jobs(err, "cancelled")
         while True:
             try:
                 job = self._queue.get_nowait()
