@@ -19,20 +19,10 @@ from pathlib import Path
 import torch
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.prompts import load_questions
+from specwise.bench.prompts import interleave_categories, load_questions
 from specwise.bench.runner import machine_info
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams
-
-
-def mixed_prompts(path: str, n: int) -> list[str]:
-    """The first turns of Spec-Bench questions, one category after another in turn."""
-    by_category: dict[str, list[str]] = {}
-    for q in load_questions(path):
-        by_category.setdefault(q.category, []).append(q.text)
-    longest = max(map(len, by_category.values()))
-    mixed = [texts[i] for i in range(longest) for texts in by_category.values() if i < len(texts)]
-    return mixed[:n]
 
 
 def closed_loop(engine, prompts: list[list[int]], clients: int, limit: int, max_new_tokens: int) -> dict:
@@ -81,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto")
-    texts = mixed_prompts(args.questions, args.requests)
+    texts = [q.text for q in interleave_categories(load_questions(args.questions))[: args.requests]]
     prompts = [encode_chat(runtime.tokenizer, [{"role": "user", "content": t}]) for t in texts]
     runs: dict[int, list[dict]] = {limit: [] for limit in args.limits}
     for r in range(args.rounds):

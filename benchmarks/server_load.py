@@ -260,16 +260,9 @@ def prompt_texts(args: argparse.Namespace) -> list[str]:
     """The requests' user messages: Spec-Bench's first turns, one category after another in turn, or PROMPTS."""
     if not args.questions:
         return list(PROMPTS)
-    from specwise.bench.prompts import load_questions
+    from specwise.bench.prompts import interleave_categories, load_questions
 
-    questions = load_questions(args.questions)
-    by_category: dict[str, list[str]] = {}
-    for q in questions:
-        by_category.setdefault(q.category, []).append(q.text)
-    mixed = [
-        texts[i] for i in range(max(map(len, by_category.values()))) for texts in by_category.values() if i < len(texts)
-    ]
-    return mixed
+    return [q.text for q in interleave_categories(load_questions(args.questions))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -414,3 +414,11 @@ def test_bench_command_spells_out_rounds_and_gamma_auto():
     command = bench_command(args)
     assert "--gamma 4 auto" in command and "--rounds 3" in command and "--precision exact" in command
     assert command.endswith("--llama-cpp --no-hf")
+
+
+def test_interleave_categories_takes_one_of_each_in_turn():
+    from specwise.bench.prompts import BenchPrompt, interleave_categories
+
+    ps = [BenchPrompt(f"{c}{i}", c, "t") for c, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
+    assert [p.id for p in interleave_categories(ps)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert interleave_categories([]) == []

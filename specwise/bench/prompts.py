@@ -10,7 +10,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["BenchPrompt", "DEFAULT_PROMPTS", "default_prompts", "load_questions", "select_prompts"]
+__all__ = [
+    "BenchPrompt",
+    "DEFAULT_PROMPTS",
+    "default_prompts",
+    "interleave_categories",
+    "load_questions",
+    "select_prompts",
+]
 
 
 @dataclass(frozen=True)
@@ -105,3 +112,13 @@ def select_prompts(prompts: list[BenchPrompt], categories: list[str] | None, lim
         of_category = [p for p in prompts if p.category == category]
         chosen.extend(of_category if limit is None else of_category[:limit])
     return chosen
+
+
+def interleave_categories(prompts: list[BenchPrompt]) -> list[BenchPrompt]:
+    """The prompts one category after another in turn (the first of each category, then the second, ...): a load
+    test that takes the first n mixes the kinds of task."""
+    by_category: dict[str, list[BenchPrompt]] = {}
+    for p in prompts:
+        by_category.setdefault(p.category, []).append(p)
+    longest = max((len(v) for v in by_category.values()), default=0)
+    return [group[i] for i in range(longest) for group in by_category.values() if i < len(group)]
