@@ -157,9 +157,7 @@ class QTensor:
             )
         row_bytes = in_features // raw_block * raw_bytes
         read = raw if callable(raw) else None
-        sizes = [ctypes.c_size_t() for _ in range(5)]
-        lib.specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
-        n_q, n_s, n_m, n_sd, n_md = (s.value for s in sizes)
+        n_q, n_s, n_m, n_sd, n_md = _sizes(ggml_type, out, in_features)
 
         def buffer(n: int) -> torch.Tensor | None:
             # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
@@ -247,11 +245,18 @@ class QTensor:
         return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
 
 
-def tensor_bytes(ggml_type: int, out: int, in_features: int) -> int:
-    """Bytes a QTensor of this type and shape takes (its tiles, scales and factors)."""
+def _sizes(ggml_type: int, out: int, in_features: int) -> tuple[int, int, int, int, int]:
+    """Bytes of a QTensor's tiles q and s, m, sd, md as the kernels lay them out (0: the part is absent)."""
     sizes = [ctypes.c_size_t() for _ in range(5)]
     _lib().specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
-    return sum(max(1, s.value) if i < 2 else s.value for i, s in enumerate(sizes))
+    n_q, n_s, n_m, n_sd, n_md = (s.value for s in sizes)
+    return n_q, n_s, n_m, n_sd, n_md
+
+
+def tensor_bytes(ggml_type: int, out: int, in_features: int) -> int:
+    """Bytes a QTensor of this type and shape allocates (its tiles, scales and factors; q and s at least one)."""
+    n_q, n_s, n_m, n_sd, n_md = _sizes(ggml_type, out, in_features)
+    return max(1, n_q) + max(1, n_s) + n_m + n_sd + n_md
 
 
 class Arena:
