@@ -5,9 +5,10 @@
  *   over the cache -> output product + residual -> RMSNorm -> gate and up products (one pass) -> SiLU(gate) * up
  *   -> down product + residual.
  *
- * Layouts (float32, row-major, contiguous):
+ * Layouts (row-major, contiguous; float32 unless said):
  *   x        [k, hidden]                     the residual stream, updated in place
- *   k_cache  [layers, n_kv, capacity, hd]    per sequence; row r writes position pos[r] of its sequence's
+ *   k_cache  [layers, n_kv, capacity, hd]    one per sequence (float32, or float16 with kv_half); row r writes
+ *                                            position pos[r] of its own sequence's cache (v_cache alike)
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
