@@ -609,128 +609,116 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
                      tt == TT - 1 ? n : QTILE);
 }
 
-TARGET_AVX512 INLINE void q8_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
-                                 const int R) {
-    /* integer sums are exact in any order: with few rows, several accumulators per row hide the latency */
-    enum { AMAX = 4 };
-    const int A = R == 1 ? 4 : (R <= 4 ? 2 : 1);
-    __m512 acc[4][8];
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
-    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, in = w->in;
+/* vpdpbusd with its 4 activation bytes broadcast from memory ({1to16}): one instruction instead of a broadcast
+ * and a product (GCC does not fold the broadcast by itself) */
+TARGET_AVX512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *x4) {
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)x4));
+    return acc;
+}
+
+/* q8 for one tile and R rows whose activations are interleaved per block of 32 (qx [block][row][32], dx and dsum
+ * [block][row]), so that every row's bytes are at a constant offset from one pointer; corr [weight block][row] is
+ * offset * sum(qx) over the weight's block (KIND_Q6: blocks of 16). Per row and weight block: the integer sums,
+ * minus corr, then one float update, in increasing block order (tile_portable's arithmetic); with few rows the
+ * integer sums are split over two accumulators to hide their latency, which changes nothing (integer sums). */
+TARGET_AVX512 INLINE void q8il_512(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
+                                   const int32_t *corr, float *y, int ldy, int n, const int KIND, const int HASM,
+                                   const int CORR, const int R) {
+    const int A = R <= 4 ? 2 : 1; /* accumulators per row: with few rows, two chains hide the latency */
+    __m512 acc[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const int nb = w->in / (KIND == KIND_Q6 ? 16 : 32);
     const __m512i nib = _mm512_set1_epi8(0x0F);
+    const uint8_t *q = w->q + (size_t)t * nb * (KIND == KIND_Q4 ? 256 : (KIND == KIND_Q6 ? 192 : 512));
     for (int b = 0; b < nb; b++) {
-        __m512i ia[4][8][AMAX];
-        for (int tt = 0; tt < TT; tt++)
-            for (int r = 0; r < R; r++)
-                for (int u = 0; u < A; u++) ia[tt][r][u] = _mm512_setzero_si512();
-        if (w->kind == KIND_Q4) {
-            for (int g = 0; g < 4; g++) {
-                for (int tt = 0; tt < TT; tt++) {
-                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * 4 + g) * 64);
-                    __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *qx = a->qx + (size_t)r * in + 32 * b + 4 * g;
-                        int32_t x0, x1;
-                        memcpy(&x0, qx, 4);
-                        memcpy(&x1, qx + 16, 4);
-                        const int u0 = (2 * g) % A, u1 = (2 * g + 1) % A;
-                        ia[tt][r][u0] = _mm512_dpbusd_epi32(ia[tt][r][u0], lo, _mm512_set1_epi32(x0));
-                        ia[tt][r][u1] = _mm512_dpbusd_epi32(ia[tt][r][u1], hi, _mm512_set1_epi32(x1));
-                    }
-                }
-            }
-        } else {
-            const int G = B / 4;
-            for (int g = 0; g < G; g++) {
-                for (int tt = 0; tt < TT; tt++) {
-                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * G + g) * 64);
-                    for (int r = 0; r < R; r++) {
-                        int32_t x0;
-                        memcpy(&x0, a->qx + (size_t)r * in + B * b + 4 * g, 4);
-                        const int u = g % A;
-                        ia[tt][r][u] = _mm512_dpbusd_epi32(ia[tt][r][u], v, _mm512_set1_epi32(x0));
-                    }
-                }
-            }
-        }
-        const int b32 = B * b / 32;
-        for (int tt = 0; tt < TT; tt++) {
-            const size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-            const __m512 s = ld_scale512(w, 0, si);
-            const __m512 m = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-            for (int r = 0; r < R; r++) {
-                const int32_t *is = a->isum + (size_t)r * 2 * nb32;
-                const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
-                __m512i isum = ia[tt][r][0];
-                for (int u = 1; u < A; u++) isum = _mm512_add_epi32(isum, ia[tt][r][u]);
-                if (corr) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr));
-                const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]));
-                acc[tt][r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[tt][r]);
-                if (w->has_m) acc[tt][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]), acc[tt][r]);
-            }
-        }
-    }
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++)
-            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
-}
-
-/* q8: the float update of weight block b from its integer sums ia (A accumulators per tile and row), as q8_512
- * does it inline */
-TARGET_AVX512 INLINE void q8_update512(const qmat *w, const acts *a, __m512 acc[4][8], __m512i ia[4][8][4], int b,
-                                       int t0, const int TT, const int R, const int A) {
-    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, b32 = B * b / 32;
-    for (int tt = 0; tt < TT; tt++) {
-        const size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-        const __m512 s = ld_scale512(w, 0, si);
-        const __m512 m = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-        for (int r = 0; r < R; r++) {
-            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
-            const int32_t corr = w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
-            __m512i isum = ia[tt][r][0];
-            for (int u = 1; u < A; u++) isum = _mm512_add_epi32(isum, ia[tt][r][u]);
-            if (corr) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr));
-            const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(a->dx[(size_t)r * nb32 + b32]));
-            acc[tt][r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[tt][r]);
-            if (w->has_m)
-                acc[tt][r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a->dsum[(size_t)r * nb32 + b32]), acc[tt][r]);
-        }
-    }
-}
-
-/* q8_512 for KIND_Q6 (KIND_U8's, on the unpacked groups), in its own function (run512_q8q6) so as not to weigh on
- * the register allocation of the others */
-TARGET_AVX512 INLINE void q8q6_512(const qmat *w, int t0, const acts *a, float *y, int ldy, int n, const int TT,
-                                   const int R) {
-    enum { AMAX = 4 };
-    const int A = R == 1 ? 4 : (R <= 4 ? 2 : 1);
-    __m512 acc[4][8];
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++) acc[tt][r] = _mm512_setzero_ps();
-    const int nb = w->in / 16, in = w->in;
-    for (int b = 0; b < nb; b++) {
-        __m512i ia[4][8][AMAX];
-        for (int tt = 0; tt < TT; tt++)
-            for (int r = 0; r < R; r++)
-                for (int u = 0; u < A; u++) ia[tt][r][u] = _mm512_setzero_si512();
-        for (int tt = 0; tt < TT; tt++) {
+        __m512i ia[8], ib[8];
+        for (int r = 0; r < R; r++) ia[r] = ib[r] = _mm512_setzero_si512();
+        if (KIND == KIND_Q6) { /* blocks of 16: block b is half (b & 1) of the activations' block b / 2 */
+            const int8_t *xb = qx + (size_t)(b >> 1) * R * 32 + (b & 1) * 16;
             __m512i v[4];
-            q6_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 192, v);
-            for (int g = 0; g < 4; g++) {
+            q6_unpack512(q + (size_t)b * 192, v);
+            for (int g = 0; g < 4; g++)
                 for (int r = 0; r < R; r++) {
-                    int32_t x0;
-                    memcpy(&x0, a->qx + (size_t)r * in + 16 * b + 4 * g, 4);
-                    const int u = g % A;
-                    ia[tt][r][u] = _mm512_dpbusd_epi32(ia[tt][r][u], v[g], _mm512_set1_epi32(x0));
+                    if (A == 2 && (g & 1))
+                        ib[r] = dpbusd_bcast(ib[r], v[g], xb + r * 32 + 4 * g);
+                    else
+                        ia[r] = dpbusd_bcast(ia[r], v[g], xb + r * 32 + 4 * g);
+                }
+        }
+        const int8_t *xb = qx + (size_t)b * R * 32;
+        if (KIND == KIND_Q4) {
+            for (int g = 0; g < 4; g++) {
+                const __m512i v = _mm512_loadu_si512(q + ((size_t)b * 4 + g) * 64);
+                const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                for (int r = 0; r < R; r++) {
+                    ia[r] = dpbusd_bcast(ia[r], lo, xb + r * 32 + 4 * g);
+                    if (A == 2)
+                        ib[r] = dpbusd_bcast(ib[r], hi, xb + r * 32 + 16 + 4 * g);
+                    else
+                        ia[r] = dpbusd_bcast(ia[r], hi, xb + r * 32 + 16 + 4 * g);
+                }
+            }
+        } else if (KIND == KIND_U8) {
+            for (int g = 0; g < 8; g++) {
+                const __m512i v = _mm512_loadu_si512(q + ((size_t)b * 8 + g) * 64);
+                for (int r = 0; r < R; r++) {
+                    if (A == 2 && (g & 1))
+                        ib[r] = dpbusd_bcast(ib[r], v, xb + r * 32 + 4 * g);
+                    else
+                        ia[r] = dpbusd_bcast(ia[r], v, xb + r * 32 + 4 * g);
                 }
             }
         }
-        q8_update512(w, a, acc, ia, b, t0, TT, R, A);
+        const size_t si = ((size_t)t * nb + b) * QTILE;
+        const __m512 s = ld_scale512(w, 0, si);
+        const __m512 m = HASM ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m512i isum = A == 2 ? _mm512_add_epi32(ia[r], ib[r]) : ia[r];
+            if (CORR) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr[(size_t)b * R + r]));
+            const size_t b32 = KIND == KIND_Q6 ? (size_t)(b >> 1) : (size_t)b;
+            const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(dx[b32 * R + r]));
+            acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[r]);
+            if (HASM) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ds[b32 * R + r]), acc[r]);
+        }
     }
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++)
-            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, acc[tt][r], tt == TT - 1 ? n : QTILE);
+    for (int r = 0; r < R; r++) store512(y + (size_t)r * ldy, acc[r], n);
+}
+
+#define Q8IL_RUN(NAME, KIND, HASM, CORR)                                                                    \
+    TARGET_AVX512 __attribute__((noinline)) static void NAME(const qmat *w, int t, const int8_t *qx,          \
+                                                             const float *dx, const float *ds,               \
+                                                             const int32_t *corr, float *y, int ldy, int n,  \
+                                                             int R) {                                        \
+        switch (R) {                                                                                         \
+            case 1: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 1); break;                 \
+            case 2: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 2); break;                 \
+            case 3: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 3); break;                 \
+            case 4: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 4); break;                 \
+            case 5: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 5); break;                 \
+            case 6: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 6); break;                 \
+            case 7: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 7); break;                 \
+            default: q8il_512(w, t, qx, dx, ds, corr, y, ldy, n, KIND, HASM, CORR, 8); break;                \
+        }                                                                                                    \
+    }
+Q8IL_RUN(q8il_q4, KIND_Q4, 0, 0)
+Q8IL_RUN(q8il_q4m, KIND_Q4, 1, 0)
+Q8IL_RUN(q8il_q4c, KIND_Q4, 0, 1)
+Q8IL_RUN(q8il_u8, KIND_U8, 0, 0)
+Q8IL_RUN(q8il_u8m, KIND_U8, 1, 0)
+Q8IL_RUN(q8il_u8c, KIND_U8, 0, 1)
+Q8IL_RUN(q8il_q6c, KIND_Q6, 0, 1)
+#undef Q8IL_RUN
+
+/* q8il_512 for a tile of w (blocks of 32; corr: offset * sum(qx) per block and row when w has an offset) */
+TARGET_AVX512 static void run512_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
+                                      const int32_t *corr, float *y, int ldy, int n, int R) {
+    const int c = w->offset != 0;
+    if (w->kind == KIND_Q6)
+        q8il_q6c(w, t, qx, dx, ds, corr, y, ldy, n, R);
+    else if (w->kind == KIND_Q4)
+        (w->has_m ? q8il_q4m : (c ? q8il_q4c : q8il_q4))(w, t, qx, dx, ds, corr, y, ldy, n, R);
+    else
+        (w->has_m ? q8il_u8m : (c ? q8il_u8c : q8il_u8))(w, t, qx, dx, ds, corr, y, ldy, n, R);
 }
 
 /* All (tiles, rows) shapes the driver asks for: TT tiles at once (see tiles_for), R <= 8 rows. */
@@ -754,29 +742,12 @@ TARGET_AVX512 INLINE void q8q6_512(const qmat *w, int t0, const acts *a, float *
         default: CALL(1, 8); break;                                                               \
     }
 
-TARGET_AVX512 __attribute__((noinline)) static void run512_q8q6(const qmat *w, int t0, int TT, const acts *a, float *y,
-                                                                int ldy, int R, int n) {
-#define Q8Q6(T, RR) q8q6_512(w, t0, a, y, ldy, n, T, RR)
-    SHAPES(Q8Q6)
-#undef Q8Q6
-}
-
-TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
-                                 float *y, int ldy, int R, int n) {
-    const int q8 = mode == MODE_Q8 && w->kind != KIND_F32;
-    if (q8 && w->kind == KIND_Q6) {
-        run512_q8q6(w, t0, TT, a, y, ldy, R, n);
-        return;
-    }
+/* exact (float32 activations) on AVX-512; q8 runs in run512_q8il */
+TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, float *y, int ldy, int R,
+                                 int n) {
 #define EXACT(T, RR) exact512(w, t0, x, ldx, y, ldy, n, T, RR)
-#define Q8(T, RR) q8_512(w, t0, a, y, ldy, n, T, RR)
-    if (q8) {
-        SHAPES(Q8)
-    } else {
-        SHAPES(EXACT)
-    }
+    SHAPES(EXACT)
 #undef EXACT
-#undef Q8
 }
 
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------------------------ */
@@ -1128,17 +1099,65 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
     first_tile[nparts] = tiles;
     acts a = {x, in, NULL, NULL, NULL, NULL};
     void *mem = NULL;
+    const int RMAX = isa == ISA_AVX512 ? 8 : (isa == ISA_AVX2 ? 4 : 8);
+    /* AVX-512 q8 (run512_q8il): the activations interleaved per group of RMAX rows, and each distinct
+     * (offset, block) of the parts' offset corrections offset * sum(qx) per weight block and row */
+    const int il = need_q8 && isa == ISA_AVX512;
+    int ncorr = 0, coff[8], cblk[8];
+    const int32_t *corr[8] = {NULL};
+    int8_t *qxi = NULL;
+    float *dxi = NULL, *dsi = NULL;
+    if (il)
+        for (int p = 0; p < nparts && p < 8; p++) {
+            if (parts[p].kind == KIND_F32 || !parts[p].offset) continue;
+            int c = 0;
+            while (c < ncorr && (coff[c] != parts[p].offset || cblk[c] != parts[p].block)) c++;
+            if (c == ncorr) {
+                coff[ncorr] = parts[p].offset;
+                cblk[ncorr++] = parts[p].block;
+            }
+        }
     if (need_q8) {
-        size_t nb = (size_t)in / 32;
-        mem = malloc((size_t)k * (in + nb * 4 * 2 + nb * 2 * 4) + 64);
+        const size_t nb = (size_t)in / 32, plain = (size_t)k * (in + nb * 4 * 2 + nb * 2 * 4);
+        const size_t inter = il ? (size_t)k * (in + nb * 4 * 2 + nb * 2 * 4 * ncorr) : 0;
+        mem = malloc(plain + inter + 128);
         if (!mem) return;
         a.dx = (float *)mem;
         a.dsum = a.dx + (size_t)k * nb;
         a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
         a.qx = (int8_t *)(a.isum + (size_t)k * nb * 2);
         quantize_rows(x, k, in, &a);
+        if (il) {
+            dxi = (float *)((char *)mem + ((plain + 63) & ~(size_t)63));
+            dsi = dxi + (size_t)k * nb;
+            int32_t *ci = (int32_t *)(dsi + (size_t)k * nb); /* per correction: k * (in / block) */
+            qxi = (int8_t *)(ci + (size_t)k * nb * 2 * ncorr);
+            for (int r0 = 0; r0 < k; r0 += RMAX) {
+                const int R = k - r0 < RMAX ? k - r0 : RMAX;
+                for (size_t b = 0; b < nb; b++)
+                    for (int r = 0; r < R; r++) {
+                        const size_t from = (size_t)(r0 + r) * nb + b, to = (size_t)r0 * nb + b * R + r;
+                        memcpy(qxi + to * 32, a.qx + from * 32, 32);
+                        dxi[to] = a.dx[from];
+                        dsi[to] = a.dsum[from];
+                        const int32_t h0 = a.isum[2 * from], h1 = a.isum[2 * from + 1];
+                        for (int c = 0; c < ncorr; c++) {
+                            int32_t *cc = ci + (size_t)c * k * nb * 2;
+                            if (cblk[c] == 32) {
+                                cc[to] = coff[c] * (h0 + h1);
+                            } else { /* blocks of 16: [block 16][row] in the group */
+                                cc[(size_t)r0 * nb * 2 + 2 * b * R + r] = coff[c] * h0;
+                                cc[(size_t)r0 * nb * 2 + (2 * b + 1) * R + r] = coff[c] * h1;
+                            }
+                        }
+                    }
+            }
+            for (int p = 0; p < nparts && p < 8; p++)
+                for (int c = 0; c < ncorr; c++)
+                    if (parts[p].kind != KIND_F32 && parts[p].offset == coff[c] && parts[p].block == cblk[c])
+                        corr[p] = ci + (size_t)c * k * nb * 2;
+        }
     }
-    const int RMAX = isa == ISA_AVX512 ? 8 : (isa == ISA_AVX2 ? 4 : 8);
 #pragma omp parallel num_threads(threads)
     {
 #ifdef _OPENMP
@@ -1167,6 +1186,19 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
                     ar.dsum = a.dsum + (size_t)r0 * nb;
                     ar.isum = a.isum + (size_t)r0 * nb * 2;
                 }
+#ifdef SPECWISE_X86
+                if (il && pq8) {
+                    const size_t nb = (size_t)in / 32, nbw = (size_t)in / w->block;
+                    for (int c = 0; c < chunk; c++) {
+                        const int t0 = lt + c;
+                        const int n = (t0 + 1 == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
+                        run512_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb,
+                                    corr[p] ? corr[p] + (size_t)r0 * nbw : NULL,
+                                    y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE, ldy, n, R);
+                    }
+                    continue;
+                }
+#endif
                 for (int c = 0; c < chunk;) {
                     int TT = tiles_for(R, isa, pq8);
                     while (TT > chunk - c) TT /= 2;
@@ -1175,7 +1207,7 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
                     float *yt = y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE;
 #ifdef SPECWISE_X86
                     if (isa == ISA_AVX512)
-                        run512(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
+                        run512(w, t0, TT, xr, in, yt, ldy, R, n);
                     else if (isa == ISA_AVX2)
                         run256(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
                     else
