@@ -81,9 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
     add_model_args(prof)
     prof.add_argument("--max-k", type=int, default=16, help="largest number of tokens per forward (default: 16)")
-    prof.add_argument("--repeats", type=int, default=9, help="timed forwards per k, over all rounds (default: 9)")
     prof.add_argument(
-        "--rounds", type=int, default=3, help="interleaved rounds over k = 1 .. max-k, median over rounds (default: 3)"
+        "--repeats",
+        type=int,
+        default=30,
+        help="timed forwards per k, interleaved over k = 1 .. max-k pass by pass; the median is kept (default: 30)",
     )
     prof.add_argument(
         "--context",
@@ -141,8 +143,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-k must be in 1..32, got {args.max_k}")
     if args.context < 1:
         raise ValueError(f"--context must be >= 1, got {args.context}")
-    if args.rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
@@ -152,13 +154,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 continue
             model.set_gemm(default=backend)
             print(f"measuring forward passes with the {backend} backend ...", file=sys.stderr)
-            backends[backend] = cost_curve(model, args.max_k, args.repeats, args.context, args.rounds)
+            backends[backend] = cost_curve(model, args.max_k, args.repeats, args.context)
         best = {k: min(backends, key=lambda b: backends[b][k]) for k in range(1, args.max_k + 1)}
         model.set_gemm(best, default=best[args.max_k])
         seconds = {k: backends[best[k]][k] for k in best}
     else:
         print("measuring forward passes ...", file=sys.stderr)
-        seconds = cost_curve(model, args.max_k, args.repeats, args.context, args.rounds)
+        seconds = cost_curve(model, args.max_k, args.repeats, args.context)
         best = {}
     # several drafters (ngram+head): the first, the one asked first each step
     drafter_s = drafter_cost(runtime.engine.drafters[0], model.vocab_size, target=model)

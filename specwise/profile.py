@@ -19,7 +19,6 @@ import torch
 from specwise.files import profiles_dir, safe_name, write_json_atomic
 
 __all__ = [
-    "measure_forward",
     "cost_curve",
     "drafter_cost",
     "profile_path",
@@ -34,50 +33,49 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_forward(model, k: int, context: int = 64, repeats: int = 7) -> float:
-    """Median seconds of one forward of ``k`` tokens after ``context`` cached tokens (the rows are rolled back)."""
-    gen = torch.Generator().manual_seed(k)
-    ids = torch.randint(0, model.vocab_size, (context + k,), generator=gen).to(model.device)
-    model.reset()
-    model.forward(ids[:context], num_logits=0)
-    times = []
-    for _ in range(repeats + 1):  # the first run warms up
-        model.rollback(context)
-        _sync(model.device)
-        t0 = time.perf_counter()
-        model.forward(ids[context:])
-        _sync(model.device)
-        times.append(time.perf_counter() - t0)
-    model.reset()
-    return statistics.median(times[1:])
+def _timed_forward(model, ids: torch.Tensor, context: int, k: int) -> float:
+    """Seconds of one forward of ``ids[context : context + k]`` after rolling the cache back to ``context``."""
+    model.rollback(context)
+    _sync(model.device)
+    t0 = time.perf_counter()
+    model.forward(ids[context : context + k])
+    _sync(model.device)
+    return time.perf_counter() - t0
 
 
-def cost_curve(model, max_k: int = 16, repeats: int = 7, context: int = 64, rounds: int = 3) -> dict[int, float]:
-    """Seconds per forward for k = 1 .. max_k after ``context`` cached tokens (``rounds`` interleaved rounds of
-    about ``repeats / rounds`` timed forwards per k, median per k).
+def cost_curve(model, max_k: int = 16, repeats: int = 30, context: int = 64) -> dict[int, float]:
+    """Seconds per forward for k = 1 .. max_k after ``context`` cached tokens: the median of ``repeats`` timed
+    forwards per k, interleaved pass by pass (each sweep times every k once, in alternating order), after one
+    untimed sweep.
 
-    Rounds: on a shared machine the speed drifts within seconds; each round measures every k in turn, so drift
-    hits all k alike, and the median over rounds drops a disturbed round. Three profiles each with 3 rounds of 3
-    and with 5 rounds of 3, interleaved on the development machine (float32 engine; the files are in git history
-    at 580c369, benchmarks/results/profile_s10/), read c(2) = 1.04–1.27 against 1.06–1.14 but c(5) = 1.67–1.73 against
-    1.35–1.56: no clear gain for 1.7 times the time, so 3 rounds stay the default.
+    Interleaving: on a shared machine the speed drifts within seconds (the same 1-token pass took 4.2 to 6.5 ms in
+    different processes on the development machine); timing every k in turn, pass by pass, makes the drift hit all
+    k alike, so that the ratios c(k) = t(k) / t(1) hold even when the seconds move, and the median drops disturbed
+    passes. The earlier design (a few passes of one k at a time, after a fresh prefill of the context for every k)
+    read c(5) anywhere between 1.19 and 1.87 on the same build.
 
     The context matters: attention over the cache grows with it, and extra rows cost more after a few hundred
-    tokens than after a few dozen (on the development machine c(2) = 0.98 after 64 tokens and 1.09 after 256 with
-    the float32 engine: profile_s4_cpu.json and profile_s8_cpu.json in git history at 580c369). Measure after a
-    context like the ones decoding sees.
+    tokens than after a few dozen. Measure after a context like the ones decoding sees.
     """
     limit = getattr(model, "max_length", None)
     if limit is not None and context + max_k > limit:
         raise ValueError(
             f"a context of {context} tokens and {max_k} more do not fit the model's {limit}: lower --context"
         )
-    if rounds < 1:
-        raise ValueError(f"rounds must be >= 1, got {rounds}")
-    times: dict[int, list[float]] = {k: [] for k in range(1, max_k + 1)}
-    for _ in range(rounds):
-        for k in times:
-            times[k].append(measure_forward(model, k, context=context, repeats=max(1, round(repeats / rounds))))
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    ids = torch.randint(0, model.vocab_size, (context + max_k,), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(model.device)
+    model.reset()
+    model.forward(ids[:context], num_logits=0)
+    ks = list(range(1, max_k + 1))
+    for k in ks:  # warm-up sweep, not counted
+        _timed_forward(model, ids, context, k)
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for sweep in range(repeats):
+        for k in ks if sweep % 2 == 0 else ks[::-1]:
+            times[k].append(_timed_forward(model, ids, context, k))
+    model.reset()
     return {k: statistics.median(v) for k, v in times.items()}
 
 

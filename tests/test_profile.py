@@ -45,28 +45,37 @@ def test_profile_measures_after_the_given_context(capsys, cache, tiny_dir):
     assert "lower --context" in capsys.readouterr().err
     assert main([*args, "--context", "0"]) == 2
     assert "--context must be >= 1" in capsys.readouterr().err
-    assert main([*args, "--rounds", "0"]) == 2
-    assert "--rounds must be >= 1" in capsys.readouterr().err
+    assert main([*args, "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err
 
 
-def test_cost_curve_takes_the_median_over_rounds(monkeypatch):
-    """Each round times every k once; a round disturbed by the machine (here the second, 10x slower) is dropped by
-    the median over rounds."""
+def test_cost_curve_interleaves_the_passes_and_takes_the_median(monkeypatch):
+    """One untimed sweep over k, then every sweep times every k once in alternating order, so that the machine's
+    drift hits all k alike; passes disturbed by the machine (here two sweeps 10x slower) are dropped by the median."""
     from specwise import profile
+
+    class Model:
+        vocab_size, device = 50, "cpu"
+
+        def reset(self):
+            pass
+
+        def forward(self, ids, num_logits=None):
+            pass
 
     calls: list[int] = []
 
-    def fake_measure(model, k, context=64, repeats=7):
+    def fake_pass(model, ids, context, k):
         calls.append(k)
-        slow = 10.0 if len(calls) // 3 == 1 else 1.0  # the second round of three k's
-        return slow * (1.0 + 0.1 * (k - 1))
+        sweep = (len(calls) - 1) // 3  # sweep 0 is the warm-up
+        return (10.0 if sweep in (2, 4) else 1.0) * (1.0 + 0.1 * (k - 1))
 
-    monkeypatch.setattr(profile, "measure_forward", fake_measure)
-    curve = profile.cost_curve(object(), max_k=3, repeats=5, context=8, rounds=5)
-    assert calls == [1, 2, 3] * 5  # interleaved: every round goes over all k
+    monkeypatch.setattr(profile, "_timed_forward", fake_pass)
+    curve = profile.cost_curve(Model(), max_k=3, repeats=5, context=8)
+    assert calls == [1, 2, 3] + [1, 2, 3, 3, 2, 1] * 2 + [1, 2, 3]
     assert curve == pytest.approx({1: 1.0, 2: 1.1, 3: 1.2})
-    with pytest.raises(ValueError, match="rounds"):
-        profile.cost_curve(object(), max_k=3, rounds=0)
+    with pytest.raises(ValueError, match="repeats"):
+        profile.cost_curve(Model(), max_k=3, repeats=0)
 
 
 def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
