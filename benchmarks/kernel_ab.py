@@ -32,12 +32,15 @@ def main() -> int:
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 2, 3, 4, 5, 6, 8, 12, 16, 32, 64])
     ap.add_argument("--reps", type=int, default=21)
     ap.add_argument("--mode", default="q8", choices=quant.MODES)
+    ap.add_argument("--isa", default=None, choices=quant.ISAS, help="instruction path (default: the best supported)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     libs = []
     for path in args.libs:
         lib = ctypes.CDLL(path)
         quant.declare(lib)
+        if args.isa:
+            lib.specwise_q_set_isa(quant.ISAS.index(args.isa))
         libs.append(lib)
     model = QuantizedModel(args.target or default_gguf_path(), precision=args.mode)
     groups = []
@@ -88,6 +91,7 @@ def main() -> int:
         "machine": machine_info("cpu"),
         "threads": threads,
         "mode": args.mode,
+        "isa": args.isa or "best supported",
         "libs": args.libs,
         "rows": rows,
     }

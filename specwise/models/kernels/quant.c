@@ -934,69 +934,6 @@ TARGET_AVX2 INLINE void q8_update256(const qmat *w, const acts *a, __m256 acc[4]
     }
 }
 
-TARGET_AVX2 INLINE void q8_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
-                               const int R) {
-    __m256 acc[4][4];
-    for (int hh = 0; hh < HT; hh++)
-        for (int r = 0; r < R; r++) acc[hh][r] = _mm256_setzero_ps();
-    const int B = w->block, nb = w->in / B, nb32 = w->in / 32, in = w->in;
-    const int signed_w = w->kind == KIND_U8 && w->offset == 128; /* full-range bytes: maddubs would saturate */
-    const __m256i nib = _mm256_set1_epi8(0x0F), flip = _mm256_set1_epi8((char)0x80);
-    for (int b = 0; b < nb; b++) {
-        __m256i ia[4][4];
-        for (int hh = 0; hh < HT; hh++)
-            for (int r = 0; r < R; r++) ia[hh][r] = _mm256_setzero_si256();
-        const int G = w->kind == KIND_Q4 ? 4 : B / 4;
-        for (int g = 0; g < G; g++) {
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                __m256i v =
-                    _mm256_loadu_si256((const __m256i *)(w->q + (((size_t)t * nb + b) * G + g) * 64 + 32 * half));
-                if (w->kind == KIND_Q4) {
-                    __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                    for (int r = 0; r < R; r++) {
-                        const int8_t *qx = a->qx + (size_t)r * in + 32 * b + 4 * g;
-                        int32_t x0, x1;
-                        memcpy(&x0, qx, 4);
-                        memcpy(&x1, qx + 16, 4);
-                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(lo, _mm256_set1_epi32(x0), 0));
-                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(hi, _mm256_set1_epi32(x1), 0));
-                    }
-                } else {
-                    if (signed_w) v = _mm256_xor_si256(v, flip);
-                    for (int r = 0; r < R; r++) {
-                        int32_t x0;
-                        memcpy(&x0, a->qx + (size_t)r * in + B * b + 4 * g, 4);
-                        ia[hh][r] = _mm256_add_epi32(ia[hh][r], dot4_256(v, _mm256_set1_epi32(x0), signed_w));
-                    }
-                }
-            }
-        }
-        const int b32 = B * b / 32;
-        for (int r = 0; r < R; r++) {
-            const int32_t *is = a->isum + (size_t)r * 2 * nb32;
-            const int32_t corr = signed_w ? 0 : w->offset * (B == 32 ? is[2 * b] + is[2 * b + 1] : is[b]);
-            const __m256 dx = _mm256_set1_ps(a->dx[(size_t)r * nb32 + b32]);
-            const __m256 ds = _mm256_set1_ps(a->dsum[(size_t)r * nb32 + b32]);
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                __m256 d = _mm256_mul_ps(ld_scale256(w, 0, si), dx);
-                __m256 sum = _mm256_cvtepi32_ps(_mm256_sub_epi32(ia[hh][r], _mm256_set1_epi32(corr)));
-                acc[hh][r] = _mm256_fmadd_ps(d, sum, acc[hh][r]);
-                if (w->has_m) acc[hh][r] = _mm256_fmadd_ps(ld_scale256(w, 1, si), ds, acc[hh][r]);
-            }
-        }
-    }
-    for (int hh = 0; hh < HT; hh++) {
-        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
-        int valid = last ? n - 8 * half : 8;
-        for (int r = 0; r < R; r++)
-            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half, acc[hh][r], valid);
-    }
-}
-
-/* q8_256 for KIND_Q6 (see q8q6_512), in its own function */
 TARGET_AVX2 INLINE void q8q6_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
                                  const int R) {
     __m256 acc[4][4];
@@ -1041,6 +978,104 @@ TARGET_AVX2 __attribute__((noinline)) static void q8q6_256_shapes(const qmat *w,
     }
 }
 
+/* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_U8), one half tile of 8 output rows: the same integer sums and
+ * float updates. KIND_Q4 adds the block's 8 byte-pair products (maddubs) in 16 bits before widening them (each at
+ * most 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 2^15: exact); SIGNED (Q8_0, offset 128) takes the
+ * weights as signed bytes (q ^ 0x80 = q - 128), multiplied through their magnitude and sign (at most 2 * 128 * 127
+ * per pair: no saturation). */
+TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *qx, const float *dx, const float *ds,
+                                 const int32_t *corr, float *y, int ldy, int valid, const int KIND, const int HASM,
+                                 const int CORR, const int SIGNED, const int R) {
+    __m256 acc[4];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const int nb = w->in / 32;
+    const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    const uint8_t *q = w->q + (size_t)t * nb * (KIND == KIND_Q4 ? 256 : 512) + 32 * half;
+    for (int b = 0; b < nb; b++) {
+        __m256i ia[4];
+        const int8_t *xb = qx + (size_t)b * R * 32;
+        if (KIND == KIND_Q4) {
+            __m256i s16[4];
+            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 4 + g) * 64));
+                const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                for (int r = 0; r < R; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xb + r * 32 + 4 * g, 4);
+                    memcpy(&x1, xb + r * 32 + 16 + 4 * g, 4);
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)));
+                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+                }
+            }
+            for (int r = 0; r < R; r++) ia[r] = _mm256_madd_epi16(s16[r], ones);
+        } else {
+            for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
+            for (int g = 0; g < 8; g++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 8 + g) * 64));
+                if (SIGNED) v = _mm256_xor_si256(v, flip);
+                const __m256i av = SIGNED ? _mm256_abs_epi8(v) : v;
+                for (int r = 0; r < R; r++) {
+                    int32_t x0;
+                    memcpy(&x0, xb + r * 32 + 4 * g, 4);
+                    const __m256i xv = _mm256_set1_epi32(x0);
+                    const __m256i p = _mm256_maddubs_epi16(av, SIGNED ? _mm256_sign_epi8(xv, v) : xv);
+                    ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, ones));
+                }
+            }
+        }
+        const size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+        const __m256 s = ld_scale256(w, 0, si);
+        const __m256 m = HASM ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
+        for (int r = 0; r < R; r++) {
+            __m256i isum = ia[r];
+            if (CORR) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[(size_t)b * R + r]));
+            const __m256 d = _mm256_mul_ps(s, _mm256_set1_ps(dx[(size_t)b * R + r]));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[r]);
+            if (HASM) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(ds[(size_t)b * R + r]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) store256(y + (size_t)r * ldy, acc[r], valid);
+}
+
+#define Q8IL256_RUN(NAME, KIND, HASM, CORR, SIGNED)                                                             \
+    TARGET_AVX2 __attribute__((noinline)) static void NAME(const qmat *w, int t, int half, const int8_t *qx,     \
+                                                           const float *dx, const float *ds, const int32_t *corr, \
+                                                           float *y, int ldy, int valid, int R) {                \
+        switch (R) {                                                                                             \
+            case 1: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1); break;   \
+            case 2: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2); break;   \
+            case 3: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3); break;   \
+            default: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4); break;  \
+        }                                                                                                        \
+    }
+Q8IL256_RUN(q8il256_q4, KIND_Q4, 0, 0, 0)
+Q8IL256_RUN(q8il256_q4m, KIND_Q4, 1, 0, 0)
+Q8IL256_RUN(q8il256_q4c, KIND_Q4, 0, 1, 0)
+Q8IL256_RUN(q8il256_u8m, KIND_U8, 1, 0, 0)
+Q8IL256_RUN(q8il256_u8c, KIND_U8, 0, 1, 0)
+Q8IL256_RUN(q8il256_u8s, KIND_U8, 0, 0, 1)
+Q8IL256_RUN(q8il256_u8, KIND_U8, 0, 0, 0)
+#undef Q8IL256_RUN
+
+/* q8il_256 for the two half tiles of tile t (n valid rows) */
+TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
+                                    const int32_t *corr, float *y, int ldy, int n, int R) {
+    for (int half = 0; half < 2 && 8 * half < n; half++) {
+        float *yh = y + 8 * half;
+        const int valid = n - 8 * half;
+        if (w->kind == KIND_Q4)
+            (w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4))(w, t, half, qx, dx, ds, corr, yh, ldy,
+                                                                              valid, R);
+        else if (w->offset == 128)
+            q8il256_u8s(w, t, half, qx, dx, ds, corr, yh, ldy, valid, R);
+        else
+            (w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8))(w, t, half, qx, dx, ds, corr, yh, ldy,
+                                                                              valid, R);
+    }
+}
+
+
 TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
                                float *y, int ldy, int R, int n) {
     /* TT tiles = 2 TT half tiles; grouped by 4, 2 or 1 by the number of rows */
@@ -1051,9 +1086,7 @@ TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, in
         int h0 = 2 * t0 + h, nlast = ((h0 + step - 1) / 2 == t0 + TT - 1) ? n : QTILE;
         float *yt = y + (size_t)(h0 / 2 - t0) * QTILE;
 #define E(H, RR) exact256(w, h0, x, ldx, yt, ldy, nlast, H, RR)
-#define Q(H, RR) \
-    (w->kind == KIND_Q6 ? q8q6_256_shapes(w, h0, a, yt, ldy, nlast, H, RR) \
-                        : q8_256(w, h0, a, yt, ldy, nlast, H, RR))
+#define Q(H, RR) q8q6_256_shapes(w, h0, a, yt, ldy, nlast, H, RR) /* q8 here is KIND_Q6 only (see il_takes) */
         if (step == 4) {
             if (q8) Q(4, 1); else E(4, 1);
         } else if (step == 2) {
@@ -1079,6 +1112,12 @@ static inline int tiles_for(int R, int isa, int q8) {
     return R == 1 ? 4 : (R == 2 ? 2 : 1);
 }
 
+/* The weights the interleaved q8 kernels take: every quantized kind on AVX-512 (run512_q8il), the blocks of 32
+ * on AVX2 (run256_q8il; KIND_Q6 there stays with q8q6_256) */
+static inline int il_takes(const qmat *w, int isa) {
+    return w->kind != KIND_F32 && (isa == ISA_AVX512 || (isa == ISA_AVX2 && w->block == 32));
+}
+
 /* ---- the driver --------------------------------------------------------------------------------------------- */
 
 /* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias): the parts' outputs side by side (a fused QKV or
@@ -1102,14 +1141,14 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
     const int RMAX = isa == ISA_AVX512 ? 8 : (isa == ISA_AVX2 ? 4 : 8);
     /* AVX-512 q8 (run512_q8il): the activations interleaved per group of RMAX rows, and each distinct
      * (offset, block) of the parts' offset corrections offset * sum(qx) per weight block and row */
-    const int il = need_q8 && isa == ISA_AVX512;
+    const int il = need_q8 && (isa == ISA_AVX512 || isa == ISA_AVX2);
     int ncorr = 0, coff[8], cblk[8];
     const int32_t *corr[8] = {NULL};
     int8_t *qxi = NULL;
     float *dxi = NULL, *dsi = NULL;
     if (il)
         for (int p = 0; p < nparts && p < 8; p++) {
-            if (parts[p].kind == KIND_F32 || !parts[p].offset) continue;
+            if (!il_takes(parts + p, isa) || !parts[p].offset || (isa == ISA_AVX2 && parts[p].offset == 128)) continue;
             int c = 0;
             while (c < ncorr && (coff[c] != parts[p].offset || cblk[c] != parts[p].block)) c++;
             if (c == ncorr) {
@@ -1154,7 +1193,7 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
             }
             for (int p = 0; p < nparts && p < 8; p++)
                 for (int c = 0; c < ncorr; c++)
-                    if (parts[p].kind != KIND_F32 && parts[p].offset == coff[c] && parts[p].block == cblk[c])
+                    if (il_takes(parts + p, isa) && parts[p].offset == coff[c] && parts[p].block == cblk[c])
                         corr[p] = ci + (size_t)c * k * nb * 2;
         }
     }
@@ -1187,14 +1226,19 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
                     ar.isum = a.isum + (size_t)r0 * nb * 2;
                 }
 #ifdef SPECWISE_X86
-                if (il && pq8) {
+                if (il && pq8 && il_takes(w, isa)) {
                     const size_t nb = (size_t)in / 32, nbw = (size_t)in / w->block;
                     for (int c = 0; c < chunk; c++) {
                         const int t0 = lt + c;
                         const int n = (t0 + 1 == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
-                        run512_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb,
-                                    corr[p] ? corr[p] + (size_t)r0 * nbw : NULL,
-                                    y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE, ldy, n, R);
+                        const int32_t *cr = corr[p] ? corr[p] + (size_t)r0 * nbw : NULL;
+                        float *yt = y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE;
+                        if (isa == ISA_AVX512)
+                            run512_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb, cr,
+                                        yt, ldy, n, R);
+                        else
+                            run256_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb, cr,
+                                        yt, ldy, n, R);
                     }
                     continue;
                 }
