@@ -342,6 +342,7 @@ class AdaptivePlanner(Planner):
 
     gamma = "auto"
     RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
+    CATCH_UP = 2  # a drafter that took in more context tokens than this before drafting is not timed (catch_up)
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
 
     def __init__(
@@ -539,7 +540,10 @@ class AdaptivePlanner(Planner):
                 continue
             t0 = time.perf_counter()
             draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i))
-            self._observe_ask(state, i, len(draft), time.perf_counter() - t0)
+            seconds = time.perf_counter() - t0
+            if state.sources[i].catch_up > self.CATCH_UP:
+                seconds = None  # it also took in tokens of steps it was not asked in: not a draft's cost
+            self._observe_ask(state, i, len(draft), seconds)
             asked = True
             if not len(draft):
                 held = held or cut
@@ -560,13 +564,14 @@ class AdaptivePlanner(Planner):
 
     # ---- observations ----------------------------------------------------------------------------------------
 
-    def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float) -> None:
-        """``source`` was asked for tokens and proposed ``drafted`` (after cutting) in ``seconds``."""
+    def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float | None) -> None:
+        """``source`` was asked for tokens and proposed ``drafted`` (after cutting) in ``seconds`` (None: not a
+        typical ask's time)."""
         known = state.known[source]
         known.asked_now = True
         timed, known.time_asks = known.time_asks, True
         known.asks.add(1.0 if drafted else 0.0)
-        if not timed:
+        if not timed or seconds is None:
             return
         if drafted == 0:
             self._empty_seconds[source] = _smooth(self._empty_seconds.get(source), seconds)

@@ -66,6 +66,10 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
+    # tokens of context the last proposal had to take in before drafting (a draft model catching up after steps
+    # it was not asked in): such a proposal's time is not what drafting a token costs, and the planner does not
+    # time it (a drafter asked every step takes in one or two: the bonus token and its own last draft)
+    catch_up: int = 0
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""

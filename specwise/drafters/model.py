@@ -38,6 +38,7 @@ class ModelDrafter(Drafter):
         self.model.rollback(common)
         del self._fed[common:]
         new = context[common:]
+        self.catch_up = len(new)
         logits = self.model.forward(torch.tensor(new, dtype=torch.int64, device=self.device), num_logits=1)
         self._fed.extend(new)
         return logits[-1]
