@@ -399,3 +399,17 @@ def test_row_outside(q4):
         qt.row(OUT)
     with pytest.raises(IndexError):
         qt.row(-1)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_requantized_q4_0_is_ggufs_q4_0_of_the_values(t):
+    """QTensor.requantized_q4_0 (for draft models) gives the blocks gguf's Q4_0 quantization makes of the
+    matrix's values: the same reference rule, float16 scales rounded alike."""
+    rng = np.random.default_rng(3)
+    raw, values = make(rng, t)
+    qt = quant.QTensor(int(t), raw.reshape(-1).view(np.uint8), OUT, IN)
+    assert np.array_equal(qt.dequantize().numpy(), values)
+    narrow = qt.requantized_q4_0()
+    assert narrow.type_name == "Q4_0" and narrow.shape == (OUT, IN)
+    want = gguf.quants.dequantize(gguf.quants.quantize(values, T.Q4_0), T.Q4_0).reshape(OUT, IN)
+    assert np.array_equal(narrow.dequantize().numpy(), want)

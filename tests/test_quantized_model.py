@@ -525,3 +525,63 @@ def test_greedy_speculative_equals_plain(tiny, precision):
         wrong = greedy(Engine(target, OneWrongDrafter(QuantizedModel(path, precision=precision)), gamma=4), prompt)
         assert wrong.token_ids == plain
         assert 0 < wrong.stats.accepted < wrong.stats.drafted
+
+
+# ---- a draft model's narrower weights -----------------------------------------------------------------------
+
+WIDE = {"Q5_0", "Q5_1", "Q8_0", "Q5_K", "Q6_K", "F16", "BF16", "F32"}
+
+
+def test_drafting_narrows_the_wide_matrices_to_q4_0(tiny):
+    """drafting=True: every layer matrix and the output layer stored wider than 5 bits per weight become Q4_0 (the
+    values gguf's own Q4_0 quantization gives from the file's), the others and the embedding stay as they are."""
+    path, spec, _ = tiny
+    plain, draft = QuantizedModel(path), QuantizedModel(path, drafting=True)
+    for layer_p, layer_d in zip(plain.layers, draft.layers):
+        for p, d in zip(layer_p, layer_d):
+            assert d.type_name == ("Q4_0" if p.type_name in WIDE else p.type_name)
+            want = p.dequantize().numpy()
+            if p.type_name in WIDE:
+                q4 = gguf.quants.quantize(want, T.Q4_0)
+                want = gguf.quants.dequantize(q4, T.Q4_0).reshape(want.shape)
+            assert np.array_equal(d.dequantize().numpy(), want)
+    assert draft.embed.type_name == plain.embed.type_name
+    assert draft.lm_head.type_name == ("Q4_0" if plain.lm_head.type_name in WIDE else plain.lm_head.type_name)
+    assert draft.tied == (plain.tied and plain.lm_head.type_name not in WIDE)
+    assert draft.vocab_size == plain.vocab_size
+    if any(w.type_name in WIDE for layer in plain.layers for w in layer):
+        assert draft.weight_bytes < plain.weight_bytes + (plain.lm_head.nbytes if plain.tied else 0)
+    # the narrower model's rows are still independent of how many share a pass
+    tokens = ids(sequence(spec, 12))
+    one = torch.cat([draft.forward(tokens[i : i + 1]) for i in range(len(tokens))])
+    draft.reset()
+    assert_bits(draft.forward(tokens), one)
+
+
+def test_a_narrowed_draft_model_keeps_the_output_exact(tiny):
+    path, spec, _ = tiny
+    target = QuantizedModel(path)
+    prompt = sequence(spec, 20, seed=11)
+    plain = greedy(Engine(target, NoDrafter()), prompt).token_ids
+    drafted = greedy(Engine(target, ModelDrafter(QuantizedModel(path, drafting=True)), gamma=4), prompt)
+    assert drafted.token_ids == plain
+    assert drafted.stats.drafted > 0
+
+
+def test_a_model_drafter_is_loaded_narrowed(tiny, monkeypatch):
+    """`--drafter model:ID` loads its model with drafting=True (the loader passes it to QuantizedModel)."""
+    import specwise.models.loader as loader
+    from specwise.drafters import make_drafter
+
+    path, spec, _ = tiny
+    seen = {}
+
+    def fake_load(arg, **kwargs):
+        seen.update(kwargs)
+        model = QuantizedModel(path, drafting=kwargs["drafting"])
+        return type("Loaded", (), {"model": model, "tokenizer": None})()
+
+    monkeypatch.setattr(loader, "load_model", fake_load)
+    target = type("Loaded", (), {"model": QuantizedModel(path), "tokenizer": None})()
+    drafter = make_drafter(f"model:{path}", target)
+    assert seen["drafting"] is True and drafter.model.drafting

@@ -94,7 +94,9 @@ def make_drafter(
         from specwise.models.loader import DEFAULT_PRECISION, load_model
 
         precision = precision or DEFAULT_PRECISION
-        draft = load_model(arg, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision)
+        draft = load_model(
+            arg, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision, drafting=True
+        )
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         return ModelDrafter(draft.model)
     if kind == "head":

@@ -173,12 +173,13 @@ def gguf_tokenizer(path: Path):
         return tokenizer
 
 
-def _load_quantized(path: Path, name: str, precision: str) -> LoadedModel:
+def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
     from specwise.models.quantized import QuantizedModel, TargetWeights
 
     tokenizer = gguf_tokenizer(path)
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
-    model = QuantizedModel(path, precision=precision, name=name)  # raises NotImplementedError with the reason
+    # raises NotImplementedError with the reason
+    model = QuantizedModel(path, precision=precision, name=name, drafting=drafting)
     eos = model.eos_token_id
     loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
     _apply_profile(model, profile_device("cpu", model))
@@ -224,6 +225,7 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     impl: str = "auto",
     precision: str = DEFAULT_PRECISION,
+    drafting: bool = False,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id.
 
@@ -232,6 +234,8 @@ def load_model(
     supported, else hf).
     precision: how the quantized native model evaluates a GGUF file: ``q8`` (8-bit activations, integer dot
     products, as llama.cpp) or ``exact`` (float32 activations). Other models are float32 (``dtype``).
+    drafting: a draft model: the quantized native model narrows its wider matrices to Q4_0 (QuantizedModel's
+    ``drafting``); other implementations ignore it.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
@@ -246,7 +250,7 @@ def load_model(
         reason = kernel_error()
         if quantized_available():
             try:  # the file is read once: the model checks what it cannot run as it loads
-                return _load_quantized(gguf_path, name, precision)
+                return _load_quantized(gguf_path, name, precision, drafting)
             except NotImplementedError as err:
                 reason = str(err)
         print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)

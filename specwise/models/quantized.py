@@ -28,6 +28,7 @@ from specwise.models.kernels.quant import (
     Arena,
     DecoderStack,
     QMat,
+    GGML_Q4_0,
     QTensor,
     _mode_id,
     advise_huge_pages,
@@ -158,6 +159,14 @@ class TargetWeights:
         return means
 
 
+# bits per weight of the GGUF block formats the kernels take (a block's bytes * 8 / its values)
+_BITS = {0: 32.0, 1: 16.0, 30: 16.0, 2: 4.5, 3: 5.0, 6: 5.5, 7: 6.0, 8: 8.5, 12: 4.5, 13: 5.5, 14: 6.5625}
+
+
+def _bits(ggml_type: int) -> float:
+    return _BITS.get(int(ggml_type), 32.0)
+
+
 class QuantizedModel(Model):
     """A Llama-family GGUF model behind the Model contract, decoded by the quantized native kernels."""
 
@@ -169,6 +178,7 @@ class QuantizedModel(Model):
         capacity: int = 1024,
         huge_pages: bool = True,
         kv_cache: str = "float32",
+        drafting: bool = False,
     ):
         """huge_pages: keep the weights in one mapping backed by huge pages where the system allows (a pass streams
         every weight; 2 MB pages spare the page walks of 4 KB ones: 2-6% faster passes measured on the default
@@ -176,7 +186,12 @@ class QuantizedModel(Model):
         kv_cache: ``float32`` (the default), or ``float16`` in ``q8`` only: keys and values rounded to float16 as
         they are written, as llama.cpp keeps them, which halves what attention reads (a 1-token pass after 2,048
         tokens 0.70x the time) and changes the numbers a little: the shipped suffix index and head were built on
-        the float32 cache's answers and are accepted less with it (docs/QUANTIZED.md)."""
+        the float32 cache's answers and are accepted less with it (docs/QUANTIZED.md).
+        drafting: load the model as a cheaper drafter: every matrix of the layers, and the output layer, that the
+        file stores in more than 5 bits per weight (Q5_0, Q5_1, Q8_0, Q5_K, Q6_K, float) re-quantized to Q4_0.
+        Lossy, and meant for draft models only: a drafter's proposals need not be exact (the target's verification
+        keeps the output exact), and a small model's pass is bound by the bytes it reads (docs/QUANTIZED.md:
+        Qwen2.5-Coder-0.5B-Instruct's token 19.3 -> 14.1 ms). The embedding stays as it is."""
         _mode_id(precision)
         self.huge_pages = huge_pages
         if kv_cache not in ("float32", "float16"):
@@ -184,6 +199,7 @@ class QuantizedModel(Model):
         if kv_cache == "float16" and precision != "q8":
             raise ValueError("a float16 KV cache is a q8 choice: exact keeps the float32 reference's numbers")
         self.kv_dtype = torch.float16 if kv_cache == "float16" else torch.float32
+        self.drafting = drafting
         self.path = Path(path)
         meta = GGUFFile(self.path)
         config = GGUFConfig(meta)
@@ -215,16 +231,21 @@ class QuantizedModel(Model):
 
     # ---- weights -----------------------------------------------------------------------------------------
 
-    def _matrix(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> QTensor:
+    def _matrix(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None, narrow: bool = False) -> QTensor:
+        """A matrix of the file re-packed (narrow: re-quantized to Q4_0 if the file stores it wider)."""
         info = meta.tensors.get(name)
         if info is None:
             raise ValueError(f"{self.path.name}: tensor {name} is missing")
         out, n_in = info.shape
+        requantize = narrow and _bits(info.type) > 5.0
+        arena = None if requantize else self._arena
         if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
             raw = np.asarray(meta.read(name)).reshape(out, -1)[rows]
-            return QTensor(info.type, raw, out, n_in, name=name, arena=self._arena)
-        read = lambda first, count: meta.read(name, first, count)  # noqa: E731
-        return QTensor(info.type, read, out, n_in, name=name, arena=self._arena)
+            tensor = QTensor(info.type, raw, out, n_in, name=name, arena=arena)
+        else:
+            read = lambda first, count: meta.read(name, first, count)  # noqa: E731
+            tensor = QTensor(info.type, read, out, n_in, name=name, arena=arena)
+        return tensor.requantized_q4_0(self._arena) if requantize else tensor
 
     def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
         values = meta.floats(name).reshape(-1)
@@ -235,13 +256,26 @@ class QuantizedModel(Model):
     def _load_weights(self, meta: GGUFFile) -> None:
         c = self.config
         matrices = [info for info in meta.tensors.values() if len(info.shape) == 2]
-        size = sum(tensor_bytes(i.type, i.shape[0], i.shape[1]) + 5 * Arena.ALIGN for i in matrices)
+
+        def kept_type(info) -> int:
+            narrow = self.drafting and info.name != "token_embd.weight" and _bits(info.type) > 5.0
+            return GGML_Q4_0 if narrow else info.type
+
+        size = sum(tensor_bytes(kept_type(i), i.shape[0], i.shape[1]) + 5 * Arena.ALIGN for i in matrices)
+        if self.drafting and "output.weight" not in meta.tensors:  # a separate, narrower output layer
+            e = meta.tensors["token_embd.weight"]
+            size += tensor_bytes(GGML_Q4_0, e.shape[0], e.shape[1]) + 5 * Arena.ALIGN
         self._arena = Arena(size) if self.huge_pages else None
         llama = c.gguf_architecture == "llama"
         q_rows = _unpermute_rows(c.num_attention_heads * c.head_dim, c.num_attention_heads) if llama else None
         k_rows = _unpermute_rows(c.num_key_value_heads * c.head_dim, c.num_key_value_heads) if llama else None
         self.embed = self._matrix(meta, "token_embd.weight")
-        self.lm_head = self._matrix(meta, "output.weight") if "output.weight" in meta.tensors else self.embed
+        if "output.weight" in meta.tensors:
+            self.lm_head = self._matrix(meta, "output.weight", narrow=self.drafting)
+        elif self.drafting and _bits(meta.tensors["token_embd.weight"].type) > 5.0:
+            self.lm_head = self._matrix(meta, "token_embd.weight", narrow=True)
+        else:
+            self.lm_head = self.embed
         self.tied = self.lm_head is self.embed
         self.final_norm = self._vector(meta, "output_norm.weight")
         self.layers: list[list[QTensor]] = []
@@ -250,14 +284,15 @@ class QuantizedModel(Model):
             p = f"blk.{i}."
             if p + "attn_output.bias" in meta.tensors:
                 raise NotImplementedError(f"{self.path.name}: attention output biases are not supported")
+            d = self.drafting
             weights = [
-                self._matrix(meta, p + "attn_q.weight", q_rows),
-                self._matrix(meta, p + "attn_k.weight", k_rows),
-                self._matrix(meta, p + "attn_v.weight"),
-                self._matrix(meta, p + "attn_output.weight"),
-                self._matrix(meta, p + "ffn_gate.weight"),
-                self._matrix(meta, p + "ffn_up.weight"),
-                self._matrix(meta, p + "ffn_down.weight"),
+                self._matrix(meta, p + "attn_q.weight", q_rows, narrow=d),
+                self._matrix(meta, p + "attn_k.weight", k_rows, narrow=d),
+                self._matrix(meta, p + "attn_v.weight", narrow=d),
+                self._matrix(meta, p + "attn_output.weight", narrow=d),
+                self._matrix(meta, p + "ffn_gate.weight", narrow=d),
+                self._matrix(meta, p + "ffn_up.weight", narrow=d),
+                self._matrix(meta, p + "ffn_down.weight", narrow=d),
             ]
             self.layers.append(weights)
             self.attn_norms.append(self._vector(meta, p + "attn_norm.weight"))

@@ -308,25 +308,6 @@ static void weighted_values(const float *p, const float *vals, int len, int hd, 
 
 /* ---- a float16 cache (MODE_Q8 with kv_half): keys and values rounded to float16 when written, read back exactly -- */
 
-/* float to float16, rounding to nearest even (what F16C's vcvtps2ph does) */
-static inline uint16_t f2h(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
-    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 | ((a >> 13) & 0x3ff) : 0));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to infinity */
-    if (a < 0x38800000u) {                                  /* a float16 subnormal (or zero) */
-        if (a < 0x33000000u) return (uint16_t)sign;
-        const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
-        uint32_t q = m >> shift;
-        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (q & 1))) q++;
-        return (uint16_t)(sign | q);
-    }
-    uint32_t r = a - 0x38000000u;
-    r += 0xfff + ((r >> 13) & 1);
-    return (uint16_t)(sign | (r >> 13));
-}
 
 static void store_half(uint16_t *dst, const float *src, int n, int isa) {
     int i = 0;

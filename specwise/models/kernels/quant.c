@@ -1292,6 +1292,41 @@ void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out) {
     for (int i = 0; i < n; i++) specwise_q_row(w, (int)ids[i], out + (size_t)i * w->in);
 }
 
+/* Rows first .. first + count - 1 of a re-packed tensor re-quantized to GGUF Q4_0 blocks (out: count * in / 32
+ * blocks of 18 bytes, row-major, as a file stores them), by the reference rule: per block of 32 values, d = v / -8
+ * for the value v of largest magnitude, q = min(15, trunc(x / d + 8.5)), d kept as float16. Lossy: for a draft
+ * model, whose proposals need not be exact. Returns 0, or -2 when out of memory. */
+int specwise_q_requantize_q4_0(const qmat *w, int first, int count, uint8_t *out) {
+    float *row = malloc((size_t)w->in * sizeof(float));
+    if (!row) return -2;
+    const int nb = w->in / 32;
+    for (int r = 0; r < count; r++) {
+        specwise_q_row(w, first + r, row);
+        for (int b = 0; b < nb; b++) {
+            const float *x = row + 32 * b;
+            float amax = 0.0f, mx = 0.0f;
+            for (int i = 0; i < 32; i++)
+                if (fabsf(x[i]) > amax) {
+                    amax = fabsf(x[i]);
+                    mx = x[i];
+                }
+            const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint8_t *blk = out + ((size_t)r * nb + b) * 18;
+            const uint16_t dh = f2h(d);
+            blk[0] = (uint8_t)(dh & 0xFF);
+            blk[1] = (uint8_t)(dh >> 8);
+            for (int i = 0; i < 16; i++) {
+                int lo = (int)(int8_t)(x[i] * id + 8.5f), hi = (int)(int8_t)(x[i + 16] * id + 8.5f);
+                lo = lo > 15 ? 15 : lo;
+                hi = hi > 15 ? 15 : hi;
+                blk[2 + i] = (uint8_t)(lo | (hi << 4));
+            }
+        }
+    }
+    free(row);
+    return 0;
+}
+
 /* Sum of |w| over the elements [first, first + n) of the row-major flattened tensor (a trained drafter's
  * fingerprint of its target), in double precision. */
 double specwise_q_abs_sum(const qmat *w, long long first, long long n) {

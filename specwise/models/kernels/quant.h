@@ -48,6 +48,7 @@ int specwise_q_isa(void);
 int specwise_q_set_isa(int isa);
 void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
                      int threads);
+void specwise_q_row(const qmat *w, int row, float *out);
 
 /* float16 to float32, exactly (shared by quant.c and qllama.c) */
 static inline float half_to_float(uint16_t h) {
@@ -73,5 +74,24 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
+/* float to float16, rounding to nearest even (what F16C's vcvtps2ph does) */
+static inline uint16_t f2h(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu;
+    if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000u ? 0x200 | ((a >> 13) & 0x3ff) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* rounds to infinity */
+    if (a < 0x38800000u) {                                  /* a float16 subnormal (or zero) */
+        if (a < 0x33000000u) return (uint16_t)sign;
+        const uint32_t e = a >> 23, m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+        uint32_t q = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) q++;
+        return (uint16_t)(sign | q);
+    }
+    uint32_t r = a - 0x38000000u;
+    r += 0xfff + ((r >> 13) & 1);
+    return (uint16_t)(sign | (r >> 13));
+}
 
 #endif

@@ -46,6 +46,7 @@ ISAS = ("portable", "avx2", "avx512")
 
 # GGML type ids (the GGUF file format) that the kernels take
 _TYPES = {t: TYPE_NAMES[t] for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30)}
+GGML_Q4_0 = 2
 
 
 class QMat(ctypes.Structure):
@@ -82,6 +83,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_row": ([p, i, p], None),
         "specwise_q_gather": ([p, p, i, p], None),
         "specwise_q_abs_sum": ([p, ctypes.c_longlong, ctypes.c_longlong], ctypes.c_double),
+        "specwise_q_requantize_q4_0": ([p, i, i, p], i),
         "specwise_logits_scan": ([p, i, i, p], i),
         "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
         "specwise_probs_portable": ([i], None),
@@ -236,6 +238,20 @@ class QTensor:
     def abs_sum(self, first: int, count: int) -> float:
         """Sum of |w| over elements ``first .. first + count - 1`` of the flattened matrix (row-major)."""
         return float(_lib().specwise_q_abs_sum(ctypes.byref(self.struct), int(first), int(count)))
+
+    def requantized_q4_0(self, arena=None) -> QTensor:
+        """This matrix re-quantized to Q4_0 (the reference rule: a float16 scale and 4-bit values per block of 32),
+        a slice of rows at a time: lossy, for a draft model (see ``QuantizedModel.for_drafting``)."""
+        out, n_in = self.shape
+        lib = _lib()
+
+        def read(first: int, count: int) -> np.ndarray:
+            raw = np.empty(count * (n_in // 32) * 18, dtype=np.uint8)
+            if lib.specwise_q_requantize_q4_0(ctypes.byref(self.struct), first, count, raw.ctypes.data) != 0:
+                raise MemoryError(f"{self.name}: out of memory re-quantizing to Q4_0")
+            return raw
+
+        return QTensor(GGML_Q4_0, read, out, n_in, name=self.name, arena=arena)
 
     def dequantize(self) -> torch.Tensor:
         """The whole matrix as float32 ``[out, in]`` (for references and the torch path)."""
