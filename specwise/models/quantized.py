@@ -25,10 +25,10 @@ import torch
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
 from specwise.models.kernels.quant import (
+    GGML_Q4_0,
     Arena,
     DecoderStack,
     QMat,
-    GGML_Q4_0,
     QTensor,
     _mode_id,
     advise_huge_pages,
