@@ -343,6 +343,7 @@ class AdaptivePlanner(Planner):
     gamma = "auto"
     RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
     CATCH_UP = 2  # a drafter that took in more context tokens than this before drafting is not timed (catch_up)
+    PROBE_INTAKE = 0.1  # a probe may take in context costing this share of the plain decoding of what is left
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
 
     def __init__(
@@ -381,6 +382,7 @@ class AdaptivePlanner(Planner):
         self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
+        self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
         self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
         self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
 
@@ -538,11 +540,18 @@ class AdaptivePlanner(Planner):
             gamma = self.choose(state, limit, i)
             if gamma <= 0 or (best is not None and self.expected_rate(state, gamma, i) <= best[0]):
                 continue
+            if not self._intake_pays(state, i, context, gamma, limit):
+                continue
             t0 = time.perf_counter()
             draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i))
             seconds = time.perf_counter() - t0
-            if state.sources[i].catch_up > self.CATCH_UP:
-                seconds = None  # it also took in tokens of steps it was not asked in: not a draft's cost
+            intake = state.sources[i].catch_up
+            if intake > self.CATCH_UP:
+                # it also took in tokens of steps it was not asked in (or the prompt): not a draft's cost, but the
+                # cost of taking in context, per token
+                spent = max(0.0, seconds - len(draft) * self.draft_time(i)) if i in self._draft_seconds else seconds
+                self._intake_seconds[i] = _smooth(self._intake_seconds.get(i), spent / intake)
+                seconds = None
             self._observe_ask(state, i, len(draft), seconds)
             asked = True
             if not len(draft):
@@ -563,6 +572,19 @@ class AdaptivePlanner(Planner):
         return Proposal(Draft.empty(), reason="calibrate" if self.calibrating() else "schedule")
 
     # ---- observations ----------------------------------------------------------------------------------------
+
+    def _intake_pays(self, state: PlanState, source: int, context: list[int], gamma: int, limit: int) -> bool:
+        """Whether asking ``source`` now is worth the context it must first take in (a draft model before its first
+        draft of a request takes in the prompt): what it costs, at the measured seconds per token, against what
+        drafting with it saves over the ``limit`` tokens left. Unmeasured costs are paid once to be measured."""
+        n = state.sources[source].pending(context)
+        rate = self._intake_seconds.get(source)
+        if n <= self.CATCH_UP or rate is None or self._scale is None or source not in self._draft_seconds:
+            return True
+        if state.known[source].probing:  # a probe learns the acceptance: allowed while its intake is small
+            return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1)
+        saving = limit * (1.0 / self.plain_rate() - 1.0 / self.expected_rate(state, gamma, source))
+        return n * rate < saving
 
     def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float | None) -> None:
         """``source`` was asked for tokens and proposed ``drafted`` (after cutting) in ``seconds`` (None: not a

@@ -584,3 +584,53 @@ def test_the_model_drafter_reports_what_it_caught_up_on():
     context += [15, 14, 13, 12]  # four plain steps it was not asked in (it may have drafted the first of them)
     drafter.propose(context, 3, SamplingParams(), None)
     assert drafter.catch_up >= 4 > AdaptivePlanner.CATCH_UP
+
+
+def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch):
+    """A draft model must take in the prompt before its first draft of a request. Once the cost of taking in a token
+    is measured, the planner skips the source while taking in what it lacks would cost more than drafting with it
+    saves over the tokens left (a long prompt, a short answer), and probes it only while that intake is small."""
+    import specwise.planner as planner_module
+
+    clock = [0.0]
+    monkeypatch.setattr(planner_module.time, "perf_counter", lambda: clock[0])
+
+    class Lagging(Drafter):
+        name = "lagging"
+
+        def __init__(self):
+            self.fed, self.asks = 0, 0
+
+        def _forked(self, target):
+            pass
+
+        def pending(self, context):
+            return len(context) - self.fed
+
+        def propose(self, context, k, params, generator, stop=0.0):
+            self.catch_up = len(context) - self.fed
+            clock[0] += 0.002 * self.catch_up + 0.001 * k  # 2 ms a token taken in, 1 ms a drafted token
+            self.fed, self.asks = len(context) + k - 1, self.asks + 1  # as a draft model: all but its last draft
+            return draft_of(k)
+
+    drafter = Lagging()
+    s = AdaptivePlanner(max_gamma=3)
+    state = s.new_state([drafter])
+    s.begin(state)
+    params = SamplingParams()
+    context = list(range(20))
+    for _ in range(30):  # a short prompt: drafted from, everything accepted, 10 ms a pass
+        proposal = s.draft(state, context, 100, params, None)
+        s.observe(state, proposal, len(proposal.draft), 0.010)
+        context += [0] * len(proposal.draft) + [1]  # the drafts (zeros) accepted, then the bonus token
+    assert drafter.asks >= 25 and s._intake_seconds[0] == pytest.approx(0.002, rel=0.3)
+    asks = drafter.asks
+    context += list(range(3000))  # 3,000 tokens to take in (6 s) for 10 tokens left: not worth it
+    for _ in range(10):
+        proposal = s.draft(state, context, 10, params, None)
+        assert not len(proposal.draft)
+        s.observe(state, proposal, 0, 0.010)
+        context.append(1)
+    assert drafter.asks == asks
+    proposal = s.draft(state, context, 5000, params, None)  # 5,000 tokens left: it pays again
+    assert len(proposal.draft) and drafter.asks == asks + 1

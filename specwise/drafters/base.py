@@ -74,6 +74,11 @@ class Drafter(ABC):
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""
 
+    def pending(self, context: list[int]) -> int:
+        """Tokens of ``context`` this drafter would take in before drafting (what ``catch_up`` would be): 0 for
+        drafters with nothing to catch up on."""
+        return 0
+
     def fork(self, target: Model) -> Drafter:
         """A drafter of the same kind and configuration for another sequence, whose target sequence is ``target``
         (a Model from the target's ``sequence()``): it shares everything heavy (weights, global indexes) and none

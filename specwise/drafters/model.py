@@ -32,6 +32,9 @@ class ModelDrafter(Drafter):
         self.model.reset()
         self._fed = []
 
+    def pending(self, context: list[int]) -> int:
+        return len(context) - common_prefix(self._fed, context, limit=len(context) - 1)
+
     def _sync(self, context: list[int]) -> torch.Tensor:
         """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token."""
         common = common_prefix(self._fed, context, limit=len(context) - 1)
