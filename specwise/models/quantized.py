@@ -32,6 +32,7 @@ from specwise.models.kernels.quant import (
     QTensor,
     _mode_id,
     advise_huge_pages,
+    bits_per_weight,
     tensor_bytes,
 )
 from specwise.models.native import rotary_tables
@@ -159,12 +160,11 @@ class TargetWeights:
         return means
 
 
-# bits per weight of the GGUF block formats the kernels take (a block's bytes * 8 / its values)
-_BITS = {0: 32.0, 1: 16.0, 30: 16.0, 2: 4.5, 3: 5.0, 6: 5.5, 7: 6.0, 8: 8.5, 12: 4.5, 13: 5.5, 14: 6.5625}
-
-
-def _bits(ggml_type: int) -> float:
-    return _BITS.get(int(ggml_type), 32.0)
+def _narrowed(ggml_type: int) -> bool:
+    """Whether a draft model (``drafting``) re-quantizes a matrix of this type to Q4_0: stored in more than 5 bits
+    per weight."""
+    bits = bits_per_weight(int(ggml_type))
+    return bits is not None and bits > 5.0
 
 
 class QuantizedModel(Model):
@@ -237,7 +237,7 @@ class QuantizedModel(Model):
         if info is None:
             raise ValueError(f"{self.path.name}: tensor {name} is missing")
         out, n_in = info.shape
-        requantize = narrow and _bits(info.type) > 5.0
+        requantize = narrow and _narrowed(info.type)
         arena = None if requantize else self._arena
         if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
             raw = np.asarray(meta.read(name)).reshape(out, -1)[rows]
@@ -258,7 +258,7 @@ class QuantizedModel(Model):
         matrices = [info for info in meta.tensors.values() if len(info.shape) == 2]
 
         def kept_type(info) -> int:
-            narrow = self.drafting and info.name != "token_embd.weight" and _bits(info.type) > 5.0
+            narrow = self.drafting and info.name != "token_embd.weight" and _narrowed(info.type)
             return GGML_Q4_0 if narrow else info.type
 
         size = sum(tensor_bytes(kept_type(i), i.shape[0], i.shape[1]) + 5 * Arena.ALIGN for i in matrices)
@@ -272,7 +272,7 @@ class QuantizedModel(Model):
         self.embed = self._matrix(meta, "token_embd.weight")
         if "output.weight" in meta.tensors:
             self.lm_head = self._matrix(meta, "output.weight", narrow=self.drafting)
-        elif self.drafting and _bits(meta.tensors["token_embd.weight"].type) > 5.0:
+        elif self.drafting and _narrowed(meta.tensors["token_embd.weight"].type):
             self.lm_head = self._matrix(meta, "token_embd.weight", narrow=True)
         else:
             self.lm_head = self.embed

@@ -149,9 +149,7 @@ class QTensor:
                 f"{self.name}: GGML type {ggml_type} is not supported by the native kernels "
                 f"(supported: {', '.join(_TYPES.values())}); use --impl hf"
             )
-        fields = [ctypes.c_int() for _ in range(8)]
-        lib.specwise_q_layout(ggml_type, *[ctypes.byref(f) for f in fields])
-        kind, block, offset, has_m, half, raw_block, raw_bytes, sub = (f.value for f in fields)
+        kind, block, offset, has_m, half, raw_block, raw_bytes, sub = _layout(ggml_type)
         if in_features % 32 or in_features % raw_block:
             raise ValueError(
                 f"{self.name}: {in_features} inputs is not a multiple of {max(32, raw_block)}, which the native "
@@ -241,7 +239,7 @@ class QTensor:
 
     def requantized_q4_0(self, arena=None) -> QTensor:
         """This matrix re-quantized to Q4_0 (the reference rule: a float16 scale and 4-bit values per block of 32),
-        a slice of rows at a time: lossy, for a draft model (see ``QuantizedModel.for_drafting``)."""
+        a slice of rows at a time: lossy, for a draft model (see ``QuantizedModel``'s ``drafting``)."""
         out, n_in = self.shape
         lib = _lib()
 
@@ -259,6 +257,23 @@ class QTensor:
 
     def __repr__(self) -> str:
         return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
+
+
+def _layout(ggml_type: int) -> tuple[int, int, int, int, int, int, int, int]:
+    """(kind, block, offset, has_m, half, raw_block, raw_bytes, sub) of a supported GGML type (specwise_q_layout)."""
+    fields = [ctypes.c_int() for _ in range(8)]
+    if _lib().specwise_q_layout(ggml_type, *[ctypes.byref(f) for f in fields]) != 0:
+        raise ValueError(f"GGML type {ggml_type} is not supported by the native kernels")
+    return tuple(f.value for f in fields)
+
+
+def bits_per_weight(ggml_type: int) -> float | None:
+    """Bits a GGUF format stores per weight (its block's bytes * 8 / its values), None if the kernels do not take
+    it."""
+    if ggml_type not in _TYPES:
+        return None
+    *_, raw_block, raw_bytes, _ = _layout(ggml_type)
+    return 8.0 * raw_bytes / raw_block
 
 
 def _sizes(ggml_type: int, out: int, in_features: int) -> tuple[int, int, int, int, int]:
