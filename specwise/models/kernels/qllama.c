@@ -103,32 +103,7 @@ T256 static int softmax_exp8(float *sc, int len, float mx, float *a, int isa) {
     return j;
 }
 
-T256 static void weighted_values256(const float *p, const float *vals, int len, int hd, float *out, int init) {
-    __m256 acc[32];
-    const int nv = hd / 8;
-    for (int u = 0; u < nv; u++) acc[u] = init ? _mm256_setzero_ps() : _mm256_loadu_ps(out + 8 * u);
-    for (int j = 0; j < len; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        const float *v = vals + (size_t)j * hd;
-        for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * u), acc[u]);
-    }
-    for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
-}
-
 #define T512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
-/* weighted_values256 with 16 lanes: each output element is the same chain of multiply-adds in increasing j */
-T512 static void weighted_values512(const float *p, const float *vals, int len, int hd, float *out, int init) {
-    __m512 acc[16];
-    const int nv = hd / 16;
-    for (int u = 0; u < nv; u++) acc[u] = init ? _mm512_setzero_ps() : _mm512_loadu_ps(out + 16 * u);
-    for (int j = 0; j < len; j++) {
-        const __m512 pj = _mm512_set1_ps(p[j]);
-        const float *v = vals + (size_t)j * hd;
-        for (int u = 0; u < nv; u++) acc[u] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(v + 16 * u), acc[u]);
-    }
-    for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + 16 * u, acc[u]);
-}
-
 T256 static int silu_mul8(const float *gate, const float *up, float *act, int n) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
@@ -147,32 +122,6 @@ T256 static inline float hsum8(__m256 acc) {
     return _mm_cvtss_f32(lo);
 }
 
-/* sc[j] = (q . keys[j]) * scale for j < len: eight lanes per key, added in the portable order; four keys at a time
- * so that four chains of multiply-adds run side by side. */
-T256 static void key_scores256(const float *q, const float *keys, int len, int hd, float scale, float *sc) {
-    int j = 0;
-    for (; j + 4 <= len; j += 4) {
-        const float *k0 = keys + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int d = 0; d < hd; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + d);
-            a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k1 + d), a1);
-            a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k2 + d), a2);
-            a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k3 + d), a3);
-        }
-        sc[j] = hsum8(a0) * scale;
-        sc[j + 1] = hsum8(a1) * scale;
-        sc[j + 2] = hsum8(a2) * scale;
-        sc[j + 3] = hsum8(a3) * scale;
-    }
-    for (; j < len; j++) {
-        const float *kj = keys + (size_t)j * hd;
-        __m256 acc = _mm256_setzero_ps();
-        for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(kj + d), acc);
-        sc[j] = hsum8(acc) * scale;
-    }
-}
 T256 static int store_half8(uint16_t *dst, const float *src, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
@@ -180,85 +129,69 @@ T256 static int store_half8(uint16_t *dst, const float *src, int n) {
     return i;
 }
 
-T256 static void key_scores_h256(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc) {
-    int j = 0;
-#define KH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
-    for (; j + 4 <= len; j += 4) {
-        const uint16_t *k0 = keys + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int d = 0; d < hd; d += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + d);
-            a0 = _mm256_fmadd_ps(qv, KH(k0 + d), a0);
-            a1 = _mm256_fmadd_ps(qv, KH(k1 + d), a1);
-            a2 = _mm256_fmadd_ps(qv, KH(k2 + d), a2);
-            a3 = _mm256_fmadd_ps(qv, KH(k3 + d), a3);
-        }
-        sc[j] = hsum8(a0) * scale;
-        sc[j + 1] = hsum8(a1) * scale;
-        sc[j + 2] = hsum8(a2) * scale;
-        sc[j + 3] = hsum8(a3) * scale;
+/* Attention's two inner loops over a cache of floats (T float, no suffix) or of float16 bits (T uint16_t, suffix
+ * _h), LOADn(p) giving n floats from p: the same operations in the same order for both. */
+#define F32_8(p) _mm256_loadu_ps(p)
+#define F16_8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define F32_16(p) _mm512_loadu_ps(p)
+#define F16_16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define ATTENTION_X86(SUFFIX, T, LOAD8, LOAD16)                                                                    \
+    /* sc[j] = (q . keys[j]) * scale for j < len: eight lanes per key, added in the portable order; four keys at a \
+     * time so that four chains of multiply-adds run side by side */                                           \
+    T256 static void key_scores##SUFFIX##256(const float *q, const T *keys, int len, int hd, float scale,         \
+                                               float *sc) {                                                     \
+        int j = 0;                                                                                               \
+        for (; j + 4 <= len; j += 4) {                                                                           \
+            const T *k0 = keys + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;                     \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                         \
+            for (int d = 0; d < hd; d += 8) {                                                                    \
+                const __m256 qv = _mm256_loadu_ps(q + d);                                                        \
+                a0 = _mm256_fmadd_ps(qv, LOAD8(k0 + d), a0);                                                     \
+                a1 = _mm256_fmadd_ps(qv, LOAD8(k1 + d), a1);                                                     \
+                a2 = _mm256_fmadd_ps(qv, LOAD8(k2 + d), a2);                                                     \
+                a3 = _mm256_fmadd_ps(qv, LOAD8(k3 + d), a3);                                                     \
+            }                                                                                                    \
+            sc[j] = hsum8(a0) * scale;                                                                           \
+            sc[j + 1] = hsum8(a1) * scale;                                                                       \
+            sc[j + 2] = hsum8(a2) * scale;                                                                       \
+            sc[j + 3] = hsum8(a3) * scale;                                                                       \
+        }                                                                                                        \
+        for (; j < len; j++) {                                                                                   \
+            const T *kj = keys + (size_t)j * hd;                                                                 \
+            __m256 acc = _mm256_setzero_ps();                                                                    \
+            for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), LOAD8(kj + d), acc);   \
+            sc[j] = hsum8(acc) * scale;                                                                          \
+        }                                                                                                        \
+    }                                                                                                            \
+    /* out[d] = sum_j p[j] v[j][d]: one chain of multiply-adds per output element, in increasing j */            \
+    T256 static void weighted_values##SUFFIX##256(const float *p, const T *vals, int len, int hd, float *out) {   \
+        __m256 acc[32];                                                                                          \
+        const int nv = hd / 8;                                                                                   \
+        for (int u = 0; u < nv; u++) acc[u] = _mm256_setzero_ps();                                              \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const __m256 pj = _mm256_set1_ps(p[j]);                                                              \
+            const T *v = vals + (size_t)j * hd;                                                                  \
+            for (int u = 0; u < nv; u++) acc[u] = _mm256_fmadd_ps(pj, LOAD8(v + 8 * u), acc[u]);                 \
+        }                                                                                                        \
+        for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);                                     \
+    }                                                                                                            \
+    /* the same with 16 lanes: each output element is the same chain of multiply-adds */                         \
+    T512 static void weighted_values##SUFFIX##512(const float *p, const T *vals, int len, int hd, float *out) {   \
+        __m512 acc[16];                                                                                          \
+        const int nv = hd / 16;                                                                                  \
+        for (int u = 0; u < nv; u++) acc[u] = _mm512_setzero_ps();                                              \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const __m512 pj = _mm512_set1_ps(p[j]);                                                              \
+            const T *v = vals + (size_t)j * hd;                                                                  \
+            for (int u = 0; u < nv; u++) acc[u] = _mm512_fmadd_ps(pj, LOAD16(v + 16 * u), acc[u]);               \
+        }                                                                                                        \
+        for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + 16 * u, acc[u]);                                    \
     }
-    for (; j < len; j++) {
-        const uint16_t *kj = keys + (size_t)j * hd;
-        __m256 acc = _mm256_setzero_ps();
-        for (int d = 0; d < hd; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), KH(kj + d), acc);
-        sc[j] = hsum8(acc) * scale;
-    }
-#undef KH
-}
-
-T256 static void weighted_values_h256(const float *p, const uint16_t *vals, int len, int hd, float *out) {
-    __m256 acc[32];
-    const int nv = hd / 8;
-    for (int u = 0; u < nv; u++) acc[u] = _mm256_setzero_ps();
-    for (int j = 0; j < len; j++) {
-        const __m256 pj = _mm256_set1_ps(p[j]);
-        const uint16_t *v = vals + (size_t)j * hd;
-        for (int u = 0; u < nv; u++)
-            acc[u] = _mm256_fmadd_ps(pj, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(v + 8 * u))), acc[u]);
-    }
-    for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);
-}
-
-T512 static void weighted_values_h512(const float *p, const uint16_t *vals, int len, int hd, float *out) {
-    __m512 acc[16];
-    const int nv = hd / 16;
-    for (int u = 0; u < nv; u++) acc[u] = _mm512_setzero_ps();
-    for (int j = 0; j < len; j++) {
-        const __m512 pj = _mm512_set1_ps(p[j]);
-        const uint16_t *v = vals + (size_t)j * hd;
-        for (int u = 0; u < nv; u++)
-            acc[u] = _mm512_fmadd_ps(pj, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + 16 * u))), acc[u]);
-    }
-    for (int u = 0; u < nv; u++) _mm512_storeu_ps(out + 16 * u, acc[u]);
-}
+ATTENTION_X86(, float, F32_8, F32_16)
+ATTENTION_X86(_h, uint16_t, F16_8, F16_16)
+#undef ATTENTION_X86
 
 #endif
-
-/* sc[j] = (q . keys[j]) * scale: eight lanes accumulated with fused multiply-adds, then added pairwise. */
-static void key_scores_portable(const float *q, const float *keys, int len, int hd, float scale, float *sc) {
-    for (int j = 0; j < len; j++) {
-        const float *kj = keys + (size_t)j * hd;
-        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int d = 0; d < hd; d += 8)
-            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], kj[d + l], a[l]);
-        float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-        t0 = t0 + t2;
-        t1 = t1 + t3;
-        sc[j] = (t0 + t1) * scale;
-    }
-}
-
-static void key_scores(const float *q, const float *keys, int len, int hd, float scale, float *sc, int isa) {
-#if defined(__x86_64__)
-    if (isa >= ISA_AVX2 && hd % 8 == 0) {
-        key_scores256(q, keys, len, hd, scale, sc);
-        return;
-    }
-#endif
-    (void)isa;
-    key_scores_portable(q, keys, len, hd, scale, sc);
-}
 
 /* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
 static float softmax_unnormalised(float *sc, int len, int isa) {
@@ -285,27 +218,6 @@ static float softmax_unnormalised(float *sc, int len, int isa) {
     return sum;
 }
 
-/* out[d] = sum_j p[j] v[j][d] in increasing j (init: from zero; else added to out, continuing the same sums). */
-static void weighted_values(const float *p, const float *vals, int len, int hd, float *out, int isa, int init) {
-#if defined(__x86_64__)
-    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
-        weighted_values512(p, vals, len, hd, out, init);
-        return;
-    }
-    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
-        weighted_values256(p, vals, len, hd, out, init);
-        return;
-    }
-#endif
-    (void)isa;
-    if (init)
-        for (int d = 0; d < hd; d++) out[d] = 0.0f;
-    for (int j = 0; j < len; j++) {
-        const float pj = p[j], *v = vals + (size_t)j * hd;
-        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, v[d], out[d]);
-    }
-}
-
 /* ---- a float16 cache (MODE_Q8 with kv_half): keys and values rounded to float16 when written, read back exactly -- */
 
 
@@ -318,49 +230,61 @@ static void store_half(uint16_t *dst, const float *src, int n, int isa) {
     for (; i < n; i++) dst[i] = f2h(src[i]);
 }
 
-static void key_scores_h_portable(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc) {
-    for (int j = 0; j < len; j++) {
-        const uint16_t *kj = keys + (size_t)j * hd;
-        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int d = 0; d < hd; d += 8)
-            for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], half_to_float(kj[d + l]), a[l]);
-        float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];
-        t0 = t0 + t2;
-        t1 = t1 + t3;
-        sc[j] = (t0 + t1) * scale;
-    }
-}
-
-static void key_scores_h(const float *q, const uint16_t *keys, int len, int hd, float scale, float *sc, int isa) {
+/* The portable loops and the choice of path, for both caches (see ATTENTION_X86); LOAD1(p) gives the float at p. */
+#define F32_1(p) (*(p))
+#define F16_1(p) half_to_float(*(p))
 #if defined(__x86_64__)
-    if (isa >= ISA_AVX2 && hd % 8 == 0) {
-        key_scores_h256(q, keys, len, hd, scale, sc);
-        return;
+#define VECTOR_PATHS(SUFFIX)                                                                                     \
+    if (isa >= ISA_AVX2 && hd % 8 == 0) {                                                                        \
+        key_scores##SUFFIX##256(q, keys, len, hd, scale, sc);                                                   \
+        return;                                                                                                  \
     }
+#define VECTOR_VALUES(SUFFIX)                                                                                    \
+    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {                                                        \
+        weighted_values##SUFFIX##512(p, vals, len, hd, out);                                                     \
+        return;                                                                                                  \
+    }                                                                                                            \
+    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {                                                           \
+        weighted_values##SUFFIX##256(p, vals, len, hd, out);                                                     \
+        return;                                                                                                  \
+    }
+#else
+#define VECTOR_PATHS(SUFFIX)
+#define VECTOR_VALUES(SUFFIX)
 #endif
-    (void)isa;
-    key_scores_h_portable(q, keys, len, hd, scale, sc);
-}
-
-static void weighted_values_h(const float *p, const uint16_t *vals, int len, int hd, float *out, int isa) {
-#if defined(__x86_64__)
-    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {
-        weighted_values_h512(p, vals, len, hd, out);
-        return;
+#define ATTENTION(SUFFIX, T, LOAD1)                                                                                \
+    /* sc[j] = (q . keys[j]) * scale: eight lanes accumulated with fused multiply-adds, then added pairwise */    \
+    static void key_scores##SUFFIX(const float *q, const T *keys, int len, int hd, float scale, float *sc,       \
+                                   int isa) {                                                                    \
+        VECTOR_PATHS(SUFFIX)                                                                                     \
+        (void)isa;                                                                                               \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const T *kj = keys + (size_t)j * hd;                                                                 \
+            float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                               \
+            for (int d = 0; d < hd; d += 8)                                                                      \
+                for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], LOAD1(kj + d + l), a[l]);                       \
+            float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];                        \
+            t0 = t0 + t2;                                                                                        \
+            t1 = t1 + t3;                                                                                        \
+            sc[j] = (t0 + t1) * scale;                                                                           \
+        }                                                                                                        \
+    }                                                                                                            \
+    /* out[d] = sum_j p[j] v[j][d] in increasing j, from zero */                                                  \
+    static void weighted_values##SUFFIX(const float *p, const T *vals, int len, int hd, float *out, int isa) {    \
+        VECTOR_VALUES(SUFFIX)                                                                                    \
+        (void)isa;                                                                                               \
+        for (int d = 0; d < hd; d++) out[d] = 0.0f;                                                              \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const float pj = p[j];                                                                               \
+            const T *v = vals + (size_t)j * hd;                                                                  \
+            for (int d = 0; d < hd; d++) out[d] = fmaf(pj, LOAD1(v + d), out[d]);                                \
+        }                                                                                                        \
     }
-    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {
-        weighted_values_h256(p, vals, len, hd, out);
-        return;
-    }
-#endif
-    (void)isa;
-    for (int d = 0; d < hd; d++) out[d] = 0.0f;
-    for (int j = 0; j < len; j++) {
-        const float pj = p[j];
-        const uint16_t *v = vals + (size_t)j * hd;
-        for (int d = 0; d < hd; d++) out[d] = fmaf(pj, half_to_float(v[d]), out[d]);
-    }
-}
+ATTENTION(, float, F32_1)
+ATTENTION(_h, uint16_t, F16_1)
+#undef ATTENTION
+#undef VECTOR_PATHS
+#undef VECTOR_VALUES
 
 /* act = SiLU(gate) * up */
 static void silu_mul(const float *gate, const float *up, float *act, int n, int isa) {
@@ -489,7 +413,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             if (kv_half)
                 weighted_values_h(sc, vals_h, len, hd, out, isa);
             else
-                weighted_values(sc, vals, len, hd, out, isa, 1);
+                weighted_values(sc, vals, len, hd, out, isa);
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }
