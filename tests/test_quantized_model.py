@@ -476,6 +476,18 @@ def test_bad_arguments(tiny):
         model.forward(ids([1] * 257))
 
 
+def test_a_token_outside_the_vocabulary_is_refused_and_changes_nothing(tiny):
+    model = fresh(tiny, "q8")
+    model.forward(ids([1, 2, 3]))
+    vocab = model.vocab_size
+    for bad in ([4, vocab], [-1], [5] * 70 + [vocab]):  # one call from embedding to logits; a prefill in slices
+        with pytest.raises(IndexError, match="outside"):
+            model.forward(ids(bad))
+        assert model.length == 3
+    want = fresh(tiny, "q8")
+    assert_bits(model.forward(ids([4, 5])), want.forward(ids([1, 2, 3, 4, 5]))[3:])
+
+
 # ---- greedy speculative decoding ------------------------------------------------------------------------------
 
 

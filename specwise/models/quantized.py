@@ -26,6 +26,7 @@ from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFFile
 from specwise.models.kernels.quant import (
     GGML_Q4_0,
+    MAX_ROWS,
     Arena,
     DecoderStack,
     QMat,
@@ -321,6 +322,7 @@ class QuantizedModel(Model):
         )
         self._head_struct = (QMat * 1)(self.lm_head.struct)
         self._lib = self._stack._lib
+        self._x = torch.empty((MAX_ROWS, self.hidden), dtype=torch.float32)  # a decoding step's rows (forward)
 
     def hf_reference(self):
         """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
@@ -387,7 +389,27 @@ class QuantizedModel(Model):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        return self.forward_batch([(self, tokens)], [num_logits])[0]
+        k = tokens.numel()
+        if tokens.dim() != 1 or not 1 <= k <= MAX_ROWS or tokens.device.type != "cpu":
+            return self.forward_batch([(self, tokens)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
+        # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
+        self._check_forward(tokens)
+        keep = k if num_logits is None else num_logits
+        if not 0 <= keep <= k:
+            raise ValueError(f"num_logits must be in [0, {k}], got {keep}")
+        start = self._length
+        if start + k > self._capacity:
+            self._grow(min(max(2 * self._capacity, start + k), self.max_length))
+        ids = tokens if tokens.dtype == torch.int64 and tokens.is_contiguous() else tokens.to(torch.int64).contiguous()
+        cos, sin = self._tables(start + k)
+        logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
+        features = self._features.data_ptr() + 4 * start * self.hidden if self.keep_features else None
+        self._stack.forward_one(
+            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self.embed,
+            self.final_norm, self.eps, keep, features, self._head_struct, logits,
+        )  # fmt: skip
+        self._length = start + k
+        return logits
 
     @torch.inference_mode()
     def forward_batch(
@@ -427,7 +449,11 @@ class QuantizedModel(Model):
             seq._length = start + k
             need.extend(range(row if seq.keep_features else row + k - keep, row + k))
             row += k
-        normed = torch.nn.functional.rms_norm(x[need], (self.hidden,), self.final_norm, self.eps)
+        rows = x[need].contiguous()
+        normed = torch.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
+        self._lib.specwise_rms_norm_rows(
+            rows.data_ptr(), self.final_norm.data_ptr(), normed.data_ptr(), len(need), self.hidden, self.eps
+        )
         kept, at = [], 0
         for seq, start, k, keep in spans:
             if seq.keep_features:

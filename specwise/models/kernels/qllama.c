@@ -437,3 +437,39 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
     MARK(PART_REST);
     return 0;
 }
+
+/* The RMS norm of k rows of n (the layers' own): the final norm of both the single-sequence pass below and a batch's
+ * pass (quantized.py), so that a row's logits do not depend on which of the two computed them. */
+void specwise_rms_norm_rows(const float *x, const float *w, float *y, int k, int n, float eps) {
+    rms_norm_rows(x, w, y, k, n, eps);
+}
+
+/* One sequence's whole pass in one call, so that nothing of the interpreter's runs between its parts (after the
+ * weights have gone through the caches, every interpreted operation starts cold): the embedding rows of ids[0 .. k
+ * - 1] into x, the layers (specwise_qllama_rows, same arguments), the final norm (of every row into features[k][hidden]
+ * when features is not NULL, else of the last `keep` rows only) and the output layer over the last `keep` rows into
+ * logits[keep][head->out]. Returns 0, 1 when head_dim is too large, 2 when an id is outside the embedding. */
+int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
+                            const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
+                            const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
+                            const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
+                            float *scores, int threads, int mode, int kv_half, const qmat *embed, const int64_t *ids,
+                            const float *final_norm, float final_eps, int keep, float *features, const qmat *head,
+                            float *logits) {
+    for (int r = 0; r < k; r++)
+        if (ids[r] < 0 || ids[r] >= embed->out) return 2;
+    for (int r = 0; r < k; r++) specwise_q_row(embed, (int)ids[r], x + (size_t)r * hidden);
+    const int status = specwise_qllama_rows(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, weights,
+                                            qkv_b, mlp_norm, k_rows, v_rows, cap, pos, cos_t, sin_t, x, k, scratch,
+                                            scores, threads, mode, kv_half);
+    if (status != 0) return status;
+    const float *h = scratch; /* the layers' scratch is free again */
+    if (features) {
+        rms_norm_rows(x, final_norm, features, k, hidden, final_eps);
+        h = features + (size_t)(k - keep) * hidden;
+    } else if (keep > 0) {
+        rms_norm_rows(x + (size_t)(k - keep) * hidden, final_norm, scratch, keep, hidden, final_eps);
+    }
+    if (keep > 0) specwise_q_gemm(head, 1, h, NULL, logits, keep, mode, threads);
+    return 0;
+}

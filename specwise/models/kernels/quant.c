@@ -338,10 +338,10 @@ typedef struct {
     int32_t *isum;  /* [k][in / 16]: sum of qx over each half block */
 } acts;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#endif
-static void quantize_rows(const float *x, int k, int in, acts *a) {
+/* Per block of 32: d = max |x| / 127, q = round-half-even(x / d) clamped to +-127, and the sums of q over each half
+ * block. The portable loop is the reference; the vector ones compute the same numbers (a max and integer sums in any
+ * order, the same float product and rounding per value). */
+static void quantize_rows_portable(const float *x, int k, int in, acts *a) {
     const int nb = in / 32;
     for (int r = 0; r < k; r++) {
         const float *xr = x + (size_t)r * in;
@@ -366,6 +366,96 @@ static void quantize_rows(const float *x, int k, int in, acts *a) {
             a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
         }
     }
+}
+
+#ifdef SPECWISE_X86
+TARGET_AVX512 static void quantize_rows_512(const float *x, int k, int in, acts *a) {
+    const int nb = in / 32;
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
+    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
+    for (int r = 0; r < k; r++) {
+        const float *xr = x + (size_t)r * in;
+        for (int b = 0; b < nb; b++) {
+            const __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
+            /* max(v, acc) keeps acc where v is NaN, as the portable loop's comparison does */
+            __m512 m = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_setzero_ps());
+            m = _mm512_max_ps(_mm512_and_ps(v1, sign), m);
+            const float amax = _mm512_reduce_max_ps(m);
+            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            const __m512 vid = _mm512_set1_ps(id);
+            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
+            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
+            int8_t *qr = a->qx + (size_t)r * in + 32 * b;
+            _mm_storeu_si128((__m128i *)qr, _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)(qr + 16), _mm512_cvtepi32_epi8(q1));
+            const int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
+            a->dx[(size_t)r * nb + b] = d;
+            a->isum[(size_t)r * 2 * nb + 2 * b] = s0;
+            a->isum[(size_t)r * 2 * nb + 2 * b + 1] = s1;
+            a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
+        }
+    }
+}
+
+TARGET_AVX2 static int hsum256_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+TARGET_AVX2 static void quantize_rows_256(const float *x, int k, int in, acts *a) {
+    const int nb = in / 32;
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int r = 0; r < k; r++) {
+        const float *xr = x + (size_t)r * in;
+        for (int b = 0; b < nb; b++) {
+            __m256 v[4];
+            __m256 m = _mm256_setzero_ps();
+            for (int j = 0; j < 4; j++) {
+                v[j] = _mm256_loadu_ps(xr + 32 * b + 8 * j);
+                m = _mm256_max_ps(_mm256_and_ps(v[j], sign), m);
+            }
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+            const float amax = _mm_cvtss_f32(m4);
+            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+            const __m256 vid = _mm256_set1_ps(id);
+            __m256i q[4];
+            for (int j = 0; j < 4; j++) {
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
+                q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], hi), lo);
+            }
+            /* packs work within 128-bit lanes: the permutation puts the 32 bytes back in order */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(a->qx + (size_t)r * in + 32 * b), _mm256_permutevar8x32_epi32(p, order));
+            const int s0 = hsum256_epi32(_mm256_add_epi32(q[0], q[1])), s1 = hsum256_epi32(_mm256_add_epi32(q[2], q[3]));
+            a->dx[(size_t)r * nb + b] = d;
+            a->isum[(size_t)r * 2 * nb + 2 * b] = s0;
+            a->isum[(size_t)r * 2 * nb + 2 * b + 1] = s1;
+            a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
+        }
+    }
+}
+#endif
+
+static void quantize_rows(const float *x, int k, int in, acts *a, int isa) {
+#ifdef SPECWISE_X86
+    if (isa == ISA_AVX512) {
+        quantize_rows_512(x, k, in, a);
+        return;
+    }
+    if (isa == ISA_AVX2) {
+        quantize_rows_256(x, k, in, a);
+        return;
+    }
+#endif
+    (void)isa;
+    quantize_rows_portable(x, k, in, a);
 }
 
 /* The scales of a tile are read only here and in ld_scale512 / ld_scale256: which = 0 gives s, 1 gives m, at index
@@ -1165,7 +1255,7 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
         a.dsum = a.dx + (size_t)k * nb;
         a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
         a.qx = (int8_t *)(a.isum + (size_t)k * nb * 2);
-        quantize_rows(x, k, in, &a);
+        quantize_rows(x, k, in, &a, isa);
         if (il) {
             dxi = (float *)((char *)mem + ((plain + 63) & ~(size_t)63));
             dsi = dxi + (size_t)k * nb;

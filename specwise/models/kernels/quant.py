@@ -91,6 +91,11 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
         "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i], i),
+        "specwise_qllama_forward": (
+            [i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i] + [p, p, p, ctypes.c_float, i, p, p, p],
+            i,
+        ),
+        "specwise_rms_norm_rows": ([p, p, p, i, i, ctypes.c_float], None),
     }
     for name, (args, res) in table.items():
         fn = getattr(lib, name)
@@ -407,6 +412,77 @@ class DecoderStack:
         )
         self._scratch = torch.empty(int(size), dtype=torch.float32)
         self._scores = torch.empty(0, dtype=torch.float32)
+
+    def forward_one(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mode: str,
+        embed: QTensor,
+        final_norm: torch.Tensor,
+        final_eps: float,
+        keep: int,
+        features: int | None,
+        head,
+        logits: torch.Tensor,
+    ) -> None:
+        """One sequence's whole pass in one native call (``specwise_qllama_forward``): the embedding rows of
+        ``ids`` (int64, contiguous, at most ``MAX_ROWS``), the layers at positions ``start ..`` of ``cache``, the
+        final norm (of every row into the float32 buffer at address ``features`` when given, else of the last
+        ``keep``), and the output layer ``head`` (a one-element QMat array) into ``logits`` ``[keep, out]``.
+        x: scratch ``[>= k, hidden]``. The numbers are those of :meth:`run` followed by the same norm and
+        output layer (what a batch's pass computes)."""
+        k = ids.numel()
+        k_cache, v_cache = cache
+        rows_k = (ctypes.c_void_p * k)(*([k_cache.data_ptr()] * k))
+        rows_v = (ctypes.c_void_p * k)(*([v_cache.data_ptr()] * k))
+        caps = (ctypes.c_int * k)(*([k_cache.shape[2]] * k))
+        pos = (ctypes.c_int * k)(*range(start, start + k))
+        need = self.n_heads * k * (start + k)
+        if self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        status = self._lib.specwise_qllama_forward(
+            self.n_layers,
+            self.hidden,
+            self.n_heads,
+            self.n_kv,
+            self.head_dim,
+            self.intermediate,
+            self.eps,
+            self._attn,
+            self._weights,
+            self._bias,
+            self._mlp,
+            rows_k,
+            rows_v,
+            caps,
+            pos,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            x.data_ptr(),
+            k,
+            self._scratch.data_ptr(),
+            self._scores.data_ptr(),
+            torch.get_num_threads(),
+            _mode_id(mode),
+            int(k_cache.dtype == torch.float16),
+            ctypes.byref(embed.struct),
+            ids.data_ptr(),
+            final_norm.data_ptr(),
+            final_eps,
+            keep,
+            features,
+            ctypes.cast(head, ctypes.c_void_p),
+            logits.data_ptr(),
+        )
+        if status == 2:
+            raise IndexError(f"{embed.name}: row ids outside [0, {embed.shape[0]})")
+        if status != 0:
+            raise RuntimeError(f"the quantized layer kernel failed (status {status})")
 
     def run(
         self,
