@@ -20,8 +20,8 @@ from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.planner import Planner, PlanState, Proposal, make_planner, sources_of
-from specwise.rejection import verify_coupled, verify_greedy, verify_stochastic
-from specwise.sampling import SamplingParams, check_logits, probs_from_logits
+from specwise.rejection import verify_coupled, verify_stochastic
+from specwise.sampling import SamplingParams, check_logits, greedy_choices, probs_from_logits
 
 __all__ = ["Engine", "GenerationEvent", "GenerationResult", "Run", "StopText"]
 
@@ -167,8 +167,8 @@ class Run:
 
     def feed(self, proposal: Proposal) -> torch.Tensor:
         """A step's input: the last emitted token, then the draft."""
-        last = torch.tensor(self.context[-1:], device=self.target.device)
-        return torch.cat([last, proposal.draft.tokens.to(self.target.device)])
+        tokens = self.context[-1:] + proposal.draft.tokens.tolist() if len(proposal.draft) else self.context[-1:]
+        return torch.tensor(tokens, dtype=torch.int64, device=self.target.device)
 
 
 class Engine:
@@ -297,17 +297,21 @@ class Engine:
         if k == 0:
             stats.plain_step_reasons[proposal.reason] = stats.plain_step_reasons.get(proposal.reason, 0) + 1
         start = len(run.context) - 1  # where the last emitted token went into the cache
-        check_logits(logits)
-        if params.greedy:
-            result = verify_greedy(draft.tokens[None].to(logits.device), logits[None])
-            accepted = int(result.num_accepted[0])
-            new = result.tokens[0, : accepted + 1].tolist()
+        if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
+            best = greedy_choices(logits)
+            drafted = draft.tokens.tolist()
+            accepted = 0
+            while accepted < k and drafted[accepted] == best[accepted]:
+                accepted += 1
+            new = drafted[:accepted] + [best[accepted]]
         elif draft.probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
+            check_logits(logits)
             p = probs_from_logits(logits, params)  # [k + 1, vocab]
             at = len(run.context) - len(run.prompt_ids)
             new = verify_coupled(draft.tokens.tolist(), p, lambda i: run.uniforms(at + i))
             accepted = len(new) - 1
         else:
+            check_logits(logits)
             p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
             q = draft.probs[None].to(logits.device)
             result = verify_stochastic(draft.tokens[None].to(logits.device), q, p, run.generator)

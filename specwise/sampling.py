@@ -6,13 +6,14 @@ is exact only when both are shaped by the same settings.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "PositionUniforms", "probs_from_logits", "sample", "sample_with", "check_logits", "argmax"]
+__all__ = ["SamplingParams", "PositionUniforms", "probs_from_logits", "sample", "sample_with", "check_logits", "argmax", "greedy_choices"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,34 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
+def _raise_flags(flags: int) -> None:
+    if flags & 1:
+        raise ValueError("logits contain NaN: the model produced invalid output (check its weights and dtype)")
+    if flags & 2:
+        raise ValueError("logits contain +inf: the model produced invalid output (check its weights and dtype)")
+    if flags & 4:
+        raise ValueError("a row of logits is entirely -inf: no token can be chosen")
+
+
+_CHOICES = {"rows": 0, "buffer": None}  # greedy_choices' output buffer, grown as needed
+
+
+def greedy_choices(logits: torch.Tensor) -> list[int]:
+    """The checks of :func:`check_logits` and the argmax of each row of ``logits`` ``[rows, vocab]``, as a list:
+    one native pass over CPU float32 logits and no tensor made (a greedy step's whole verification input)."""
+    if logits.dim() == 2 and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.numel():
+        fn = _native("specwise_logits_scan")
+        if fn is not None and logits.is_contiguous():
+            rows = logits.shape[0]
+            if _CHOICES["rows"] < rows:
+                _CHOICES["rows"], _CHOICES["buffer"] = rows, (ctypes.c_int64 * rows)()
+            out = _CHOICES["buffer"]
+            _raise_flags(fn(logits.data_ptr(), rows, logits.shape[1], out))
+            return out[:rows]
+    check_logits(logits)
+    return argmax(logits).tolist()
+
+
 def check_logits(logits: torch.Tensor) -> None:
     """Raise ValueError on NaN or +inf logits, or on a row with no finite logit.
 
@@ -146,13 +175,7 @@ def check_logits(logits: torch.Tensor) -> None:
     """
     fast = _scan(logits)
     if fast is not None:
-        flags = fast[1]
-        if flags & 1:
-            raise ValueError("logits contain NaN: the model produced invalid output (check its weights and dtype)")
-        if flags & 2:
-            raise ValueError("logits contain +inf: the model produced invalid output (check its weights and dtype)")
-        if flags & 4:
-            raise ValueError("a row of logits is entirely -inf: no token can be chosen")
+        _raise_flags(fast[1])
         return
     if bool(torch.isfinite(logits.sum())):  # one cheap reduction in the common case: all finite
         return

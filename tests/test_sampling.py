@@ -417,6 +417,33 @@ def test_native_check_logits_finds_every_invalid_value(scan_isa):
         check_logits(x)
 
 
+def test_greedy_choices_check_and_choose_in_one_pass(scan_isa):
+    from specwise.sampling import greedy_choices
+
+    g = torch.Generator().manual_seed(1)
+    for rows in (1, 3, 9, 2):  # the output buffer grows, then is reused
+        x = torch.randn(rows, 1003, generator=g)
+        x[0, 5] = x[0].max() + 1.0
+        assert greedy_choices(x) == x.argmax(dim=-1).tolist()
+    ties = torch.zeros(1, 40)
+    ties[0, [17, 3]] = 2.0
+    assert greedy_choices(ties) == [3]  # the first largest value, as torch.argmax
+    for bad, match in ((float("nan"), "NaN"), (float("inf"), r"\+inf")):
+        x = torch.randn(2, 64)
+        x[1, 10] = bad
+        with pytest.raises(ValueError, match=match):
+            greedy_choices(x)
+    x = torch.randn(2, 64)
+    x[0] = float("-inf")
+    with pytest.raises(ValueError, match="entirely -inf"):
+        greedy_choices(x)
+    y = torch.randn(3, 40)[:, ::2]  # not contiguous: checked and chosen by torch
+    assert greedy_choices(y) == y.argmax(dim=-1).tolist()
+    y[2, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        greedy_choices(y)
+
+
 def test_argmax_with_nan_falls_back_to_torch():
     from specwise.sampling import argmax
 
