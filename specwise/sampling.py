@@ -13,7 +13,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["SamplingParams", "PositionUniforms", "probs_from_logits", "sample", "sample_with", "check_logits", "argmax", "greedy_choices"]
+__all__ = [
+    "SamplingParams",
+    "PositionUniforms",
+    "probs_from_logits",
+    "sample",
+    "sample_with",
+    "check_logits",
+    "argmax",
+    "greedy_choices",
+]
 
 
 @dataclass(frozen=True)

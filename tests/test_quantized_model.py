@@ -420,6 +420,49 @@ def test_float16_cache_keeps_rows_independent_and_paths_identical(tiny):
         QuantizedModel(path, kv_cache="bfloat16")
 
 
+@pytest.mark.parametrize("kv_cache", ["float32", "float16"])
+def test_heads_sharing_a_key_value_head_in_one_task(tmp_path, kv_cache):
+    """Heads of 64 with three query heads per key-value head (the default model's shape): on AVX-512 a thread takes
+    up to three of them in one pass over the keys and values. Every split of the tasks between threads, every
+    instruction path, and every cut of the sequence into passes gives the same bits; the logits match the float64
+    reference."""
+    from specwise.models.kernels import quant
+
+    spec = Spec(types={"matrix": T.Q8_0}, hidden=384, ffn=256, heads=6, kv_heads=2, seed=21)
+    path = tmp_path / "grouped.gguf"
+    w = {k: torch.from_numpy(v) for k, v in write_gguf(path, spec).items()}
+    tokens = sequence(spec, 40, seed=22)
+
+    def run(cut: int = 0) -> torch.Tensor:
+        model = QuantizedModel(path, precision="q8", kv_cache=kv_cache)
+        if not cut:
+            return model.forward(ids(tokens))
+        return torch.cat([model.forward(ids(tokens[i : i + cut])) for i in range(0, len(tokens), cut)])
+
+    want = run()
+    if kv_cache == "float32":
+        ref, _ = reference(spec, w, tokens)
+        assert (want.double() - ref).abs().max() / ref.abs().max() <= Q8_REL
+    for cut in (1, 3, 7):
+        assert_bits(run(cut), want)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 3, 4, 5):  # ranges of tasks that start and end inside a group of heads
+            torch.set_num_threads(n)
+            assert_bits(run(), want)
+            assert_bits(run(3), want)
+    finally:
+        torch.set_num_threads(threads)
+    best = quant.set_isa(None)
+    try:
+        for name in quant.ISAS[: quant.ISAS.index(best) + 1]:
+            quant.set_isa(name)
+            assert_bits(run(), want)
+            assert_bits(run(5), want)
+    finally:
+        quant.set_isa(None)
+
+
 def test_capacity_growth_keeps_the_cache(tiny, precision):
     """A model made with a small cache grows it mid-sequence without changing a logit."""
     _, spec, _ = tiny

@@ -20,6 +20,9 @@
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "quant.h"
 
@@ -141,20 +144,28 @@ T256 static int store_half8(uint16_t *dst, const float *src, int n) {
     T256 static void key_scores##SUFFIX##256(const float *q, const T *keys, int len, int hd, float scale,         \
                                                float *sc) {                                                     \
         int j = 0;                                                                                               \
-        for (; j + 4 <= len; j += 4) {                                                                           \
-            const T *k0 = keys + (size_t)j * hd, *k1 = k0 + hd, *k2 = k1 + hd, *k3 = k2 + hd;                     \
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                         \
+        for (; j + 8 <= len; j += 8) {                                                                           \
+            const T *k0 = keys + (size_t)j * hd;                                                                 \
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;     \
             for (int d = 0; d < hd; d += 8) {                                                                    \
                 const __m256 qv = _mm256_loadu_ps(q + d);                                                        \
                 a0 = _mm256_fmadd_ps(qv, LOAD8(k0 + d), a0);                                                     \
-                a1 = _mm256_fmadd_ps(qv, LOAD8(k1 + d), a1);                                                     \
-                a2 = _mm256_fmadd_ps(qv, LOAD8(k2 + d), a2);                                                     \
-                a3 = _mm256_fmadd_ps(qv, LOAD8(k3 + d), a3);                                                     \
+                a1 = _mm256_fmadd_ps(qv, LOAD8(k0 + hd + d), a1);                                                \
+                a2 = _mm256_fmadd_ps(qv, LOAD8(k0 + 2 * hd + d), a2);                                            \
+                a3 = _mm256_fmadd_ps(qv, LOAD8(k0 + 3 * hd + d), a3);                                            \
+                a4 = _mm256_fmadd_ps(qv, LOAD8(k0 + 4 * hd + d), a4);                                            \
+                a5 = _mm256_fmadd_ps(qv, LOAD8(k0 + 5 * hd + d), a5);                                            \
+                a6 = _mm256_fmadd_ps(qv, LOAD8(k0 + 6 * hd + d), a6);                                            \
+                a7 = _mm256_fmadd_ps(qv, LOAD8(k0 + 7 * hd + d), a7);                                            \
             }                                                                                                    \
             sc[j] = hsum8(a0) * scale;                                                                           \
             sc[j + 1] = hsum8(a1) * scale;                                                                       \
             sc[j + 2] = hsum8(a2) * scale;                                                                       \
             sc[j + 3] = hsum8(a3) * scale;                                                                       \
+            sc[j + 4] = hsum8(a4) * scale;                                                                       \
+            sc[j + 5] = hsum8(a5) * scale;                                                                       \
+            sc[j + 6] = hsum8(a6) * scale;                                                                       \
+            sc[j + 7] = hsum8(a7) * scale;                                                                       \
         }                                                                                                        \
         for (; j < len; j++) {                                                                                   \
             const T *kj = keys + (size_t)j * hd;                                                                 \
@@ -175,8 +186,55 @@ T256 static int store_half8(uint16_t *dst, const float *src, int n) {
         }                                                                                                        \
         for (int u = 0; u < nv; u++) _mm256_storeu_ps(out + 8 * u, acc[u]);                                     \
     }                                                                                                            \
+    /* the same with 16 lanes, NV registers of them (a constant: the accumulators stay in registers) */          \
+    T512 static void weighted_values##SUFFIX##512_4(const float *p, const T *vals, int len, float *out) {         \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                             \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const __m512 pj = _mm512_set1_ps(p[j]);                                                              \
+            const T *v = vals + (size_t)j * 64;                                                                  \
+            a0 = _mm512_fmadd_ps(pj, LOAD16(v), a0);                                                             \
+            a1 = _mm512_fmadd_ps(pj, LOAD16(v + 16), a1);                                                        \
+            a2 = _mm512_fmadd_ps(pj, LOAD16(v + 32), a2);                                                        \
+            a3 = _mm512_fmadd_ps(pj, LOAD16(v + 48), a3);                                                        \
+        }                                                                                                        \
+        _mm512_storeu_ps(out, a0);                                                                               \
+        _mm512_storeu_ps(out + 16, a1);                                                                          \
+        _mm512_storeu_ps(out + 32, a2);                                                                          \
+        _mm512_storeu_ps(out + 48, a3);                                                                          \
+    }                                                                                                            \
+    T512 static void weighted_values##SUFFIX##512_8(const float *p, const T *vals, int len, float *out) {         \
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;         \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const __m512 pj = _mm512_set1_ps(p[j]);                                                              \
+            const T *v = vals + (size_t)j * 128;                                                                 \
+            a0 = _mm512_fmadd_ps(pj, LOAD16(v), a0);                                                             \
+            a1 = _mm512_fmadd_ps(pj, LOAD16(v + 16), a1);                                                        \
+            a2 = _mm512_fmadd_ps(pj, LOAD16(v + 32), a2);                                                        \
+            a3 = _mm512_fmadd_ps(pj, LOAD16(v + 48), a3);                                                        \
+            a4 = _mm512_fmadd_ps(pj, LOAD16(v + 64), a4);                                                        \
+            a5 = _mm512_fmadd_ps(pj, LOAD16(v + 80), a5);                                                        \
+            a6 = _mm512_fmadd_ps(pj, LOAD16(v + 96), a6);                                                        \
+            a7 = _mm512_fmadd_ps(pj, LOAD16(v + 112), a7);                                                       \
+        }                                                                                                        \
+        _mm512_storeu_ps(out, a0);                                                                               \
+        _mm512_storeu_ps(out + 16, a1);                                                                          \
+        _mm512_storeu_ps(out + 32, a2);                                                                          \
+        _mm512_storeu_ps(out + 48, a3);                                                                          \
+        _mm512_storeu_ps(out + 64, a4);                                                                          \
+        _mm512_storeu_ps(out + 80, a5);                                                                          \
+        _mm512_storeu_ps(out + 96, a6);                                                                          \
+        _mm512_storeu_ps(out + 112, a7);                                                                         \
+    }                                                                                                            \
     /* the same with 16 lanes: each output element is the same chain of multiply-adds */                         \
     T512 static void weighted_values##SUFFIX##512(const float *p, const T *vals, int len, int hd, float *out) {   \
+        if (hd == 64) {                                                                                          \
+            weighted_values##SUFFIX##512_4(p, vals, len, out);                                                   \
+            return;                                                                                              \
+        }                                                                                                        \
+        if (hd == 128) {                                                                                         \
+            weighted_values##SUFFIX##512_8(p, vals, len, out);                                                   \
+            return;                                                                                              \
+        }                                                                                                        \
         __m512 acc[16];                                                                                          \
         const int nv = hd / 16;                                                                                  \
         for (int u = 0; u < nv; u++) acc[u] = _mm512_setzero_ps();                                              \
@@ -191,12 +249,90 @@ ATTENTION_X86(, float, F32_8, F32_16)
 ATTENTION_X86(_h, uint16_t, F16_8, F16_16)
 #undef ATTENTION_X86
 
+/* NH query heads that share a key-value head (head size 64), each key and value read once for all of them: every
+ * head's numbers are those of key_scores / weighted_values above (the same chains in the same order). */
+#define JOINT(SUFFIX, T, LOAD8, LOAD16, NH)                                                                        \
+    T512 static void key_scores##SUFFIX##_j##NH(const float *q, const T *keys, int len, float scale, float *sc,   \
+                                                 size_t ld) {                                                    \
+        int j = 0;                                                                                               \
+        for (; j + 4 <= len; j += 4) {                                                                           \
+            const T *k0 = keys + (size_t)j * 64;                                                                 \
+            __m256 a[NH][4];                                                                                     \
+            for (int h = 0; h < NH; h++)                                                                         \
+                for (int i = 0; i < 4; i++) a[h][i] = _mm256_setzero_ps();                                       \
+            for (int d = 0; d < 64; d += 8) {                                                                    \
+                const __m256 x0 = LOAD8(k0 + d), x1 = LOAD8(k0 + 64 + d), x2 = LOAD8(k0 + 128 + d),                \
+                             x3 = LOAD8(k0 + 192 + d);                                                           \
+                for (int h = 0; h < NH; h++) {                                                                   \
+                    const __m256 qv = _mm256_loadu_ps(q + 64 * h + d);                                           \
+                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);                                                  \
+                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);                                                  \
+                    a[h][2] = _mm256_fmadd_ps(qv, x2, a[h][2]);                                                  \
+                    a[h][3] = _mm256_fmadd_ps(qv, x3, a[h][3]);                                                  \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int h = 0; h < NH; h++)                                                                         \
+                for (int i = 0; i < 4; i++) sc[h * ld + j + i] = hsum8(a[h][i]) * scale;                         \
+        }                                                                                                        \
+        for (; j < len; j++) {                                                                                   \
+            const T *kj = keys + (size_t)j * 64;                                                                 \
+            for (int h = 0; h < NH; h++) {                                                                       \
+                __m256 acc = _mm256_setzero_ps();                                                                \
+                for (int d = 0; d < 64; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 64 * h + d), LOAD8(kj + d), acc); \
+                sc[h * ld + j] = hsum8(acc) * scale;                                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    T512 static void weighted_values##SUFFIX##_j##NH(const float *p, size_t ld, const T *vals, int len, float *out) { \
+        __m512 a[NH][4];                                                                                         \
+        for (int h = 0; h < NH; h++)                                                                             \
+            for (int u = 0; u < 4; u++) a[h][u] = _mm512_setzero_ps();                                           \
+        for (int j = 0; j < len; j++) {                                                                          \
+            const T *v = vals + (size_t)j * 64;                                                                  \
+            const __m512 v0 = LOAD16(v), v1 = LOAD16(v + 16), v2 = LOAD16(v + 32), v3 = LOAD16(v + 48);           \
+            for (int h = 0; h < NH; h++) {                                                                       \
+                const __m512 pj = _mm512_set1_ps(p[h * ld + j]);                                                 \
+                a[h][0] = _mm512_fmadd_ps(pj, v0, a[h][0]);                                                      \
+                a[h][1] = _mm512_fmadd_ps(pj, v1, a[h][1]);                                                      \
+                a[h][2] = _mm512_fmadd_ps(pj, v2, a[h][2]);                                                      \
+                a[h][3] = _mm512_fmadd_ps(pj, v3, a[h][3]);                                                      \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int h = 0; h < NH; h++)                                                                             \
+            for (int u = 0; u < 4; u++) _mm512_storeu_ps(out + 64 * h + 16 * u, a[h][u]);                       \
+    }
+JOINT(, float, F32_8, F32_16, 2)
+JOINT(, float, F32_8, F32_16, 3)
+JOINT(_h, uint16_t, F16_8, F16_16, 2)
+JOINT(_h, uint16_t, F16_8, F16_16, 3)
+#undef JOINT
+#define HAVE_JOINT 1
+
 #endif
 
 /* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
+#if defined(__x86_64__)
+/* the largest of sc[0 .. len - 1] (NaN skipped, as the portable comparison skips it); a max in any order */
+T256 static float max8(const float *sc, int len) {
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int j = 0;
+    for (; j + 8 <= len; j += 8) m = _mm256_max_ps(_mm256_loadu_ps(sc + j), m);
+    float lanes[8], mx = -INFINITY;
+    _mm256_storeu_ps(lanes, m);
+    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+    return mx;
+}
+#endif
+
 static float softmax_unnormalised(float *sc, int len, int isa) {
     float mx = -INFINITY;
-    for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+#if defined(__x86_64__)
+    if (isa >= ISA_AVX2)
+        mx = max8(sc, len);
+    else
+#endif
+        for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int j = 0;
 #if defined(__x86_64__)
@@ -393,29 +529,78 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         }
         MARK(PART_REST);
         /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
-         * the tasks that read the same keys and values one after the other, while they are in its cache */
-#pragma omp parallel for num_threads(threads) schedule(static)
-        for (int t = 0; t < nq * k; t++) {
-            const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
-            const size_t layer = (size_t)l * n_kv * cap[r] * hd;
-            const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
-            const size_t at = layer + (size_t)g * cap[r] * hd;
-            const float *keys = k_rows[r] + at, *vals = v_rows[r] + at;
-            const uint16_t *keys_h = (const uint16_t *)k_rows[r] + at, *vals_h = (const uint16_t *)v_rows[r] + at;
-            float *sc = scores + (size_t)t * end;
-            float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
-            float sum;
-            if (kv_half)
-                key_scores_h(q, keys_h, len, hd, scale, sc, isa);
-            else
-                key_scores(q, keys, len, hd, scale, sc, isa);
-            sum = softmax_unnormalised(sc, len, isa);
-            if (kv_half)
-                weighted_values_h(sc, vals_h, len, hd, out, isa);
-            else
-                weighted_values(sc, vals, len, hd, out, isa);
-            const float inv = 1.0f / sum;
-            for (int d = 0; d < hd; d++) out[d] *= inv;
+         * the tasks that read the same keys and values one after the other, while they are in its cache; on AVX-512
+         * with heads of 64, up to three of its heads that share a key-value head and a row read them once */
+#pragma omp parallel num_threads(threads)
+        {
+#ifdef _OPENMP
+            const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+            const int tid = 0, nth = 1;
+#endif
+            const int total = nq * k, lo = (int)((long long)total * tid / nth);
+            const int hi = (int)((long long)total * (tid + 1) / nth);
+            for (int t = lo; t < hi;) {
+                const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
+                int nh = 1;
+#ifdef HAVE_JOINT
+                if (isa >= ISA_AVX512 && hd == 64) {
+                    nh = group - t % group;
+                    nh = nh < hi - t ? nh : hi - t;
+                    nh = nh < 3 ? nh : 3;
+                }
+#endif
+                const size_t layer = (size_t)l * n_kv * cap[r] * hd;
+                const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
+                const size_t at = layer + (size_t)g * cap[r] * hd;
+                const float *keys = k_rows[r] + at, *vals = v_rows[r] + at;
+                const uint16_t *keys_h = (const uint16_t *)k_rows[r] + at, *vals_h = (const uint16_t *)v_rows[r] + at;
+                float *sc = scores + (size_t)t * end;
+                float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
+#ifdef HAVE_JOINT
+                if (nh > 1) {
+                    if (kv_half) {
+                        if (nh == 3) key_scores_h_j3(q, keys_h, len, scale, sc, end);
+                        else key_scores_h_j2(q, keys_h, len, scale, sc, end);
+                    } else {
+                        if (nh == 3) key_scores_j3(q, keys, len, scale, sc, end);
+                        else key_scores_j2(q, keys, len, scale, sc, end);
+                    }
+                }
+#endif
+                float sums[3];
+                for (int h = 0; h < nh; h++) {
+                    if (nh == 1) {
+                        if (kv_half)
+                            key_scores_h(q, keys_h, len, hd, scale, sc, isa);
+                        else
+                            key_scores(q, keys, len, hd, scale, sc, isa);
+                    }
+                    sums[h] = softmax_unnormalised(sc + (size_t)h * end, len, isa);
+                }
+#ifdef HAVE_JOINT
+                if (nh > 1) {
+                    if (kv_half) {
+                        if (nh == 3) weighted_values_h_j3(sc, end, vals_h, len, out);
+                        else weighted_values_h_j2(sc, end, vals_h, len, out);
+                    } else {
+                        if (nh == 3) weighted_values_j3(sc, end, vals, len, out);
+                        else weighted_values_j2(sc, end, vals, len, out);
+                    }
+                }
+#endif
+                if (nh == 1) {
+                    if (kv_half)
+                        weighted_values_h(sc, vals_h, len, hd, out, isa);
+                    else
+                        weighted_values(sc, vals, len, hd, out, isa);
+                }
+                for (int h = 0; h < nh; h++) {
+                    const float inv = 1.0f / sums[h];
+                    for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv;
+                }
+                t += nh;
+            }
         }
         MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, NULL, tmp, k, mode, threads);
