@@ -167,7 +167,7 @@ class Run:
 
     def feed(self, proposal: Proposal) -> torch.Tensor:
         """A step's input: the last emitted token, then the draft."""
-        tokens = self.context[-1:] + proposal.draft.tokens.tolist() if len(proposal.draft) else self.context[-1:]
+        tokens = self.context[-1:] + proposal.draft.ids if len(proposal.draft) else self.context[-1:]
         return torch.tensor(tokens, dtype=torch.int64, device=self.target.device)
 
 
@@ -299,7 +299,7 @@ class Engine:
         start = len(run.context) - 1  # where the last emitted token went into the cache
         if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
             best = greedy_choices(logits)
-            drafted = draft.tokens.tolist()
+            drafted = draft.ids
             accepted = 0
             while accepted < k and drafted[accepted] == best[accepted]:
                 accepted += 1
@@ -308,7 +308,7 @@ class Engine:
             check_logits(logits)
             p = probs_from_logits(logits, params)  # [k + 1, vocab]
             at = len(run.context) - len(run.prompt_ids)
-            new = verify_coupled(draft.tokens.tolist(), p, lambda i: run.uniforms(at + i))
+            new = verify_coupled(draft.ids, p, lambda i: run.uniforms(at + i))
             accepted = len(new) - 1
         else:
             check_logits(logits)

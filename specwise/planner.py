@@ -473,6 +473,21 @@ class AdaptivePlanner(Planner):
         empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1)
         return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
+    def _rates(self, state: PlanState, top: int, source: int) -> list[float]:
+        """``expected_rate(state, g, source)`` for g = 0 .. top, the same numbers computed in one pass."""
+        others, rows = self._tokens, self._rows
+        p = self.draft_probability(state, source)
+        per_token = self.draft_time(source)
+        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1)
+        rates = [self.plain_rate()]
+        tokens, reach = 1.0, 1.0
+        for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
+            reach *= a
+            tokens += reach
+            drafted = gamma * per_token + self.verify_time(rows + gamma + 1)
+            rates.append((others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty))
+        return rates
+
     def draft_rate(self, state: PlanState, drafted: int, source: int = 0) -> float:
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
         in hand (its drafting time is spent)."""
@@ -511,7 +526,7 @@ class AdaptivePlanner(Planner):
         if top <= 0 or self.calibrating():
             known.probing = False
             return 0
-        rates = [self.expected_rate(state, g, source) for g in range(top + 1)]
+        rates = self._rates(state, top, source)
         best = max(range(top + 1), key=rates.__getitem__)
         if not self.worth_drafting(rates[best]):
             best = 0

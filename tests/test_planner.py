@@ -263,6 +263,19 @@ def test_stop_level_is_the_break_even_of_one_more_token():
     assert dear.stop_level() == 1.0
 
 
+def test_the_rates_of_every_gamma_in_one_pass_equal_expected_rate():
+    """choose() computes the expected rate of every gamma in one pass: the same numbers as expected_rate, alone
+    and while planning for a shared pass."""
+    s = AdaptivePlanner(max_gamma=6, cost_curve={2: 1.1, 4: 1.3, 6: 1.6})
+    state = start(s)
+    feed(s, state, 40, lambda i: i < 3, lambda k: 0.030 + 0.004 * (k - 1), draft_cost=0.001)
+    for rows, tokens in ((0, 0.0), (3, 2.5)):
+        s._rows, s._tokens = rows, tokens
+        for top in (1, 4, 6):
+            assert s._rates(state, top, 0) == [s.expected_rate(state, g, 0) for g in range(top + 1)]
+    s._rows, s._tokens = 0, 0.0
+
+
 def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior():
     """begin(): times are kept whole; acceptance counts shrink to `carry` observations per position, so the next
     request starts from what the drafter did (not from 0.5) and still follows new evidence quickly."""

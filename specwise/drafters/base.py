@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,11 +24,12 @@ def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
     return next(i for i in range(n) if a[i] != b[i])
 
 
-@dataclass
 class Draft:
     """Proposed tokens and the distribution each was drawn from.
 
-    tokens: ``[k]`` int64 (k may be smaller than asked, even 0: nothing to propose).
+    tokens: ``[k]`` int64, or the same ids as a list (k may be smaller than asked, even 0: nothing to propose);
+        ``tokens`` is always the tensor and ``ids`` the list, each made from the other when first asked for (a
+        drafter that has a list passes it, and a greedy step never makes the tensor).
     probs: ``[k, vocab]`` q for each token, or None when the drafter proposes single tokens (q is one-hot).
     confidence: optional, per token: the drafter's estimate of the probability that token i is accepted when the
         tokens before it are. The planner cuts the draft where their product falls below its stop level.
@@ -38,23 +38,50 @@ class Draft:
         that token's confidence.
     """
 
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-    confidence: list[float] | None = None
-    kind: int | None = None
+    __slots__ = ("_tokens", "_ids", "probs", "confidence", "kind", "device")
+
+    def __init__(
+        self,
+        tokens: torch.Tensor | list[int],
+        probs: torch.Tensor | None = None,
+        confidence: list[float] | None = None,
+        kind: int | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if isinstance(tokens, torch.Tensor):
+            self._tokens, self._ids, self.device = tokens, None, tokens.device
+        else:
+            self._tokens, self._ids, self.device = None, [int(t) for t in tokens], device
+        self.probs, self.confidence, self.kind = probs, confidence, kind
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        if self._tokens is None:
+            self._tokens = torch.tensor(self._ids, dtype=torch.int64, device=self.device)
+        return self._tokens
+
+    @property
+    def ids(self) -> list[int]:
+        if self._ids is None:
+            self._ids = self._tokens.tolist()
+        return self._ids
 
     @classmethod
     def empty(cls, device: torch.device | str = "cpu") -> Draft:
-        return cls(torch.empty(0, dtype=torch.int64, device=device))
+        return cls([], device=device)
 
     def __len__(self) -> int:
-        return int(self.tokens.numel())
+        return len(self._ids) if self._ids is not None else int(self._tokens.numel())
+
+    def __repr__(self) -> str:
+        return f"Draft({self.ids}, probs={None if self.probs is None else tuple(self.probs.shape)}, kind={self.kind})"
 
     def prefix(self, n: int) -> Draft:
         """The first ``n`` tokens of this draft."""
         probs = None if self.probs is None else self.probs[:n]
         confidence = None if self.confidence is None else self.confidence[:n]
-        return Draft(self.tokens[:n], probs, confidence, self.kind)
+        tokens = self._ids[:n] if self._ids is not None else self._tokens[:n]
+        return Draft(tokens, probs, confidence, self.kind, self.device)
 
 
 class Drafter(ABC):

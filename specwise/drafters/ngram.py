@@ -60,5 +60,5 @@ class NgramDrafter(Drafter):
             end = self._last[n].get(tuple(context[-n:]))
             if end is not None:
                 continuation = context[end : end + k]
-                return Draft(torch.tensor(continuation, dtype=torch.int64, device=self.device), kind=n)
+                return Draft(list(continuation), kind=n, device=self.device)
         return Draft.empty(self.device)

@@ -560,7 +560,7 @@ class SuffixDrafter(Drafter):
                     best = max(best, (expected_accepted(conf), match[0], tokens, conf), key=lambda b: (b[0], b[1]))
         if not best[2]:
             return Draft.empty(self.device)
-        return Draft(torch.tensor(best[2], dtype=torch.int64, device=self.device), confidence=best[3])
+        return Draft(best[2], confidence=best[3], device=self.device)
 
 
 def make_suffix_drafter(arg: str, target, device="cpu") -> SuffixDrafter:
