@@ -439,6 +439,36 @@ def test_greedy_identity_with_ngram_and_head_and_gamma_auto():
         assert sum(drafted.values()) == result.stats.drafted
 
 
+def test_the_native_head_step_in_slices_and_its_choice():
+    """The quantized head's native step: 100 positions (two slices of at most 64) give the bits of 60 then 40; the
+    choice it computes with its step is the one the output layer gives on its own, with the softmax's probability."""
+    from specwise.drafters.head.quantized import head_quantization_available
+    from specwise.models.kernels.quant import q_gemm
+
+    if not head_quantization_available():
+        pytest.skip("the quantized kernels are unavailable here")
+    hf = tiny_llama(seed=2)
+    head = _head(hf)
+    target = NativeModel(hf)
+    target.keep_features = True
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * 10)
+    target.forward(ids)
+    feats, nxt = target.features(0, 100), torch.cat([ids[1:], ids[:1]])
+    one, two = HeadDrafter(head, target, quantized=True), HeadDrafter(head, target, quantized=True)
+    assert one._native is not None
+    with torch.no_grad():
+        whole = one._step(feats, nxt, 0, confidence=True)
+        parts = torch.cat([two._step(feats[:60], nxt[:60], 0), two._step(feats[60:], nxt[60:], 60)])
+    torch.testing.assert_close(whole, parts, atol=0, rtol=0)
+    logits = q_gemm(one._q[2], whole[-1:].contiguous(), mode="q8")[0]
+    greedy = SamplingParams(temperature=0.0)
+    token, q, confidence = one._choose(whole[-1], greedy, None, stop=0.1)  # from the step's own output layer
+    assert q is None and token == int(one._vocab_ids[int(logits.argmax())])
+    assert confidence == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-4)
+    again = one._choose(whole[-1], greedy, None, stop=0.1)  # the step's result is used once: now computed anew
+    assert again[0] == token and again[2] == pytest.approx(confidence, rel=1e-4)
+
+
 def test_the_quantized_head_computes_what_the_float_head_computes_up_to_8_bits():
     from specwise.drafters.head.quantized import head_quantization_available
 

@@ -21,7 +21,7 @@ from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.head.module import EagleHead
 from specwise.drafters.head.quantized import QuantizedHeadLayer, head_quantization_available, quantize_rows
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm_available
-from specwise.models.kernels.quant import q_gemm
+from specwise.models.kernels.quant import QMat, q_gemm
 from specwise.models.layer import (
     LayerWeights,
     cached_attention,
@@ -126,12 +126,17 @@ class HeadDrafter(Drafter):
             self._out_norm = vector(head.out_norm)
         self._embed = head.embed  # [vocab, d], the target's
         self._inv_freq = head.inv_freq.detach().float()
+        self._native = None  # the quantized backend's whole step in native calls (QuantizedHeadLayer.step)
+        self._memo = None  # (address of the last predicted feature, argmax, its probability, logits) of that step
         if self._q is not None:
             self._backend, self._fused = "quantized", None
+            if hasattr(self._q[1]._stack._lib, "specwise_head_step"):
+                self._native = (QMat * 1)(self._q[2].struct)  # the output layer, as the native step takes it
         else:
             self._backend = "kernel" if self._lm.kernel_ok else "torch"
             self._fused = self._fused_setup()
         self._vocab_ids = head.vocab_ids.to(self.device)
+        self._vocab_list = self._vocab_ids.tolist()
         self._capacity = 0
         self._grow(capacity)
         self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
@@ -196,12 +201,26 @@ class HeadDrafter(Drafter):
         self._fed = []
         self._offset = self._shift = 0
 
-    def _step(self, features: torch.Tensor, next_tokens: torch.Tensor, start: int) -> torch.Tensor:
-        """Feed n positions at ``start``; return predicted features [n, d]."""
+    def _step(
+        self, features: torch.Tensor, next_tokens: torch.Tensor, start: int, confidence: bool = False
+    ) -> torch.Tensor:
+        """Feed n positions at ``start``; return predicted features [n, d]. On the native step the output layer
+        over the last one is computed too, for the :meth:`_choose` that follows (``confidence``: with the
+        softmax's largest probability)."""
         c, b = self._c, self._backend
         n = features.shape[0]
         if start + n > self._capacity:
             self._grow(max(2 * self._capacity, start + n))
+        if self._native is not None:
+            emb = self._embedding(next_tokens)
+            fc, layer, _ = self._q
+            norms = (self._feature_norm, self._embed_norm, self._out_norm)
+            pred, best, top, logits = layer.step(
+                features, emb, start, self.k_cache, self.v_cache, self._cos, self._sin, norms, fc, self._native,
+                confidence,
+            )  # fmt: skip
+            self._memo = (pred.data_ptr() + 4 * (n - 1) * c.hidden_size, best, top, logits)
+            return pred
         emb = self._embed[next_tokens]
         fused = torch.cat([self._norm(features, self._feature_norm), self._norm(emb, self._embed_norm)], dim=-1)
         if self._q is not None:
@@ -226,6 +245,17 @@ class HeadDrafter(Drafter):
 
         return self._norm(decoder_layer(x, self._layer, c.rms_eps, attend, project), self._out_norm)
 
+    def _embedding(self, tokens) -> torch.Tensor:
+        """The target's embedding rows of ``tokens`` (a tensor, or a list): one token of a quantized target read
+        straight into a buffer the native step consumes at once."""
+        rows = getattr(self._embed, "tensor", None)
+        if isinstance(tokens, list) and len(tokens) == 1 and hasattr(rows, "row"):
+            if getattr(self, "_embedded", None) is None:
+                self._embedded = torch.empty((1, self._c.hidden_size), dtype=torch.float32)
+            rows.row(tokens[0], self._embedded[0])
+            return self._embedded
+        return self._embed[tokens if torch.is_tensor(tokens) else torch.tensor(tokens, device=self.device)]
+
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self._c.rms_eps)
 
@@ -238,7 +268,12 @@ class HeadDrafter(Drafter):
         chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`;
         1 without a ``stop`` level, which is all it is used for); sampling, 1.
         """
-        if self._q is not None:
+        memo, self._memo = self._memo, None
+        if memo is not None and memo[0] == feature.data_ptr():  # computed by the native step that made feature
+            _, best, top, logits = memo
+            if params.greedy:
+                return self._vocab_list[best], None, 1.0 if stop <= 0 or top is None else top
+        elif self._q is not None:
             logits = q_gemm(self._q[2], feature[None].float().contiguous(), mode="q8")[0]  # [draft_vocab]
         else:
             logits = self._lm(feature[None], self._backend)[0]  # [draft_vocab]
@@ -281,7 +316,8 @@ class HeadDrafter(Drafter):
         features = torch.cat([self.target.features(a, b) for a, b in pieces])  # [fed positions, d]
         next_tokens = torch.tensor([t for a, b in pieces for t in fed[a + 1 : b + 1]], device=self.device)
         first = pieces[0][0]
-        pred = self._step(features, next_tokens, first - (self._shift if first >= self._offset else 0))[-1]
+        want = params.greedy and stop > 0  # the native step computes the softmax's top probability too
+        pred = self._step(features, next_tokens, first - (self._shift if first >= self._offset else 0), want)[-1]
         self._fed = fed
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
@@ -297,6 +333,7 @@ class HeadDrafter(Drafter):
             if reach < stop:
                 break  # not worth verifying from here: below the planner's break-even
             if i + 1 < k:
-                pred = self._step(pred[None], torch.tensor([token], device=self.device), known + i - self._shift)[-1]
+                nxt = [token] if self._native is not None else torch.tensor([token], device=self.device)
+                pred = self._step(pred[None], nxt, known + i - self._shift, want)[-1]
         draft = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         return Draft(draft, torch.stack(probs) if probs else None, confidences)

@@ -9,6 +9,8 @@ the q a draft was drawn from), so the head's own numerics are free to change; it
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
@@ -97,6 +99,91 @@ class QuantizedHeadLayer:
     @property
     def nbytes(self) -> int:
         return sum(w.nbytes for w in self.weights)
+
+    STEP_ROWS = 64  # positions per native step
+
+    def step(
+        self,
+        features: torch.Tensor,
+        emb: torch.Tensor,
+        start: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+        fc: QTensor,
+        output=None,
+        confidence: bool = False,
+    ) -> tuple[torch.Tensor, int | None, float | None, torch.Tensor | None]:
+        """The head's whole step in native calls of up to ``STEP_ROWS`` positions (``specwise_head_step``): the
+        fused input of ``features`` and ``emb`` ``[n, hidden]`` (float32) under the feature and embedding norms,
+        ``fc``, this layer at positions ``start ..`` of the caches ``[kv_heads, capacity, head_dim]``, the out norm.
+        Returns (predicted features ``[n, hidden]``, then for the last row with ``output`` (a one-element QMat
+        array): the argmax over the output layer, its softmax probability when ``confidence``, and the logits)."""
+        lib = self._stack._lib
+        n, hidden = features.shape
+        pred = torch.empty((n, hidden), dtype=torch.float32)
+        need = self.n_heads * min(n, self.STEP_ROWS) * (start + n)
+        if getattr(self, "_scores", None) is None or self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 4096), dtype=torch.float32)
+        rows = self.STEP_ROWS
+        size = lib.specwise_qllama_scratch_floats(
+            hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate, rows
+        )
+        size += 3 * rows * hidden + (output[0].out if output is not None else 0)  # fused input, x; a copy of logits
+        if getattr(self, "_scratch", None) is None or self._scratch.numel() < size:
+            self._scratch = torch.empty(int(size), dtype=torch.float32)
+            self._best, self._top = (ctypes.c_int64 * 1)(), (ctypes.c_float * 1)()
+        if features.dtype != torch.float32 or not features.is_contiguous():
+            features = features.float().contiguous()
+        if emb.dtype != torch.float32 or not emb.is_contiguous():
+            emb = emb.float().contiguous()
+        logits = None
+        feature_norm, embed_norm, out_norm = norms
+        f_at, e_at, p_at, row = features.data_ptr(), emb.data_ptr(), pred.data_ptr(), 4 * hidden
+        for lo in range(0, n, self.STEP_ROWS):
+            hi = min(n, lo + self.STEP_ROWS)
+            last = hi == n and output is not None
+            if last:
+                logits = torch.empty(output[0].out, dtype=torch.float32)
+            status = lib.specwise_head_step(
+                self.hidden,
+                self.n_heads,
+                self.n_kv,
+                self.head_dim,
+                self.intermediate,
+                self.eps,
+                self._stack._attn[0],
+                self._stack._weights,
+                self._stack._mlp[0],
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                k_cache.shape[1],
+                start + lo,
+                cos.data_ptr(),
+                sin.data_ptr(),
+                f_at + lo * row,
+                e_at + lo * row,
+                hi - lo,
+                feature_norm.data_ptr(),
+                embed_norm.data_ptr(),
+                ctypes.byref(fc.struct),
+                out_norm.data_ptr(),
+                p_at + lo * row,
+                self._scratch.data_ptr(),
+                self._scores.data_ptr(),
+                torch.get_num_threads(),
+                ctypes.cast(output, ctypes.c_void_p) if last else None,
+                logits.data_ptr() if last else None,
+                self._best if last else None,
+                self._top if last and confidence else None,
+            )
+            if status != 0:
+                raise RuntimeError(f"the head's native step failed (status {status})")
+        if output is None:
+            return pred, None, None, None
+        return pred, int(self._best[0]), float(self._top[0]) if confidence else None, logits
 
     def run(self, x: torch.Tensor, start: int, k_cache, v_cache, capacity: int, cos, sin) -> None:
         """The layer on x ``[k, hidden]`` (float32, contiguous, updated in place) at positions ``start ..``;

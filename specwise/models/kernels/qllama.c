@@ -658,3 +658,51 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
     if (keep > 0) specwise_q_gemm(head, 1, h, NULL, logits, keep, mode, threads);
     return 0;
 }
+
+/* One call of a draft head (one decoder layer over the target's features, specwise/drafters/head): for n <= 64
+ * positions at start .. start + n - 1 of its cache ([n_kv][cap][hd], float32), the fused input [feature norm(f_r),
+ * embed norm(e_r)] -> fc -> the layer -> out norm, written to pred[n][hidden]; with out_w, also the output layer over
+ * the last row into logits[out_w->out], its argmax into *best and, when top_prob is not NULL, the softmax's largest
+ * probability there (1 / sum of exp(l - max)). scratch: the layer kernel's scratch for 64 rows plus 3 * 64 * hidden
+ * floats (and at least out_w->out); scores: n_heads * n * (start + n) floats. Returns 0; 1 when head_dim is too
+ * large, 2 when n is outside 1..64, 3 when the logits hold a NaN. */
+int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax); /* quant.c */
+
+int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps, const float *attn_norm,
+                       const qmat *weights, const float *mlp_norm, float *k_cache, float *v_cache, int cap, int start,
+                       const float *cos_t, const float *sin_t, const float *features, const float *emb, int n,
+                       const float *feature_norm, const float *embed_norm, const qmat *fc, const float *out_norm,
+                       float *pred, float *scratch, float *scores, int threads, const qmat *out_w, float *logits,
+                       int64_t *best, float *top_prob) {
+    if (n <= 0 || n > 64) return 2;
+    float *fused = scratch, *x = fused + (size_t)64 * 2 * hidden, *layer_scratch = x + (size_t)64 * hidden;
+    for (int r = 0; r < n; r++) {
+        rms_norm_rows(features + (size_t)r * hidden, feature_norm, fused + (size_t)r * 2 * hidden, 1, hidden, eps);
+        rms_norm_rows(emb + (size_t)r * hidden, embed_norm, fused + (size_t)r * 2 * hidden + hidden, 1, hidden, eps);
+    }
+    specwise_q_gemm(fc, 1, fused, NULL, x, n, MODE_Q8, threads);
+    float *k_rows[64], *v_rows[64];
+    int caps[64], pos[64];
+    for (int r = 0; r < n; r++) {
+        k_rows[r] = k_cache;
+        v_rows[r] = v_cache;
+        caps[r] = cap;
+        pos[r] = start + r;
+    }
+    const float *qkv_b = NULL;
+    const int status = specwise_qllama_rows(1, hidden, n_heads, n_kv, head_dim, inter, eps, &attn_norm, weights, &qkv_b,
+                                            &mlp_norm, k_rows, v_rows, caps, pos, cos_t, sin_t, x, n, layer_scratch,
+                                            scores, threads, MODE_Q8, 0);
+    if (status != 0) return status;
+    rms_norm_rows(x, out_norm, pred, n, hidden, eps);
+    if (!out_w) return 0;
+    const int V = out_w->out;
+    specwise_q_gemm(out_w, 1, pred + (size_t)(n - 1) * hidden, NULL, logits, 1, MODE_Q8, threads);
+    if (specwise_logits_scan(logits, 1, V, best) & 1) return 3; /* NaN */
+    if (top_prob) { /* exp(l - max) summed over a copy (the scores' own loop); exp(0) = 1 is the top's share */
+        float *e = layer_scratch;
+        memcpy(e, logits, (size_t)V * sizeof(float));
+        *top_prob = 1.0f / softmax_unnormalised(e, V, specwise_q_isa());
+    }
+    return 0;
+}

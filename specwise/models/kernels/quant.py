@@ -96,6 +96,10 @@ def declare(lib: ctypes.CDLL) -> None:
             i,
         ),
         "specwise_rms_norm_rows": ([p, p, p, i, i, ctypes.c_float], None),
+        "specwise_head_step": (
+            [i] * 5 + [ctypes.c_float] + [p] * 5 + [i, i] + [p] * 4 + [i] + [p] * 7 + [i] + [p] * 4,
+            i,
+        ),
     }
     for name, (args, res) in table.items():
         fn = getattr(lib, name)
