@@ -387,19 +387,25 @@ class QuantizedModel(Model):
 
     # ---- forward -----------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        k = tokens.numel()
-        if tokens.dim() != 1 or not 1 <= k <= MAX_ROWS or tokens.device.type != "cpu":
-            return self.forward_batch([(self, tokens)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
-        # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
+    def _reserve(self, tokens: torch.Tensor, num_logits: int | None) -> tuple[int, int]:
+        """Check a pass's tokens and logits kept, and make room in the cache for them: (start position, kept)."""
         self._check_forward(tokens)
+        k = tokens.numel()
         keep = k if num_logits is None else num_logits
         if not 0 <= keep <= k:
             raise ValueError(f"num_logits must be in [0, {k}], got {keep}")
         start = self._length
         if start + k > self._capacity:
             self._grow(min(max(2 * self._capacity, start + k), self.max_length))
+        return start, keep
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
+        k = tokens.numel()
+        if tokens.dim() != 1 or not 1 <= k <= MAX_ROWS or tokens.device.type != "cpu":
+            return self.forward_batch([(self, tokens)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
+        # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
+        start, keep = self._reserve(tokens, num_logits)
         ids = tokens if tokens.dtype == torch.int64 and tokens.is_contiguous() else tokens.to(torch.int64).contiguous()
         cos, sin = self._tables(start + k)
         logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
@@ -427,14 +433,8 @@ class QuantizedModel(Model):
         for (seq, tokens), keep in zip(items, keeps):
             if getattr(seq, "_stack", None) is not self._stack:
                 raise ValueError("forward_batch takes sequences of this model (made by its sequence())")
-            seq._check_forward(tokens)
             k = tokens.numel()
-            keep = k if keep is None else keep
-            if not 0 <= keep <= k:
-                raise ValueError(f"num_logits must be in [0, {k}], got {keep}")
-            start = seq._length
-            if start + k > seq._capacity:
-                seq._grow(min(max(2 * seq._capacity, start + k), self.max_length))
+            start, keep = seq._reserve(tokens, keep)
             ids.append(tokens.to(torch.int64).cpu().reshape(-1))
             caches.extend([(seq.k_cache, seq.v_cache)] * k)
             positions.extend(range(start, start + k))

@@ -442,38 +442,12 @@ class DecoderStack:
         output layer (what a batch's pass computes)."""
         k = ids.numel()
         k_cache, v_cache = cache
-        rows_k = (ctypes.c_void_p * k)(*([k_cache.data_ptr()] * k))
-        rows_v = (ctypes.c_void_p * k)(*([v_cache.data_ptr()] * k))
-        caps = (ctypes.c_int * k)(*([k_cache.shape[2]] * k))
-        pos = (ctypes.c_int * k)(*range(start, start + k))
-        need = self.n_heads * k * (start + k)
-        if self._scores.numel() < need:
-            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        args = self._layer_args(
+            [k_cache.data_ptr()] * k, [v_cache.data_ptr()] * k, [k_cache.shape[2]] * k, list(range(start, start + k)),
+            cos, sin, x.data_ptr(), torch.get_num_threads(), mode, k_cache.dtype == torch.float16,
+        )  # fmt: skip
         status = self._lib.specwise_qllama_forward(
-            self.n_layers,
-            self.hidden,
-            self.n_heads,
-            self.n_kv,
-            self.head_dim,
-            self.intermediate,
-            self.eps,
-            self._attn,
-            self._weights,
-            self._bias,
-            self._mlp,
-            rows_k,
-            rows_v,
-            caps,
-            pos,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            x.data_ptr(),
-            k,
-            self._scratch.data_ptr(),
-            self._scores.data_ptr(),
-            torch.get_num_threads(),
-            _mode_id(mode),
-            int(k_cache.dtype == torch.float16),
+            *args,
             ctypes.byref(embed.struct),
             ids.data_ptr(),
             final_norm.data_ptr(),
@@ -487,6 +461,40 @@ class DecoderStack:
             raise IndexError(f"{embed.name}: row ids outside [0, {embed.shape[0]})")
         if status != 0:
             raise RuntimeError(f"the quantized layer kernel failed (status {status})")
+
+    def _layer_args(self, k_rows, v_rows, caps, positions, cos, sin, x_ptr, threads, mode, kv_half) -> tuple:
+        """The arguments of ``specwise_qllama_rows`` (the first ones of ``specwise_qllama_forward``) for the rows
+        whose caches, capacities and positions are given per row; the scores' buffer grown to fit them."""
+        n = len(positions)
+        need = self.n_heads * n * (max(positions) + 1)
+        if self._scores.numel() < need:
+            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        return (
+            self.n_layers,
+            self.hidden,
+            self.n_heads,
+            self.n_kv,
+            self.head_dim,
+            self.intermediate,
+            self.eps,
+            self._attn,
+            self._weights,
+            self._bias,
+            self._mlp,
+            (ctypes.c_void_p * n)(*k_rows),
+            (ctypes.c_void_p * n)(*v_rows),
+            (ctypes.c_int * n)(*caps),
+            (ctypes.c_int * n)(*positions),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            x_ptr,
+            n,
+            self._scratch.data_ptr(),
+            self._scores.data_ptr(),
+            threads,
+            _mode_id(mode),
+            int(kv_half),
+        )
 
     def run(
         self,
@@ -507,44 +515,23 @@ class DecoderStack:
         k = x.shape[0]
         if len(caches) != k or len(positions) != k:
             raise ValueError(f"{k} rows need {k} caches and positions, got {len(caches)} and {len(positions)}")
-        mode_id, threads = _mode_id(mode), threads or torch.get_num_threads()
+        threads = threads or torch.get_num_threads()
         if len({c[0].dtype for c in caches} | {c[1].dtype for c in caches}) > 1:
             raise ValueError("the caches of one pass must all be float32 or all float16")
         for lo in range(0, k, MAX_ROWS):
             hi = min(k, lo + MAX_ROWS)
-            n = hi - lo
-            rows_k = (ctypes.c_void_p * n)(*[caches[r][0].data_ptr() for r in range(lo, hi)])
-            rows_v = (ctypes.c_void_p * n)(*[caches[r][1].data_ptr() for r in range(lo, hi)])
-            caps = (ctypes.c_int * n)(*[caches[r][0].shape[2] for r in range(lo, hi)])
-            pos = (ctypes.c_int * n)(*positions[lo:hi])
-            need = self.n_heads * n * (max(positions[lo:hi]) + 1)
-            if self._scores.numel() < need:
-                self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
-            status = self._lib.specwise_qllama_rows(
-                self.n_layers,
-                self.hidden,
-                self.n_heads,
-                self.n_kv,
-                self.head_dim,
-                self.intermediate,
-                self.eps,
-                self._attn,
-                self._weights,
-                self._bias,
-                self._mlp,
-                rows_k,
-                rows_v,
-                caps,
-                pos,
-                cos.data_ptr(),
-                sin.data_ptr(),
+            args = self._layer_args(
+                [caches[r][0].data_ptr() for r in range(lo, hi)],
+                [caches[r][1].data_ptr() for r in range(lo, hi)],
+                [caches[r][0].shape[2] for r in range(lo, hi)],
+                positions[lo:hi],
+                cos,
+                sin,
                 x[lo:hi].data_ptr(),
-                n,
-                self._scratch.data_ptr(),
-                self._scores.data_ptr(),
                 threads,
-                mode_id,
-                int(caches[lo][0].dtype == torch.float16),
+                mode,
+                caches[lo][0].dtype == torch.float16,
             )
+            status = self._lib.specwise_qllama_rows(*args)
             if status != 0:
                 raise RuntimeError(f"the quantized layer kernel failed (status {status})")
