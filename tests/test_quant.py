@@ -145,6 +145,25 @@ def test_dequantize_equals_gguf_bit_for_bit(t, shape):
     assert_same_floats(qt.rows([out - 1, 0, out - 1]).numpy(), ref[[out - 1, 0, out - 1]])
 
 
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q6_K], ids=lambda t: t.name)
+def test_abs_sum_of_any_slice_equals_the_float64_reference(t):
+    """abs_sum (a model's identity: the output layer's mean |w| per slice, read by every thread) over slices that
+    start and end inside rows, span many rows, or are empty, on 1 and 2 threads."""
+    rng = np.random.default_rng(7)
+    raw, want = make(rng, t, 40, 256)
+    qt = qtensor(t, raw, 40, 256)
+    flat = np.abs(want.astype(np.float64)).reshape(-1)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for first, count in ((0, flat.size), (100, 7), (250, 300), (3 * 256, 256), (1000, 9000), (5, 0)):
+                got = qt.abs_sum(first, count)
+                assert got == pytest.approx(float(flat[first : first + count].sum()), rel=1e-12, abs=1e-12)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("t", LEGACY + KQUANTS, ids=lambda t: t.name)
 def test_dequantize_random_blocks_with_any_finite_scales(t):
     """Every bit pattern of quants and packed sub-block scales, scales from subnormal to 65504 of either sign."""

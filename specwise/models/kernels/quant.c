@@ -1421,18 +1421,26 @@ int specwise_q_requantize_q4_0(const qmat *w, int first, int count, uint8_t *out
  * fingerprint of its target), in double precision. */
 double specwise_q_abs_sum(const qmat *w, long long first, long long n) {
     if (n <= 0) return 0.0;
-    float *row = malloc((size_t)w->in * sizeof(float));
-    if (!row) return -1.0;
+    const long long end = first + n, r0 = first / w->in, r1 = (end + w->in - 1) / w->in;
     double total = 0.0;
-    long long end = first + n;
-    for (long long r = first / w->in; r * w->in < end; r++) {
-        specwise_q_row(w, (int)r, row);
-        long long lo = first > r * w->in ? first - r * w->in : 0;
-        long long hi = end < (r + 1) * w->in ? end - r * w->in : w->in;
-        for (long long i = lo; i < hi; i++) total += fabs((double)row[i]);
+    int failed = 0;
+    /* rows shared out between threads (a model's identity reads its whole output layer at start-up): each thread's
+     * double sum, then their total; the order of the additions moves the result by about 1e-16 of it */
+#pragma omp parallel reduction(+ : total) reduction(| : failed)
+    {
+        float *row = malloc((size_t)w->in * sizeof(float));
+        if (!row) failed = 1;
+#pragma omp for schedule(static)
+        for (long long r = r0; r < r1; r++) {
+            if (!row) continue; /* every thread meets the loop; one without a buffer only reports it */
+            specwise_q_row(w, (int)r, row);
+            const long long lo = first > r * w->in ? first - r * w->in : 0;
+            const long long hi = end < (r + 1) * w->in ? end - r * w->in : w->in;
+            for (long long i = lo; i < hi; i++) total += fabs((double)row[i]);
+        }
+        free(row);
     }
-    free(row);
-    return total;
+    return failed ? -1.0 : total;
 }
 
 /* ---- logits ---------------------------------------------------------------------------------------------- */
