@@ -125,14 +125,20 @@ def _native(symbol: str):
     return fn or None
 
 
-def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(argmax over the last dim, flags) from one native pass over CPU float32 logits; None where it cannot run.
-    Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
+def _scanner(logits: torch.Tensor):
+    """The native scan of the logits (``specwise_logits_scan``) where it can read them (CPU float32, contiguous,
+    not empty), else None."""
     if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
         return None
     if logits.dim() == 0 or logits.numel() == 0:
         return None
-    fn = _native("specwise_logits_scan")
+    return _native("specwise_logits_scan")
+
+
+def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+    """(argmax over the last dim, flags) from one native pass over CPU float32 logits; None where it cannot run.
+    Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
+    fn = _scanner(logits)
     if fn is None:
         return None
     n = logits.shape[-1]
@@ -164,15 +170,14 @@ _CHOICES = {"rows": 0, "buffer": None}  # greedy_choices' output buffer, grown a
 def greedy_choices(logits: torch.Tensor) -> list[int]:
     """The checks of :func:`check_logits` and the argmax of each row of ``logits`` ``[rows, vocab]``, as a list:
     one native pass over CPU float32 logits and no tensor made (a greedy step's whole verification input)."""
-    if logits.dim() == 2 and logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.numel():
-        fn = _native("specwise_logits_scan")
-        if fn is not None and logits.is_contiguous():
-            rows = logits.shape[0]
-            if _CHOICES["rows"] < rows:
-                _CHOICES["rows"], _CHOICES["buffer"] = rows, (ctypes.c_int64 * rows)()
-            out = _CHOICES["buffer"]
-            _raise_flags(fn(logits.data_ptr(), rows, logits.shape[1], out))
-            return out[:rows]
+    fn = _scanner(logits) if logits.dim() == 2 else None
+    if fn is not None:
+        rows = logits.shape[0]
+        if _CHOICES["rows"] < rows:
+            _CHOICES["rows"], _CHOICES["buffer"] = rows, (ctypes.c_int64 * rows)()
+        out = _CHOICES["buffer"]
+        _raise_flags(fn(logits.data_ptr(), rows, logits.shape[1], out))
+        return out[:rows]
     check_logits(logits)
     return argmax(logits).tolist()
 

@@ -439,23 +439,30 @@ def test_greedy_identity_with_ngram_and_head_and_gamma_auto():
         assert sum(drafted.values()) == result.stats.drafted
 
 
-def test_the_native_head_step_in_slices_and_its_choice():
-    """The quantized head's native step: 100 positions (two slices of at most 64) give the bits of 60 then 40; the
-    choice it computes with its step is the one the output layer gives on its own, with the softmax's probability."""
+def _fed_head(seed: int, positions: int):
+    """(head, target, features, next tokens): a head over a tiny target that has taken in ``positions`` tokens
+    (the quantized kernels required)."""
     from specwise.drafters.head.quantized import head_quantization_available
-    from specwise.models.kernels.quant import q_gemm
 
     if not head_quantization_available():
         pytest.skip("the quantized kernels are unavailable here")
-    hf = tiny_llama(seed=2)
+    hf = tiny_llama(seed=seed)
     head = _head(hf)
     target = NativeModel(hf)
     target.keep_features = True
-    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * 10)
+    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * (positions // 10))
     target.forward(ids)
-    feats, nxt = target.features(0, 100), torch.cat([ids[1:], ids[:1]])
+    return head, target, target.features(0, positions), torch.cat([ids[1:], ids[:1]])
+
+
+def test_the_native_head_step_in_slices_and_its_choice():
+    """The quantized head's native step: 100 positions (two slices of at most 64) give the bits of 60 then 40; the
+    choice it computes with its step is the one the output layer gives on its own, with the softmax's probability."""
+    from specwise.models.kernels.quant import q_gemm
+
+    head, target, feats, nxt = _fed_head(seed=2, positions=100)
     one, two = HeadDrafter(head, target, quantized=True), HeadDrafter(head, target, quantized=True)
-    assert one._native is not None
+    assert one.quantized
     with torch.no_grad():
         whole = one._step(feats, nxt, 0, confidence=True)
         parts = torch.cat([two._step(feats[:60], nxt[:60], 0), two._step(feats[60:], nxt[60:], 60)])
@@ -470,17 +477,7 @@ def test_the_native_head_step_in_slices_and_its_choice():
 
 
 def test_the_quantized_head_computes_what_the_float_head_computes_up_to_8_bits():
-    from specwise.drafters.head.quantized import head_quantization_available
-
-    if not head_quantization_available():
-        pytest.skip("the quantized kernels are unavailable here")
-    hf = tiny_llama(seed=1)
-    head = _head(hf)
-    target = NativeModel(hf)
-    target.keep_features = True
-    ids = torch.tensor([5, 9, 2, 7, 7, 1, 3, 8, 6, 4] * 5)  # 50 positions: more than one call of 32 rows
-    target.forward(ids)
-    feats, nxt = target.features(0, 50), torch.cat([ids[1:], ids[:1]])
+    head, target, feats, nxt = _fed_head(seed=1, positions=50)  # 50 positions: more than one call of 32 rows
     full = HeadDrafter(head, target, half_weights=False)
     q8 = HeadDrafter(head, target, quantized=True)
     assert q8.quantized and q8._backend == "quantized" and not hasattr(q8, "_qkv")  # no float copies kept

@@ -126,12 +126,11 @@ class HeadDrafter(Drafter):
             self._out_norm = vector(head.out_norm)
         self._embed = head.embed  # [vocab, d], the target's
         self._inv_freq = head.inv_freq.detach().float()
-        self._native = None  # the quantized backend's whole step in native calls (QuantizedHeadLayer.step)
         self._memo = None  # (address of the last predicted feature, argmax, its probability, logits) of that step
-        if self._q is not None:
+        self._embedded = None  # one token's embedding row, read for the quantized step
+        if self._q is not None:  # each step in native calls (QuantizedHeadLayer.step)
             self._backend, self._fused = "quantized", None
-            if hasattr(self._q[1]._stack._lib, "specwise_head_step"):
-                self._native = (QMat * 1)(self._q[2].struct)  # the output layer, as the native step takes it
+            self._out_struct = (QMat * 1)(self._q[2].struct)  # the output layer, as the native step takes it
         else:
             self._backend = "kernel" if self._lm.kernel_ok else "torch"
             self._fused = self._fused_setup()
@@ -211,23 +210,18 @@ class HeadDrafter(Drafter):
         n = features.shape[0]
         if start + n > self._capacity:
             self._grow(max(2 * self._capacity, start + n))
-        if self._native is not None:
+        if self._q is not None:
             emb = self._embedding(next_tokens)
             fc, layer, _ = self._q
             norms = (self._feature_norm, self._embed_norm, self._out_norm)
             pred, best, top, logits = layer.step(
-                features, emb, start, self.k_cache, self.v_cache, self._cos, self._sin, norms, fc, self._native,
+                features, emb, start, self.k_cache, self.v_cache, self._cos, self._sin, norms, fc, self._out_struct,
                 confidence,
             )  # fmt: skip
             self._memo = (pred.data_ptr() + 4 * (n - 1) * c.hidden_size, best, top, logits)
             return pred
         emb = self._embed[next_tokens]
         fused = torch.cat([self._norm(features, self._feature_norm), self._norm(emb, self._embed_norm)], dim=-1)
-        if self._q is not None:
-            fc, layer, _ = self._q
-            x = q_gemm(fc, fused.float().contiguous(), mode="q8")
-            layer.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
-            return self._norm(x, self._out_norm)
         x = self._fc(fused, b)
         if self._fused is not None and n <= LayerKernel.MAX_ROWS and x.dtype == torch.float32:
             x = x.contiguous()
@@ -250,7 +244,7 @@ class HeadDrafter(Drafter):
         straight into a buffer the native step consumes at once."""
         rows = getattr(self._embed, "tensor", None)
         if isinstance(tokens, list) and len(tokens) == 1 and hasattr(rows, "row"):
-            if getattr(self, "_embedded", None) is None:
+            if self._embedded is None:
                 self._embedded = torch.empty((1, self._c.hidden_size), dtype=torch.float32)
             rows.row(tokens[0], self._embedded[0])
             return self._embedded
@@ -333,7 +327,7 @@ class HeadDrafter(Drafter):
             if reach < stop:
                 break  # not worth verifying from here: below the planner's break-even
             if i + 1 < k:
-                nxt = [token] if self._native is not None else torch.tensor([token], device=self.device)
+                nxt = [token] if self._q is not None else torch.tensor([token], device=self.device)
                 pred = self._step(pred[None], nxt, known + i - self._shift, want)[-1]
         draft = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         return Draft(draft, torch.stack(probs) if probs else None, confidences)

@@ -58,6 +58,8 @@ def quantize_rows(weight, name: str = "", shape: tuple[int, int] | None = None) 
 class QuantizedHeadLayer:
     """One Llama decoder layer (no biases) run by the quantized layer kernel, with the caller's KV cache."""
 
+    STEP_ROWS = 64  # positions per native step
+
     def __init__(
         self,
         hidden: int,
@@ -95,12 +97,18 @@ class QuantizedHeadLayer:
             head_dim,
             eps,
         )
+        # the native step's buffers: its fused input and x for STEP_ROWS rows, then the layer kernel's scratch
+        # (which, once the layer has run, also holds a copy of the logits)
+        rows = self.STEP_ROWS
+        layer = self._stack._lib.specwise_qllama_scratch_floats(hidden, n_heads, n_kv, head_dim, intermediate, rows)
+        self._inputs_floats, self._layer_floats = 3 * rows * hidden, int(layer)
+        self._scratch = torch.empty(0, dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+        self._best, self._top = (ctypes.c_int64 * 1)(), (ctypes.c_float * 1)()
 
     @property
     def nbytes(self) -> int:
         return sum(w.nbytes for w in self.weights)
-
-    STEP_ROWS = 64  # positions per native step
 
     def step(
         self,
@@ -125,16 +133,11 @@ class QuantizedHeadLayer:
         n, hidden = features.shape
         pred = torch.empty((n, hidden), dtype=torch.float32)
         need = self.n_heads * min(n, self.STEP_ROWS) * (start + n)
-        if getattr(self, "_scores", None) is None or self._scores.numel() < need:
+        if self._scores.numel() < need:
             self._scores = torch.empty(max(need, 4096), dtype=torch.float32)
-        rows = self.STEP_ROWS
-        size = lib.specwise_qllama_scratch_floats(
-            hidden, self.n_heads, self.n_kv, self.head_dim, self.intermediate, rows
-        )
-        size += 3 * rows * hidden + (output[0].out if output is not None else 0)  # fused input, x; a copy of logits
-        if getattr(self, "_scratch", None) is None or self._scratch.numel() < size:
-            self._scratch = torch.empty(int(size), dtype=torch.float32)
-            self._best, self._top = (ctypes.c_int64 * 1)(), (ctypes.c_float * 1)()
+        size = self._inputs_floats + max(self._layer_floats, output[0].out if output is not None else 0)
+        if self._scratch.numel() < size:
+            self._scratch = torch.empty(size, dtype=torch.float32)
         if features.dtype != torch.float32 or not features.is_contiguous():
             features = features.float().contiguous()
         if emb.dtype != torch.float32 or not emb.is_contiguous():
@@ -184,9 +187,3 @@ class QuantizedHeadLayer:
         if output is None:
             return pred, None, None, None
         return pred, int(self._best[0]), float(self._top[0]) if confidence else None, logits
-
-    def run(self, x: torch.Tensor, start: int, k_cache, v_cache, capacity: int, cos, sin) -> None:
-        """The layer on x ``[k, hidden]`` (float32, contiguous, updated in place) at positions ``start ..``;
-        writes k_cache / v_cache ``[kv_heads, capacity, head_dim]``; cos, sin: ``[capacity, head_dim]``."""
-        k = x.shape[0]
-        self._stack.run(x, [(k_cache[None], v_cache[None])] * k, list(range(start, start + k)), cos, sin, "q8")

@@ -643,7 +643,7 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
                             float *logits) {
     for (int r = 0; r < k; r++)
         if (ids[r] < 0 || ids[r] >= embed->out) return 2;
-    for (int r = 0; r < k; r++) specwise_q_row(embed, (int)ids[r], x + (size_t)r * hidden);
+    specwise_q_gather(embed, ids, k, x);
     const int status = specwise_qllama_rows(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, weights,
                                             qkv_b, mlp_norm, k_rows, v_rows, cap, pos, cos_t, sin_t, x, k, scratch,
                                             scores, threads, mode, kv_half);
@@ -666,8 +666,6 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
  * probability there (1 / sum of exp(l - max)). scratch: the layer kernel's scratch for 64 rows plus 3 * 64 * hidden
  * floats (and at least out_w->out); scores: n_heads * n * (start + n) floats. Returns 0; 1 when head_dim is too
  * large, 2 when n is outside 1..64, 3 when the logits hold a NaN. */
-int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax); /* quant.c */
-
 int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps, const float *attn_norm,
                        const qmat *weights, const float *mlp_norm, float *k_cache, float *v_cache, int cap, int start,
                        const float *cos_t, const float *sin_t, const float *features, const float *emb, int n,

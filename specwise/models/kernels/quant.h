@@ -49,6 +49,8 @@ int specwise_q_set_isa(int isa);
 void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
                      int threads);
 void specwise_q_row(const qmat *w, int row, float *out);
+void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out);
+int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
 
 /* float16 to float32, exactly (shared by quant.c and qllama.c) */
 static inline float half_to_float(uint16_t h) {
