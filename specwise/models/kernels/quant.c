@@ -1068,75 +1068,125 @@ TARGET_AVX2 __attribute__((noinline)) static void q8q6_256_shapes(const qmat *w,
     }
 }
 
-/* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_U8), one half tile of 8 output rows: the same integer sums and
- * float updates. KIND_Q4 adds the block's 8 byte-pair products (maddubs) in 16 bits before widening them (each at
- * most 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 2^15: exact); SIGNED (Q8_0, offset 128) takes the
- * weights as signed bytes (q ^ 0x80 = q - 128), multiplied through their magnitude and sign (at most 2 * 128 * 127
- * per pair: no saturation). */
+/* scale_at for a half tile: half-precision scales without sub-scales read straight (SF = 1), any other format
+ * through ld_scale256 (SF = 0), so that the common formats' loop has no branch to keep its accumulators across */
+TARGET_AVX2 INLINE __m256 scale256(const qmat *w, int which, size_t i, const int SF) {
+    if (SF == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)(which ? w->m : w->s) + i)));
+    return ld_scale256(w, which, i);
+}
+
+/* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_U8), H half tiles of 8 output rows from half tile `half` (H = 2:
+ * both halves of tile t, each activation broadcast serving both): the same integer sums and float updates.
+ * KIND_Q4 adds the block's 8 byte-pair products (maddubs) in 16 bits before widening them (each at most
+ * 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 2^15: exact); SIGNED (Q8_0, offset 128) takes the weights as
+ * signed bytes (q ^ 0x80 = q - 128), multiplied through their magnitude and sign (at most 2 * 128 * 127 per pair: no
+ * saturation). While it works on tile t it asks for the next tile's lines, a share per block, so that memory keeps
+ * streaming while the products are computed. */
 TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *qx, const float *dx, const float *ds,
                                  const int32_t *corr, float *y, int ldy, int valid, const int KIND, const int HASM,
-                                 const int CORR, const int SIGNED, const int R) {
-    __m256 acc[4];
-    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+                                 const int CORR, const int SIGNED, const int R, const int H, const int SF) {
+    __m256 acc[2][4];
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++) acc[h][r] = _mm256_setzero_ps();
     const int nb = w->in / 32;
+    const size_t block_bytes = KIND == KIND_Q4 ? 256 : 512;
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
-    const uint8_t *q = w->q + (size_t)t * nb * (KIND == KIND_Q4 ? 256 : 512) + 32 * half;
+    const uint8_t *q = w->q + (size_t)t * nb * block_bytes + 32 * half;
+    const char *next = (const char *)w->q + (size_t)(t + 1) * nb * block_bytes;
     for (int b = 0; b < nb; b++) {
-        __m256i ia[4];
+        __m256i ia[2][4];
         const int8_t *xb = qx + (size_t)b * R * 32;
+        { /* this call's share of the next tile's lines of block b: half of them per half tile */
+            const size_t from = H == 2 ? 0 : (size_t)half * (block_bytes / 2), len = H == 2 ? block_bytes : block_bytes / 2;
+            for (size_t l = 0; l < len; l += 64) _mm_prefetch(next + (size_t)b * block_bytes + from + l, _MM_HINT_T1);
+        }
         if (KIND == KIND_Q4) {
-            __m256i s16[4];
-            for (int r = 0; r < R; r++) s16[r] = _mm256_setzero_si256();
+            __m256i s16[2][4];
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < R; r++) s16[h][r] = _mm256_setzero_si256();
             for (int g = 0; g < 4; g++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 4 + g) * 64));
-                const __m256i lo = _mm256_and_si256(v, nib), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                __m256i lo[2], hi[2];
+                for (int h = 0; h < H; h++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 4 + g) * 64 + 32 * h));
+                    lo[h] = _mm256_and_si256(v, nib);
+                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                }
                 for (int r = 0; r < R; r++) {
                     int32_t x0, x1;
                     memcpy(&x0, xb + r * 32 + 4 * g, 4);
                     memcpy(&x1, xb + r * 32 + 16 + 4 * g, 4);
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0)));
-                    s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1)));
+                    const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+                    for (int h = 0; h < H; h++) {
+                        s16[h][r] = _mm256_add_epi16(s16[h][r], _mm256_maddubs_epi16(lo[h], b0));
+                        s16[h][r] = _mm256_add_epi16(s16[h][r], _mm256_maddubs_epi16(hi[h], b1));
+                    }
                 }
             }
-            for (int r = 0; r < R; r++) ia[r] = _mm256_madd_epi16(s16[r], ones);
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < R; r++) ia[h][r] = _mm256_madd_epi16(s16[h][r], ones);
         } else {
-            for (int r = 0; r < R; r++) ia[r] = _mm256_setzero_si256();
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < R; r++) ia[h][r] = _mm256_setzero_si256();
             for (int g = 0; g < 8; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 8 + g) * 64));
-                if (SIGNED) v = _mm256_xor_si256(v, flip);
-                const __m256i av = SIGNED ? _mm256_abs_epi8(v) : v;
+                __m256i v[2], av[2];
+                for (int h = 0; h < H; h++) {
+                    v[h] = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 8 + g) * 64 + 32 * h));
+                    if (SIGNED) v[h] = _mm256_xor_si256(v[h], flip);
+                    av[h] = SIGNED ? _mm256_abs_epi8(v[h]) : v[h];
+                }
                 for (int r = 0; r < R; r++) {
                     int32_t x0;
                     memcpy(&x0, xb + r * 32 + 4 * g, 4);
                     const __m256i xv = _mm256_set1_epi32(x0);
-                    const __m256i p = _mm256_maddubs_epi16(av, SIGNED ? _mm256_sign_epi8(xv, v) : xv);
-                    ia[r] = _mm256_add_epi32(ia[r], _mm256_madd_epi16(p, ones));
+                    for (int h = 0; h < H; h++) {
+                        const __m256i p = _mm256_maddubs_epi16(av[h], SIGNED ? _mm256_sign_epi8(xv, v[h]) : xv);
+                        ia[h][r] = _mm256_add_epi32(ia[h][r], _mm256_madd_epi16(p, ones));
+                    }
                 }
             }
         }
-        const size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-        const __m256 s = ld_scale256(w, 0, si);
-        const __m256 m = HASM ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
+        __m256 s[2], m[2];
+        for (int h = 0; h < H; h++) {
+            const size_t si = ((size_t)t * nb + b) * QTILE + 8 * (half + h);
+            s[h] = scale256(w, 0, si, SF);
+            m[h] = HASM ? scale256(w, 1, si, SF) : _mm256_setzero_ps();
+        }
         for (int r = 0; r < R; r++) {
-            __m256i isum = ia[r];
-            if (CORR) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[(size_t)b * R + r]));
-            const __m256 d = _mm256_mul_ps(s, _mm256_set1_ps(dx[(size_t)b * R + r]));
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[r]);
-            if (HASM) acc[r] = _mm256_fmadd_ps(m, _mm256_set1_ps(ds[(size_t)b * R + r]), acc[r]);
+            const __m256 dxr = _mm256_set1_ps(dx[(size_t)b * R + r]);
+            for (int h = 0; h < H; h++) {
+                __m256i isum = ia[h][r];
+                if (CORR) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[(size_t)b * R + r]));
+                const __m256 d = _mm256_mul_ps(s[h], dxr);
+                acc[h][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[h][r]);
+                if (HASM) acc[h][r] = _mm256_fmadd_ps(m[h], _mm256_set1_ps(ds[(size_t)b * R + r]), acc[h][r]);
+            }
         }
     }
-    for (int r = 0; r < R; r++) store256(y + (size_t)r * ldy, acc[r], valid);
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++) store256(y + (size_t)r * ldy + 8 * h, acc[h][r], valid - 8 * h);
 }
 
+/* one kernel per format: SF (scale256) and, for one or two rows, both half tiles at once (H = 2) */
+#define Q8IL256_CASES(KIND, HASM, CORR, SIGNED, SF)                                                                \
+    if (H == 2) {                                                                                                  \
+        if (R == 1) q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 2, SF);     \
+        else q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 2, SF);            \
+    } else {                                                                                                       \
+        switch (R) {                                                                                               \
+            case 1: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 1, SF); break; \
+            case 2: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 1, SF); break; \
+            case 3: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3, 1, SF); break; \
+            default: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4, 1, SF); break; \
+        }                                                                                                          \
+    }
 #define Q8IL256_RUN(NAME, KIND, HASM, CORR, SIGNED)                                                             \
     TARGET_AVX2 __attribute__((noinline)) static void NAME(const qmat *w, int t, int half, const int8_t *qx,     \
                                                            const float *dx, const float *ds, const int32_t *corr, \
-                                                           float *y, int ldy, int valid, int R) {                \
-        switch (R) {                                                                                             \
-            case 1: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1); break;   \
-            case 2: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2); break;   \
-            case 3: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3); break;   \
-            default: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4); break;  \
+                                                           float *y, int ldy, int valid, int R, int H) {         \
+        if (w->half && !w->sub) {                                                                                \
+            Q8IL256_CASES(KIND, HASM, CORR, SIGNED, 1)                                                           \
+        } else {                                                                                                 \
+            Q8IL256_CASES(KIND, HASM, CORR, SIGNED, 0)                                                           \
         }                                                                                                        \
     }
 Q8IL256_RUN(q8il256_q4, KIND_Q4, 0, 0, 0)
@@ -1147,21 +1197,24 @@ Q8IL256_RUN(q8il256_u8c, KIND_U8, 0, 1, 0)
 Q8IL256_RUN(q8il256_u8s, KIND_U8, 0, 0, 1)
 Q8IL256_RUN(q8il256_u8, KIND_U8, 0, 0, 0)
 #undef Q8IL256_RUN
+#undef Q8IL256_CASES
 
-/* q8il_256 for the two half tiles of tile t (n valid rows) */
+/* q8il_256 for tile t (n valid rows): both half tiles in one pass for one or two rows (where both hold rows),
+ * else one half tile after the other */
 TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
                                     const int32_t *corr, float *y, int ldy, int n, int R) {
-    for (int half = 0; half < 2 && 8 * half < n; half++) {
+    const int H = R <= 2 && n > 8 ? 2 : 1;
+    for (int half = 0; half < 2 && 8 * half < n; half += H) {
         float *yh = y + 8 * half;
         const int valid = n - 8 * half;
         if (w->kind == KIND_Q4)
             (w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4))(w, t, half, qx, dx, ds, corr, yh, ldy,
-                                                                              valid, R);
+                                                                              valid, R, H);
         else if (w->offset == 128)
-            q8il256_u8s(w, t, half, qx, dx, ds, corr, yh, ldy, valid, R);
+            q8il256_u8s(w, t, half, qx, dx, ds, corr, yh, ldy, valid, R, H);
         else
             (w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8))(w, t, half, qx, dx, ds, corr, yh, ldy,
-                                                                              valid, R);
+                                                                              valid, R, H);
     }
 }
 
