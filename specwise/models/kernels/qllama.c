@@ -308,6 +308,65 @@ JOINT(_h, uint16_t, F16_8, F16_16, 3)
 #undef JOINT
 #define HAVE_JOINT 1
 
+/* The same for AVX2 (16 registers): two keys at a time for the scores, and the values a quarter of each row (one
+ * cache line) at a time, so that every head's accumulators stay in registers; each element is still the same chain
+ * of multiply-adds in the same order as key_scores256 / weighted_values256. */
+#define JOINT256(SUFFIX, T, LOAD8, NH)                                                                             \
+    T256 static void key_scores##SUFFIX##256_j##NH(const float *q, const T *keys, int len, float scale, float *sc, \
+                                                    size_t ld) {                                                 \
+        int j = 0;                                                                                               \
+        for (; j + 2 <= len; j += 2) {                                                                           \
+            const T *k0 = keys + (size_t)j * 64;                                                                 \
+            __m256 a[NH][2];                                                                                     \
+            for (int h = 0; h < NH; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();                                \
+            for (int d = 0; d < 64; d += 8) {                                                                    \
+                const __m256 x0 = LOAD8(k0 + d), x1 = LOAD8(k0 + 64 + d);                                        \
+                for (int h = 0; h < NH; h++) {                                                                   \
+                    const __m256 qv = _mm256_loadu_ps(q + 64 * h + d);                                           \
+                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);                                                  \
+                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);                                                  \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int h = 0; h < NH; h++) {                                                                       \
+                sc[h * ld + j] = hsum8(a[h][0]) * scale;                                                         \
+                sc[h * ld + j + 1] = hsum8(a[h][1]) * scale;                                                     \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (; j < len; j++) {                                                                                   \
+            const T *kj = keys + (size_t)j * 64;                                                                 \
+            for (int h = 0; h < NH; h++) {                                                                       \
+                __m256 acc = _mm256_setzero_ps();                                                                \
+                for (int d = 0; d < 64; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 64 * h + d), LOAD8(kj + d), acc); \
+                sc[h * ld + j] = hsum8(acc) * scale;                                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    }                                                                                                            \
+    T256 static void weighted_values##SUFFIX##256_j##NH(const float *p, size_t ld, const T *vals, int len,        \
+                                                         float *out) {                                           \
+        for (int u = 0; u < 64; u += 16) {                                                                       \
+            __m256 a[NH][2];                                                                                     \
+            for (int h = 0; h < NH; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();                                \
+            for (int j = 0; j < len; j++) {                                                                      \
+                const T *v = vals + (size_t)j * 64 + u;                                                          \
+                const __m256 v0 = LOAD8(v), v1 = LOAD8(v + 8);                                                   \
+                for (int h = 0; h < NH; h++) {                                                                   \
+                    const __m256 pj = _mm256_set1_ps(p[h * ld + j]);                                             \
+                    a[h][0] = _mm256_fmadd_ps(pj, v0, a[h][0]);                                                  \
+                    a[h][1] = _mm256_fmadd_ps(pj, v1, a[h][1]);                                                  \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int h = 0; h < NH; h++) {                                                                       \
+                _mm256_storeu_ps(out + 64 * h + u, a[h][0]);                                                     \
+                _mm256_storeu_ps(out + 64 * h + u + 8, a[h][1]);                                                 \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+JOINT256(, float, F32_8, 2)
+JOINT256(, float, F32_8, 3)
+JOINT256(_h, uint16_t, F16_8, 2)
+JOINT256(_h, uint16_t, F16_8, 3)
+#undef JOINT256
+
 #endif
 
 /* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
@@ -529,8 +588,8 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         }
         MARK(PART_REST);
         /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
-         * the tasks that read the same keys and values one after the other, while they are in its cache; on AVX-512
-         * with heads of 64, up to three of its heads that share a key-value head and a row read them once */
+         * the tasks that read the same keys and values one after the other, while they are in its cache; on AVX2 and
+         * AVX-512 with heads of 64, up to three of its heads that share a key-value head and a row read them once */
 #pragma omp parallel num_threads(threads)
         {
 #ifdef _OPENMP
@@ -544,7 +603,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
                 const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
                 int nh = 1;
 #ifdef HAVE_JOINT
-                if (isa >= ISA_AVX512 && hd == 64) {
+                if (isa >= ISA_AVX2 && hd == 64) {
                     nh = group - t % group;
                     nh = nh < hi - t ? nh : hi - t;
                     nh = nh < 3 ? nh : 3;
@@ -558,13 +617,21 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
                 float *sc = scores + (size_t)t * end;
                 float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
 #ifdef HAVE_JOINT
-                if (nh > 1) {
+                if (nh > 1 && isa >= ISA_AVX512) {
                     if (kv_half) {
                         if (nh == 3) key_scores_h_j3(q, keys_h, len, scale, sc, end);
                         else key_scores_h_j2(q, keys_h, len, scale, sc, end);
                     } else {
                         if (nh == 3) key_scores_j3(q, keys, len, scale, sc, end);
                         else key_scores_j2(q, keys, len, scale, sc, end);
+                    }
+                } else if (nh > 1) {
+                    if (kv_half) {
+                        if (nh == 3) key_scores_h256_j3(q, keys_h, len, scale, sc, end);
+                        else key_scores_h256_j2(q, keys_h, len, scale, sc, end);
+                    } else {
+                        if (nh == 3) key_scores256_j3(q, keys, len, scale, sc, end);
+                        else key_scores256_j2(q, keys, len, scale, sc, end);
                     }
                 }
 #endif
@@ -579,13 +646,21 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
                     sums[h] = softmax_unnormalised(sc + (size_t)h * end, len, isa);
                 }
 #ifdef HAVE_JOINT
-                if (nh > 1) {
+                if (nh > 1 && isa >= ISA_AVX512) {
                     if (kv_half) {
                         if (nh == 3) weighted_values_h_j3(sc, end, vals_h, len, out);
                         else weighted_values_h_j2(sc, end, vals_h, len, out);
                     } else {
                         if (nh == 3) weighted_values_j3(sc, end, vals, len, out);
                         else weighted_values_j2(sc, end, vals, len, out);
+                    }
+                } else if (nh > 1) {
+                    if (kv_half) {
+                        if (nh == 3) weighted_values_h256_j3(sc, end, vals_h, len, out);
+                        else weighted_values_h256_j2(sc, end, vals_h, len, out);
+                    } else {
+                        if (nh == 3) weighted_values256_j3(sc, end, vals, len, out);
+                        else weighted_values256_j2(sc, end, vals, len, out);
                     }
                 }
 #endif

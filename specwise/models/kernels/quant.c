@@ -1083,8 +1083,9 @@ TARGET_AVX2 INLINE __m256 scale256(const qmat *w, int which, size_t i, const int
  * saturation). While it works on tile t it asks for the next tile's lines, a share per block, so that memory keeps
  * streaming while the products are computed. */
 TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *qx, const float *dx, const float *ds,
-                                 const int32_t *corr, float *y, int ldy, int valid, const int KIND, const int HASM,
-                                 const int CORR, const int SIGNED, const int R, const int H, const int SF) {
+                                 const int32_t *corr, int RS, float *y, int ldy, int valid, const int KIND,
+                                 const int HASM, const int CORR, const int SIGNED, const int R, const int H,
+                                 const int SF) {
     __m256 acc[2][4];
     for (int h = 0; h < H; h++)
         for (int r = 0; r < R; r++) acc[h][r] = _mm256_setzero_ps();
@@ -1095,7 +1096,7 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
     const char *next = (const char *)w->q + (size_t)(t + 1) * nb * block_bytes;
     for (int b = 0; b < nb; b++) {
         __m256i ia[2][4];
-        const int8_t *xb = qx + (size_t)b * R * 32;
+        const int8_t *xb = qx + (size_t)b * RS * 32;
         { /* this call's share of the next tile's lines of block b: half of them per half tile */
             const size_t from = H == 2 ? 0 : (size_t)half * (block_bytes / 2), len = H == 2 ? block_bytes : block_bytes / 2;
             for (size_t l = 0; l < len; l += 64) _mm_prefetch(next + (size_t)b * block_bytes + from + l, _MM_HINT_T1);
@@ -1152,13 +1153,13 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
             m[h] = HASM ? scale256(w, 1, si, SF) : _mm256_setzero_ps();
         }
         for (int r = 0; r < R; r++) {
-            const __m256 dxr = _mm256_set1_ps(dx[(size_t)b * R + r]);
+            const __m256 dxr = _mm256_set1_ps(dx[(size_t)b * RS + r]);
             for (int h = 0; h < H; h++) {
                 __m256i isum = ia[h][r];
-                if (CORR) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[(size_t)b * R + r]));
+                if (CORR) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(corr[(size_t)b * RS + r]));
                 const __m256 d = _mm256_mul_ps(s[h], dxr);
                 acc[h][r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(isum), acc[h][r]);
-                if (HASM) acc[h][r] = _mm256_fmadd_ps(m[h], _mm256_set1_ps(ds[(size_t)b * R + r]), acc[h][r]);
+                if (HASM) acc[h][r] = _mm256_fmadd_ps(m[h], _mm256_set1_ps(ds[(size_t)b * RS + r]), acc[h][r]);
             }
         }
     }
@@ -1169,20 +1170,20 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
 /* one kernel per format: SF (scale256) and, for one or two rows, both half tiles at once (H = 2) */
 #define Q8IL256_CASES(KIND, HASM, CORR, SIGNED, SF)                                                                \
     if (H == 2) {                                                                                                  \
-        if (R == 1) q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 2, SF);     \
-        else q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 2, SF);            \
+        if (R == 1) q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 2, SF);     \
+        else q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 2, SF);            \
     } else {                                                                                                       \
         switch (R) {                                                                                               \
-            case 1: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 1, SF); break; \
-            case 2: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 1, SF); break; \
-            case 3: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3, 1, SF); break; \
-            default: q8il_256(w, t, half, qx, dx, ds, corr, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4, 1, SF); break; \
+            case 1: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 1, SF); break; \
+            case 2: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 1, SF); break; \
+            case 3: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3, 1, SF); break; \
+            default: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4, 1, SF); break; \
         }                                                                                                          \
     }
 #define Q8IL256_RUN(NAME, KIND, HASM, CORR, SIGNED)                                                             \
     TARGET_AVX2 __attribute__((noinline)) static void NAME(const qmat *w, int t, int half, const int8_t *qx,     \
                                                            const float *dx, const float *ds, const int32_t *corr, \
-                                                           float *y, int ldy, int valid, int R, int H) {         \
+                                                           int RS, float *y, int ldy, int valid, int R, int H) { \
         if (w->half && !w->sub) {                                                                                \
             Q8IL256_CASES(KIND, HASM, CORR, SIGNED, 1)                                                           \
         } else {                                                                                                 \
@@ -1199,22 +1200,24 @@ Q8IL256_RUN(q8il256_u8, KIND_U8, 0, 0, 0)
 #undef Q8IL256_RUN
 #undef Q8IL256_CASES
 
-/* q8il_256 for tile t (n valid rows): both half tiles in one pass for one or two rows (where both hold rows),
- * else one half tile after the other */
+/* q8il_256 for tile t (n valid rows) and R rows interleaved per block (R <= 8), four rows at a time (the tile stays
+ * in L1 between them): one or two rows over both half tiles at once where both hold rows, more rows one half tile
+ * after the other (their accumulators would not fit the registers twice) */
 TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
                                     const int32_t *corr, float *y, int ldy, int n, int R) {
-    const int H = R <= 2 && n > 8 ? 2 : 1;
-    for (int half = 0; half < 2 && 8 * half < n; half += H) {
-        float *yh = y + 8 * half;
-        const int valid = n - 8 * half;
-        if (w->kind == KIND_Q4)
-            (w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4))(w, t, half, qx, dx, ds, corr, yh, ldy,
-                                                                              valid, R, H);
-        else if (w->offset == 128)
-            q8il256_u8s(w, t, half, qx, dx, ds, corr, yh, ldy, valid, R, H);
-        else
-            (w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8))(w, t, half, qx, dx, ds, corr, yh, ldy,
-                                                                              valid, R, H);
+    void (*kernel)(const qmat *, int, int, const int8_t *, const float *, const float *, const int32_t *, int, float *,
+                   int, int, int, int);
+    if (w->kind == KIND_Q4)
+        kernel = w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4);
+    else if (w->offset == 128)
+        kernel = q8il256_u8s;
+    else
+        kernel = w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8);
+    for (int r0 = 0; r0 < R; r0 += 4) {
+        const int rr = R - r0 < 4 ? R - r0 : 4, H = rr <= 2 && n > 8 ? 2 : 1;
+        for (int half = 0; half < 2 && 8 * half < n; half += H)
+            kernel(w, t, half, qx + (size_t)r0 * 32, dx + r0, ds + r0, corr ? corr + r0 : NULL, R,
+                   y + (size_t)r0 * ldy + 8 * half, ldy, n - 8 * half, rr, H);
     }
 }
 
@@ -1281,8 +1284,8 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
     first_tile[nparts] = tiles;
     acts a = {x, in, NULL, NULL, NULL, NULL};
     void *mem = NULL;
-    const int RMAX = isa == ISA_AVX512 ? 8 : (isa == ISA_AVX2 ? 4 : 8);
-    /* AVX-512 q8 (run512_q8il): the activations interleaved per group of RMAX rows, and each distinct
+    const int RMAX = 8;
+    /* q8 on AVX-512 and AVX2 (run512_q8il, run256_q8il): the activations interleaved per group of RMAX rows, and each distinct
      * (offset, block) of the parts' offset corrections offset * sum(qx) per weight block and row */
     const int il = need_q8 && (isa == ISA_AVX512 || isa == ISA_AVX2);
     int ncorr = 0, coff[8], cblk[8];
@@ -1396,7 +1399,18 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
                     if (isa == ISA_AVX512)
                         run512(w, t0, TT, xr, in, yt, ldy, R, n);
                     else if (isa == ISA_AVX2)
-                        run256(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
+                        for (int s = 0; s < R; s += 4) { /* run256 takes up to four rows */
+                            acts as = ar;
+                            if (need_q8) {
+                                const size_t nb = (size_t)in / 32;
+                                as.qx += (size_t)s * in;
+                                as.dx += (size_t)s * nb;
+                                as.dsum += (size_t)s * nb;
+                                as.isum += (size_t)s * nb * 2;
+                            }
+                            run256(w, t0, TT, xr + (size_t)s * in, in, &as, mode, yt + (size_t)s * ldy, ldy,
+                                   R - s < 4 ? R - s : 4, n);
+                        }
                     else
 #endif
                         for (int tt = 0; tt < TT; tt++)
