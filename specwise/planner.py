@@ -128,9 +128,11 @@ class _Source:
         self.plain_run = 0  # steps since this source was last asked
         self.asked_now = False  # asked during the current step
         self.probing = False  # the last choice for this source was a probe
+        self.skip = 0  # steps for which the last "not worth asking" still stands (AdaptivePlanner.REUSE)
 
     def begin(self, carry: float) -> None:
         self.plain_run = 0
+        self.skip = 0
         self.time_asks = False
         self.asked_now = False
         self.tokens.reset()
@@ -345,6 +347,10 @@ class AdaptivePlanner(Planner):
     CATCH_UP = 2  # a drafter that took in more context tokens than this before drafting is not timed (catch_up)
     PROBE_INTAKE = 0.1  # a probe may take in context costing this share of the plain decoding of what is left
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
+    # A source found not worth asking is not weighed again for this many steps (until its probe is due): what it is
+    # judged on (its acceptance, its asks) does not change while it is not asked, and the machine's costs drift
+    # slowly, while weighing every gamma costs tens of microseconds of interpreted code right after a pass.
+    REUSE = 3
 
     def __init__(
         self,
@@ -526,11 +532,17 @@ class AdaptivePlanner(Planner):
         if top <= 0 or self.calibrating():
             known.probing = False
             return 0
+        alone = self._rows == 0  # a shared pass's plan depends on the others' rows: weighed every time
+        if alone and known.skip > 0 and known.plain_run < self.probe_every:
+            known.skip -= 1  # a smaller limit only removes choices: still not worth it
+            known.probing = False
+            return 0
         rates = self._rates(state, top, source)
         best = max(range(top + 1), key=rates.__getitem__)
         if not self.worth_drafting(rates[best]):
             best = 0
         known.probing = best == 0 and known.plain_run >= self.probe_every
+        known.skip = self.REUSE if alone and best == 0 and not known.probing else 0
         return 1 if known.probing else best
 
     def draft(self, state, context, limit, params, generator, batch=None) -> Proposal:

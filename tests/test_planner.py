@@ -86,6 +86,27 @@ def test_never_accepted_drafter_is_still_probed_now_and_then():
     assert 0 < tail.count(1) <= len(tail) // 8 + 1
 
 
+def test_a_source_not_worth_asking_is_weighed_again_only_every_few_steps():
+    """Once a source is found not worth asking, the next REUSE steps take that answer without weighing every gamma
+    again (nothing it is judged on changes while it is not asked); the choices, probes included, are those of a
+    planner that weighs every step."""
+    s = AdaptivePlanner(max_gamma=6, probe_every=8)
+    s.REUSE = 3
+    every = AdaptivePlanner(max_gamma=6, probe_every=8)
+    every.REUSE = 0
+    chosen = feed(s, start(s), 200, lambda i: False, cost)
+    assert chosen == feed(every, start(every), 200, lambda i: False, cost)
+    assert 0 < chosen[100:].count(1)  # still probed
+    weighed = []
+    inner = s._rates
+    s._rates = lambda *a: weighed.append(1) or inner(*a)
+    state = start(s)
+    feed(s, state, 40, lambda i: False, cost)  # a new request: the first steps draft on the carried prior
+    weighed.clear()
+    tail = feed(s, state, 80, lambda i: False, cost)
+    assert tail.count(0) > 60 and len(weighed) <= 80 // 4 + tail.count(1) + 2
+
+
 def test_a_planner_that_always_drafts_still_measures_a_plain_pass():
     """The first steps draft (prior 0.5): without a 1-token pass the planner's unit comes from longer passes and
     the cost curve (here c(2) = 1.1 assumed, 1.5 true), which makes a plain step look dearer than it is and keeps
