@@ -290,12 +290,12 @@ def test_instruction_paths_agree_bit_for_bit(weights, t, isa):
     qt, x = weights[t]
     quant.set_isa("portable")
     assert quant.isa() == "portable"
-    want = {mode: [quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 5, 8, 17, 32)] for mode in quant.MODES}
+    want = {mode: [quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 2, 3, 5, 8, 17, 32)] for mode in quant.MODES}
     deq = qt.dequantize()
     use_isa(isa)
     assert quant.isa() == isa
     for mode in quant.MODES:
-        for got, ref in zip([quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 5, 8, 17, 32)], want[mode]):
+        for got, ref in zip([quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 2, 3, 5, 8, 17, 32)], want[mode]):
             assert torch.equal(got, ref), (mode, got.shape, (got - ref).abs().max())
     assert torch.equal(qt.dequantize(), deq)
 

@@ -1167,11 +1167,12 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
         for (int r = 0; r < R; r++) store256(y + (size_t)r * ldy + 8 * h, acc[h][r], valid - 8 * h);
 }
 
-/* one kernel per format: SF (scale256) and, for one or two rows, both half tiles at once (H = 2) */
+/* one kernel per format: SF (scale256) and, for up to three rows, both half tiles at once (H = 2) */
 #define Q8IL256_CASES(KIND, HASM, CORR, SIGNED, SF)                                                                \
     if (H == 2) {                                                                                                  \
         if (R == 1) q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 2, SF);     \
-        else q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 2, SF);            \
+        else if (R == 2) q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 2, 2, SF); \
+        else q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 3, 2, SF);            \
     } else {                                                                                                       \
         switch (R) {                                                                                               \
             case 1: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 1, 1, SF); break; \
@@ -1201,8 +1202,8 @@ Q8IL256_RUN(q8il256_u8, KIND_U8, 0, 0, 0)
 #undef Q8IL256_CASES
 
 /* q8il_256 for tile t (n valid rows) and R rows interleaved per block (R <= 8), four rows at a time (the tile stays
- * in L1 between them): one or two rows over both half tiles at once where both hold rows, more rows one half tile
- * after the other (their accumulators would not fit the registers twice) */
+ * in L1 between them): up to three rows over both half tiles at once where both hold rows (three spill a few
+ * accumulators, still cheaper than broadcasting every activation twice), four one half tile after the other */
 TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
                                     const int32_t *corr, float *y, int ldy, int n, int R) {
     void (*kernel)(const qmat *, int, int, const int8_t *, const float *, const float *, const int32_t *, int, float *,
@@ -1214,7 +1215,7 @@ TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, cons
     else
         kernel = w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8);
     for (int r0 = 0; r0 < R; r0 += 4) {
-        const int rr = R - r0 < 4 ? R - r0 : 4, H = rr <= 2 && n > 8 ? 2 : 1;
+        const int rr = R - r0 < 4 ? R - r0 : 4, H = rr <= 3 && n > 8 ? 2 : 1;
         for (int half = 0; half < 2 && 8 * half < n; half += H)
             kernel(w, t, half, qx + (size_t)r0 * 32, dx + r0, ds + r0, corr ? corr + r0 : NULL, R,
                    y + (size_t)r0 * ldy + 8 * half, ldy, n - 8 * half, rr, H);
