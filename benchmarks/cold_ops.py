@@ -8,14 +8,13 @@ decoding step runs in one native call and the step around it avoids tensors (doc
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import torch
 
-from specwise.bench.runner import machine_info
+from specwise.bench.runner import emit_json, machine_info
 from specwise.models.loader import load_model
 
 
@@ -62,11 +61,7 @@ def main() -> int:
         }
         print(name, " ".join(f"{k} {v:.1f}" for k, v in rows[name].items()), file=sys.stderr, flush=True)
     result = {"command": " ".join(sys.argv), "machine": machine_info("cpu"), "medians": rows}
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
-    else:
-        print(json.dumps(result, indent=1))
+    emit_json(result, args.out)
     return 0
 
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import statistics
 import sys
 import time
 
 import torch
 
-from specwise.bench.runner import machine_info
+from specwise.bench.runner import emit_json, machine_info
 from specwise.models.kernels import quant
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel
@@ -102,11 +101,7 @@ def main() -> int:
         "libs": args.libs,
         "rows": rows,
     }
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
-    else:
-        print(json.dumps(result, indent=1))
+    emit_json(result, args.out)
     return 0
 
 

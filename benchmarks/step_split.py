@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from specwise.bench.runner import machine_info
+from specwise.bench.runner import emit_json, machine_info
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.models.loader import load_model
@@ -92,11 +92,7 @@ def main() -> int:
         }
         print(spec, json.dumps(results[spec]), file=sys.stderr, flush=True)
     result = {"command": " ".join(sys.argv), "machine": machine_info("cpu"), "drafters": results}
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(result, fh, indent=1)
-    else:
-        print(json.dumps(result, indent=1))
+    emit_json(result, args.out)
     return 0
 
 

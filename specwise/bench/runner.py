@@ -15,6 +15,7 @@ paired speedups with 95% intervals and verdicts come from :mod:`specwise.bench.p
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -32,6 +33,7 @@ from specwise.metrics import SpecStats
 from specwise.sampling import SamplingParams
 
 __all__ = [
+    "emit_json",
     "SCHEMA_VERSION",
     "PLAIN_ID",
     "HF_GENERATE_ID",
@@ -666,6 +668,15 @@ def _kernel_isa() -> str | None:
     from specwise.models.kernels.quant import isa, quantized_available
 
     return isa() if quantized_available() else None
+
+
+def emit_json(result: dict, out: str | None) -> None:
+    """A benchmark script's result: written to ``out`` as indented JSON, or printed when no file is named."""
+    if out:
+        with open(out, "w") as fh:
+            json.dump(result, fh, indent=1)
+    else:
+        print(json.dumps(result, indent=1))
 
 
 def machine_info(device: str) -> dict:
