@@ -249,30 +249,27 @@ ATTENTION_X86(, float, F32_8, F32_16)
 ATTENTION_X86(_h, uint16_t, F16_8, F16_16)
 #undef ATTENTION_X86
 
-/* NH query heads that share a key-value head (head size 64), each key and value read once for all of them: every
- * head's numbers are those of key_scores / weighted_values above (the same chains in the same order). */
-#define JOINT(SUFFIX, T, LOAD8, LOAD16, NH)                                                                        \
-    T512 static void key_scores##SUFFIX##_j##NH(const float *q, const T *keys, int len, float scale, float *sc,   \
-                                                 size_t ld) {                                                    \
+/* sc[h * ld + j] = (q_h . keys[j]) * scale for NH query heads q_h (q + 64 h) of 64 and every key j, KB keys at a
+ * time, each key loaded once for all heads: every score is key_scores256's chain (the same multiply-adds in the same
+ * order). KB = 4 for AVX-512's 32 registers, 2 for AVX2's 16. */
+#define JOINT_SCORES(NAME, TARGET, T, LOAD8, NH, KB)                                                               \
+    TARGET static void NAME(const float *q, const T *keys, int len, float scale, float *sc, size_t ld) {          \
         int j = 0;                                                                                               \
-        for (; j + 4 <= len; j += 4) {                                                                           \
+        for (; j + KB <= len; j += KB) {                                                                         \
             const T *k0 = keys + (size_t)j * 64;                                                                 \
-            __m256 a[NH][4];                                                                                     \
+            __m256 a[NH][KB];                                                                                    \
             for (int h = 0; h < NH; h++)                                                                         \
-                for (int i = 0; i < 4; i++) a[h][i] = _mm256_setzero_ps();                                       \
+                for (int i = 0; i < KB; i++) a[h][i] = _mm256_setzero_ps();                                      \
             for (int d = 0; d < 64; d += 8) {                                                                    \
-                const __m256 x0 = LOAD8(k0 + d), x1 = LOAD8(k0 + 64 + d), x2 = LOAD8(k0 + 128 + d),                \
-                             x3 = LOAD8(k0 + 192 + d);                                                           \
+                __m256 x[KB];                                                                                    \
+                for (int i = 0; i < KB; i++) x[i] = LOAD8(k0 + 64 * i + d);                                      \
                 for (int h = 0; h < NH; h++) {                                                                   \
                     const __m256 qv = _mm256_loadu_ps(q + 64 * h + d);                                           \
-                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);                                                  \
-                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);                                                  \
-                    a[h][2] = _mm256_fmadd_ps(qv, x2, a[h][2]);                                                  \
-                    a[h][3] = _mm256_fmadd_ps(qv, x3, a[h][3]);                                                  \
+                    for (int i = 0; i < KB; i++) a[h][i] = _mm256_fmadd_ps(qv, x[i], a[h][i]);                   \
                 }                                                                                                \
             }                                                                                                    \
             for (int h = 0; h < NH; h++)                                                                         \
-                for (int i = 0; i < 4; i++) sc[h * ld + j + i] = hsum8(a[h][i]) * scale;                         \
+                for (int i = 0; i < KB; i++) sc[h * ld + j + i] = hsum8(a[h][i]) * scale;                        \
         }                                                                                                        \
         for (; j < len; j++) {                                                                                   \
             const T *kj = keys + (size_t)j * 64;                                                                 \
@@ -282,7 +279,12 @@ ATTENTION_X86(_h, uint16_t, F16_8, F16_16)
                 sc[h * ld + j] = hsum8(acc) * scale;                                                             \
             }                                                                                                    \
         }                                                                                                        \
-    }                                                                                                            \
+    }
+
+/* NH query heads that share a key-value head (head size 64), each key and value read once for all of them: every
+ * head's numbers are those of key_scores / weighted_values above (the same chains in the same order). */
+#define JOINT(SUFFIX, T, LOAD8, LOAD16, NH)                                                                        \
+    JOINT_SCORES(key_scores##SUFFIX##_j##NH, T512, T, LOAD8, NH, 4)                                             \
     T512 static void weighted_values##SUFFIX##_j##NH(const float *p, size_t ld, const T *vals, int len, float *out) { \
         __m512 a[NH][4];                                                                                         \
         for (int h = 0; h < NH; h++)                                                                             \
@@ -310,37 +312,9 @@ JOINT(_h, uint16_t, F16_8, F16_16, 3)
 
 /* The same for AVX2 (16 registers): two keys at a time for the scores, and the values a quarter of each row (one
  * cache line) at a time, so that every head's accumulators stay in registers; each element is still the same chain
- * of multiply-adds in the same order as key_scores256 / weighted_values256. */
+ * of multiply-adds in the same order as weighted_values256. */
 #define JOINT256(SUFFIX, T, LOAD8, NH)                                                                             \
-    T256 static void key_scores##SUFFIX##256_j##NH(const float *q, const T *keys, int len, float scale, float *sc, \
-                                                    size_t ld) {                                                 \
-        int j = 0;                                                                                               \
-        for (; j + 2 <= len; j += 2) {                                                                           \
-            const T *k0 = keys + (size_t)j * 64;                                                                 \
-            __m256 a[NH][2];                                                                                     \
-            for (int h = 0; h < NH; h++) a[h][0] = a[h][1] = _mm256_setzero_ps();                                \
-            for (int d = 0; d < 64; d += 8) {                                                                    \
-                const __m256 x0 = LOAD8(k0 + d), x1 = LOAD8(k0 + 64 + d);                                        \
-                for (int h = 0; h < NH; h++) {                                                                   \
-                    const __m256 qv = _mm256_loadu_ps(q + 64 * h + d);                                           \
-                    a[h][0] = _mm256_fmadd_ps(qv, x0, a[h][0]);                                                  \
-                    a[h][1] = _mm256_fmadd_ps(qv, x1, a[h][1]);                                                  \
-                }                                                                                                \
-            }                                                                                                    \
-            for (int h = 0; h < NH; h++) {                                                                       \
-                sc[h * ld + j] = hsum8(a[h][0]) * scale;                                                         \
-                sc[h * ld + j + 1] = hsum8(a[h][1]) * scale;                                                     \
-            }                                                                                                    \
-        }                                                                                                        \
-        for (; j < len; j++) {                                                                                   \
-            const T *kj = keys + (size_t)j * 64;                                                                 \
-            for (int h = 0; h < NH; h++) {                                                                       \
-                __m256 acc = _mm256_setzero_ps();                                                                \
-                for (int d = 0; d < 64; d += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + 64 * h + d), LOAD8(kj + d), acc); \
-                sc[h * ld + j] = hsum8(acc) * scale;                                                             \
-            }                                                                                                    \
-        }                                                                                                        \
-    }                                                                                                            \
+    JOINT_SCORES(key_scores##SUFFIX##256_j##NH, T256, T, LOAD8, NH, 2)                                          \
     T256 static void weighted_values##SUFFIX##256_j##NH(const float *p, size_t ld, const T *vals, int len,        \
                                                          float *out) {                                           \
         for (int u = 0; u < 64; u += 16) {                                                                       \
@@ -366,6 +340,7 @@ JOINT256(, float, F32_8, 3)
 JOINT256(_h, uint16_t, F16_8, 2)
 JOINT256(_h, uint16_t, F16_8, 3)
 #undef JOINT256
+#undef JOINT_SCORES
 
 #endif
 
