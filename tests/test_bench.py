@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from pathlib import Path
 
@@ -317,21 +318,35 @@ def test_paired_entries_of_a_run(rounds_results):
     from specwise.bench.paired import FASTER, NO_DIFFERENCE, SLOWER
 
     data = rounds_results
-    paired = {(e["config"], e["baseline"], e["category"]): e for e in data["paired"]}
+    paired = {(e["config"], e["baseline"], e["measure"], e["category"]): e for e in data["paired"]}
+    measures = ("tokens_per_second", "decode_tokens_per_second")  # end to end, and the prompt's pass left out
     assert set(paired) == {
-        (c, "specwise:none", cat)
+        (c, "specwise:none", m, cat)
         for c in ("specwise:ngram:g2", "specwise:ngram:gauto")
+        for m in measures
         for cat in ("letters", "arithmetic", "all")
     }
     for e in paired.values():
-        assert e["measure"] == "tokens_per_second" and e["verdict"] in (FASTER, SLOWER, NO_DIFFERENCE)
+        assert e["verdict"] in (FASTER, SLOWER, NO_DIFFERENCE)
         assert e["pairs"] == 2 * e["questions"]  # one pair per question and round
-    one = paired[("specwise:ngram:g2", "specwise:none", "letters")]
+    one = paired[("specwise:ngram:g2", "specwise:none", "tokens_per_second", "letters")]
     assert one["questions"] == 1 and one["low"] is None and one["verdict"] == NO_DIFFERENCE
-    assert paired[("specwise:ngram:g2", "specwise:none", "all")]["questions"] == 2
+    assert paired[("specwise:ngram:g2", "specwise:none", "tokens_per_second", "all")]["questions"] == 2
+    # the decode measure pairs the runs' decode rates: its ratio is the geometric mean of theirs
+    runs = {(r["config"], r["prompt_id"], r["round"]): r for r in data["runs"]}
+    ratios = [
+        runs[("specwise:ngram:g2", r["prompt_id"], r["round"])]["decode_tokens_per_second"]
+        / r["decode_tokens_per_second"]
+        for r in data["runs"]
+        if r["config"] == "specwise:none"
+    ]
+    expected = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    decode = paired[("specwise:ngram:g2", "specwise:none", "decode_tokens_per_second", "all")]
+    assert decode["geomean"] == pytest.approx(expected, rel=1e-6)
     text = render_markdown(data)
     assert "## Paired speedups (all categories)" in text and "paired speedup [95%]" in text
-    assert "## Paired speedup over plain decoding of the same engine, by category" in text
+    assert "## Paired speedup over plain decoding of the same engine, by category\n" in text
+    assert "by category (decode tokens per second: the prompt's pass left out)" in text
     assert "specwise ngram γ=auto" in text
 
 

@@ -249,14 +249,13 @@ def _own_plain(config_id: str) -> str:
 
 
 def _paired_by_category(results: dict) -> list[str]:
-    """Paired speedups over plain decoding of the same engine, per category, with the verdict marked."""
+    """Paired speedups over plain decoding of the same engine, per category, with the verdict marked: one table
+    per measure (end to end first, then decode tokens/s where the runs report it)."""
     labels, categories = _labels(results), [*results["categories"], "all"]
-    cells: dict[str, dict[str, dict]] = {}
+    tables: dict[str, dict[str, dict[str, dict]]] = {}  # measure -> config -> category -> entry
     for e in results["paired"]:
         if e["baseline"] == _own_plain(e["config"]):
-            cells.setdefault(e["config"], {})[e["category"]] = e
-    if not cells:
-        return []
+            tables.setdefault(e["measure"], {}).setdefault(e["config"], {})[e["category"]] = e
 
     def cell(entry: dict | None) -> str:
         if entry is None:
@@ -264,15 +263,19 @@ def _paired_by_category(results: dict) -> list[str]:
         mark = {FASTER: "", SLOWER: " **slower**"}.get(entry["verdict"], " (=)")
         return _interval(entry) + mark
 
-    rows = [[labels.get(c, c), *(cell(by_cat.get(cat)) for cat in categories)] for c, by_cat in cells.items()]
-    return [
-        "## Paired speedup over plain decoding of the same engine, by category",
-        "",
-        "(=): no measurable difference (the 95% interval holds 1, or one prompt only: no interval).",
-        "",
-        *_table(["configuration", *categories], rows),
-        "",
-    ]
+    lines = []
+    for measure, cells in tables.items():
+        rows = [[labels.get(c, c), *(cell(by_cat.get(cat)) for cat in categories)] for c, by_cat in cells.items()]
+        what = "" if measure == "tokens_per_second" else f" ({measure.replace('_', ' ')}: the prompt's pass left out)"
+        lines += [
+            f"## Paired speedup over plain decoding of the same engine, by category{what}",
+            "",
+            "(=): no measurable difference (the 95% interval holds 1, or one prompt only: no interval).",
+            "",
+            *_table(["configuration", *categories], rows),
+            "",
+        ]
+    return lines
 
 
 def _by_category(results: dict, title: str, field: str, configs: list[dict], digits: int, suffix: str) -> list[str]:

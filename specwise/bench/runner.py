@@ -764,13 +764,14 @@ def summarize(configs: list[BenchConfig], records: list[RunRecord], categories: 
 
 
 def _baselines(config: BenchConfig, ids: set[str]) -> list[tuple[str, str]]:
-    """(baseline, measure) pairs a configuration is compared with: the plain decoding of its own engine, then
-    the peers' plain decoding (Hugging Face generate; llama.cpp on decode tokens/s, as it reports them)."""
+    """(baseline, measure) pairs a configuration is compared with: the plain decoding of its own engine (end to
+    end, and on decode tokens/s: the prompt's pass, which speculation does not change, left out), then the peers'
+    plain decoding (Hugging Face generate; llama.cpp on decode tokens/s, as it reports them)."""
     if config.method == HF_ASSISTED:
         return [(HF_GENERATE_ID, "tokens_per_second")]
     if config.method != SPECWISE:
         return []
-    pairs = [] if config.id == PLAIN_ID else [(PLAIN_ID, "tokens_per_second")]
+    pairs = [] if config.id == PLAIN_ID else [(PLAIN_ID, "tokens_per_second"), (PLAIN_ID, "decode_tokens_per_second")]
     if HF_GENERATE_ID in ids:
         pairs.append((HF_GENERATE_ID, "tokens_per_second"))
     if LLAMA_CPP_ID in ids:
