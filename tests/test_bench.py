@@ -129,6 +129,29 @@ def test_report_and_plots(bench_dir, results):
         assert f"]({name})" in report
 
 
+def test_machine_names_the_cpu_generation_and_kernel_path(results, monkeypatch):
+    import specwise.bench.runner as runner
+
+    machine = results["machine"]
+    assert "cpu_generation" in machine and "kernel_isa" in machine
+    cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+    real_open = open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/cpuinfo":
+            import io
+
+            return io.StringIO(cpuinfo)
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr("builtins.open", fake_open)
+    assert runner._cpu_generation() == "AuthenticAMD family 26 model 2"
+    shown = copy.deepcopy(results)
+    shown["machine"].update(cpu_generation="AuthenticAMD family 26 model 2", kernel_isa="avx512")
+    monkeypatch.setattr("builtins.open", real_open)
+    assert "(AuthenticAMD family 26 model 2; avx512 kernels)" in render_markdown(shown)
+
+
 def test_report_only_rerenders_and_a_mismatch_is_loud(tmp_path, results, capsys):
     bad = copy.deepcopy(results)
     run = next(r for r in bad["runs"] if r["config"] == "specwise:ngram:g2")
@@ -144,6 +167,16 @@ def test_report_only_rerenders_and_a_mismatch_is_loud(tmp_path, results, capsys)
     report = (tmp_path / "report.md").read_text(encoding="utf-8")
     assert "⚠ GREEDY MISMATCH: 1 of 4" in report and "first difference at token 3" in report
     assert all((tmp_path / name).stat().st_size > 0 for name in PLOT_FILES.values())
+
+
+def test_report_only_recomputes_the_paired_speedups_from_the_runs(tmp_path, results):
+    old = copy.deepcopy(results)
+    old["paired"] = [e for e in old["paired"] if e["measure"] != "decode_tokens_per_second"]  # an older run's
+    (tmp_path / "results.json").write_text(json.dumps(old), encoding="utf-8")
+    assert main(["bench", "--out", str(tmp_path), "--report-only"]) == 0
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "by category (decode tokens per second: the prompt's pass left out)" in report
+    assert json.loads((tmp_path / "results.json").read_text(encoding="utf-8")) == old  # the runs' file untouched
 
 
 def test_validator_names_every_problem(results):

@@ -78,6 +78,14 @@ def _has_hf(results: dict) -> bool:
 # ---------------------------------------------------------------------------------------------------- markdown
 
 
+def _generation(machine: dict) -> str:
+    """`` (AuthenticAMD family 26 model 2; avx512 kernels)``, from what the results recorded (older runs: less)."""
+    parts = [machine[k] for k in ("cpu_generation",) if machine.get(k)]
+    if machine.get("kernel_isa"):
+        parts.append(f"{machine['kernel_isa']} kernels")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def _header(results: dict) -> list[str]:
     s, m = results["settings"], results["machine"]
     decoding = (
@@ -91,10 +99,11 @@ def _header(results: dict) -> list[str]:
         else f"up to {s['max_new_tokens']} new tokens, stopping at EOS (runs may differ in length)"
     )
     load = f"{m['load_average_start']} → {m['load_average_end']}"
+    cpus = f"{m['cpu_count']} CPUs, {m['torch_threads']} torch threads"
     source = "the project's own prompt set" if s["prompt_source"] == "specwise-default" else f"`{s['prompt_source']}`"
     rows = [
         ["target", f"{s['target_name']} ({s['model_class']}) on {m['device']}"],
-        ["machine", f"{m['device_name']}; {m['cpu_count']} CPUs, {m['torch_threads']} torch threads; load {load}"],
+        ["machine", f"{m['device_name']}{_generation(m)}; {cpus}; load {load}"],
         [
             "software",
             f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, specwise {m['specwise']}",

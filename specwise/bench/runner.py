@@ -648,6 +648,26 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_generation() -> str | None:
+    """The CPU's vendor, family and model numbers (``AuthenticAMD family 26 model 2``): a virtual machine often
+    names only the brand, and the generation decides how the kernels' paths compare."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+    except OSError:
+        return None
+    if "cpu family" not in fields:
+        return None
+    return f"{fields.get('vendor_id', '?')} family {fields['cpu family']} model {fields.get('model', '?')}"
+
+
 _VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni")
 
 
@@ -689,6 +709,7 @@ def machine_info(device: str) -> dict:
     return {
         "platform": platform.platform(),
         "cpu": _cpu_name(),
+        "cpu_generation": _cpu_generation(),
         "cpu_flags": _cpu_flags(),
         "kernel_isa": _kernel_isa(),
         "cpu_count": os.cpu_count() or 0,
