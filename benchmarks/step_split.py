@@ -33,13 +33,14 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled with seed 0")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     loaded = load_model(args.target)
     model, tok = loaded.model, loaded.tokenizer
     questions = [json.loads(line) for line in Path(args.questions).read_text(encoding="utf-8").splitlines()]
     prompts = [encode_prompt(tok, q["turns"][0], True) for q in questions[::40]][: args.prompts]
-    greedy = SamplingParams(temperature=args.temperature, seed=0)
+    greedy = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
     spent: dict[str, float] = collections.defaultdict(float)
     decoding = [False]  # inside a decoding pass's step (not a prefill)
 

@@ -305,10 +305,10 @@ class Engine:
                 accepted += 1
             new = drafted[:accepted] + [best[accepted]]
         elif draft.probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
-            check_logits(logits)
-            p = probs_from_logits(logits, params)  # [k + 1, vocab]
+            check_logits(logits)  # every row, though p is computed only as far as the first rejection
             at = len(run.context) - len(run.prompt_ids)
-            new = verify_coupled(draft.ids, p, lambda i: run.uniforms(at + i))
+            rows = lambda i: probs_from_logits(logits[i : i + 1], params)  # noqa: E731  [1, vocab]
+            new = verify_coupled(draft.ids, rows, lambda i: run.uniforms(at + i))
             accepted = len(new) - 1
         else:
             check_logits(logits)

@@ -148,23 +148,31 @@ def verify_stochastic(
     return Verification(_emit(draft_tokens, num_accepted, last), num_accepted)
 
 
-def verify_coupled(draft_tokens: list[int], target_probs: torch.Tensor, uniforms) -> list[int]:
+def verify_coupled(draft_tokens: list[int], target_probs, uniforms) -> list[int]:
     """Coupled rule for one sequence's draft of single tokens (see the module's docstring).
 
     draft_tokens: the ``gamma`` drafted tokens; target_probs: ``[gamma + 1, vocab]`` p at each drafted position
-    and the bonus position; uniforms: a function ``row -> uniform in [0, 1)`` (the position's own).
+    and the bonus position, or a function ``row -> [1, vocab]`` that computes a row's p when it is needed;
+    uniforms: a function ``row -> uniform in [0, 1)`` (the position's own).
     Returns the emitted tokens: the accepted drafts, then the recovered or bonus token. Rows are sampled one at
-    a time and only as far as the first rejection.
+    a time and only as far as the first rejection (a function computes no row after it).
     """
     gamma = len(draft_tokens)
-    if target_probs.dim() != 2 or target_probs.shape[0] != gamma + 1:
-        raise ValueError(
-            f"target_probs must be [gamma + 1, vocab] = [{gamma + 1}, vocab], got {tuple(target_probs.shape)}"
-        )
+    if torch.is_tensor(target_probs):
+        if target_probs.dim() != 2 or target_probs.shape[0] != gamma + 1:
+            raise ValueError(
+                f"target_probs must be [gamma + 1, vocab] = [{gamma + 1}, vocab], got {tuple(target_probs.shape)}"
+            )
+        tensor = target_probs
+
+        def row_probs(i: int) -> torch.Tensor:
+            return tensor[i : i + 1]
+    else:
+        row_probs = target_probs
     out: list[int] = []
     for i in range(gamma + 1):
         u = torch.tensor([[uniforms(i)]], dtype=torch.float64)
-        y = int(sample_with(target_probs[i : i + 1], u)[0])
+        y = int(sample_with(row_probs(i).reshape(1, -1), u)[0])
         out.append(y)
         if i == gamma or y != draft_tokens[i]:
             break

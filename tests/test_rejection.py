@@ -562,3 +562,26 @@ def test_check_rejects_bonus_from_wrong_position():
     counts = torch.bincount(wrong.tokens[:, gamma], minlength=p.shape[-1])
     assert gof_pvalue(counts.numpy(), p[gamma].double().numpy()) < PVALUE
     assert gof_pvalue(counts.numpy(), p[gamma - 1].double().numpy()) > PVALUE
+
+
+def test_coupled_rule_computes_rows_only_as_far_as_the_first_rejection():
+    from specwise.rejection import verify_coupled
+    from specwise.sampling import PositionUniforms
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 50, generator=gen) * 2  # [gamma + 1, vocab]
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    p = probs_from_logits(logits, params)
+    uniforms = PositionUniforms(7)
+    for draft in ([], [5], [1, 2, 3], [int(torch.argmax(p[0])), int(torch.argmax(p[1])), 9]):
+        asked: list[int] = []
+
+        def rows(i: int, asked: list[int] = asked) -> torch.Tensor:
+            asked.append(i)
+            return probs_from_logits(logits[i : i + 1], params)
+
+        lazy = verify_coupled(draft, rows, uniforms)
+        assert lazy == verify_coupled(draft, p[: len(draft) + 1], uniforms)  # the same tokens as from all rows
+        assert asked == list(range(len(lazy)))  # no row after the first rejection (or the bonus)
+    with pytest.raises(ValueError, match="gamma"):
+        verify_coupled([1, 2], p, uniforms)
