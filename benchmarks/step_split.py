@@ -1,9 +1,10 @@
 """Where a decoding step's time goes in the engine, per target pass: the target's forward (decoding passes only),
 the planner with the drafter (``Planner.draft``), the verification and bookkeeping (``Engine.finish_step``) and the
-planner's update (``Planner.observe``), for plain decoding and a drafter, greedy, on Spec-Bench questions (every
-40th, 128 new tokens, 2 rounds).
+planner's update (``Planner.observe``), for plain decoding and a drafter, greedy (or sampled with ``--temperature``
+and ``--top-p``, seed 0), on Spec-Bench questions (every 40th, 128 new tokens, 2 rounds).
 
     python benchmarks/step_split.py --drafters none suffix --out benchmarks/results/step_split_default.json
+    python benchmarks/step_split.py --drafters none suffix suffix+head --temperature 1
 """
 
 from __future__ import annotations
