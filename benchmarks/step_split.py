@@ -41,7 +41,7 @@ def main() -> int:
     model, tok = loaded.model, loaded.tokenizer
     questions = [json.loads(line) for line in Path(args.questions).read_text(encoding="utf-8").splitlines()]
     prompts = [encode_prompt(tok, q["turns"][0], True) for q in questions[::40]][: args.prompts]
-    greedy = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
     spent: dict[str, float] = collections.defaultdict(float)
     decoding = [False]  # inside a decoding pass's step (not a prefill)
 
@@ -75,14 +75,14 @@ def main() -> int:
         timed(engine.planner, "observe", "observe")
         timed(engine, "finish_step", "finish_step")
         for p in prompts[:2]:  # warm-up
-            engine.generate(p, greedy, max_new_tokens=128, eos_token_ids=[])
+            engine.generate(p, params, max_new_tokens=128, eos_token_ids=[])
         spent.clear()
         model.forward = timed_forward
         passes, seconds = 0, 0.0
         try:
             for _ in range(args.rounds):
                 for p in prompts:
-                    out = engine.generate(p, greedy, max_new_tokens=128, eos_token_ids=[])
+                    out = engine.generate(p, params, max_new_tokens=128, eos_token_ids=[])
                     seconds += out.stats.total_seconds - out.stats.prefill_seconds
                     passes += out.stats.target_passes
         finally:

@@ -163,10 +163,10 @@ def verify_coupled(draft_tokens: list[int], target_probs, uniforms) -> list[int]
             raise ValueError(
                 f"target_probs must be [gamma + 1, vocab] = [{gamma + 1}, vocab], got {tuple(target_probs.shape)}"
             )
-        tensor = target_probs
 
         def row_probs(i: int) -> torch.Tensor:
-            return tensor[i : i + 1]
+            return target_probs[i : i + 1]
+
     else:
         row_probs = target_probs
     out: list[int] = []

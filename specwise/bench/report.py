@@ -80,7 +80,7 @@ def _has_hf(results: dict) -> bool:
 
 def _generation(machine: dict) -> str:
     """`` (AuthenticAMD family 26 model 2; avx512 kernels)``, from what the results recorded (older runs: less)."""
-    parts = [machine[k] for k in ("cpu_generation",) if machine.get(k)]
+    parts = [machine["cpu_generation"]] if machine.get("cpu_generation") else []
     if machine.get("kernel_isa"):
         parts.append(f"{machine['kernel_isa']} kernels")
     return f" ({'; '.join(parts)})" if parts else ""

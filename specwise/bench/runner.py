@@ -637,32 +637,29 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def _cpu_name() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's block of ``/proc/cpuinfo`` as ``{key: value}`` (empty where there is none)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    break  # the first processor's block is enough
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return fields
+
+
+def _cpu_name() -> str:
+    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 def _cpu_generation() -> str | None:
     """The CPU's vendor, family and model numbers (``AuthenticAMD family 26 model 2``): a virtual machine often
     names only the brand, and the generation decides how the kernels' paths compare."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("vendor_id", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip():
-                    break  # the first processor's block is enough
-    except OSError:
-        return None
+    fields = _cpuinfo()
     if "cpu family" not in fields:
         return None
     return f"{fields.get('vendor_id', '?')} family {fields['cpu family']} model {fields.get('model', '?')}"
@@ -673,15 +670,8 @@ _VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx5
 
 def _cpu_flags() -> list[str]:
     """The CPU's vector flags that decide the kernels' instruction path (every figure names them)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    present = set(line.split(":", 1)[1].split())
-                    return [flag for flag in _VECTOR_FLAGS if flag in present]
-    except OSError:
-        pass
-    return []
+    present = set(_cpuinfo().get("flags", "").split())
+    return [flag for flag in _VECTOR_FLAGS if flag in present]
 
 
 def _kernel_isa() -> str | None:
