@@ -311,8 +311,7 @@ class Engine:
             new = verify_coupled(draft.ids, rows, lambda i: run.uniforms(at + i))
             accepted = len(new) - 1
         else:
-            check_logits(logits)
-            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]
+            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]: every row checked by probs_from_logits
             q = draft.probs[None].to(logits.device)
             result = verify_stochastic(draft.tokens[None].to(logits.device), q, p, run.generator)
             accepted = int(result.num_accepted[0])
