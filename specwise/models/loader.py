@@ -11,12 +11,14 @@ outside the family, machines without the kernels, and the reference in tests) de
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
 import json
 import os
 import shutil
+import struct
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ import torch
 
 from specwise.files import cache_dir, converted_dir
 from specwise.models.base import Model
+from specwise.models.gguf_file import GGUFError, GGUFFile
 from specwise.models.hf import HFModel
 from specwise.models.native import NativeModel, native_supported
 
@@ -88,15 +91,27 @@ def _quiet_transformers() -> None:
     logging.disable_progress_bar()
 
 
-def _gguf_key(path: Path) -> str:
-    """A short content key for a GGUF file: its size and the hash of its head and tail."""
+def _gguf_key(path: Path, meta: GGUFFile | None = None) -> str:
+    """A short content key for a GGUF file: its size and the hash of its whole header (metadata and tensor table),
+    its first MB of data and its last MB. meta: the file already read (else it is read here)."""
     size = path.stat().st_size
+    header = (meta or GGUFFile(path)).data_start
     h = hashlib.sha256(f"{_CONVERSION_VERSION}:{size}".encode())
     with path.open("rb") as f:
-        h.update(f.read(1 << 20))
+        h.update(f.read(header + (1 << 20)))
         f.seek(max(0, size - (1 << 20)))
         h.update(f.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _transformers_errors(path: Path, what: str):
+    """Errors of transformers' GGUF reading (of any type: its reader trusts the file) as one GGUFError line."""
+    try:
+        yield
+    except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError, struct.error) as err:
+        message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise GGUFError(f"{path.name}: the file could not be {what} ({type(err).__name__}: {message})") from err
 
 
 def converted_gguf_dir(path: Path) -> Path:
@@ -107,12 +122,14 @@ def converted_gguf_dir(path: Path) -> Path:
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    GGUFFile(path)  # the header fits the file (a GGUFError naming what does not) before transformers reads it
     print(f"specwise: converting {path.name} to float32 once (about a minute); cached in {target}", file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        with _transformers_errors(path, "converted to float32"):
+            tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         model.hf_quantizer = None  # the weights are dequantized: save them as plain float32
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
@@ -142,12 +159,12 @@ def gguf_source(spec: str) -> Path | None:
     return None
 
 
-def gguf_tokenizer(path: Path):
+def gguf_tokenizer(path: Path, meta: GGUFFile | None = None):
     """The tokenizer of a GGUF file: built by transformers from the file's vocabulary once (seconds), saved in the
     cache, and from then on loaded as a LightTokenizer (milliseconds, without importing transformers)."""
     from specwise.models.tokenizer import LightTokenizer
 
-    target = cache_dir() / "tokenizers" / f"{path.stem}-{_gguf_key(path)}"
+    target = cache_dir() / "tokenizers" / f"{path.stem}-{_gguf_key(path, meta)}"
     if (target / "tokenizer_config.json").is_file():
         try:
             return LightTokenizer(target)
@@ -156,7 +173,8 @@ def gguf_tokenizer(path: Path):
     _quiet_transformers()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with _transformers_errors(path, "read for its tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
@@ -174,12 +192,12 @@ def gguf_tokenizer(path: Path):
 
 
 def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
-    from specwise.models.quantized import QuantizedModel, TargetWeights
+    from specwise.models.quantized import QuantizedModel, TargetWeights, checked_file
 
-    tokenizer = gguf_tokenizer(path)
+    meta = checked_file(path)  # refuses a damaged file (GGUFError) or one it cannot run (NotImplementedError) first
+    tokenizer = gguf_tokenizer(path, meta)
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
-    # raises NotImplementedError with the reason
-    model = QuantizedModel(path, precision=precision, name=name, drafting=drafting)
+    model = QuantizedModel(path, precision=precision, name=name, drafting=drafting, meta=meta)
     eos = model.eos_token_id
     loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
     _apply_profile(model, profile_device("cpu", model))

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from specwise.models.base import Model
-from specwise.models.gguf_file import GGUFFile
+from specwise.models.gguf_check import check_tensors, meta_float, meta_int
+from specwise.models.gguf_file import GGUFError, GGUFFile
 from specwise.models.kernels.quant import (
     GGML_Q4_0,
     MAX_ROWS,
@@ -38,7 +39,7 @@ from specwise.models.kernels.quant import (
 )
 from specwise.models.native import rotary_tables
 
-__all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "TargetWeights"]
+__all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "checked_file", "TargetWeights"]
 
 _ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 # caches of at least this many positions ask for huge pages: a huge page is resident as soon as one of its bytes
@@ -47,42 +48,70 @@ HUGE_CACHE = 2048
 
 
 class GGUFConfig:
-    """What the model needs from a GGUF file's metadata, named like a Hugging Face config."""
+    """What the model needs from a GGUF file's metadata, named like a Hugging Face config.
+
+    For the native family every value is read strictly (:mod:`specwise.models.gguf_check`): a value of the wrong
+    type or out of range is a GGUFError naming the key; another architecture is only named (``unsupported``)."""
 
     def __init__(self, meta: GGUFFile) -> None:
         arch = meta.get("general.architecture")
         self.gguf_architecture = arch
         self.architecture = _ARCHITECTURES.get(arch, str(arch))
+        if arch not in _ARCHITECTURES:
+            return
 
-        def key(name, default=None):
-            return meta.get(f"{arch}.{name}", default)
+        def count(name, default=None, low=1, high=1 << 20):
+            return meta_int(meta, f"{arch}.{name}", default, low, high)
 
-        self.hidden_size = int(key("embedding_length", 0))
-        self.num_hidden_layers = int(key("block_count", 0))
-        self.intermediate_size = int(key("feed_forward_length", 0))
-        self.num_attention_heads = int(key("attention.head_count", 0))
-        self.num_key_value_heads = int(key("attention.head_count_kv", self.num_attention_heads))
-        self.head_dim = int(key("attention.key_length", 0)) or self.hidden_size // max(1, self.num_attention_heads)
-        self.rope_dim = int(key("rope.dimension_count", self.head_dim))
-        self.rope_theta = float(key("rope.freq_base", 10000.0))
-        self.rope_scaling = key("rope.scaling.type")
-        self.rms_norm_eps = float(key("attention.layer_norm_rms_epsilon", 1e-6))
-        self.max_position_embeddings = int(key("context_length", 2048))
-        self.sliding_window = key("attention.sliding_window")
-        self.vocab_size = int(key("vocab_size", 0))
+        self.hidden_size = count("embedding_length")
+        self.num_hidden_layers = count("block_count", high=4096)
+        self.intermediate_size = count("feed_forward_length", high=1 << 22)
+        self.num_attention_heads = count("attention.head_count", high=4096)
+        self.num_key_value_heads = count("attention.head_count_kv", self.num_attention_heads, high=4096)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise GGUFError(
+                f"{meta.path.name}: metadata {arch}.attention.head_count_kv ({self.num_key_value_heads}) does not "
+                f"divide {arch}.attention.head_count ({self.num_attention_heads})"
+            )
+        if self.hidden_size % self.num_attention_heads and meta.get(f"{arch}.attention.key_length") is None:
+            raise GGUFError(
+                f"{meta.path.name}: metadata {arch}.embedding_length ({self.hidden_size}) is not a multiple of "
+                f"{arch}.attention.head_count ({self.num_attention_heads}) and no key_length is given"
+            )
+        self.head_dim = count("attention.key_length", self.hidden_size // self.num_attention_heads)
+        self.value_dim = count("attention.value_length", self.head_dim)
+        self.rope_dim = count("rope.dimension_count", self.head_dim)
+        self.rope_theta = meta_float(meta, f"{arch}.rope.freq_base", 10000.0, 0.0, float("inf"))
+        self.rope_scaling = meta.get(f"{arch}.rope.scaling.type")
+        self.rms_norm_eps = meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, 0.0, 1.0)
+        self.max_position_embeddings = count("context_length", 2048, high=(1 << 31) - 1)
+        self.sliding_window = meta.get(f"{arch}.attention.sliding_window")
+        self.vocab_size = count("vocab_size", 0, low=0, high=(1 << 31) - 1)
+        self._unknown = [k for k in [*meta.metadata, *meta._array_at] if k.startswith(f"{arch}.")]
+        self._unknown = [k for k in self._unknown if k[len(arch) + 1 :] not in _READ_KEYS]
 
     def unsupported(self, meta: GGUFFile) -> str | None:
-        """None when the quantized native model runs this file; otherwise why not."""
+        """None when the quantized native model runs this file; otherwise why not (a GGUFError for a file whose
+        tensors do not match its configuration)."""
         if self.gguf_architecture not in _ARCHITECTURES:
             return f"architecture {self.gguf_architecture!r} is not in the native family ({', '.join(_ARCHITECTURES)})"
         if self.rope_scaling not in (None, "none"):
             return f"rope scaling {self.rope_scaling!r} is not supported"
+        if self._unknown:
+            value = meta.get(self._unknown[0], "an array")
+            return f"metadata {self._unknown[0]} ({value!r}) is not supported"
         if self.rope_dim != self.head_dim:
             return "partial rotary embeddings are not supported"
-        if self.head_dim > 512 or self.num_attention_heads % max(1, self.num_key_value_heads):
-            return "this attention shape is not supported"
+        if self.value_dim != self.head_dim:
+            return "value heads of another width than the key heads are not supported"
+        if self.head_dim > 512 or self.head_dim % 2:
+            return f"a head width of {self.head_dim} is not supported (an even width up to 512)"
         if self.sliding_window:
             return "sliding-window attention is not supported"
+        try:
+            check_tensors(meta, self)
+        except NotImplementedError as err:
+            return str(err)
         from specwise.models.kernels.quant import supported_types
 
         types = supported_types()
@@ -90,6 +119,35 @@ class GGUFConfig:
             if len(info.shape) == 2 and info.type not in types:
                 return f"tensor {info.name} is {info.type_name}, which the native kernels do not read"
         return None
+
+
+# metadata of the native family's architectures that GGUFConfig reads (any other key of the architecture is refused)
+_READ_KEYS = {
+    "embedding_length",
+    "block_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+    "attention.key_length",
+    "attention.value_length",
+    "rope.dimension_count",
+    "rope.freq_base",
+    "rope.scaling.type",
+    "attention.layer_norm_rms_epsilon",
+    "context_length",
+    "attention.sliding_window",
+    "vocab_size",
+}
+
+
+def checked_file(path: str | Path) -> GGUFFile:
+    """The GGUF file at ``path`` once the quantized native model has checked it: a GGUFError for a damaged or
+    inconsistent file, NotImplementedError (with the reason) for one it does not run."""
+    meta = GGUFFile(path)
+    reason = GGUFConfig(meta).unsupported(meta)
+    if reason is not None:
+        raise NotImplementedError(f"{Path(path).name}: the quantized native model cannot run it: {reason}")
+    return meta
 
 
 def gguf_config(path: str | Path) -> GGUFConfig:
@@ -180,8 +238,10 @@ class QuantizedModel(Model):
         huge_pages: bool = True,
         kv_cache: str = "float32",
         drafting: bool = False,
+        meta: GGUFFile | None = None,
     ):
-        """huge_pages: keep the weights in one mapping backed by huge pages where the system allows (a pass streams
+        """meta: the file as ``checked_file`` returned it (read again when not given).
+        huge_pages: keep the weights in one mapping backed by huge pages where the system allows (a pass streams
         every weight; 2 MB pages spare the page walks of 4 KB ones: 2-6% faster passes measured on the default
         model); False: ordinary allocations.
         kv_cache: ``float32`` (the default), or ``float16`` in ``q8`` only: keys and values rounded to float16 as
@@ -202,11 +262,8 @@ class QuantizedModel(Model):
         self.kv_dtype = torch.float16 if kv_cache == "float16" else torch.float32
         self.drafting = drafting
         self.path = Path(path)
-        meta = GGUFFile(self.path)
+        meta = meta if meta is not None else checked_file(self.path)
         config = GGUFConfig(meta)
-        reason = config.unsupported(meta)
-        if reason is not None:
-            raise NotImplementedError(f"{self.path.name}: the quantized native model cannot run it: {reason}")
         self.config = config
         eos = meta.get("tokenizer.ggml.eos_token_id")
         self.eos_token_id = None if eos is None else int(eos)  # the file's end-of-sequence token

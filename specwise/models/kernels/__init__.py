@@ -4,7 +4,8 @@
 decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
 were built and the CPU has AVX2 and FMA; everything else falls back to torch. The quantized kernels (``quant.c``,
 ``qllama.c``, wrapped by :mod:`specwise.models.kernels.quant`) choose AVX-512, AVX2 or portable code at run
-time. ``SPECWISE_NO_KERNELS=1`` disables them all.
+time. ``SPECWISE_NO_KERNELS=1`` disables them all; ``SPECWISE_NATIVE_LIB=path`` loads another build of them (the
+sanitizer build of ``make sanitize``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ def _cpu_ok() -> bool:
 
 
 def library_path() -> Path | None:
-    """The kernels' shared library built by ``pip install`` (``_native*.so`` beside this file), if it exists."""
+    """The kernels' shared library built by ``pip install`` (``_native*.so`` beside this file), if it exists;
+    ``SPECWISE_NATIVE_LIB`` names another build of the same sources (``make sanitize``'s)."""
+    other = os.environ.get("SPECWISE_NATIVE_LIB")
+    if other:
+        return Path(other) if Path(other).is_file() else None
     here = Path(__file__).parent
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         path = here / f"_native{suffix}"

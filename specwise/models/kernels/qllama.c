@@ -683,7 +683,8 @@ void specwise_rms_norm_rows(const float *x, const float *w, float *y, int k, int
  * weights have gone through the caches, every interpreted operation starts cold): the embedding rows of ids[0 .. k
  * - 1] into x, the layers (specwise_qllama_rows, same arguments), the final norm (of every row into features[k][hidden]
  * when features is not NULL, else of the last `keep` rows only) and the output layer over the last `keep` rows into
- * logits[keep][head->out]. Returns 0, 1 when head_dim is too large, 2 when an id is outside the embedding. */
+ * logits[keep][head->out]. Returns 0, 1 when head_dim is too large, 2 when an id is outside the embedding (or it is
+ * not a readable matrix), 4 when the output layer is not. */
 int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
                             const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                             const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
@@ -691,9 +692,7 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
                             float *scores, int threads, int mode, int kv_half, const qmat *embed, const int64_t *ids,
                             const float *final_norm, float final_eps, int keep, float *features, const qmat *head,
                             float *logits) {
-    for (int r = 0; r < k; r++)
-        if (ids[r] < 0 || ids[r] >= embed->out) return 2;
-    specwise_q_gather(embed, ids, k, x);
+    if (specwise_q_gather(embed, ids, k, x) != SW_OK) return 2;
     const int status = specwise_qllama_rows(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, weights,
                                             qkv_b, mlp_norm, k_rows, v_rows, cap, pos, cos_t, sin_t, x, k, scratch,
                                             scores, threads, mode, kv_half);
@@ -705,7 +704,7 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
     } else if (keep > 0) {
         rms_norm_rows(x + (size_t)(k - keep) * hidden, final_norm, scratch, keep, hidden, final_eps);
     }
-    if (keep > 0) specwise_q_gemm(head, 1, h, NULL, logits, keep, mode, threads);
+    if (keep > 0 && specwise_q_gemm(head, 1, h, NULL, logits, keep, mode, threads) != SW_OK) return 4;
     return 0;
 }
 

@@ -221,16 +221,28 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
     }
 }
 
-/* Re-pack rows first .. first + count - 1 of a GGUF tensor with `in` inputs (raw: those rows' blocks, row-major)
- * into the tiles q, s and m (and, for the K-quants, the factors sd and md) of the whole tensor (zeroed by the
- * caller, sized as specwise_q_sizes says), so that a large tensor can be read and re-packed a slice at a time.
- * Returns 0, -1 for an unsupported type or shape, -2 when out of memory. */
-int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in, uint8_t *qt, void *st, void *mt,
-                      void *sdt, void *mdt) {
+/* Re-pack rows first .. first + count - 1 of a GGUF tensor (raw: those rows' blocks, row-major, raw_bytes of them)
+ * into the tiles of the whole tensor that dst describes (zeroed by the caller), so that a large tensor can be read
+ * and re-packed a slice at a time. Every size is checked before anything is written: the shape against the layout's
+ * limits, each buffer's bytes against what specwise_q_sizes gives, the rows against the tensor and raw_bytes
+ * against the rows. Returns SW_OK, SW_EARG for an unsupported type, a shape or a buffer that does not fit, or
+ * SW_ENOMEM. */
+int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count) {
     int kind, B, off, has_m, half, rb, rbytes, sub;
-    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub) || in % 32 || in % rb)
-        return -1;
-    const size_t row_bytes = (size_t)in / rb * rbytes;
+    int64_t need[5];
+    if (!dst || !raw || specwise_q_sizes(dst->type, dst->out, dst->in, &need[0], &need[1], &need[2], &need[3],
+                                         &need[4]))
+        return SW_EARG;
+    const int64_t have[5] = {dst->q_bytes, dst->s_bytes, dst->m_bytes, dst->sd_bytes, dst->md_bytes};
+    const void *const bufs[5] = {dst->q, dst->s, dst->m, dst->sd, dst->md};
+    for (int i = 0; i < 5; i++)
+        if (need[i] > 0 && (!bufs[i] || have[i] < need[i])) return SW_EARG;
+    specwise_q_layout(dst->type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub);
+    const int type = dst->type, in = (int)dst->in;
+    const int64_t row_bytes = (int64_t)in / rb * rbytes;
+    if (first < 0 || count < 0 || first > dst->out - count || raw_bytes / row_bytes < count) return SW_EARG;
+    uint8_t *qt = dst->q;
+    void *st = dst->s, *mt = dst->m, *sdt = dst->sd, *mdt = dst->md;
     const int nb = in / B, nsb = sub ? nb >> sub : 0;
     uint8_t *q = malloc((size_t)in);
     float *sf = malloc((size_t)in * sizeof(float));
@@ -238,9 +250,9 @@ int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in
     int8_t *sc = malloc((size_t)in), *mn = malloc((size_t)in);
     if (!q || !sf || !sh || !mh || !sc || !mn) {
         free(q); free(sf); free(sh); free(mh); free(sc); free(mn);
-        return -2;
+        return SW_ENOMEM;
     }
-    for (int o = first; o < first + count; o++) {
+    for (int o = (int)first; o < (int)(first + count); o++) {
         const int t = o / QTILE, L = o % QTILE;
         const uint8_t *src = raw + (size_t)(o - first) * row_bytes;
         if (type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0) {
@@ -306,25 +318,29 @@ int specwise_q_repack(int type, const uint8_t *raw, int first, int count, int in
     return 0;
 }
 
-/* Bytes of the tiles of q, s and m, and of the K-quants' factors sd and md, for a tensor of this type and shape. */
-int specwise_q_sizes(int type, int out, int in, size_t *q_bytes, size_t *s_bytes, size_t *m_bytes,
-                     size_t *sd_bytes, size_t *md_bytes) {
+/* Bytes of the tiles of q, s and m, and of the K-quants' factors sd and md, for a tensor of this type and shape.
+ * Returns SW_OK, or SW_EARG for an unsupported type or a shape the kernels cannot hold (out or in outside
+ * 1 .. QMAX_DIM, in not a whole number of the type's blocks and of 32). */
+int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_t *s_bytes, int64_t *m_bytes,
+                     int64_t *sd_bytes, int64_t *md_bytes) {
     int kind, B, off, has_m, half, rb, rbytes, sub;
-    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub)) return -1;
-    size_t tiles = ((size_t)out + QTILE - 1) / QTILE, nb = (size_t)in / B, per = half ? 2 : 4;
+    if (specwise_q_layout(type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub)) return SW_EARG;
+    if (out < 1 || in < 1 || out > QMAX_DIM || in > QMAX_DIM || in % 32 || in % rb) return SW_EARG;
+    /* at most 2^26 tiles of 2^30 inputs of at most 64 bytes: every product below is under 2^62 */
+    const int64_t tiles = (out + QTILE - 1) / QTILE, nb = in / B, per = half ? 2 : 4;
     *s_bytes = *m_bytes = *sd_bytes = *md_bytes = 0;
     if (kind == KIND_F32) {
         *q_bytes = tiles * in * QTILE * 4;
-        return 0;
+        return SW_OK;
     }
-    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (kind == KIND_Q6 ? 192 : (size_t)B * QTILE));
+    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (kind == KIND_Q6 ? 192 : (int64_t)B * QTILE));
     *s_bytes = tiles * nb * QTILE * (sub ? 1 : per);
     *m_bytes = has_m ? *s_bytes : 0;
     if (sub) {
         *sd_bytes = tiles * (nb >> sub) * QTILE * per;
         *md_bytes = has_m ? *sd_bytes : 0;
     }
-    return 0;
+    return SW_OK;
 }
 
 /* ---- activations for MODE_Q8 ------------------------------------------------------------------------------ */
@@ -1265,13 +1281,23 @@ static inline int il_takes(const qmat *w, int isa) {
     return w->kind != KIND_F32 && (isa == ISA_AVX512 || (isa == ISA_AVX2 && w->block == 32));
 }
 
+/* Whether a qmat describes tiles the kernels can read: a known kind with its block, a shape in range. */
+static int qmat_ok(const qmat *w) {
+    if (!w || !w->q || w->out < 1 || w->in < 32 || w->in % 32 || w->kind < KIND_F32 || w->kind > KIND_Q6) return 0;
+    if (w->block != (w->kind == KIND_Q6 ? 16 : 32) || (w->kind != KIND_F32 && !w->s)) return 0;
+    return !w->has_m || w->kind == KIND_F32 || w->m;
+}
+
 /* ---- the driver --------------------------------------------------------------------------------------------- */
 
 /* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias): the parts' outputs side by side (a fused QKV or
  * gate/up product whose parts may have different formats). All parts share `in`. */
-void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
-                     int threads) {
-    if (k <= 0 || nparts <= 0) return;
+int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
+                    int threads) {
+    if (k < 0 || nparts < 1 || nparts > 8 || !parts || !x || !y) return SW_EARG;
+    for (int p = 0; p < nparts; p++)
+        if (!qmat_ok(&parts[p]) || parts[p].in != parts[0].in) return SW_EARG;
+    if (k == 0) return SW_OK;
     const int in = parts[0].in, isa = specwise_q_isa();
     int ldy = 0, tiles = 0, need_q8 = 0;
     int first_tile[9], col[9];
@@ -1307,7 +1333,7 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
         const size_t nb = (size_t)in / 32, plain = (size_t)k * (in + nb * 4 * 2 + nb * 2 * 4);
         const size_t inter = il ? (size_t)k * (in + nb * 4 * 2 + nb * 2 * 4 * ncorr) : 0;
         mem = malloc(plain + inter + 128);
-        if (!mem) return;
+        if (!mem) return SW_ENOMEM;
         a.dx = (float *)mem;
         a.dsum = a.dx + (size_t)k * nb;
         a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
@@ -1428,10 +1454,10 @@ void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float 
         for (int r = 0; r < k; r++)
             for (int o = 0; o < ldy; o++) y[(size_t)r * ldy + o] += bias[o];
     }
+    return SW_OK;
 }
 
-/* Row `row` of a re-packed tensor as float32 (an embedding lookup). */
-void specwise_q_row(const qmat *w, int row, float *out) {
+static void q_row(const qmat *w, int row, float *out) {
     const int t = row / QTILE, L = row % QTILE, B = w->block, nb = w->in / B;
     if (w->kind == KIND_F32) {
         const float *wt = (const float *)w->q;
@@ -1445,21 +1471,38 @@ void specwise_q_row(const qmat *w, int row, float *out) {
     }
 }
 
-/* Rows ids[0 .. n - 1] of a re-packed tensor as float32 [n][in] (embedding lookups, references). */
-void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out) {
-    for (int i = 0; i < n; i++) specwise_q_row(w, (int)ids[i], out + (size_t)i * w->in);
+/* Row `row` of a re-packed tensor as float32 (an embedding lookup). Returns SW_OK, SW_EARG for a bad matrix or
+ * SW_ERANGE for a row outside it. */
+int specwise_q_row(const qmat *w, int64_t row, float *out) {
+    if (!qmat_ok(w) || !out) return SW_EARG;
+    if (row < 0 || row >= w->out) return SW_ERANGE;
+    q_row(w, (int)row, out);
+    return SW_OK;
+}
+
+/* Rows ids[0 .. n - 1] of a re-packed tensor as float32 [n][in] (embedding lookups, references). Every id is
+ * checked before anything is written: SW_ERANGE when one lies outside the matrix. */
+int specwise_q_gather(const qmat *w, const int64_t *ids, int64_t n, float *out) {
+    if (!qmat_ok(w) || n < 0 || (n && (!ids || !out))) return SW_EARG;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= w->out) return SW_ERANGE;
+    for (int64_t i = 0; i < n; i++) q_row(w, (int)ids[i], out + (size_t)i * w->in);
+    return SW_OK;
 }
 
 /* Rows first .. first + count - 1 of a re-packed tensor re-quantized to GGUF Q4_0 blocks (out: count * in / 32
- * blocks of 18 bytes, row-major, as a file stores them), by the reference rule: per block of 32 values, d = v / -8
- * for the value v of largest magnitude, q = min(15, trunc(x / d + 8.5)), d kept as float16. Lossy: for a draft
- * model, whose proposals need not be exact. Returns 0, or -2 when out of memory. */
-int specwise_q_requantize_q4_0(const qmat *w, int first, int count, uint8_t *out) {
-    float *row = malloc((size_t)w->in * sizeof(float));
-    if (!row) return -2;
+ * blocks of 18 bytes, row-major, as a file stores them, out_bytes of room), by the reference rule: per block of 32
+ * values, d = v / -8 for the value v of largest magnitude, q = min(15, trunc(x / d + 8.5)), d kept as float16.
+ * Lossy: for a draft model, whose proposals need not be exact. Returns SW_OK, SW_EARG for rows outside the matrix
+ * or too little room, or SW_ENOMEM. */
+int specwise_q_requantize_q4_0(const qmat *w, int64_t first, int64_t count, uint8_t *out, int64_t out_bytes) {
+    if (!qmat_ok(w) || !out || first < 0 || count < 0 || first > w->out - count) return SW_EARG;
     const int nb = w->in / 32;
-    for (int r = 0; r < count; r++) {
-        specwise_q_row(w, first + r, row);
+    if (out_bytes / ((int64_t)nb * 18) < count) return SW_EARG;
+    float *row = malloc((size_t)w->in * sizeof(float));
+    if (!row) return SW_ENOMEM;
+    for (int64_t r = 0; r < count; r++) {
+        q_row(w, (int)(first + r), row);
         for (int b = 0; b < nb; b++) {
             const float *x = row + 32 * b;
             float amax = 0.0f, mx = 0.0f;
@@ -1482,13 +1525,14 @@ int specwise_q_requantize_q4_0(const qmat *w, int first, int count, uint8_t *out
         }
     }
     free(row);
-    return 0;
+    return SW_OK;
 }
 
 /* Sum of |w| over the elements [first, first + n) of the row-major flattened tensor (a trained drafter's
- * fingerprint of its target), in double precision. */
-double specwise_q_abs_sum(const qmat *w, long long first, long long n) {
-    if (n <= 0) return 0.0;
+ * fingerprint of its target), in double precision; -1 when out of memory, -2 for a range outside the matrix. */
+double specwise_q_abs_sum(const qmat *w, int64_t first, int64_t n) {
+    if (!qmat_ok(w) || first < 0 || n < 0 || first > (int64_t)w->out * w->in - n) return -2.0;
+    if (n == 0) return 0.0;
     const long long end = first + n, r0 = first / w->in, r1 = (end + w->in - 1) / w->in;
     double total = 0.0;
     int failed = 0;
@@ -1501,7 +1545,7 @@ double specwise_q_abs_sum(const qmat *w, long long first, long long n) {
 #pragma omp for schedule(static)
         for (long long r = r0; r < r1; r++) {
             if (!row) continue; /* every thread meets the loop; one without a buffer only reports it */
-            specwise_q_row(w, (int)r, row);
+            q_row(w, (int)r, row);
             const long long lo = first > r * w->in ? first - r * w->in : 0;
             const long long hi = end < (r + 1) * w->in ? end - r * w->in : w->in;
             for (long long i = lo; i < hi; i++) total += fabs((double)row[i]);

@@ -44,12 +44,33 @@ typedef struct {
     const void *md;    /* the same for m: -dmin (m = (-dmin) * mn = -(dmin * mn)), or NULL */
 } qmat;
 
+/* Status codes of the entry points that check their arguments (0 is success). */
+enum { SW_OK = 0, SW_EARG = -1, SW_ENOMEM = -2, SW_ERANGE = -3 };
+
+/* The largest output rows or inputs of one matrix: the tiles index rows and inputs with int. */
+#define QMAX_DIM ((int64_t)1 << 30)
+
+/* Where specwise_q_repack writes one tensor's tiles, with the bytes the caller allocated for each part (checked
+ * against the layout specwise_q_sizes gives for type, out and in before anything is written). */
+typedef struct {
+    int32_t type;                  /* GGML type id */
+    int64_t out, in;               /* the whole tensor's shape */
+    uint8_t *q;                    /* tiles of q (or float32 weights) */
+    void *s, *m, *sd, *md;         /* scales, offsets, the K-quants' factors (NULL where the layout has none) */
+    int64_t q_bytes, s_bytes, m_bytes, sd_bytes, md_bytes; /* what each buffer holds */
+} qpack;
+
 int specwise_q_isa(void);
 int specwise_q_set_isa(int isa);
-void specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
-                     int threads);
-void specwise_q_row(const qmat *w, int row, float *out);
-void specwise_q_gather(const qmat *w, const int64_t *ids, int n, float *out);
+int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_t *s_bytes, int64_t *m_bytes,
+                     int64_t *sd_bytes, int64_t *md_bytes);
+int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count);
+int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
+                    int threads);
+int specwise_q_row(const qmat *w, int64_t row, float *out);
+int specwise_q_gather(const qmat *w, const int64_t *ids, int64_t n, float *out);
+int specwise_q_requantize_q4_0(const qmat *w, int64_t first, int64_t count, uint8_t *out, int64_t out_bytes);
+double specwise_q_abs_sum(const qmat *w, int64_t first, int64_t n);
 int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
 
 /* float16 to float32, exactly (shared by quant.c and qllama.c) */

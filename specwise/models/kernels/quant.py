@@ -49,6 +49,31 @@ _TYPES = {t: TYPE_NAMES[t] for t in (0, 1, 2, 3, 6, 7, 8, 12, 13, 14, 30)}
 GGML_Q4_0 = 2
 
 
+# status codes of quant.h (SW_*)
+SW_OK, SW_EARG, SW_ENOMEM, SW_ERANGE = 0, -1, -2, -3
+QMAX_DIM = 1 << 30  # quant.h: the most output rows or inputs of one matrix
+
+
+class QPack(ctypes.Structure):
+    """The C ``qpack`` of quant.h: where specwise_q_repack writes a tensor's tiles, with each buffer's bytes."""
+
+    _fields_ = [
+        ("type", ctypes.c_int32),
+        ("out", ctypes.c_int64),
+        ("in_", ctypes.c_int64),
+        ("q", ctypes.c_void_p),
+        ("s", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+        ("sd", ctypes.c_void_p),
+        ("md", ctypes.c_void_p),
+        ("q_bytes", ctypes.c_int64),
+        ("s_bytes", ctypes.c_int64),
+        ("m_bytes", ctypes.c_int64),
+        ("sd_bytes", ctypes.c_int64),
+        ("md_bytes", ctypes.c_int64),
+    ]
+
+
 class QMat(ctypes.Structure):
     """The C ``qmat`` of quant.h."""
 
@@ -71,19 +96,19 @@ class QMat(ctypes.Structure):
 
 def declare(lib: ctypes.CDLL) -> None:
     """Argument types of the quantized kernels' functions (called once when the library loads)."""
-    i, p, sz = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    i, p, sz, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
     table = {
         "specwise_q_isa": ([], i),
         "specwise_q_isa_supported": ([], i),
         "specwise_q_set_isa": ([i], i),
         "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 8, i),
-        "specwise_q_sizes": ([i, i, i] + [ctypes.POINTER(sz)] * 5, i),
-        "specwise_q_repack": ([i, p, i, i, i] + [p] * 5, i),
-        "specwise_q_gemm": ([p, i, p, p, p, i, i, i], None),
-        "specwise_q_row": ([p, i, p], None),
-        "specwise_q_gather": ([p, p, i, p], None),
-        "specwise_q_abs_sum": ([p, ctypes.c_longlong, ctypes.c_longlong], ctypes.c_double),
-        "specwise_q_requantize_q4_0": ([p, i, i, p], i),
+        "specwise_q_sizes": ([i, i64, i64] + [ctypes.POINTER(i64)] * 5, i),
+        "specwise_q_repack": ([p, p, i64, i64, i64], i),
+        "specwise_q_gemm": ([p, i, p, p, p, i, i, i], i),
+        "specwise_q_row": ([p, i64, p], i),
+        "specwise_q_gather": ([p, p, i64, p], i),
+        "specwise_q_abs_sum": ([p, i64, i64], ctypes.c_double),
+        "specwise_q_requantize_q4_0": ([p, i64, i64, p, i64], i),
         "specwise_logits_scan": ([p, i, i, p], i),
         "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
         "specwise_probs_portable": ([i], None),
@@ -164,6 +189,8 @@ class QTensor:
                 f"{self.name}: {in_features} inputs is not a multiple of {max(32, raw_block)}, which the native "
                 f"kernels need for {_TYPES[ggml_type]}; use --impl hf"
             )
+        if not (0 < out <= QMAX_DIM and 0 < in_features <= QMAX_DIM):
+            raise ValueError(f"{self.name}: a [{out}, {in_features}] matrix: the native kernels take 1 to 2^30 of each")
         row_bytes = in_features // raw_block * raw_bytes
         read = raw if callable(raw) else None
         n_q, n_s, n_m, n_sd, n_md = _sizes(ggml_type, out, in_features)
@@ -179,6 +206,10 @@ class QTensor:
         self.m = buffer(n_m)
         self.sd = buffer(n_sd)  # the K-quants' per-super-block factors d (and dmin) of their byte sub-scales
         self.md = buffer(n_md)
+        pack = QPack(
+            ggml_type, out, in_features, *(_ptr(b) for b in (self.q, self.s, self.m, self.sd, self.md)),
+            *(0 if b is None else b.numel() for b in (self.q, self.s, self.m, self.sd, self.md)),
+        )  # fmt: skip
         step = out if read is None else max(16, (8 << 20) // max(1, row_bytes) // 16 * 16)  # slices of ~8 MB
         for first in range(0, out, step):
             count = min(step, out - first)
@@ -188,19 +219,8 @@ class QTensor:
                 raise ValueError(
                     f"{self.name}: {data.size} bytes for {count} rows of a {_TYPES[ggml_type]} [{out}, {in_features}]"
                 )
-            status = lib.specwise_q_repack(
-                ggml_type,
-                data.ctypes.data,
-                first,
-                count,
-                in_features,
-                self.q.data_ptr(),
-                self.s.data_ptr(),
-                _ptr(self.m),
-                _ptr(self.sd),
-                _ptr(self.md),
-            )
-            if status != 0:
+            status = lib.specwise_q_repack(ctypes.byref(pack), data.ctypes.data, data.size, first, count)
+            if status != SW_OK:
                 raise RuntimeError(f"{self.name}: re-packing {_TYPES[ggml_type]} failed (status {status})")
         self.ggml_type = ggml_type
         self.type_name = _TYPES[ggml_type]
@@ -228,7 +248,9 @@ class QTensor:
             raise IndexError(f"{self.name}: row {index} outside [0, {self.shape[0]})")
         if out is None:
             out = torch.empty(self.shape[1], dtype=torch.float32)
-        _lib().specwise_q_row(ctypes.byref(self.struct), int(index), out.data_ptr())
+        if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() < self.shape[1]:
+            raise ValueError(f"{self.name}: out must be a contiguous float32 tensor of {self.shape[1]} values")
+        _check(_lib().specwise_q_row(ctypes.byref(self.struct), int(index), out.data_ptr()), self.name)
         return out
 
     def rows(self, indices) -> torch.Tensor:
@@ -239,12 +261,18 @@ class QTensor:
             raise IndexError(f"{self.name}: row ids outside [0, {self.shape[0]})")
         out = torch.empty((ids.numel(), self.shape[1]), dtype=torch.float32)
         if ids.numel():
-            _lib().specwise_q_gather(ctypes.byref(self.struct), ids.data_ptr(), ids.numel(), out.data_ptr())
+            status = _lib().specwise_q_gather(ctypes.byref(self.struct), ids.data_ptr(), ids.numel(), out.data_ptr())
+            _check(status, self.name)
         return out
 
     def abs_sum(self, first: int, count: int) -> float:
         """Sum of |w| over elements ``first .. first + count - 1`` of the flattened matrix (row-major)."""
-        return float(_lib().specwise_q_abs_sum(ctypes.byref(self.struct), int(first), int(count)))
+        total = float(_lib().specwise_q_abs_sum(ctypes.byref(self.struct), int(first), int(count)))
+        if total == -2.0:
+            raise IndexError(f"{self.name}: elements {first} .. {first + count} outside the matrix")
+        if total < 0:
+            raise MemoryError(f"{self.name}: out of memory summing |w|")
+        return total
 
     def requantized_q4_0(self, arena=None) -> QTensor:
         """This matrix re-quantized to Q4_0 (the reference rule: a float16 scale and 4-bit values per block of 32),
@@ -254,8 +282,8 @@ class QTensor:
 
         def read(first: int, count: int) -> np.ndarray:
             raw = np.empty(count * (n_in // 32) * 18, dtype=np.uint8)
-            if lib.specwise_q_requantize_q4_0(ctypes.byref(self.struct), first, count, raw.ctypes.data) != 0:
-                raise MemoryError(f"{self.name}: out of memory re-quantizing to Q4_0")
+            status = lib.specwise_q_requantize_q4_0(ctypes.byref(self.struct), first, count, raw.ctypes.data, raw.size)
+            _check(status, f"{self.name}: re-quantizing to Q4_0")
             return raw
 
         return QTensor(GGML_Q4_0, read, out, n_in, name=self.name, arena=arena)
@@ -285,10 +313,25 @@ def bits_per_weight(ggml_type: int) -> float | None:
     return 8.0 * raw_bytes / raw_block
 
 
+def _check(status: int, what: str) -> None:
+    """Raise for a native entry point's status (quant.h's SW_*)."""
+    if status == SW_ERANGE:
+        raise IndexError(f"{what}: an index outside the matrix")
+    if status == SW_ENOMEM:
+        raise MemoryError(f"{what}: out of memory")
+    if status != SW_OK:
+        raise ValueError(f"{what}: the native kernels refused their arguments (status {status})")
+
+
 def _sizes(ggml_type: int, out: int, in_features: int) -> tuple[int, int, int, int, int]:
     """Bytes of a QTensor's tiles q and s, m, sd, md as the kernels lay them out (0: the part is absent)."""
-    sizes = [ctypes.c_size_t() for _ in range(5)]
-    _lib().specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
+    sizes = [ctypes.c_int64() for _ in range(5)]
+    status = _lib().specwise_q_sizes(ggml_type, out, in_features, *[ctypes.byref(s) for s in sizes])
+    if status != SW_OK:
+        raise ValueError(
+            f"a {TYPE_NAMES.get(ggml_type, ggml_type)} [{out}, {in_features}] matrix is not one the native kernels "
+            "take (1 to 2^30 rows and inputs, inputs in whole blocks)"
+        )
     n_q, n_s, n_m, n_sd, n_md = (s.value for s in sizes)
     return n_q, n_s, n_m, n_sd, n_md
 
@@ -375,7 +418,7 @@ def q_gemm(
     if x.shape[0] == 0:
         return y
     structs = _structs(parts)
-    _lib().specwise_q_gemm(
+    status = _lib().specwise_q_gemm(
         ctypes.cast(structs, ctypes.c_void_p),
         len(parts),
         x.data_ptr(),
@@ -385,6 +428,7 @@ def q_gemm(
         mode_id,
         threads or torch.get_num_threads(),
     )
+    _check(status, "q_gemm")
     return y
 
 
