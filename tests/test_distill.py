@@ -291,3 +291,35 @@ def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
     answers = load_shards(sorted((data_dir / "answers").glob("shard_*.safetensors")))
     assert report["train_tokens"] + report["held_out_tokens"] == sum(len(s.tokens) for s in answers + shards)
     assert "requests the target wrote itself" in (out / "README.md").read_text()
+
+
+def test_a_damaged_data_shard_is_refused(tmp_path):
+    """A data shard is a cached file, read as untrusted: a bad file, a missing tensor, a wrong dtype and offsets
+    that leave the tokens are refused with one line naming the file."""
+    from safetensors.torch import save_file
+
+    from specwise.distill.data import ShardFileError, _shard_tensors
+
+    hf = tiny_llama(seed=1, vocab=40)
+    shards, _, _ = _tiny_shards(hf, n_prompts=3, max_new=4)
+    good = _shard_tensors(shards[0])
+    path = tmp_path / "shard_00000.safetensors"
+    damages = {
+        "not a readable safetensors file": None,
+        "holds the tensors": lambda t: t.pop("lse"),
+        "tensor 'tokens' is torch.int64": lambda t: t.__setitem__("tokens", t["tokens"].long()),
+        "disagree on their lengths": lambda t: t.__setitem__("lse", t["lse"][1:]),
+        "offsets do not rise": lambda t: t.__setitem__("offsets", t["offsets"] + 1000),
+    }
+    for match, damage in damages.items():
+        if damage is None:
+            path.write_bytes(b"\x10" + bytes(20))
+        else:
+            tensors = dict(good)
+            damage(tensors)
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+        with pytest.raises(ShardFileError, match=match) as info:
+            load_shards([path])
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+    save_file({k: v.contiguous() for k, v in good.items()}, str(path))
+    assert torch.equal(load_shards([path])[0].tokens, good["tokens"])

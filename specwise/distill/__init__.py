@@ -168,6 +168,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     eos = eos_ids(loaded) or set()
     if opts.resume and (out / "config.json").exists():
         head = load_head(out)
+        check_target(head.config, hf, loaded.name)
         head.attach_target(hf)
     elif opts.init is not None:
         head = load_head(Path(opts.init))

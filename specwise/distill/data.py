@@ -481,11 +481,49 @@ def corpus_shards(
     return paths_out
 
 
+class ShardFileError(ValueError):
+    """A data shard that is not one ``specwise distill`` wrote."""
+
+
+SHARD_DTYPES = {
+    "tokens": torch.int32,
+    "features": torch.float16,
+    "lse": torch.float32,
+    "offsets": torch.int64,
+    "prompt_lengths": torch.int64,
+}
+
+
+def _check_shard(path: Path, t: dict[str, torch.Tensor]) -> None:
+    """A shard's tensors, their dtypes and their shapes agree (the data directory is a cache, untrusted like any
+    file): n tokens, features [n, hidden], lse [n], offsets rising from 0 to n, one prompt length per sequence."""
+
+    def refuse(what: str):
+        raise ShardFileError(f"{path}: {what}: delete the file (it is made again) or pass another --data-dir")
+
+    if set(t) != set(SHARD_DTYPES):
+        refuse(f"holds the tensors {sorted(t)}, expected {sorted(SHARD_DTYPES)}")
+    for name, dtype in SHARD_DTYPES.items():
+        if t[name].dtype != dtype or t[name].dim() != (2 if name == "features" else 1):
+            refuse(f"tensor {name!r} is {t[name].dtype} {list(t[name].shape)}, expected {dtype}")
+    n, offsets = t["tokens"].numel(), t["offsets"]
+    if t["features"].shape[0] != n or t["lse"].numel() != n or offsets.numel() != t["prompt_lengths"].numel() + 1:
+        refuse("tokens, features, lse and offsets disagree on their lengths")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != n or bool((offsets[1:] < offsets[:-1]).any()):
+        refuse(f"offsets do not rise from 0 to the {n} tokens")
+
+
 def load_shards(paths: list[Path]) -> list[Shard]:
+    """Read data shards (each checked: :func:`_check_shard`)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     shards = []
     for path in paths:
-        t = load_file(str(path))
+        try:
+            t = load_file(str(path))
+        except (SafetensorError, OSError) as e:
+            raise ShardFileError(f"{path}: not a readable safetensors file ({e}): delete it (it is made again)") from e
+        _check_shard(path, t)
         shards.append(Shard(t["tokens"], t["features"], t["lse"], t["offsets"], t["prompt_lengths"]))
     return shards

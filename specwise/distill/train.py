@@ -23,6 +23,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +34,7 @@ from specwise.files import atomic_path
 
 __all__ = [
     "TrainConfig",
+    "TrainStateError",
     "Batch",
     "make_batches",
     "head_loss",
@@ -43,6 +45,13 @@ __all__ = [
 ]
 
 LOSSES = ("kl", "tv", "jsd")
+STATE_KEYS = ("head", "optimizer", "step", "history", "before", "torch_rng")
+ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
+RESTART = "delete it and train again without --resume (or choose another --out)"
+
+
+class TrainStateError(ValueError):
+    """A training checkpoint (``train_state.pt``) that cannot be resumed safely."""
 
 
 @dataclass
@@ -228,6 +237,90 @@ def _save_state(path: Path, head: EagleHead, opt, step: int, history: list, befo
         torch.save(state, tmp)
 
 
+def _refuse(path: Path, what: str) -> NoReturn:
+    raise TrainStateError(f"{path}: {what}: {RESTART}")
+
+
+def _plain(value, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON-like (numbers, strings, None, and lists and dicts of them, a few levels deep):
+    what a checkpoint's history and held-out figures hold."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if depth >= 4:
+        return False
+    if isinstance(value, list):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _check_tensors(path: Path, what: str, saved, expected: dict[str, torch.Tensor]) -> None:
+    """``saved`` a dict of finite tensors with ``expected``'s names, shapes and kinds (floating or not)."""
+    if not isinstance(saved, dict) or set(saved) != set(expected):
+        _refuse(path, f"{what} does not hold the tensors {', '.join(sorted(expected))}")
+    for name, want in expected.items():
+        got = saved[name]
+        if not torch.is_tensor(got) or got.shape != want.shape or got.is_floating_point() != want.is_floating_point():
+            _refuse(path, f"{what}[{name!r}] is not a tensor of shape {list(want.shape)}")
+        if got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            _refuse(path, f"{what}[{name!r}] holds NaN or infinite values")
+
+
+def _check_optimizer(path: Path, saved, params: list[torch.Tensor]) -> None:
+    """An AdamW state for ``params``: one parameter group over all of them, and per parameter its step and moments
+    (shaped like the parameter)."""
+    if not isinstance(saved, dict) or set(saved) != {"state", "param_groups"}:
+        _refuse(path, "optimizer is not an optimizer's state (state, param_groups)")
+    groups, states = saved["param_groups"], saved["state"]
+    if not isinstance(groups, list) or len(groups) != 1 or not isinstance(groups[0], dict):
+        _refuse(path, "optimizer does not hold one parameter group")
+    if groups[0].get("params") != list(range(len(params))):
+        _refuse(path, f"optimizer's parameter group is not over the head's {len(params)} parameters")
+    if not _plain({k: list(v) if isinstance(v, tuple) else v for k, v in groups[0].items()}):
+        _refuse(path, "optimizer's parameter group holds values other than numbers")
+    if not isinstance(states, dict) or not set(states) <= set(range(len(params))):
+        _refuse(path, "optimizer's state is not keyed by the head's parameters")
+    for i, state in states.items():
+        expected = {"step": torch.zeros(()), "exp_avg": params[i], "exp_avg_sq": params[i]}
+        _check_tensors(path, f"optimizer state {i}", state, expected)
+
+
+def _load_state(path: Path, head: EagleHead, opt, params: list[torch.Tensor]) -> tuple[int, list, dict | None]:
+    """Read a checkpoint written by :func:`_save_state` into ``head`` and ``opt`` (and the RNG); returns (step,
+    history, before). The file is untrusted: it is unpickled with ``weights_only`` (tensors, numbers, strings and
+    containers only: a planted object is refused, never built), and every entry is checked before use."""
+    import pickle
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        _refuse(path, "it holds Python objects other than tensors and numbers (refused: loading it could run code)")
+    except Exception as e:  # any malformed file: a zip, a pickle or a tensor record that does not parse
+        _refuse(path, f"not a readable training state ({type(e).__name__})")
+    if not isinstance(state, dict) or set(state) != set(STATE_KEYS):
+        _refuse(path, f"not a training state (expected the entries {', '.join(STATE_KEYS)})")
+    _check_tensors(path, "head", state["head"], head.state_dict())
+    for name, buffer in head.named_buffers():  # the draft vocabulary and rotary table are the head's, not trained
+        if not torch.equal(state["head"][name], buffer.cpu()):
+            _refuse(path, f"head[{name!r}] differs from the head's in config.json's directory")
+    _check_optimizer(path, state["optimizer"], params)
+    step, history, before = state["step"], state["history"], state["before"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        _refuse(path, f"step is {step!r}, expected an integer >= 0")
+    if not isinstance(history, list) or not _plain(history):
+        _refuse(path, "history is not a list of held-out figures")
+    if before is not None and not (isinstance(before, dict) and _plain(before)):
+        _refuse(path, "before is not the held-out figures before training")
+    rng = state["torch_rng"]
+    if not torch.is_tensor(rng) or rng.dtype != torch.uint8 or rng.shape != torch.get_rng_state().shape:
+        _refuse(path, "torch_rng is not the state of torch's CPU generator")
+    head.load_state_dict(state["head"])
+    opt.load_state_dict(state["optimizer"])
+    torch.set_rng_state(rng)
+    return step, history, before
+
+
 def train_head(
     head: EagleHead,
     train: list[Batch],
@@ -252,11 +345,7 @@ def train_head(
     total_steps = max(1, int(cfg.epochs * len(train)))
     step, history, before = 0, [], None
     if resume and state_path.exists():
-        state = torch.load(state_path, weights_only=False)
-        head.load_state_dict(state["head"])
-        opt.load_state_dict(state["optimizer"])
-        step, history, before = state["step"], state["history"], state.get("before")
-        torch.set_rng_state(state["torch_rng"])
+        step, history, before = _load_state(state_path, head, opt, params)
         log(f"resumed from {state_path} at step {step}/{total_steps}")
 
     def lr_at(i: int) -> float:

@@ -208,6 +208,11 @@ class HeadDrafter(Drafter):
         softmax's largest probability)."""
         c, b = self._c, self._backend
         n = features.shape[0]
+        if features.dim() != 2 or features.shape[1] != c.hidden_size:
+            raise ValueError(
+                f"the head reads features [n, {c.hidden_size}], got {list(features.shape)}: use a head trained for "
+                "this target (`specwise distill`)"
+            )
         if start + n > self._capacity:
             self._grow(max(2 * self._capacity, start + n))
         if self._q is not None:

@@ -4,25 +4,41 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
+from specwise.drafters.head.checks import (
+    FIXED_DTYPES,
+    HeadFileError,
+    HeadNotFoundError,
+    check_config,
+    read_config,
+    read_tensors,
+)
 from specwise.files import atomic_path, write_json_atomic
 
 if TYPE_CHECKING:
     from specwise.drafters.head.module import EagleHead
 
-__all__ = ["HeadConfig", "TargetMismatchError", "check_target", "load_head", "save_head", "target_identity"]
+__all__ = [
+    "HeadConfig",
+    "HeadFileError",
+    "HeadNotFoundError",
+    "TargetMismatchError",
+    "check_target",
+    "load_head",
+    "save_head",
+    "target_identity",
+]
 
 FORMAT = "specwise-head"
 FORMAT_VERSION = 1
 
 
-class TargetMismatchError(ValueError):
+class TargetMismatchError(HeadFileError):
     """The head was trained for another target model."""
 
 
@@ -44,16 +60,9 @@ class HeadConfig:
         return {"format": FORMAT, "format_version": FORMAT_VERSION, **asdict(self)}
 
     @classmethod
-    def from_json(cls, data: dict) -> HeadConfig:
-        if data.get("format") != FORMAT:
-            raise ValueError(f"not a specwise head config (format {data.get('format')!r}, expected {FORMAT!r})")
-        if data.get("format_version", 0) > FORMAT_VERSION:
-            raise ValueError(
-                f"head format version {data['format_version']} is newer than this specwise ({FORMAT_VERSION}): "
-                "upgrade specwise"
-            )
-        keys = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in data.items() if k in keys})
+    def from_json(cls, data: dict, path: Path | str = "config.json") -> HeadConfig:
+        """The config in ``data`` (a parsed ``config.json``), every field checked (HeadFileError naming ``path``)."""
+        return cls(**check_config(Path(path), data, tuple(cls.__dataclass_fields__), FORMAT, FORMAT_VERSION))
 
 
 def target_identity(hf_model, name: str) -> dict:
@@ -115,30 +124,27 @@ def load_head(
 ) -> EagleHead:
     """Read a head directory onto ``device``; attach a target before use.
 
+    The files are checked before use (HeadFileError, a ValueError, names what is wrong): every field of the config,
+    and every tensor's name, dtype, shape and values against it. :func:`check_target` then checks the head against
+    its target.
+
     dtype: the floating-point weights' dtype (float32 for training); None keeps the file's (a drafter makes the
     copies it computes with, so a float16 file needs no float32 copy on the way).
     """
-    from safetensors.torch import load_file
-
     from specwise.drafters.head.module import EagleHead
 
     directory = Path(directory)
     cfg_path = directory / "config.json"
-    if not cfg_path.exists():
-        raise FileNotFoundError(
-            f"{directory} is not a head directory (no config.json): train one with `specwise distill --out DIR`"
-        )
-    config = HeadConfig.from_json(json.loads(cfg_path.read_text()))
+    config = HeadConfig.from_json(read_config(cfg_path), cfg_path)
     with torch.device("meta"):  # shapes only: the file's tensors become the parameters (no initialisation)
         head = EagleHead(config)
+    expected = {name: (value.shape, FIXED_DTYPES.get(name)) for name, value in head.state_dict().items()}
+    state = read_tensors(directory / "model.safetensors", expected, config.target["vocab_size"])
 
     def cast(name: str, value: torch.Tensor) -> torch.Tensor:
-        if not value.is_floating_point():
+        if not value.is_floating_point() or name == "inv_freq" or dtype is None:
             return value
-        if name == "inv_freq" or dtype is not None:
-            return value.to(torch.float32 if name == "inv_freq" else dtype)
-        return value
+        return value.to(dtype)
 
-    state = load_file(str(directory / "model.safetensors"))
     head.load_state_dict({name: cast(name, value) for name, value in state.items()}, assign=True)
     return head.to(device).eval()

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 
-from specwise.drafters.head.format import HeadConfig, target_identity
+from specwise.drafters.head.format import HeadConfig, TargetMismatchError, target_identity
 from specwise.models.layer import decoder_layer, qkv_heads, rms_norm, rotary_tables
 
 __all__ = ["EagleHead", "new_head"]
@@ -48,9 +48,28 @@ class EagleHead(nn.Module):
         """Take the target's embedding and output layer (frozen, shared; a quantized target's rows are read on
         demand). The output layer's draft-vocabulary rows are gathered when first asked for (:attr:`head_weight`,
         :meth:`output_rows`)."""
-        self.embed = hf_model.get_input_embeddings().weight.detach()
-        self._target_output = hf_model.get_output_embeddings().weight.detach()
+        embed = hf_model.get_input_embeddings().weight.detach()
+        output = hf_model.get_output_embeddings().weight.detach()
+        self._check_target_shapes(tuple(embed.shape), tuple(output.shape))
+        self.embed, self._target_output = embed, output
         self._head_weight = None
+
+    def _check_target_shapes(self, embed: tuple[int, ...], output: tuple[int, ...]) -> None:
+        """Refuse a target whose embedding or output layer (``[vocab, hidden]``) does not fit the head: another
+        hidden size, or fewer output rows than the draft vocabulary's ids need (TargetMismatchError)."""
+        d = self.config.hidden_size
+        for what, shape in (("embedding", embed), ("output layer", output)):
+            if len(shape) != 2 or shape[1] != d:
+                raise TargetMismatchError(
+                    f"the head's hidden_size is {d}, but the target's {what} is {list(shape)}: use a head trained "
+                    "for this target (`specwise distill`)"
+                )
+        top = int(self.vocab_ids.max()) if self.vocab_ids.numel() else -1
+        if top >= output[0]:
+            raise TargetMismatchError(
+                f"the head's draft vocabulary holds token {top}, outside the target's {output[0]} tokens: use a "
+                "head trained for this target (`specwise distill`)"
+            )
 
     @property
     def head_weight(self) -> torch.Tensor:

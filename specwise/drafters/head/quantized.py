@@ -110,6 +110,33 @@ class QuantizedHeadLayer:
     def nbytes(self) -> int:
         return sum(w.nbytes for w in self.weights)
 
+    def _check_step(
+        self,
+        features: torch.Tensor,
+        emb: torch.Tensor,
+        start: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> None:
+        """The native step's buffers against the layer's shape (the C code takes bare pointers and sizes):
+        features and emb ``[n, hidden]``, float32 caches ``[kv_heads, capacity, head_dim]`` with room for
+        positions ``start .. start + n - 1``, and rotary tables ``[>= start + n, head_dim]``."""
+        shape, cache, hd = features.shape, k_cache.shape, self.head_dim
+        n, cap = shape[0] if shape else 0, cache[1] if len(cache) == 3 else -1
+        ok = len(shape) == 2 and shape == emb.shape and shape[1] == self.hidden and n > 0
+        ok = ok and cache == v_cache.shape == (self.n_kv, cap, hd) and cos.shape == sin.shape
+        ok = ok and k_cache.dtype == v_cache.dtype == cos.dtype == sin.dtype == torch.float32
+        ok = ok and cos.numel() == cos.shape[0] * hd and cos.shape[0] >= start + n
+        ok = ok and k_cache.is_contiguous() and v_cache.is_contiguous() and cos.is_contiguous() and sin.is_contiguous()
+        if not ok or not 0 <= start <= cap - n:
+            raise ValueError(
+                f"the head's native step got features {list(features.shape)}, embeddings {list(emb.shape)}, a cache "
+                f"{list(k_cache.shape)} at position {start}: expected [n, {self.hidden}] and [{self.n_kv}, >= "
+                f"{start} + n, {hd}]"
+            )
+
     def step(
         self,
         features: torch.Tensor,
@@ -130,6 +157,7 @@ class QuantizedHeadLayer:
         Returns (predicted features ``[n, hidden]``, then for the last row with ``output`` (a one-element QMat
         array): the argmax over the output layer, its softmax probability when ``confidence``, and the logits)."""
         lib = self._stack._lib
+        self._check_step(features, emb, start, k_cache, v_cache, cos, sin)
         n, hidden = features.shape
         pred = torch.empty((n, hidden), dtype=torch.float32)
         need = self.n_heads * min(n, self.STEP_ROWS) * (start + n)
