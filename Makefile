@@ -2,7 +2,7 @@
 VENV := .venv/bin
 PROMPT ?= Name three primary colors.
 
-.PHONY: setup demo test lint format
+.PHONY: setup demo test lint format sanitize
 
 setup:
 	./scripts/setup.sh
@@ -14,6 +14,10 @@ test: setup
 	$(VENV)/ruff check specwise tests benchmarks
 	$(VENV)/ruff format --check specwise tests benchmarks
 	$(VENV)/python -m pytest -q
+
+# the kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, over the fuzz and kernel tests
+sanitize: setup
+	./scripts/sanitize.sh
 
 lint:
 	$(VENV)/ruff check specwise tests benchmarks

@@ -347,3 +347,74 @@ def test_the_cli_refuses_a_hostile_file_without_a_traceback(base, tmp_path):
         assert run.returncode > 0, (file, run.returncode, run.stderr)
         assert "Traceback" not in run.stderr, run.stderr
         assert re.search(pattern, run.stderr), run.stderr
+
+
+# ---- the native entry points check their own arguments (a wrong call from Python is an error, not a write) -------
+
+
+def test_the_native_entry_points_refuse_sizes_that_do_not_fit():
+    import ctypes
+
+    from specwise.models.kernels.quant import SW_EARG, SW_ERANGE, QPack, QTensor, _lib
+
+    lib = _lib()
+    rng = np.random.default_rng(0)
+    w = QTensor(GGML_Q8_0, np.frombuffer(q8_0(40, 64, rng), dtype=np.uint8), 40, 64, name="w")
+    sizes = [ctypes.c_int64() for _ in range(5)]
+    refs = [ctypes.byref(s) for s in sizes]
+    assert lib.specwise_q_sizes(GGML_Q8_0, 1 << 31, 64, *refs) == SW_EARG  # more rows than the tiles index
+    assert lib.specwise_q_sizes(GGML_Q8_0, (1 << 32) + 40, 64, *refs) == SW_EARG  # truncated to 40 by an int
+    assert lib.specwise_q_sizes(GGML_Q8_0, 40, 48, *refs) == SW_EARG  # not whole blocks
+    assert lib.specwise_q_sizes(GGML_Q8_0, 40, 64, *refs) == 0
+    # re-packing into buffers smaller than the layout, or rows past the tensor, writes nothing
+    raw = np.frombuffer(q8_0(40, 64, rng), dtype=np.uint8)
+    q = np.zeros(sizes[0].value, dtype=np.uint8)
+    s = np.zeros(sizes[1].value, dtype=np.uint8)
+    pack = QPack(GGML_Q8_0, 40, 64, q.ctypes.data, s.ctypes.data, None, None, None, q.size - 1, s.size, 0, 0, 0)
+    assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size, 0, 40) == SW_EARG
+    pack.q_bytes = q.size
+    assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size, 30, 11) == SW_EARG
+    assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size - 1, 0, 40) == SW_EARG
+    pack.out = (1 << 32) + 40
+    assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size, 0, 40) == SW_EARG
+    pack.out = 40
+    assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size, 0, 40) == 0
+    # rows and ids outside the matrix
+    out = torch.empty((2, 64))
+    assert lib.specwise_q_row(ctypes.byref(w.struct), 40, out.data_ptr()) == SW_ERANGE
+    assert lib.specwise_q_row(ctypes.byref(w.struct), -1, out.data_ptr()) == SW_ERANGE
+    ids = torch.tensor([3, 1 << 32])
+    assert lib.specwise_q_gather(ctypes.byref(w.struct), ids.data_ptr(), 2, out.data_ptr()) == SW_ERANGE
+    block = np.zeros(2 * 18, dtype=np.uint8)  # room for one row of Q4_0, two asked
+    assert lib.specwise_q_requantize_q4_0(ctypes.byref(w.struct), 0, 2, block.ctypes.data, block.size) == SW_EARG
+    assert lib.specwise_q_abs_sum(ctypes.byref(w.struct), 40 * 64 - 1, 2) == -2.0
+    # a matrix that is not one, and more parts than the product takes
+    bad = quant.QMat(9, 32, 0, 0, 1, 40, 64, w.struct.q, w.struct.s, None, 0, None, None)
+    assert lib.specwise_q_row(ctypes.byref(bad), 0, out.data_ptr()) == SW_EARG
+    x, y = torch.zeros((1, 64)), torch.zeros((1, 9 * 40))
+    parts = (quant.QMat * 9)(*([w.struct] * 9))
+    status = lib.specwise_q_gemm(ctypes.cast(parts, ctypes.c_void_p), 9, x.data_ptr(), None, y.data_ptr(), 1, 1, 1)
+    assert status == SW_EARG
+    with pytest.raises(ValueError, match="2\\^30"):
+        QTensor(GGML_Q8_0, raw, (1 << 32) + 40, 64)
+
+
+def test_the_layer_kernel_refuses_a_shape_or_position_that_does_not_fit(tmp_path):
+    path = tmp_path / "base.gguf"
+    path.write_bytes(tiny_model().bytes())
+    model = load(path)
+    stack = model._stack
+    for bad in ({"n_kv": 0}, {"n_kv": 3}, {"intermediate": 64}):
+        saved = {k: getattr(stack, k) for k in bad if hasattr(stack, k)}
+        if len(saved) != len(bad):
+            pytest.skip("the stack keeps its shape under other names")
+        for k, v in bad.items():
+            setattr(stack, k, v)
+        try:
+            with pytest.raises(ValueError, match="does not fit|refused"):
+                model.forward(torch.tensor([4]))
+        finally:
+            for k, v in saved.items():
+                setattr(stack, k, v)
+    model.rollback(0)
+    model.forward(torch.tensor([4]))

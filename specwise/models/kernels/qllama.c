@@ -508,19 +508,42 @@ size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int hea
     return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
 }
 
+/* Whether the layers' arguments fit together: a shape with heads in whole groups and an even head width, every
+ * layer's seven matrices of the shapes it gives (q, k, v, o, gate, up, down, in tiles the kernels read), and every
+ * row's position inside its cache. */
+static int rows_fit(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, const qmat *weights,
+                    const int *cap, const int *pos, int k) {
+    if (n_layers < 1 || hidden < 32 || n_heads < 1 || n_kv < 1 || n_heads % n_kv || head_dim < 2 || head_dim % 2 ||
+        inter < 1 || k < 0 || !weights || (k && (!cap || !pos)))
+        return 0;
+    const int q = n_heads * head_dim, kv = n_kv * head_dim;
+    const int outs[7] = {q, kv, kv, hidden, inter, inter, hidden}, ins[7] = {hidden, hidden, hidden, q, hidden,
+                                                                             hidden, inter};
+    for (int l = 0; l < n_layers; l++)
+        for (int j = 0; j < 7; j++) {
+            const qmat *w = weights + (size_t)7 * l + j;
+            if (w->out != outs[j] || w->in != ins[j] || !w->q) return 0;
+        }
+    for (int r = 0; r < k; r++)
+        if (pos[r] < 0 || pos[r] >= cap[r]) return 0;
+    return 1;
+}
+
 /* The layers over k rows, each with its own cache and position: row r is at position pos[r] of the sequence
  * whose caches start at k_rows[r] / v_rows[r] ([layers, n_kv, cap[r], hd]); it attends to positions 0 .. pos[r] of
  * that cache (kv_half: the caches hold float16, written rounded to nearest even, read back exactly). The rows of one
  * sequence come in order of position, and a row's earlier positions are in its cache
  * or among the rows before it in this pass: one pass scores several sequences' rows (a batch, ragged) and a row's
  * result is the same as in a pass of its own. scores: at least n_heads * k * max(pos + 1) floats.
- * Returns 0 on success, 1 when head_dim is too large. */
+ * Returns 0 on success, 1 when head_dim is too large, 5 when the shape, a weight or a row's position does not fit
+ * (checked before anything is written: see rows_fit). */
 int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
                          const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                          const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
                          const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
                          float *scores, int threads, int mode, int kv_half) {
     if (head_dim > 512) return 1;
+    if (!rows_fit(n_layers, hidden, n_heads, n_kv, head_dim, inter, weights, cap, pos, k)) return 5;
     const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
@@ -714,7 +737,7 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
  * the last row into logits[out_w->out], its argmax into *best and, when top_prob is not NULL, the softmax's largest
  * probability there (1 / sum of exp(l - max)). scratch: the layer kernel's scratch for 64 rows plus 3 * 64 * hidden
  * floats (and at least out_w->out); scores: n_heads * n * (start + n) floats. Returns 0; 1 when head_dim is too
- * large, 2 when n is outside 1..64, 3 when the logits hold a NaN. */
+ * large, 2 when n is outside 1..64, 3 when the logits hold a NaN, 5 when the shapes or positions do not fit. */
 int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps, const float *attn_norm,
                        const qmat *weights, const float *mlp_norm, float *k_cache, float *v_cache, int cap, int start,
                        const float *cos_t, const float *sin_t, const float *features, const float *emb, int n,
@@ -722,6 +745,7 @@ int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inte
                        float *pred, float *scratch, float *scores, int threads, const qmat *out_w, float *logits,
                        int64_t *best, float *top_prob) {
     if (n <= 0 || n > 64) return 2;
+    if (!fc || fc->out != hidden || fc->in != 2 * hidden || start < 0 || cap < 1 || start > cap - n) return 5;
     float *fused = scratch, *x = fused + (size_t)64 * 2 * hidden, *layer_scratch = x + (size_t)64 * hidden;
     for (int r = 0; r < n; r++) {
         rms_norm_rows(features + (size_t)r * hidden, feature_norm, fused + (size_t)r * 2 * hidden, 1, hidden, eps);

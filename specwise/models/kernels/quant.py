@@ -323,6 +323,21 @@ def _check(status: int, what: str) -> None:
         raise ValueError(f"{what}: the native kernels refused their arguments (status {status})")
 
 
+_LAYER_ERRORS = {
+    1: "a head width over 512",
+    2: "a row id outside the embedding",
+    3: "NaN logits",
+    4: "an output layer the kernels cannot read",
+    5: "a shape, weight or row position that does not fit the others",
+}
+
+
+def _layer_status(status: int) -> None:
+    """Raise for a status of the layer kernel (specwise_qllama_rows / _forward / specwise_head_step)."""
+    if status != 0:
+        raise ValueError(f"the quantized layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
+
+
 def _sizes(ggml_type: int, out: int, in_features: int) -> tuple[int, int, int, int, int]:
     """Bytes of a QTensor's tiles q and s, m, sd, md as the kernels lay them out (0: the part is absent)."""
     sizes = [ctypes.c_int64() for _ in range(5)]
@@ -503,8 +518,7 @@ class DecoderStack:
         )
         if status == 2:
             raise IndexError(f"{embed.name}: row ids outside [0, {embed.shape[0]})")
-        if status != 0:
-            raise RuntimeError(f"the quantized layer kernel failed (status {status})")
+        _layer_status(status)
 
     def _layer_args(self, k_rows, v_rows, caps, positions, cos, sin, x_ptr, threads, mode, kv_half) -> tuple:
         """The arguments of ``specwise_qllama_rows`` (the first ones of ``specwise_qllama_forward``) for the rows
@@ -576,6 +590,4 @@ class DecoderStack:
                 mode,
                 caches[lo][0].dtype == torch.float16,
             )
-            status = self._lib.specwise_qllama_rows(*args)
-            if status != 0:
-                raise RuntimeError(f"the quantized layer kernel failed (status {status})")
+            _layer_status(self._lib.specwise_qllama_rows(*args))
