@@ -1,18 +1,33 @@
-"""Command line: `specwise generate ...`."""
+"""Command line: `specwise generate | profile | bench | simulate | serve | distill | index`.
+
+Bad input never shows a traceback: ``main`` reports a refused request (a bad flag, a missing or damaged file, a
+model specwise cannot run) as one line, ``specwise: error: ...``, and exits with status 2; an unexpected exception
+(a bug) gets one line too, saying how to see its traceback: ``--debug`` or ``SPECWISE_DEBUG=1``.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import sys
+import traceback
 
 from specwise.drafters import DRAFTER_HELP
 from specwise.extras import MissingExtraError
 
 DEFAULT_DRAFTER = "auto"
 DEFAULT_GAMMA = "auto"
+DEBUG_ENV = "SPECWISE_DEBUG"  # set to 1 to see the traceback of any error
+DEBUG_FLAG = "--debug"
+ERROR_STATUS = 2  # bad input: a flag, a file, a model (argparse's status for usage errors too)
+BUG_STATUS = 1  # an unexpected exception
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as shells report it
+# What a user can cause and fix: errors that name the problem (GGUFError is a ValueError, FileNotFoundError an
+# OSError, MissingExtraError names the extra to install); anything else is a bug.
+USER_ERRORS = (ValueError, NotImplementedError, OSError, MissingExtraError, MemoryError)
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
 _SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli", "specwise.index.cli"]
@@ -65,9 +80,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line (``specwise: error: ...``) pointing at ``--help``."""
+
+    def error(self, message: str):
+        self.exit(ERROR_STATUS, f"specwise: error: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specwise", description="Exact speculative decoding for causal LMs.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="specwise", description="Exact speculative decoding for causal LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     gen = sub.add_parser("generate", help="generate a reply to a prompt, streaming it, then print statistics")
     gen.add_argument("prompt", help="the prompt (a user message for chat models)")
     add_model_args(gen)
@@ -101,7 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
         except ModuleNotFoundError as err:
             if err.name is None or not module.startswith(err.name):  # a missing dependency, not the module
                 raise
+    _add_debug_flag(parser, sub)
     return parser
+
+
+def _add_debug_flag(parser: argparse.ArgumentParser, sub) -> None:
+    """``--debug`` before or after the subcommand (``main`` reads it from the command line itself)."""
+    help_ = f"show the traceback of an error (or set {DEBUG_ENV}=1)"
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=help_)
+    for subparser in sub.choices.values():
+        subparser.add_argument(DEBUG_FLAG, action="store_true", default=argparse.SUPPRESS, help=help_)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -197,18 +228,65 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def debug_requested(argv: list[str] | None) -> bool:
+    """Whether the command line has ``--debug`` (before any ``--``) or ``SPECWISE_DEBUG`` is set (not 0)."""
+    argv = sys.argv[1:] if argv is None else argv
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return DEBUG_FLAG in options or os.environ.get(DEBUG_ENV, "0").strip().lower() not in ("", "0", "false", "no")
+
+
+def one_line(err: BaseException) -> str:
+    """The exception's message on one line: its type's name when it has none, further lines joined by "; "."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return type(err).__name__
+    return lines[0] + (" " + "; ".join(lines[1:]) if len(lines) > 1 else "")
+
+
+def report_error(err: BaseException, debug: bool) -> int:
+    """Print ``err`` for the user (a traceback only when ``debug``); returns the exit status."""
+    if debug:
+        traceback.print_exception(err)
+    if isinstance(err, USER_ERRORS):
+        print(f"specwise: error: {one_line(err)}", file=sys.stderr)
+        return ERROR_STATUS
+    hint = "" if debug else f"run it again with {DEBUG_ENV}=1 (or {DEBUG_FLAG}) to see the traceback, and "
+    print(
+        f"specwise: internal error: {type(err).__name__}: {one_line(err)} (a bug in specwise: {hint}report it "
+        "with the command to specwise's issue tracker)",
+        file=sys.stderr,
+    )
+    return BUG_STATUS
+
+
+def run(argv: list[str] | None = None) -> tuple[int, argparse.Namespace | None]:
+    """Parse the command line and run its subcommand; returns (exit status, the parsed arguments)."""
+    debug = debug_requested(argv)
+    args = None
     try:
-        code = args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, NotImplementedError, MissingExtraError) as err:
-        print(f"specwise: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\nspecwise: interrupted", file=sys.stderr)
-        return 130
-    if argv is None and args.func is cmd_generate:
+        args = build_parser().parse_args(argv)
+        return args.func(args) or 0, args
+    except KeyboardInterrupt as err:
+        if debug:
+            traceback.print_exception(err)
+        return INTERRUPTED_STATUS, args
+    except BrokenPipeError:  # whoever read the output stopped (`specwise ... | head`): nothing more to say
+        _silence_stdout()
+        return BUG_STATUS, args
+    except Exception as err:
+        return report_error(err, debug), args
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush does not fail on the closed pipe again."""
+    with contextlib.suppress(OSError, ValueError):  # stdout is not a file (a test's capture): nothing to do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The ``specwise`` program: the exit status of the subcommand (see the module's docstring for errors)."""
+    code, args = run(argv)
+    if argv is None and code == 0 and args is not None and args.func is cmd_generate:
         # run as the `specwise` program: the answer is out, and tearing down the interpreter (torch's modules and
         # the loaded model) would add about 0.3 s to it; nothing is left to write
         sys.stdout.flush()

@@ -1,8 +1,10 @@
-"""The command line: JSON output, streaming, argument errors, vocabulary mismatch."""
+"""The command line: JSON output, streaming, argument errors, vocabulary mismatch, and bad input (missing, damaged
+and non-model files, bad flag values) reported in one line without a traceback unless asked for."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -123,3 +125,99 @@ def test_console_script_reports_errors_on_stderr():
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert "temperature must be >= 0" in proc.stderr
+
+
+# ------------------------------------------------------------------------------- bad input: one line, no traceback
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory) -> dict[str, str]:
+    """Files that are not models: text named .gguf, text named .txt, the default GGUF's first 100 bytes, and a
+    bench directory whose results.json is not JSON."""
+    from specwise.models.loader import default_gguf_path
+
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "notes.gguf").write_text("hello, not a model\n")
+    (root / "notes.txt").write_text("hello, not a model\n")
+    with open(default_gguf_path(), "rb") as fh:
+        (root / "truncated.gguf").write_bytes(fh.read(100))
+    (root / "bench").mkdir()
+    (root / "bench" / "results.json").write_text('{"runs": [')
+    names = ["notes.gguf", "notes.txt", "truncated.gguf", "bench"]
+    return {name.replace(".", "_"): str(root / name) for name in names}
+
+
+def specwise(*args: str, env: dict[str, str] | None = None, code: str | None = None) -> subprocess.CompletedProcess:
+    """Run the command line as a program (``python -m specwise``, or ``code`` then main) without SPECWISE_DEBUG."""
+    environ = {k: v for k, v in os.environ.items() if k != "SPECWISE_DEBUG"} | (env or {})
+    program = ["-c", f"import sys, specwise.cli as cli; {code}; sys.exit(cli.main())"] if code else ["-m", "specwise"]
+    return subprocess.run([sys.executable, *program, *args], capture_output=True, text=True, timeout=300, env=environ)
+
+
+def assert_one_line(proc: subprocess.CompletedProcess, fragment: str, status: int = 2, prefix: str = "error") -> None:
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == status, proc.stderr
+    assert len(lines) == 1 and lines[0].startswith(f"specwise: {prefix}: ") and fragment in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+BAD_INPUT = {
+    "a missing file": (["generate", "hi", "--target", "/no/such/model.gguf"], "GGUF file not found"),
+    "a text file named .gguf": (["generate", "hi", "--target", "{notes_gguf}"], "not a GGUF file"),
+    "a text file as the model": (["generate", "hi", "--target", "{notes_txt}"], "notes.txt"),
+    "a truncated GGUF": (["generate", "hi", "--target", "{truncated_gguf}"], "cannot fit"),
+    "a truncated GGUF as the drafter": (["generate", "hi", "--drafter", "model:{truncated_gguf}"], "cannot fit"),
+    "a truncated GGUF served": (["serve", "--target", "{truncated_gguf}", "--port", "0"], "cannot fit"),
+    "a bad flag value": (["generate", "hi", "--gamma", "lots"], "argument --gamma: must be an integer"),
+    "a flag value of the wrong type": (["serve", "--port", "abc"], "argument --port: invalid int value"),
+    "a value the command refuses": (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+    "a missing argument": (["generate"], "the following arguments are required: prompt"),
+    "an unknown subcommand": (["bogus"], "invalid choice: 'bogus'"),
+    "results that are not JSON": (["bench", "--out", "{bench}", "--report-only"], "results.json: Expecting value"),
+}
+
+
+@pytest.mark.parametrize(("args", "fragment"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
+def test_bad_input_is_one_line_on_stderr_and_a_nonzero_status(bad_files, args, fragment):
+    proc = specwise(*(arg.format(**bad_files) for arg in args))
+    assert_one_line(proc, fragment)
+
+
+@pytest.mark.parametrize(
+    ("where", "env"),
+    [("env", {"SPECWISE_DEBUG": "1"}), ("after", {}), ("before", {})],
+    ids=["SPECWISE_DEBUG=1", "--debug after", "--debug before"],
+)
+def test_debug_shows_the_traceback_then_the_line(bad_files, where, env):
+    args = ["generate", "hi", "--target", bad_files["truncated_gguf"]]
+    args = {"env": args, "after": [*args, "--debug"], "before": ["--debug", *args]}[where]
+    proc = specwise(*args, env=env)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "Traceback (most recent call last)" in proc.stderr and "GGUFError" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("specwise: error: ") and "cannot fit" in proc.stderr
+
+
+def test_a_bug_is_one_line_saying_so_and_how_to_see_the_traceback():
+    boom = "def boom(args): raise RuntimeError('the engine fell over'); cli.cmd_generate = boom"
+    code = "exec(" + repr(boom.replace("; cli", "\ncli")) + ")"
+    proc = specwise("generate", "hi", code=code)
+    assert_one_line(proc, "RuntimeError: the engine fell over", status=1, prefix="internal error")
+    assert "a bug in specwise" in proc.stderr and "SPECWISE_DEBUG=1" in proc.stderr and "report it" in proc.stderr
+    debug = specwise("generate", "hi", code=code, env={"SPECWISE_DEBUG": "1"})
+    assert debug.returncode == 1 and "Traceback (most recent call last)" in debug.stderr
+    assert debug.stderr.count("RuntimeError: the engine fell over") == 2  # the traceback's last line, then the line
+
+
+def test_an_interrupt_exits_130_quietly():
+    code = "exec(" + repr("def stop(args): raise KeyboardInterrupt\ncli.cmd_generate = stop") + ")"
+    proc = specwise("generate", "hi", code=code)
+    assert proc.returncode == 130 and proc.stderr == "" and proc.stdout == ""
+
+
+def test_one_line_joins_the_lines_of_a_message():
+    from specwise.cli import one_line
+
+    assert one_line(ValueError("results do not match:\n  a: missing\n  b: missing")) == (
+        "results do not match: a: missing; b: missing"
+    )
+    assert one_line(ValueError()) == "ValueError"

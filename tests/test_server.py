@@ -108,12 +108,14 @@ class ThrottledDrafter(Drafter):
 
 
 @contextmanager
-def live_server(app) -> Iterator[str]:
-    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+def live_server(app, **config) -> Iterator[str]:
+    """Run ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL. ``config``: more
+    ``uvicorn.Config`` arguments."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+    config = {"log_level": "warning", "timeout_graceful_shutdown": 2} | config
+    server = uvicorn.Server(uvicorn.Config(app, **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -232,6 +234,7 @@ def test_models_and_health(client, url):
     assert health["status"] == "ok" and health["model"] == MODEL and health["context"] == CONTEXT
     assert health["drafter"] == "ngram" and health["gamma"] == 4
     assert health["max_batch"] == 16 and health["requests_running"] == 0 and health["requests_waiting"] == 0
+    assert health["max_body_bytes"] == 1024 * 1024  # the least default (a 128-token context asks for less)
 
 
 def test_chat_completion_carries_speculative_usage(client, plain_app):
@@ -597,7 +600,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_work(served):
         wait_until(lambda: sample(app, "specwise_requests_total", endpoint="chat", outcome="cancelled") > before)
         wait_until(lambda: app.state.server.worker.running == 0)
         assert time.monotonic() - started < 2.0
-        room = CONTEXT - len(encode_chat(app.state.server.encoder, body["messages"]))
+        room = CONTEXT - len(encode_chat(app.state.server.encoder.tokenizer, body["messages"]))
         assert sample(app, "specwise_generation_tokens_total") - tokens_before < room / 2
     finally:
         drafter.delay = 0.0
@@ -780,7 +783,7 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
     env = os.environ | {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "specwise.cli", "serve", "--target", tiny_server_dir, "--drafter", "ngram"]
     command += ["--host", "127.0.0.1", "--port", "0", "--served-model-name", MODEL, "--device", "cpu", "--threads", "1"]
-    command += ["--max-batch", "3"]
+    command += ["--max-batch", "3", "--max-body-bytes", "64k"]
     proc = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr], daemon=True).start()
@@ -796,7 +799,8 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
         api = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
         reply = api.chat.completions.create(**chat_body("hi", max_tokens=5, temperature=0))
         assert reply.usage.speculative["drafter"] == "ngram"
-        assert httpx.get(f"{base}/health", timeout=TIMEOUT).json()["max_batch"] == 3
+        health = httpx.get(f"{base}/health", timeout=TIMEOUT).json()
+        assert health["max_batch"] == 3 and health["max_body_bytes"] == 64 * 1024
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -807,7 +811,8 @@ def test_specwise_serve_starts_answers_and_stops(tiny_server_dir):
     [(["--port", "70000"], "--port must be in 0..65535"), (["--max-queue", "0"], "--max-queue must be >= 1")]
     + [(["--max-batch", "0"], "--max-batch must be >= 1")]
     + [(["--default-max-tokens", "0"], "--default-max-tokens must be >= 1"), (["--gamma", "-1"], "--gamma")]
-    + [(["--threads", "0"], "--threads must be >= 1")],
+    + [(["--threads", "0"], "--threads must be >= 1"), (["--max-body-bytes", "0"], "must be at least 1 byte")]
+    + [(["--max-body-bytes", "1.5M"], "must be a number of bytes such as 1048576, 512k or 4M")],
 )
 def test_serve_rejects_bad_arguments(capsys, flags, message):
     try:

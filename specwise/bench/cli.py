@@ -183,18 +183,28 @@ def _finish(results: dict, out: Path) -> int:
     return 0
 
 
+def _read_results(path: Path, out: str) -> dict:
+    """A results.json checked against the schema; the errors name the file."""
+    from specwise.bench.runner import validate_results
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `specwise bench --out {out}` first")
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        validate_results(results)
+    except ValueError as err:  # not JSON, not UTF-8, or not the schema
+        raise ValueError(f"{path}: {err}") from err
+    return results
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
     require("bench", "specwise bench")  # the plots: checked before anything runs
-    from specwise.bench.runner import paired_summary, run_bench, validate_results
+    from specwise.bench.runner import paired_summary, run_bench
 
     out = Path(args.out)
     if args.report_only:
-        path = out / RESULTS_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} not found: run `specwise bench --out {args.out}` first")
-        results = json.loads(path.read_text(encoding="utf-8"))
-        validate_results(results)
+        results = _read_results(out / RESULTS_FILE, args.out)
         # the paired speedups are derived from the runs: the report shows every measure the current code pairs
         results["paired"] = paired_summary(results["configurations"], results["runs"], results["categories"])
         return _finish(results, out)

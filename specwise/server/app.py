@@ -1,15 +1,16 @@
 """The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health and metrics.
 
 ``create_app(runtime)`` builds the app around a Runtime; run it with uvicorn (``specwise serve``) or test it
-in-process. Requests are validated and encoded on the event loop, then queued for the one generation thread,
-which batches them (see ``worker.py``); responses carry the request's speculative statistics in
-``usage.speculative``.
-Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``.
+in-process. A body over the size limit is refused before it is parsed (``limits.py``); the rest are validated on
+the event loop, encoded on the encoder's thread (``encoding.py``: the event loop never tokenizes), then queued for
+the one generation thread, which batches them (see ``worker.py``); responses carry the request's speculative
+statistics in ``usage.speculative``.
+Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``: a bad request gets a 4xx,
+never a 5xx.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import time
@@ -26,17 +27,21 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
-from specwise.runtime import Runtime, encode_chat
+from specwise.runtime import Runtime
 from specwise.sampling import SamplingParams
+from specwise.server.encoding import PromptEncoder
+from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specwise.server.protocol import (
     ChatCompletionRequest,
     ChatFormat,
+    ChatMessage,
     CompletionFormat,
     CompletionRequest,
     ErrorResponse,
     ResponseFormat,
     SamplingRequest,
+    error_body,
     usage,
 )
 from specwise.server.worker import (
@@ -54,7 +59,7 @@ __all__ = ["APIError", "ServerState", "create_app", "sampling_params"]
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 UNKNOWN_CONTEXT_MAX_TOKENS = 256  # chat's default budget when the model's context size is unknown
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
-_ERRORS = {400: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
+_ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 
 
 class APIError(Exception):
@@ -72,7 +77,7 @@ class APIError(Exception):
         self.status, self.message, self.param, self.code, self.type = status, message, param, code, type_
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return error_body(self.message, self.type, self.param, self.code)
 
 
 @dataclass
@@ -84,7 +89,8 @@ class ServerState:
     worker: GenerationWorker
     metrics: ServerMetrics
     default_max_tokens: int | None
-    encoder: object  # a copy of the tokenizer for the event loop (the worker thread decodes with the original)
+    encoder: PromptEncoder  # prompts -> token ids on a thread of its own (the worker thread decodes)
+    max_body_bytes: int
     created: int
 
     @property
@@ -100,6 +106,7 @@ def create_app(
     max_queue: int = 64,
     default_max_tokens: int | None = None,
     max_batch: int = 16,
+    max_body_bytes: int | None = None,
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 
@@ -108,26 +115,31 @@ def create_app(
     max_batch: requests generated together, sharing each target pass (1: one at a time).
     default_max_tokens: the token budget when a request gives none (default: the rest of the context for chat,
         16 for completions, as at OpenAI).
+    max_body_bytes: larger request bodies get HTTP 413 unread (default: 1 MiB, or 16 bytes per token of context
+        where that is more).
     """
     if runtime.tokenizer is None:
         raise ValueError("the server needs a tokenizer: load a target that has one")
     if default_max_tokens is not None and default_max_tokens < 1:
         raise ValueError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
+    if max_body_bytes is None:
+        max_body_bytes = default_max_body_bytes(runtime.engine.target.max_length)
     metrics = ServerMetrics()
     worker = GenerationWorker(runtime.engine, metrics, max_queue, max_batch)
     name = model_name or runtime.target.name
-    state = ServerState(
-        runtime, name, worker, metrics, default_max_tokens, copy.deepcopy(runtime.tokenizer), int(time.time())
-    )
+    encoder = PromptEncoder(runtime.tokenizer)
+    state = ServerState(runtime, name, worker, metrics, default_max_tokens, encoder, max_body_bytes, int(time.time()))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         worker.start()
         yield
         worker.stop()
+        encoder.close()
 
     app = FastAPI(title="specwise", summary="OpenAI-compatible exact speculative decoding", lifespan=lifespan)
     app.state.server = state
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)  # inside the metrics: 413s are counted
     app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)
     _add_error_handlers(app)
     _add_routes(app)
@@ -155,7 +167,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI ``POST /v1/completions``: a string or token-id prompt, streamed or not."""
     state = _state(request)
     _check_model(state, body.model)
-    prompt_ids = _encode_completion(state, body.prompt)
+    prompt_ids = await state.encoder.run(_encode_completion, state, body.prompt)
     spec = _job_spec(state, body, prompt_ids, body.max_tokens, "completions")
     return await _generate(state, request, spec, CompletionFormat(state.model_name), body)
 
@@ -164,10 +176,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """OpenAI ``POST /v1/chat/completions``: the conversation through the chat template, streamed or not."""
     state = _state(request)
     _check_model(state, body.model)
-    try:
-        prompt_ids = encode_chat(state.encoder, [m.template_dict() for m in body.messages])
-    except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
-        raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
+    prompt_ids = await state.encoder.run(_encode_chat, state, body.messages)
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     spec = _job_spec(state, body, prompt_ids, max_tokens, "chat", param)
@@ -197,6 +206,7 @@ async def health(request: Request) -> dict:
         "gamma": state.runtime.engine.gamma,
         "context": state.context,
         "max_batch": state.worker.max_batch,
+        "max_body_bytes": state.max_body_bytes,
         "requests_running": state.worker.running,
         "requests_waiting": state.worker.waiting,
     }
@@ -224,13 +234,22 @@ def _check_model(state: ServerState, model: str) -> None:
         )
 
 
+def _encode_chat(state: ServerState, messages: list[ChatMessage]) -> list[int]:
+    """The conversation's token ids (on the encoder's thread)."""
+    try:
+        return state.encoder.chat([m.template_dict() for m in messages])
+    except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
+        raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
+
+
 def _encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -> list[int]:
+    """The prompt's token ids, checked against the vocabulary (on the encoder's thread)."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
             raise APIError(400, "batches of prompts are not supported: send one prompt per request", param="prompt")
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return list(state.encoder(prompt)["input_ids"])
+        return state.encoder.text(prompt)
     vocab = state.runtime.engine.target.vocab_size
     bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
@@ -378,6 +397,7 @@ def _as_api_error(err: Exception) -> APIError:
 
 # ---------------------------------------------------------------------------------------------------- errors
 
+MAX_ERRORS_READ = 32  # of a validation error's list, for the message (the first names the field)
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|.*\[.*\])$")  # pydantic's union-member steps in a location
 
 
@@ -395,6 +415,10 @@ def _param(loc: tuple) -> str | None:
 def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     first = errors[0]
     kind, param = first.get("type"), _param(tuple(first.get("loc", ())))
+    unknown = first.get("ctx", {}).get("field") if kind == "extra_forbidden" else None
+    if unknown is not None:  # found before the fields were validated: ctx has its path from the error's location
+        param = f"{param or ''}{'' if unknown.startswith('[') or not param else '.'}{unknown}"
+        return f"Unrecognized request argument supplied: {param}", param
     if kind == "json_invalid":
         return f"Malformed JSON body: {first.get('ctx', {}).get('error', 'could not parse it')}", None
     if param is None:
@@ -403,7 +427,7 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
         return f"Missing required parameter: '{param}'", param
     if kind == "extra_forbidden":
         return f"Unrecognized request argument supplied: {param}", param
-    same = [e["msg"] for e in errors if _param(tuple(e.get("loc", ()))) == param]
+    same = [e["msg"] for e in errors[:MAX_ERRORS_READ] if _param(tuple(e.get("loc", ()))) == param]
     return f"Invalid '{param}': {' or '.join(dict.fromkeys(same))}", param
 
 
@@ -416,10 +440,23 @@ async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+def _unparsed_body_message(cause: BaseException | None) -> str | None:
+    """What was wrong with a body that FastAPI could not read as JSON, beyond a syntax error (None: unknown)."""
+    if isinstance(cause, RecursionError):
+        return "Malformed JSON body: it nests arrays or objects too deeply"
+    if isinstance(cause, ValueError) and "digits" in str(cause):  # Python's limit on the digits of an integer
+        return "Malformed JSON body: a number has too many digits"
+    if isinstance(cause, UnicodeDecodeError):
+        return f"Malformed JSON body: it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    return None
+
+
 async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
     detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
     message = f"{detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) else detail
+    if exc.status_code == 400:
+        message = _unparsed_body_message(exc.__cause__) or message
     body = APIError(exc.status_code, message, type_=kind).body()
     return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
@@ -450,15 +487,18 @@ class HTTPMetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status = [500]
+        status = [500]  # an exception before the response: counted as a server error
+        answered = [False]
 
         async def send_and_note(message) -> None:
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], answered[0] = message["status"], True
             await send(message)
 
         try:
             await self.app(scope, receive, send_and_note)
+            if not answered[0]:  # the client went away before its request could be answered
+                status[0] = CLIENT_CLOSED
         finally:
             route = getattr(scope.get("route"), "path", "other")
             self.metrics.http_requests.labels(route, str(status[0])).inc()

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import gc
+import re
 import sys
 
 from specwise.extras import require
 
-__all__ = ["cmd_serve", "register"]
+__all__ = ["cmd_serve", "parse_size", "register"]
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+_SIZE = re.compile(r"^(\d+)([kmg]?)(?:i?b)?$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def parse_size(text: str) -> int:
+    """A size in bytes: ``1048576``, ``512k``, ``4M``, ``1GiB`` (units of 1024; argparse type)."""
+    found = _SIZE.match(text.strip())
+    if found is None:
+        raise argparse.ArgumentTypeError(f"must be a number of bytes such as 1048576, 512k or 4M, got {text!r}")
+    size = int(found.group(1)) * _UNITS[found.group(2).lower()]
+    if size < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return size
 
 
 def register(subparsers) -> None:
@@ -39,6 +54,14 @@ def register(subparsers) -> None:
         type=int,
         default=None,
         help="token budget of requests that give none (default: rest of the context for chat, 16 for completions)",
+    )
+    p.add_argument(
+        "--max-body-bytes",  # limits.MAX_BODY_FLAG (not imported: the server's modules load when it starts)
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="larger request bodies get HTTP 413 before they are read: bytes, or with k, M, G (units of 1024; "
+        "default: 1M, or 16 bytes per token of the model's context where that is more)",
     )
     p.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 suits small shared CPUs)"
@@ -80,14 +103,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_queue=args.max_queue,
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
+        max_body_bytes=args.max_body_bytes,
     )
-    name = app.state.server.model_name
+    state = app.state.server
     print(
-        f"specwise: serving {name!r} ({type(runtime.engine.target).__name__}, drafter {runtime.drafter_spec}, "
-        f"gamma {args.gamma}, max batch {args.max_batch}, device {runtime.device}) "
-        f"at http://{args.host}:{args.port}/v1",
+        f"specwise: serving {state.model_name!r} ({type(runtime.engine.target).__name__}, drafter "
+        f"{runtime.drafter_spec}, gamma {args.gamma}, max batch {args.max_batch}, request bodies up to "
+        f"{state.max_body_bytes} bytes, device {runtime.device}) at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
         flush=True,
     )
+    # the model's objects live as long as the process: the collector need not scan them again, which makes parsing
+    # a body of many small JSON arrays or objects (on the event loop) several times faster
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

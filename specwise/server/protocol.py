@@ -3,19 +3,24 @@
 Requests are strict about names (an unknown field is an error, as at OpenAI) and lenient about what common
 clients send by default (``n=1``, zero penalties, ``user``). The sampling extensions ``top_k``, ``min_p`` and
 ``ignore_eos`` follow vLLM (with the openai client, pass them in ``extra_body``).
+
+Validation stops at the first error of a list and at the first unknown field: the work of refusing a body never
+grows with the number of things wrong in it (a megabyte of bad list items would otherwise cost a second of the
+event loop, each error written out in turn).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
 from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
 
 try:
-    from pydantic import BaseModel, ConfigDict, Field, field_validator
+    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+    from pydantic_core import PydanticCustomError
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
@@ -28,24 +33,56 @@ __all__ = [
     "ErrorResponse",
     "ResponseFormat",
     "SamplingRequest",
+    "error_body",
     "usage",
 ]
 
 MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256  # each stop string's length: the generation thread looks for every one after each pass
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+
+
+_FAIL_FAST = Field(fail_fast=True)  # a list's validation stops at its first bad item
+
+
+def _first_unknown(data: object, names: frozenset[str] | dict, where: str = "") -> str | None:
+    """The path (``where`` + ``.key``) of the first key of ``data``, a dict, not in ``names`` (None: none)."""
+    if isinstance(data, dict):
+        for key in data:
+            if key not in names:
+                return f"{where}.{key}" if where else str(key)
+    return None
+
+
+def _unknown_field(path: str) -> PydanticCustomError:
+    """The error of an unknown field; ``ctx["field"]`` is its path from the error's location."""
+    return PydanticCustomError("extra_forbidden", "Extra inputs are not permitted", {"field": path})
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
-class StreamOptions(_Strict):
+class _Checked(_Strict):
+    """A model that refuses its first unknown field before validating any (``extra="forbid"`` reports every
+    one). Not used for messages, which are many: ChatCompletionRequest checks them in one pass."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _first_unknown_field(cls, data: object) -> object:
+        path = _first_unknown(data, cls.model_fields)
+        if path is not None:
+            raise _unknown_field(path)
+        return data
+
+
+class StreamOptions(_Checked):
     """``include_usage``: also send a last chunk with empty ``choices`` and the usage (as OpenAI does)."""
 
     include_usage: bool = False
 
 
-class SamplingRequest(_Strict):
+class SamplingRequest(_Checked):
     """Fields common to chat and text completions."""
 
     model: str = Field(description="the served model's id, as listed by GET /v1/models")
@@ -55,7 +92,9 @@ class SamplingRequest(_Strict):
     top_k: int | None = Field(None, ge=-1, description="keep the k most likely tokens (0 or -1: disabled)")
     min_p: float | None = Field(None, ge=0, lt=1, description="drop tokens below min_p x the top probability")
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX, description="seed for sampling (default: random)")
-    stop: str | list[str] | None = Field(None, description=f"up to {MAX_STOP_STRINGS} stop strings")
+    stop: str | Annotated[list[str], _FAIL_FAST] | None = Field(
+        None, description=f"up to {MAX_STOP_STRINGS} stop strings of up to {MAX_STOP_CHARS} characters each"
+    )
     ignore_eos: bool = Field(False, description="keep generating past the end-of-sequence token")
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -69,6 +108,9 @@ class SamplingRequest(_Strict):
     def _few_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
         if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(value)}")
+        longest = max(map(len, [value] if isinstance(value, str) else value or []), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise ValueError(f"a stop string may have at most {MAX_STOP_CHARS} characters, got one of {longest}")
         return value
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -96,7 +138,7 @@ class ChatMessage(_Strict):
     """One message of a conversation; ``developer`` is taken as ``system``."""
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: str | Annotated[list[TextPart], _FAIL_FAST]
     name: str | None = None
 
     def template_dict(self) -> dict:
@@ -105,17 +147,51 @@ class ChatMessage(_Strict):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
+_MESSAGE_FIELDS = frozenset(ChatMessage.model_fields)
+_PART_FIELDS = frozenset(TextPart.model_fields)
+
+
 class ChatCompletionRequest(SamplingRequest):
     """POST /v1/chat/completions."""
 
-    messages: list[ChatMessage] = Field(min_length=1, description="the conversation so far (at least one message)")
+    messages: Annotated[list[ChatMessage], _FAIL_FAST] = Field(
+        min_length=1, description="the conversation so far (at least one message)"
+    )
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens; wins over it")
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _first_unknown_message_field(cls, value: object) -> object:
+        """The first unknown field of any message or content part, found in one pass over them (a validator per
+        message would cost more than validating the message)."""
+        if isinstance(value, list):
+            for i, message in enumerate(value):
+                path = _unknown_in_message(i, message)
+                if path is not None:
+                    raise _unknown_field(path)
+        return value
+
+
+def _unknown_in_message(i: int, message: object) -> str | None:
+    """The path of the first unknown field of message ``i`` or of its content parts (None: none)."""
+    if not isinstance(message, dict):
+        return None
+    if not message.keys() <= _MESSAGE_FIELDS:
+        return _first_unknown(message, _MESSAGE_FIELDS, f"[{i}]")
+    content = message.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if isinstance(part, dict) and not part.keys() <= _PART_FIELDS:
+                return _first_unknown(part, _PART_FIELDS, f"[{i}].content[{j}]")
+    return None
 
 
 class CompletionRequest(SamplingRequest):
     """POST /v1/completions. ``prompt`` is a string or a list of token ids (a list of one string is accepted)."""
 
-    prompt: str | list[int] | list[str] = Field(description="one prompt: a string or a list of token ids")
+    prompt: str | Annotated[list[int], _FAIL_FAST] | Annotated[list[str], _FAIL_FAST] = Field(
+        description="one prompt: a string or a list of token ids"
+    )
     echo: bool = Field(False, description="not supported (only false)")
     suffix: str | None = Field(None, description="not supported (only null)")
     best_of: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
@@ -146,6 +222,11 @@ class ErrorResponse(BaseModel):
     """The body of every error: ``{"error": {"message", "type", "param", "code"}}``."""
 
     error: ErrorDetail
+
+
+def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict:
+    """The JSON of an error response, as OpenAI writes it (see ErrorResponse)."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def usage(stats: SpecStats, drafter: str, gamma: int | str) -> dict:

@@ -1,0 +1,128 @@
+"""The request body limit: a body larger than the server accepts is refused (HTTP 413) before anything parses it.
+
+``BodyLimitMiddleware`` refuses at once when the Content-Length header names more than the limit, and otherwise
+counts the bytes as they arrive (a chunked body has no length), refusing as soon as they pass it. A body within the
+limit is read whole and handed on, so JSON parsing and tokenization never see more than the limit.
+"""
+
+from __future__ import annotations
+
+import json
+
+from specwise.server.protocol import error_body
+
+__all__ = [
+    "BodyLimitMiddleware",
+    "DEFAULT_MAX_BODY_BYTES",
+    "MAX_BODY_FLAG",
+    "default_max_body_bytes",
+]
+
+MIB = 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = MIB  # the least default: a full 8,192-token prompt is about 40 kB of JSON
+BYTES_PER_CONTEXT_TOKEN = 16  # the default's room per token of context (JSON escapes, token ids written out)
+MAX_BODY_FLAG = "--max-body-bytes"  # the `specwise serve` option that raises the limit (named in the refusal)
+
+
+def default_max_body_bytes(context: int | None) -> int:
+    """1 MiB, or 16 bytes per token of the model's context where that is more (None: context unknown)."""
+    return max(DEFAULT_MAX_BODY_BYTES, BYTES_PER_CONTEXT_TOKEN * (context or 0))
+
+
+class BodyTooLarge(Exception):
+    """More than the limit arrived; ``size`` is what had arrived when the limit was passed."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class BodyLimitMiddleware:
+    """A pure ASGI middleware: requests with a body over ``max_bytes`` get HTTP 413 and the connection closes.
+
+    The body of every other request is read whole (at most ``max_bytes``) before the app runs, then replayed to it;
+    a client that goes away while sending it gets no answer.
+    """
+
+    def __init__(self, app, max_bytes: int) -> None:
+        if max_bytes < 1:
+            raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            await self._refuse(send, f"the request body ({declared} bytes) is")
+            return
+        try:
+            body = await _read_body(receive, self.max_bytes)
+        except BodyTooLarge:
+            await self._refuse(send, "the request body is")
+            return
+        if body is not None:
+            await self.app(scope, _replay(body, receive), send)
+
+    async def _refuse(self, send, what: str) -> None:
+        message = (
+            f"{what} larger than this server accepts ({self.max_bytes} bytes): send a shorter request, or start "
+            f"the server with a larger {MAX_BODY_FLAG}"
+        )
+        content = error_body(message, "invalid_request_error", None, "request_too_large")
+        await _send_json(send, 413, content, close=True)
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The whole body (None when the client went away); raises BodyTooLarge once more than ``limit`` bytes came."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(size)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that gives the app the body already read, then passes on to the connection's own."""
+    given = False
+
+    async def replay() -> dict:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _content_length(scope) -> int | None:
+    """The Content-Length header's value (None when absent or not a number)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_json(send, status: int, content: dict, close: bool = False) -> None:
+    """A whole JSON response; ``close`` asks the server to close the connection after it (the rest of an
+    unread body is not worth reading)."""
+    payload = json.dumps(content, separators=(",", ":")).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
