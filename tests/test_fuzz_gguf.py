@@ -265,12 +265,21 @@ VARIANTS = {
     "output layer of another shape": (_add_tensor("output.weight", [H, 50], GGML_Q8_0), "output.weight has shape"),
     "only a q bias": (_add_tensor("blk.0.attn_q.bias", [H]), "attn_k.bias is missing"),
     # well formed, but something the native model does not implement: refused, never ignored
-    "rope_freqs (llama3)": (_add_tensor("rope_freqs.weight", [8]), "rope_freqs.weight .*not supported"),
+    "rope_freqs (llama3)": (_add_tensor("rope_freqs.weight", [8]), None),  # valid: llama3 rope factors
+    "rope_freqs of another width": (_add_tensor("rope_freqs.weight", [5]), "rope_freqs.weight has shape"),
+    "rope_freqs quantized": (_add_tensor("rope_freqs.weight", [32], GGML_Q8_0), "rope_freqs.weight has shape"),
+    "rope_freqs of zeros": (_with(lambda g: _zero_factors(g)), "rope_freqs.weight holds factors"),
+    "sliding window on llama": (_set("llama.attention.sliding_window", U32, 8), "sliding-window attention"),
+    "rope scaling factor without a type": (_set("llama.rope.scaling.factor", F32, 4.0), "scaling factor of 4"),
     "an unknown tensor": (_add_tensor("blk.0.mystery.weight", [H]), "blk.0.mystery.weight .*not supported"),
     "q norm (Qwen3)": (_add_tensor("blk.0.attn_q_norm.weight", [16]), "query norm"),
     "a soft-cap": (_set("llama.attn_logit_softcapping", F32, 50.0), "attn_logit_softcapping.*not supported"),
     "rope scaling yarn": (_set("llama.rope.scaling.type", STRING, "yarn"), "rope scaling 'yarn'"),
 }
+
+
+def _zero_factors(g: RawGGUF) -> None:
+    g.tensors.append(Tensor("rope_freqs.weight", [8], GGML_F32, f32([0.0] * 8)))
 
 
 def _retype(g: RawGGUF, name: str, kind: int, data: bytes) -> None:

@@ -15,16 +15,14 @@ import re
 
 from specwise.models.gguf_file import FLOAT_TYPES, GGUFError, GGUFFile
 
-__all__ = ["meta_int", "meta_float", "check_tensors", "LAYER_MATRICES", "LAYER_VECTORS", "LAYER_BIASES"]
+__all__ = ["meta_int", "meta_float", "check_tensors"]
 
-# the tensors of one decoder layer of the native family, as llama.cpp names them
-LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-LAYER_VECTORS = ("attn_norm", "ffn_norm")
-LAYER_BIASES = ("attn_q", "attn_k", "attn_v")
 _LAYER = re.compile(r"blk\.(\d+)\.(.+)")
 # what a tensor the native family does not use is, where its name says so (for the refusal's message)
 _KNOWN_EXTRAS = {
     "rope_freqs.weight": "rope frequency factors (llama3 rope scaling)",
+    "rope_factors_long.weight": "longrope frequency factors (Phi-3 128k)",
+    "rope_factors_short.weight": "longrope frequency factors (Phi-3 128k)",
     "attn_output.bias": "an attention output bias",
     "attn_q_norm.weight": "a query norm (Qwen3, Gemma 3)",
     "attn_k_norm.weight": "a key norm (Qwen3, Gemma 3)",
@@ -81,11 +79,21 @@ def _expect(meta: GGUFFile, name: str, shape: tuple[int, ...], floats: bool = Fa
         raise GGUFError(f"{_name(meta)}: tensor {name} is {info.type_name}: expected F32, F16 or BF16")
 
 
-def check_tensors(meta: GGUFFile, config) -> None:
-    """Every tensor of a native-family model (Llama, Qwen2) has the shape and type ``config`` gives, nothing is
-    missing, and nothing is there that the model would not use (NotImplementedError naming it)."""
-    h, hd, ff = config.hidden_size, config.head_dim, config.intermediate_size
-    q, kv = config.num_attention_heads * hd, config.num_key_value_heads * hd
+def check_tensors(
+    meta: GGUFFile,
+    config,
+    matrices: dict[str, tuple[int, int]],
+    vectors: dict[str, tuple[int, ...]],
+    biases: dict[str, tuple[int]] | None = None,
+    extra: dict[str, tuple[int, ...]] | None = None,
+) -> None:
+    """Every tensor of a native-family model has the shape and type ``config`` gives, nothing is missing, and nothing
+    is there that the model would not use (NotImplementedError naming it).
+
+    matrices, vectors: each layer's matrices and float vectors (norms) by part name (``attn_q`` for
+    ``blk.N.attn_q.weight``) with their shapes (numpy order); biases: the optional float biases (``blk.N.<part>.bias``,
+    all of them or none in a layer); extra: optional float tensors outside the layers (``rope_freqs.weight``)."""
+    h = config.hidden_size
     embed = meta.tensors.get("token_embd.weight")
     if embed is None or len(embed.shape) != 2:
         raise GGUFError(f"{_name(meta)}: tensor token_embd.weight is missing or not a matrix")
@@ -97,29 +105,24 @@ def check_tensors(meta: GGUFFile, config) -> None:
     if "output.weight" in meta.tensors:
         _expect(meta, "output.weight", (vocab, h))
         expected.add("output.weight")
-    shapes = {
-        "attn_q": (q, h),
-        "attn_k": (kv, h),
-        "attn_v": (kv, h),
-        "attn_output": (h, q),
-        "ffn_gate": (ff, h),
-        "ffn_up": (ff, h),
-        "ffn_down": (h, ff),
-    }
-    biases = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,)}
+    for name, shape in (extra or {}).items():
+        if name in meta.tensors:
+            _expect(meta, name, shape, floats=True)
+            expected.add(name)
+    biases = biases or {}
     for i in range(config.num_hidden_layers):
         p = f"blk.{i}."
-        for part, shape in shapes.items():
+        for part, shape in matrices.items():
             _expect(meta, f"{p}{part}.weight", shape)
-        for part in LAYER_VECTORS:
-            _expect(meta, f"{p}{part}.weight", (h,), floats=True)
-        present = [part for part in LAYER_BIASES if f"{p}{part}.bias" in meta.tensors]
-        if present and len(present) != len(LAYER_BIASES):
-            missing = next(part for part in LAYER_BIASES if part not in present)
-            raise GGUFError(f"{_name(meta)}: tensor {p}{missing}.bias is missing (the layer has other q/k/v biases)")
+        for part, shape in vectors.items():
+            _expect(meta, f"{p}{part}.weight", shape, floats=True)
+        present = [part for part in biases if f"{p}{part}.bias" in meta.tensors]
+        if present and len(present) != len(biases):
+            missing = next(part for part in biases if part not in present)
+            raise GGUFError(f"{_name(meta)}: tensor {p}{missing}.bias is missing (the layer has other biases)")
         for part in present:
             _expect(meta, f"{p}{part}.bias", biases[part], floats=True)
-        expected.update(f"{p}{part}.weight" for part in (*shapes, *LAYER_VECTORS))
+        expected.update(f"{p}{part}.weight" for part in (*matrices, *vectors))
         expected.update(f"{p}{part}.bias" for part in present)
     for name in meta.tensors:
         if name in expected:

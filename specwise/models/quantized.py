@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from specwise.models.kernels.quant import (
     MAX_ROWS,
     Arena,
     DecoderStack,
+    LayerVariant,
     QMat,
     QTensor,
     _mode_id,
@@ -41,7 +43,29 @@ from specwise.models.native import rotary_tables
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "checked_file", "TargetWeights"]
 
-_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+
+@dataclass(frozen=True)
+class Family:
+    """How an architecture's GGUF file differs from the Llama layer (llama.cpp's conventions for each)."""
+
+    hf: str  # the Hugging Face class of the same model
+    permuted_qk: bool = False  # the converter permuted Q and K rows to interleaved rotary pairs (llama)
+    qkv_bias: bool = False  # optional q, k, v biases (qwen2; some llama files)
+    qk_norm: bool = False  # RMS norms of each query and key head before rotary (qwen3, gemma3)
+    fused: bool = False  # q, k, v in one attn_qkv tensor, gate and up in one ffn_up tensor (phi3)
+    gemma: bool = False  # Gemma 3: post norms, GeGLU, the embedding scale, local and global layers
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", permuted_qk=True, qkv_bias=True),
+    "qwen2": Family("Qwen2ForCausalLM", qkv_bias=True),
+    "qwen3": Family("Qwen3ForCausalLM", qk_norm=True),
+    "phi3": Family("Phi3ForCausalLM", fused=True),
+    "gemma3": Family("Gemma3ForCausalLM", qk_norm=True, gemma=True),
+}
+_ARCHITECTURES = {arch: f.hf for arch, f in FAMILIES.items()}
+GEMMA3_SWA_PATTERN = 6  # Gemma 3: every sixth layer attends globally, the others through the sliding window
+GEMMA3_LOCAL_BASE = 10000.0  # Gemma 3: the rotary base of the windowed layers (llama.cpp's, not in the metadata)
 # caches of at least this many positions ask for huge pages: a huge page is resident as soon as one of its bytes
 # is written, so a short answer would hold the whole cache (a 1,024-position cache of the default model is 47 MB)
 HUGE_CACHE = 2048
@@ -85,8 +109,10 @@ class GGUFConfig:
         self.rope_scaling = meta.get(f"{arch}.rope.scaling.type")
         self.rms_norm_eps = meta_float(meta, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6, 0.0, 1.0)
         self.max_position_embeddings = count("context_length", 2048, high=(1 << 31) - 1)
-        self.sliding_window = meta.get(f"{arch}.attention.sliding_window")
+        self.sliding_window = count("attention.sliding_window", 0, low=0, high=(1 << 31) - 1)
+        self.rope_scaling_factor = meta_float(meta, f"{arch}.rope.scaling.factor", 1.0, 0.0, 1e6)
         self.vocab_size = count("vocab_size", 0, low=0, high=(1 << 31) - 1)
+        self.family = FAMILIES[arch]
         self._unknown = [k for k in [*meta.metadata, *meta._array_at] if k.startswith(f"{arch}.")]
         self._unknown = [k for k in self._unknown if k[len(arch) + 1 :] not in _READ_KEYS]
 
@@ -95,8 +121,10 @@ class GGUFConfig:
         tensors do not match its configuration)."""
         if self.gguf_architecture not in _ARCHITECTURES:
             return f"architecture {self.gguf_architecture!r} is not in the native family ({', '.join(_ARCHITECTURES)})"
-        if self.rope_scaling not in (None, "none"):
+        if self.rope_scaling not in (None, "none", "linear"):
             return f"rope scaling {self.rope_scaling!r} is not supported"
+        if self.rope_scaling in (None, "none") and self.rope_scaling_factor != 1.0:
+            return f"a rope scaling factor of {self.rope_scaling_factor:g} without a scaling type is not supported"
         if self._unknown:
             value = meta.get(self._unknown[0], "an array")
             return f"metadata {self._unknown[0]} ({value!r}) is not supported"
@@ -106,10 +134,10 @@ class GGUFConfig:
             return "value heads of another width than the key heads are not supported"
         if self.head_dim > 512 or self.head_dim % 2:
             return f"a head width of {self.head_dim} is not supported (an even width up to 512)"
-        if self.sliding_window:
-            return "sliding-window attention is not supported"
+        if self.sliding_window and not self.family.gemma and self.gguf_architecture != "phi3":
+            return "sliding-window attention is not supported for this architecture"
         try:
-            check_tensors(meta, self)
+            check_tensors(meta, self, *self.tensor_shapes())
         except NotImplementedError as err:
             return str(err)
         from specwise.models.kernels.quant import supported_types
@@ -119,6 +147,34 @@ class GGUFConfig:
             if len(info.shape) == 2 and info.type not in types:
                 return f"tensor {info.name} is {info.type_name}, which the native kernels do not read"
         return None
+
+    def tensor_shapes(self) -> tuple[dict, dict, dict, dict]:
+        """Each layer's matrices, norms and optional biases by part name, and the optional tensors outside the
+        layers, with their shapes (numpy order) as this family's GGUF files store them."""
+        f, h, ff = self.family, self.hidden_size, self.intermediate_size
+        q, kv, hd = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim, self.head_dim
+        if f.fused:
+            matrices = {"attn_qkv": (q + 2 * kv, h), "attn_output": (h, q), "ffn_up": (2 * ff, h), "ffn_down": (h, ff)}
+        else:
+            matrices = {"attn_q": (q, h), "attn_k": (kv, h), "attn_v": (kv, h), "attn_output": (h, q)}
+            matrices |= {"ffn_gate": (ff, h), "ffn_up": (ff, h), "ffn_down": (h, ff)}
+        vectors = {"attn_norm": (h,), "ffn_norm": (h,)}
+        if f.qk_norm:
+            vectors |= {"attn_q_norm": (hd,), "attn_k_norm": (hd,)}
+        if f.gemma:
+            vectors |= {"post_attention_norm": (h,), "post_ffw_norm": (h,)}
+        biases = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,)} if f.qkv_bias else {}
+        extra = {"rope_freqs.weight": (hd // 2,)} if self.gguf_architecture == "llama" else {}
+        return matrices, vectors, biases, extra
+
+    def windows(self) -> list[int] | None:
+        """Each layer's sliding window (0: global), or None when every layer attends to every position."""
+        if not self.sliding_window:
+            return None
+        if self.family.gemma:
+            every = GEMMA3_SWA_PATTERN
+            return [0 if (i + 1) % every == 0 else self.sliding_window for i in range(self.num_hidden_layers)]
+        return [self.sliding_window] * self.num_hidden_layers
 
 
 # metadata of the native family's architectures that GGUFConfig reads (any other key of the architecture is refused)
@@ -136,6 +192,7 @@ _READ_KEYS = {
     "attention.layer_norm_rms_epsilon",
     "context_length",
     "attention.sliding_window",
+    "rope.scaling.factor",
     "vocab_size",
 }
 
@@ -280,8 +337,11 @@ class QuantizedModel(Model):
         self.max_length = config.max_position_embeddings
         self._load_weights(meta)
         self.vocab_size = self.lm_head.shape[0]
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-        self._inv_freq = (1.0 / (config.rope_theta**exponent)).float()
+        self._inv_freq = self._inverse_frequencies(meta, config.rope_theta)
+        # Gemma 3's windowed layers rotate with their own base, unscaled
+        self._inv_freq_local = (
+            self._inverse_frequencies(meta, GEMMA3_LOCAL_BASE, False) if config.family.gemma else None
+        )
         self._rotary: dict[str, torch.Tensor] = {}  # cos, sin for positions 0 .. n - 1 (shared by the sequences)
         self._length = 0
         self._capacity = 0
@@ -289,20 +349,30 @@ class QuantizedModel(Model):
 
     # ---- weights -----------------------------------------------------------------------------------------
 
-    def _matrix(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None, narrow: bool = False) -> QTensor:
-        """A matrix of the file re-packed (narrow: re-quantized to Q4_0 if the file stores it wider)."""
+    def _matrix(
+        self,
+        meta: GGUFFile,
+        name: str,
+        rows: np.ndarray | None = None,
+        narrow: bool = False,
+        part: tuple[int, int] | None = None,
+    ) -> QTensor:
+        """A matrix of the file re-packed (narrow: re-quantized to Q4_0 if the file stores it wider; part: only its
+        rows first .. first + count - 1, one part of a fused tensor)."""
         info = meta.tensors.get(name)
         if info is None:
             raise ValueError(f"{self.path.name}: tensor {name} is missing")
-        out, n_in = info.shape
+        first, out = part if part is not None else (0, info.shape[0])
+        n_in = info.shape[1]
         requantize = narrow and _narrowed(info.type)
         arena = None if requantize else self._arena
+        label = name if part is None else f"{name}[{first}:{first + out}]"
         if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
-            raw = np.asarray(meta.read(name)).reshape(out, -1)[rows]
-            tensor = QTensor(info.type, raw, out, n_in, name=name, arena=arena)
+            raw = np.asarray(meta.read(name, first, out)).reshape(out, -1)[rows]
+            tensor = QTensor(info.type, raw, out, n_in, name=label, arena=arena)
         else:
-            read = lambda first, count: meta.read(name, first, count)  # noqa: E731
-            tensor = QTensor(info.type, read, out, n_in, name=name, arena=arena)
+            read = lambda at, count: meta.read(name, first + at, count)  # noqa: E731
+            tensor = QTensor(info.type, read, out, n_in, name=label, arena=arena)
         return tensor.requantized_q4_0(self._arena) if requantize else tensor
 
     def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
@@ -311,20 +381,58 @@ class QuantizedModel(Model):
             values = values[rows]
         return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
-    def _load_weights(self, meta: GGUFFile) -> None:
+    def _layer_matrices(self, meta: GGUFFile, i: int, q_rows, k_rows) -> list[QTensor]:
+        """Layer i's seven matrices q, k, v, o, gate, up, down (the parts of Phi-3's fused tensors)."""
+        c, p, d = self.config, f"blk.{i}.", self.drafting
+        if c.family.fused:
+            q, kv, ff = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+            return [
+                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(0, q)),
+                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(q, kv)),
+                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(q + kv, kv)),
+                self._matrix(meta, p + "attn_output.weight", narrow=d),
+                self._matrix(meta, p + "ffn_up.weight", narrow=d, part=(0, ff)),
+                self._matrix(meta, p + "ffn_up.weight", narrow=d, part=(ff, ff)),
+                self._matrix(meta, p + "ffn_down.weight", narrow=d),
+            ]
+        return [
+            self._matrix(meta, p + "attn_q.weight", q_rows, narrow=d),
+            self._matrix(meta, p + "attn_k.weight", k_rows, narrow=d),
+            self._matrix(meta, p + "attn_v.weight", narrow=d),
+            self._matrix(meta, p + "attn_output.weight", narrow=d),
+            self._matrix(meta, p + "ffn_gate.weight", narrow=d),
+            self._matrix(meta, p + "ffn_up.weight", narrow=d),
+            self._matrix(meta, p + "ffn_down.weight", narrow=d),
+        ]
+
+    def _arena_bytes(self, meta: GGUFFile) -> int:
+        """Bytes of every matrix as it will be kept (a fused tensor's parts each in whole tiles)."""
         c = self.config
-        matrices = [info for info in meta.tensors.values() if len(info.shape) == 2]
 
         def kept_type(info) -> int:
             narrow = self.drafting and info.name != "token_embd.weight" and _narrowed(info.type)
             return GGML_Q4_0 if narrow else info.type
 
-        size = sum(tensor_bytes(kept_type(i), i.shape[0], i.shape[1]) + 5 * Arena.ALIGN for i in matrices)
+        size = 0
+        for info in meta.tensors.values():
+            if len(info.shape) != 2:
+                continue
+            parts = [info.shape[0]]
+            if c.family.fused and info.name.endswith("attn_qkv.weight"):
+                q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+                parts = [q, kv, kv]
+            elif c.family.fused and info.name.endswith("ffn_up.weight"):
+                parts = [c.intermediate_size] * 2
+            size += sum(tensor_bytes(kept_type(info), n, info.shape[1]) + 5 * Arena.ALIGN for n in parts)
         if self.drafting and "output.weight" not in meta.tensors:  # a separate, narrower output layer
             e = meta.tensors["token_embd.weight"]
             size += tensor_bytes(GGML_Q4_0, e.shape[0], e.shape[1]) + 5 * Arena.ALIGN
-        self._arena = Arena(size) if self.huge_pages else None
-        llama = c.gguf_architecture == "llama"
+        return size
+
+    def _load_weights(self, meta: GGUFFile) -> None:
+        c = self.config
+        self._arena = Arena(self._arena_bytes(meta)) if self.huge_pages else None
+        llama = c.family.permuted_qk
         q_rows = _unpermute_rows(c.num_attention_heads * c.head_dim, c.num_attention_heads) if llama else None
         k_rows = _unpermute_rows(c.num_key_value_heads * c.head_dim, c.num_key_value_heads) if llama else None
         self.embed = self._matrix(meta, "token_embd.weight")
@@ -338,23 +446,15 @@ class QuantizedModel(Model):
         self.final_norm = self._vector(meta, "output_norm.weight")
         self.layers: list[list[QTensor]] = []
         self.attn_norms, self.mlp_norms, self.qkv_biases = [], [], []
+        norms: dict[str, list[torch.Tensor]] = {}
         for i in range(c.num_hidden_layers):
             p = f"blk.{i}."
-            if p + "attn_output.bias" in meta.tensors:
-                raise NotImplementedError(f"{self.path.name}: attention output biases are not supported")
-            d = self.drafting
-            weights = [
-                self._matrix(meta, p + "attn_q.weight", q_rows, narrow=d),
-                self._matrix(meta, p + "attn_k.weight", k_rows, narrow=d),
-                self._matrix(meta, p + "attn_v.weight", narrow=d),
-                self._matrix(meta, p + "attn_output.weight", narrow=d),
-                self._matrix(meta, p + "ffn_gate.weight", narrow=d),
-                self._matrix(meta, p + "ffn_up.weight", narrow=d),
-                self._matrix(meta, p + "ffn_down.weight", narrow=d),
-            ]
-            self.layers.append(weights)
+            self.layers.append(self._layer_matrices(meta, i, q_rows, k_rows))
             self.attn_norms.append(self._vector(meta, p + "attn_norm.weight"))
             self.mlp_norms.append(self._vector(meta, p + "ffn_norm.weight"))
+            for part in ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
+                if p + part + ".weight" in meta.tensors:
+                    norms.setdefault(part, []).append(self._vector(meta, p + part + ".weight"))
             if p + "attn_q.bias" in meta.tensors:
                 bias = torch.cat(
                     [
@@ -376,10 +476,46 @@ class QuantizedModel(Model):
             c.num_key_value_heads,
             c.head_dim,
             c.rms_norm_eps,
+            variant=self._variant(norms),
         )
         self._head_struct = (QMat * 1)(self.lm_head.struct)
         self._lib = self._stack._lib
         self._x = torch.empty((MAX_ROWS, self.hidden), dtype=torch.float32)  # a decoding step's rows (forward)
+
+    def _variant(self, norms: dict[str, list[torch.Tensor]]) -> LayerVariant | None:
+        """What this family's layers do beyond Llama's (None: nothing)."""
+        c = self.config
+        windows = c.windows()
+        if not norms and windows is None:
+            return None
+        scale = 0.0
+        if c.family.gemma and c.num_hidden_layers == 62:  # Gemma 3 27B scales queries by hidden / heads (llama.cpp)
+            scale = (c.hidden_size / c.num_attention_heads) ** -0.5
+        return LayerVariant(
+            q_norms=norms.get("attn_q_norm"),
+            k_norms=norms.get("attn_k_norm"),
+            post_attn_norms=norms.get("post_attention_norm"),
+            post_mlp_norms=norms.get("post_ffw_norm"),
+            windows=windows,
+            attn_scale=scale,
+            embed_scale=float(torch.tensor(c.hidden_size**0.5, dtype=torch.float32)) if c.family.gemma else 0.0,
+            gelu=c.family.gemma,
+        )
+
+    def _inverse_frequencies(self, meta: GGUFFile, base: float, scaled: bool = True) -> torch.Tensor:
+        """The rotary inverse frequencies base^(-2i/d), divided by the file's llama3 factors (``rope_freqs``) and by
+        a linear scaling factor (``scaled``: Gemma 3's windowed layers are not scaled)."""
+        c = self.config
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
+        inv = 1.0 / (base**exponent)
+        if scaled and "rope_freqs.weight" in meta.tensors:
+            factors = torch.from_numpy(meta.floats("rope_freqs.weight").astype(np.float64))
+            if not torch.isfinite(factors).all() or (factors <= 0).any():
+                raise GGUFError(f"{self.path.name}: tensor rope_freqs.weight holds factors that are not positive")
+            inv = inv / factors
+        if scaled and c.rope_scaling == "linear":
+            inv = inv / c.rope_scaling_factor
+        return inv.float()
 
     def hf_reference(self):
         """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
@@ -415,11 +551,15 @@ class QuantizedModel(Model):
         self._capacity = capacity
 
     def _tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotary tables ``[>= n, head_dim]`` (rotate-half sign folded into sin), grown for every sequence."""
+        """Rotary tables ``[>= n, head_dim]`` (rotate-half sign folded into sin), grown for every sequence; those of
+        the windowed layers, where they have their own, in ``self._rotary["local"]``."""
         if "cos" not in self._rotary or self._rotary["cos"].shape[0] < n:
             size = min(max(n, 2 * self._rotary["cos"].shape[0] if self._rotary else n), self.max_length)
             cos, sin = rotary_tables(self._inv_freq, torch.arange(size))
             self._rotary["cos"], self._rotary["sin"] = cos.contiguous(), sin.contiguous()
+            if self._inv_freq_local is not None:
+                cos, sin = rotary_tables(self._inv_freq_local, torch.arange(size))
+                self._rotary["local"] = (cos.contiguous(), sin.contiguous())
         return self._rotary["cos"], self._rotary["sin"]
 
     def sequence(self) -> QuantizedModel:
@@ -469,7 +609,7 @@ class QuantizedModel(Model):
         features = self._features.data_ptr() + 4 * start * self.hidden if self.keep_features else None
         self._stack.forward_one(
             self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self.embed,
-            self.final_norm, self.eps, keep, features, self._head_struct, logits,
+            self.final_norm, self.eps, keep, features, self._head_struct, logits, self._rotary.get("local"),
         )  # fmt: skip
         self._length = start + k
         return logits
@@ -497,8 +637,11 @@ class QuantizedModel(Model):
             positions.extend(range(start, start + k))
             spans.append((seq, start, k, keep))
         x = self.embed.rows(torch.cat(ids))  # [rows, hidden]
+        variant = self._stack.variant
+        if variant is not None and variant.embed_scale:
+            x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
         cos, sin = self._tables(max(positions) + 1)
-        self._stack.run(x, caches, positions, cos, sin, self.precision)
+        self._stack.run(x, caches, positions, cos, sin, self.precision, local=self._rotary.get("local"))
         # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
         # rows whose logits are kept
         need, row = [], 0

@@ -466,6 +466,15 @@ static void silu_mul(const float *gate, const float *up, float *act, int n, int 
     for (; i < n; i++) act[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
 }
 
+/* GeGLU's activation: act = gelu(gate) * up with the tanh approximation of GELU (Gemma's gelu_pytorch_tanh). */
+static void gelu_tanh_mul(const float *gate, const float *up, float *act, int n) {
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        const float g = gate[i];
+        act[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
 /* Rotate-half rotary embedding of one head in place: y[d] = x[d] cos[d] + x[(d + hd/2) % hd] sin[d]. */
 static void rotary(float *v, const float *c, const float *s, int hd) {
     float tmp[512];
@@ -541,15 +550,18 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
                          const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                          const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
                          const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                         float *scores, int threads, int mode, int kv_half) {
+                         float *scores, int threads, int mode, int kv_half, const qarch *arch) {
     if (head_dim > 512) return 1;
     if (!rows_fit(n_layers, hidden, n_heads, n_kv, head_dim, inter, weights, cap, pos, k)) return 5;
+    if (arch && (arch->act < ACT_SILU || arch->act > ACT_GELU_TANH)) return 5;
+    const qarch llama = {0};
+    const qarch *a = arch ? arch : &llama;
     const int isa = specwise_q_isa();
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
     int end = 0;
     for (int r = 0; r < k; r++) end = pos[r] + 1 > end ? pos[r] + 1 : end;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = a->attn_scale > 0.0f ? a->attn_scale : 1.0f / sqrtf((float)hd);
     float *h = scratch;                      /* [k, hidden] */
     float *tmp = h + (size_t)k * hidden;     /* [k, hidden] */
     float *qkv = tmp + (size_t)k * hidden;   /* [k, n_qkv] */
@@ -570,7 +582,13 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             float *kc = k_rows[r] + layer, *vc = v_rows[r] + layer;
             uint16_t *kh = (uint16_t *)k_rows[r] + layer, *vh = (uint16_t *)v_rows[r] + layer;
             float *row = qkv + (size_t)r * n_qkv;
-            const float *c = cos_t + (size_t)p * hd, *s = sin_t + (size_t)p * hd;
+            const int local = a->window && a->window[l] > 0 && a->cos_local;
+            const float *c = (local ? a->cos_local : cos_t) + (size_t)p * hd;
+            const float *s = (local ? a->sin_local : sin_t) + (size_t)p * hd;
+            for (int j = 0; a->q_norm && j < nq; j++)
+                rms_norm_rows(row + (size_t)j * hd, a->q_norm[l], row + (size_t)j * hd, 1, hd, eps);
+            for (int j = nq; a->k_norm && j < nq + n_kv; j++)
+                rms_norm_rows(row + (size_t)j * hd, a->k_norm[l], row + (size_t)j * hd, 1, hd, eps);
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
             for (int g = 0; g < n_kv; g++) {
                 const size_t at = ((size_t)g * cap[r] + p) * hd;
@@ -598,7 +616,9 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             const int total = nq * k, lo = (int)((long long)total * tid / nth);
             const int hi = (int)((long long)total * (tid + 1) / nth);
             for (int t = lo; t < hi;) {
-                const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group, len = pos[r] + 1;
+                const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group;
+                const int window = a->window ? a->window[l] : 0;
+                const int first = window > 0 && pos[r] + 1 > window ? pos[r] + 1 - window : 0, len = pos[r] + 1 - first;
                 int nh = 1;
 #ifdef HAVE_JOINT
                 if (isa >= ISA_AVX2 && hd == 64) {
@@ -609,7 +629,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
 #endif
                 const size_t layer = (size_t)l * n_kv * cap[r] * hd;
                 const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
-                const size_t at = layer + (size_t)g * cap[r] * hd;
+                const size_t at = layer + ((size_t)g * cap[r] + first) * hd;
                 const float *keys = k_rows[r] + at, *vals = v_rows[r] + at;
                 const uint16_t *keys_h = (const uint16_t *)k_rows[r] + at, *vals_h = (const uint16_t *)v_rows[r] + at;
                 float *sc = scores + (size_t)t * end;
@@ -678,6 +698,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
+        if (a->post_attn_norm) rms_norm_rows(tmp, a->post_attn_norm[l], tmp, k, hidden, eps);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
         rms_norm_rows(x, mlp_norm[l], h, k, hidden, eps);
         MARK(PART_REST);
@@ -685,11 +706,15 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
             const float *gr = gu + (size_t)r * 2 * inter;
-            silu_mul(gr, gr + inter, act + (size_t)r * inter, inter, isa);
+            if (a->act == ACT_GELU_TANH)
+                gelu_tanh_mul(gr, gr + inter, act + (size_t)r * inter, inter);
+            else
+                silu_mul(gr, gr + inter, act + (size_t)r * inter, inter, isa);
         }
         MARK(PART_REST);
         specwise_q_gemm(w + 6, 1, act, NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
+        if (a->post_mlp_norm) rms_norm_rows(tmp, a->post_mlp_norm[l], tmp, k, hidden, eps);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
     MARK(PART_REST);
@@ -712,13 +737,15 @@ int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int
                             const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
                             const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
                             const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                            float *scores, int threads, int mode, int kv_half, const qmat *embed, const int64_t *ids,
-                            const float *final_norm, float final_eps, int keep, float *features, const qmat *head,
-                            float *logits) {
+                            float *scores, int threads, int mode, int kv_half, const qarch *arch, const qmat *embed,
+                            const int64_t *ids, const float *final_norm, float final_eps, int keep, float *features,
+                            const qmat *head, float *logits) {
     if (specwise_q_gather(embed, ids, k, x) != SW_OK) return 2;
+    if (arch && arch->embed_scale != 0.0f && arch->embed_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] *= arch->embed_scale;
     const int status = specwise_qllama_rows(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, weights,
                                             qkv_b, mlp_norm, k_rows, v_rows, cap, pos, cos_t, sin_t, x, k, scratch,
-                                            scores, threads, mode, kv_half);
+                                            scores, threads, mode, kv_half, arch);
     if (status != 0) return status;
     const float *h = scratch; /* the layers' scratch is free again */
     if (features) {
@@ -763,7 +790,7 @@ int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inte
     const float *qkv_b = NULL;
     const int status = specwise_qllama_rows(1, hidden, n_heads, n_kv, head_dim, inter, eps, &attn_norm, weights, &qkv_b,
                                             &mlp_norm, k_rows, v_rows, caps, pos, cos_t, sin_t, x, n, layer_scratch,
-                                            scores, threads, MODE_Q8, 0);
+                                            scores, threads, MODE_Q8, 0, NULL);
     if (status != 0) return status;
     rms_norm_rows(x, out_norm, pred, n, hidden, eps);
     if (!out_w) return 0;

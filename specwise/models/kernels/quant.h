@@ -60,6 +60,21 @@ typedef struct {
     int64_t q_bytes, s_bytes, m_bytes, sd_bytes, md_bytes; /* what each buffer holds */
 } qpack;
 
+/* What a decoder layer does beyond the Llama layer (specwise_qllama_rows; NULL: the Llama layer). Every array has
+ * one entry per layer. */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
+typedef struct {
+    const float *const *q_norm;         /* RMS norm of each query head [head_dim] before rotary (Qwen3, Gemma 3), or NULL */
+    const float *const *k_norm;         /* the same for each key head, or NULL */
+    const float *const *post_attn_norm; /* RMS norm of the attention's output before the residual (Gemma 3), or NULL */
+    const float *const *post_mlp_norm;  /* the same for the feed-forward's output, or NULL */
+    const int *window;                  /* sliding window: position p attends to p - window < j <= p (0: all), or NULL */
+    const float *cos_local, *sin_local; /* rotary tables of the windowed layers (their own base), or NULL: cos_t */
+    float attn_scale;                   /* the scores' scale (0: 1 / sqrt(head_dim)) */
+    float embed_scale;                  /* embedding rows times this in specwise_qllama_forward (0: 1) */
+    int act;                            /* ACT_SILU (SwiGLU) or ACT_GELU_TANH (GeGLU) */
+} qarch;
+
 int specwise_q_isa(void);
 int specwise_q_set_isa(int isa);
 int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_t *s_bytes, int64_t *m_bytes,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -115,9 +116,9 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_sample": ([p, i, i, p, p], i),
         "specwise_qllama_scratch_floats": ([i] * 6, sz),
         "specwise_qllama_timings": ([i, p], None),
-        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i], i),
+        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i, p], i),
         "specwise_qllama_forward": (
-            [i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i] + [p, p, p, ctypes.c_float, i, p, p, p],
+            [i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i, p] + [p, p, p, ctypes.c_float, i, p, p, p],
             i,
         ),
         "specwise_rms_norm_rows": ([p, p, p, i, i, ctypes.c_float], None),
@@ -447,6 +448,67 @@ def q_gemm(
     return y
 
 
+class QArch(ctypes.Structure):
+    """The C ``qarch`` of quant.h: what the layers do beyond the Llama layer."""
+
+    _fields_ = [
+        ("q_norm", ctypes.c_void_p),
+        ("k_norm", ctypes.c_void_p),
+        ("post_attn_norm", ctypes.c_void_p),
+        ("post_mlp_norm", ctypes.c_void_p),
+        ("window", ctypes.c_void_p),
+        ("cos_local", ctypes.c_void_p),
+        ("sin_local", ctypes.c_void_p),
+        ("attn_scale", ctypes.c_float),
+        ("embed_scale", ctypes.c_float),
+        ("act", ctypes.c_int),
+    ]
+
+
+@dataclass
+class LayerVariant:
+    """What a family's decoder layers do beyond Llama's (quant.h's ``qarch``); every list has one entry per layer.
+
+    q_norms, k_norms: RMS norms of each query / key head ``[head_dim]`` before rotary (Qwen3, Gemma 3);
+    post_attn_norms, post_mlp_norms: RMS norms of the attention's and the feed-forward's outputs before their
+    residuals (Gemma 3); windows: each layer's sliding window (0: attends to every position), whose layers use the
+    rotary tables passed as ``local``; attn_scale: the scores' scale (0: 1 / sqrt(head_dim)); embed_scale: the
+    embedding rows' factor (0: none); gelu: GeGLU with tanh GELU instead of SwiGLU."""
+
+    q_norms: list[torch.Tensor] | None = None
+    k_norms: list[torch.Tensor] | None = None
+    post_attn_norms: list[torch.Tensor] | None = None
+    post_mlp_norms: list[torch.Tensor] | None = None
+    windows: list[int] | None = None
+    attn_scale: float = 0.0
+    embed_scale: float = 0.0
+    gelu: bool = False
+
+    def struct(self, n_layers: int) -> tuple[QArch, list]:
+        """The C struct, and the arrays its pointers point into (to be kept alive beside it)."""
+        keep: list = []
+
+        def pointers(tensors):
+            if tensors is None:
+                return None
+            if len(tensors) != n_layers:
+                raise ValueError(f"a layer variant needs one entry per layer ({n_layers}), got {len(tensors)}")
+            array = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in tensors])
+            keep.append(array)
+            return ctypes.cast(array, ctypes.c_void_p)
+
+        windows = None
+        if self.windows is not None:
+            array = (ctypes.c_int * n_layers)(*self.windows)
+            keep.append(array)
+            windows = ctypes.cast(array, ctypes.c_void_p)
+        arch = QArch(
+            pointers(self.q_norms), pointers(self.k_norms), pointers(self.post_attn_norms),
+            pointers(self.post_mlp_norms), windows, None, None, self.attn_scale, self.embed_scale, int(self.gelu),
+        )  # fmt: skip
+        return arch, keep
+
+
 class DecoderStack:
     """Llama-family decoder layers over QTensors, run by one native call per pass (``qllama.c``).
 
@@ -458,8 +520,22 @@ class DecoderStack:
     them by default, which halves what attention reads.
     """
 
-    def __init__(self, layers, attn_norms, mlp_norms, qkv_biases, n_heads: int, n_kv: int, head_dim: int, eps: float):
+    def __init__(
+        self,
+        layers,
+        attn_norms,
+        mlp_norms,
+        qkv_biases,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        eps: float,
+        variant: LayerVariant | None = None,
+    ):
+        """variant: what the layers do beyond Llama's (None: the Llama layer)."""
         self._lib = _lib()
+        self.variant = variant
+        self._arch, self._arch_keep = variant.struct(len(layers)) if variant is not None else (None, [])
         self.n_layers = len(layers)
         self.hidden = layers[0][0].shape[1]
         self.intermediate = layers[0][4].shape[0]
@@ -492,6 +568,7 @@ class DecoderStack:
         features: int | None,
         head,
         logits: torch.Tensor,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """One sequence's whole pass in one native call (``specwise_qllama_forward``): the embedding rows of
         ``ids`` (int64, contiguous, at most ``MAX_ROWS``), the layers at positions ``start ..`` of ``cache``, the
@@ -503,7 +580,7 @@ class DecoderStack:
         k_cache, v_cache = cache
         args = self._layer_args(
             [k_cache.data_ptr()] * k, [v_cache.data_ptr()] * k, [k_cache.shape[2]] * k, list(range(start, start + k)),
-            cos, sin, x.data_ptr(), torch.get_num_threads(), mode, k_cache.dtype == torch.float16,
+            cos, sin, x.data_ptr(), torch.get_num_threads(), mode, k_cache.dtype == torch.float16, local,
         )  # fmt: skip
         status = self._lib.specwise_qllama_forward(
             *args,
@@ -520,10 +597,14 @@ class DecoderStack:
             raise IndexError(f"{embed.name}: row ids outside [0, {embed.shape[0]})")
         _layer_status(status)
 
-    def _layer_args(self, k_rows, v_rows, caps, positions, cos, sin, x_ptr, threads, mode, kv_half) -> tuple:
+    def _layer_args(self, k_rows, v_rows, caps, positions, cos, sin, x_ptr, threads, mode, kv_half, local) -> tuple:
         """The arguments of ``specwise_qllama_rows`` (the first ones of ``specwise_qllama_forward``) for the rows
-        whose caches, capacities and positions are given per row; the scores' buffer grown to fit them."""
+        whose caches, capacities and positions are given per row; the scores' buffer grown to fit them.
+        local: the rotary tables of the windowed layers, where they have their own."""
         n = len(positions)
+        if self._arch is not None:
+            self._arch.cos_local = None if local is None else local[0].data_ptr()
+            self._arch.sin_local = None if local is None else local[1].data_ptr()
         need = self.n_heads * n * (max(positions) + 1)
         if self._scores.numel() < need:
             self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
@@ -552,6 +633,7 @@ class DecoderStack:
             threads,
             _mode_id(mode),
             int(kv_half),
+            None if self._arch is None else ctypes.byref(self._arch),
         )
 
     def run(
@@ -563,6 +645,7 @@ class DecoderStack:
         sin: torch.Tensor,
         mode: str,
         threads: int | None = None,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> None:
         """The layers on x ``[k, hidden]`` (float32, contiguous, updated in place).
 
@@ -589,5 +672,6 @@ class DecoderStack:
                 threads,
                 mode,
                 caches[lo][0].dtype == torch.float16,
+                local,
             )
             _layer_status(self._lib.specwise_qllama_rows(*args))
