@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The native kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, and the fuzz and kernel tests run on
 # that build (SPECWISE_NATIVE_LIB): any out-of-bounds access or undefined behaviour stops the run with a report.
-# Usage: scripts/sanitize.sh [pytest arguments]   (make sanitize; run before each release)
+# Usage: scripts/sanitize.sh [test files and pytest arguments]   (make sanitize: every kernel test; run before each
+# release. CI runs it over the fuzz tests.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -12,10 +13,9 @@ INCLUDE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -std=c11 -fopenmp -fno-math-errno \
     -fsanitize=address,undefined -fno-sanitize-recover=all -I"$INCLUDE" \
     "$KERNELS"/{module,smallgemm,llama,quant,qllama,sample,suffix}.c -lm -o "$OUT/_native.so"
-TESTS=(tests/test_fuzz_gguf.py tests/test_quant.py tests/test_quantized_model.py tests/test_quantized_batch.py)
-for t in tests/test_fuzz_index.py tests/test_fuzz_heads.py tests/test_suffix.py tests/test_head.py; do
-    [ -f "$t" ] && TESTS+=("$t")
-done
+TESTS=(tests/test_fuzz_gguf.py tests/test_fuzz_index.py tests/test_fuzz_heads.py tests/test_quant.py
+    tests/test_quantized_model.py tests/test_quantized_batch.py tests/test_suffix.py tests/test_head.py)
+if [ $# -gt 0 ]; then TESTS=(); fi
 # the sanitizers' runtimes first in the process (Python itself is not instrumented); leaks are not looked for (the
 # interpreter keeps its own allocations to the end)
 export LD_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libubsan.so)"
