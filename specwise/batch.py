@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specwise.engine import Engine, GenerationEvent, Run
+from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run
 from specwise.models.base import Model
 from specwise.planner import PlanState, sources_of
 from specwise.sampling import SamplingParams
@@ -42,6 +42,7 @@ class Request:
     max_new_tokens: int = 128
     stop: list[str] = field(default_factory=list)
     eos_token_ids: list[int] | None = None
+    logprobs: LogprobOptions | None = None
 
 
 @dataclass
@@ -152,7 +153,14 @@ class BatchEngine:
                 slot = self._new_slot()
             rid, req = self._queue.popleft()
             slot.run = self.engine.start(
-                slot.target, slot.state, req.prompt_ids, req.params, req.max_new_tokens, req.stop, req.eos_token_ids
+                slot.target,
+                slot.state,
+                req.prompt_ids,
+                req.params,
+                req.max_new_tokens,
+                req.stop,
+                req.eos_token_ids,
+                req.logprobs,
             )
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,9 +21,39 @@ from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.planner import Planner, PlanState, Proposal, make_planner, sources_of
 from specwise.rejection import verify_coupled, verify_stochastic
-from specwise.sampling import SamplingParams, check_logits, greedy_choices, probs_from_logits
+from specwise.sampling import SamplingParams, check_logits, greedy_choices, log_probs, probs_from_logits
 
-__all__ = ["Engine", "GenerationEvent", "GenerationResult", "Run", "StopText"]
+__all__ = ["Engine", "GenerationEvent", "GenerationResult", "LogprobOptions", "Run", "StopText", "TokenLogprob"]
+
+
+@dataclass(frozen=True)
+class LogprobOptions:
+    """Opt-in: record the target's log-probability of every emitted token, from the logits of the pass that
+    verified it (accepted draft tokens and the recovered or bonus token alike: never the drafter's).
+
+    top: the most likely alternatives to list at each position (0: only the emitted token's log-probability).
+    sampled: False (default): of the model's own distribution, ``log_softmax`` of the logits (temperature 1,
+        nothing cut), as OpenAI and vLLM report them; True: of the distribution the token was drawn from under
+        the request's SamplingParams (temperature, top-k, top-p, min-p; greedy: 0 for the argmax). Alternatives
+        of probability 0 are never listed.
+    """
+
+    top: int = 0
+    sampled: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 0:
+            raise ValueError(f"top (log-probability alternatives) must be an integer >= 0, got {self.top!r}")
+
+
+@dataclass
+class TokenLogprob:
+    """One emitted token's log-probability and the ``top`` most likely tokens at its position (most likely
+    first, as ``(token id, log-probability)``)."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -35,6 +65,8 @@ class GenerationEvent:
     num_from_draft: how many of ``token_ids`` were drafted tokens accepted by the target.
     finish_reason: "stop" (EOS or stop string) or "length" on the last event, else None.
     stats: the run's statistics, on the last event only.
+    logprobs: one TokenLogprob per token of ``token_ids`` when the request asked for them (LogprobOptions), else
+        None.
     """
 
     text: str
@@ -42,6 +74,7 @@ class GenerationEvent:
     num_from_draft: int = 0
     finish_reason: str | None = None
     stats: SpecStats | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -50,14 +83,18 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str
     stats: SpecStats
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob, "top": t.top} for t in self.logprobs]
+        return out
 
 
 class StopText:
@@ -156,6 +193,7 @@ class Run:
         self.produced = 0
         self.finish: str | None = None
         self.last_accepted = 0
+        self.logprobs: LogprobOptions | None = None  # what to record of the emitted tokens (None: nothing)
         self.t0 = time.perf_counter()
 
     def prefill_tokens(self) -> list[int]:
@@ -237,11 +275,13 @@ class Engine:
         max_new_tokens: int = 128,
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
+        logprobs: LogprobOptions | None = None,
     ) -> Iterator[GenerationEvent]:
-        """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats."""
+        """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats
+        (``logprobs``: also each emitted token's log-probability)."""
         if self._state is None or self._state.drafter is not self.drafter:
             self._state = self.planner.new_state(self.drafter)
-        run = self.start(self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids)
+        run = self.start(self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs)
         prefill = run.prefill_tokens()
         if prefill:
             self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
@@ -263,6 +303,7 @@ class Engine:
         max_new_tokens: int,
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
+        logprobs: LogprobOptions | None = None,
     ) -> Run:
         """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
         ``state``'s sources: checked, its drafters begun, its cache emptied (the prompt is not fed yet)."""
@@ -271,6 +312,7 @@ class Engine:
         stop = list(stop)
         self.check_request(prompt_ids, max_new_tokens, stop)
         run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
+        run.logprobs = logprobs
         run.text = StopText(self.tokenizer, stop)
         target.reset()
         target.keep_features = any(d.needs_features for d in state.sources)
@@ -343,10 +385,13 @@ class Engine:
         run.context.extend(kept)
         run.produced += len(kept)
         run.finish = finish
+        event = GenerationEvent(piece, kept, from_draft)
+        if run.logprobs is not None:  # emitted token i was chosen from row i of the pass: the target's
+            event.logprobs = token_logprobs(logits[: len(kept)], kept, run.logprobs, params)
         if finish is not None:
             stats.total_seconds = time.perf_counter() - run.t0
-            return GenerationEvent(piece, kept, from_draft, finish, stats)
-        return GenerationEvent(piece, kept, from_draft)
+            event.finish_reason, event.stats = finish, stats
+        return event
 
     def generate(
         self,
@@ -355,13 +400,36 @@ class Engine:
         max_new_tokens: int = 128,
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
+        logprobs: LogprobOptions | None = None,
     ) -> GenerationResult:
         """Run :meth:`stream` to the end and collect its output."""
         texts: list[str] = []
         ids: list[int] = []
-        for event in self.stream(prompt_ids, params, max_new_tokens, stop, eos_token_ids):
+        logs: list[TokenLogprob] | None = None if logprobs is None else []
+        for event in self.stream(prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs):
             texts.append(event.text)
             ids.extend(event.token_ids)
+            if logs is not None:
+                logs.extend(event.logprobs)
             if event.finish_reason is not None:
-                return GenerationResult("".join(texts), ids, event.finish_reason, event.stats)
+                return GenerationResult("".join(texts), ids, event.finish_reason, event.stats, logs)
         raise RuntimeError("generation ended without a final event")  # unreachable
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], options: LogprobOptions, params: SamplingParams
+) -> list[TokenLogprob]:
+    """The log-probability of ``tokens[i]`` under row ``i`` of ``logits`` ``[len(tokens), vocab]``, with each
+    row's ``options.top`` most likely tokens (those of probability 0 left out)."""
+    if not tokens:
+        return []
+    lp = log_probs(logits, params if options.sampled else None)  # [n, vocab]
+    ids = torch.tensor(tokens, dtype=torch.int64, device=lp.device)
+    chosen = lp.gather(-1, ids[:, None])[:, 0].tolist()
+    top = min(options.top, lp.shape[-1])
+    alternatives: list[list[tuple[int, float]]] = [[] for _ in tokens]
+    if top:
+        values, indices = torch.topk(lp, top, dim=-1)  # [n, top], most likely first
+        for row, (vs, ix) in enumerate(zip(values.tolist(), indices.tolist())):
+            alternatives[row] = [(i, v) for i, v in zip(ix, vs) if v != float("-inf")]
+    return [TokenLogprob(t, c, a) for t, c, a in zip(tokens, chosen, alternatives)]

@@ -22,6 +22,7 @@ __all__ = [
     "check_logits",
     "argmax",
     "greedy_choices",
+    "log_probs",
 ]
 
 
@@ -232,6 +233,19 @@ def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Ten
         threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs / probs.sum(dim=-1, keepdim=True)
+
+
+def log_probs(logits: torch.Tensor, params: SamplingParams | None = None) -> torch.Tensor:
+    """Log-probabilities ``[..., vocab]`` (float32) of the tokens given ``logits`` ``[..., vocab]``.
+
+    params None: the model's own distribution, ``log_softmax(logits)`` (temperature 1, nothing cut).
+    params given: the distribution a token is drawn from under them, ``log(probs_from_logits(logits, params))``:
+    -inf for the tokens that top-k, top-p or min-p cut; greedy, 0 at the argmax and -inf elsewhere.
+    """
+    if params is not None:
+        return probs_from_logits(logits, params).log()
+    check_logits(logits)
+    return torch.log_softmax(logits.float(), dim=-1)
 
 
 def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:

@@ -4,7 +4,9 @@
 in-process. A body over the size limit is refused before it is parsed (``limits.py``); the rest are validated on
 the event loop, encoded on the encoder's thread (``encoding.py``: the event loop never tokenizes), then queued for
 the one generation thread, which batches them (see ``worker.py``); responses carry the request's speculative
-statistics in ``usage.speculative``.
+statistics in ``usage.speculative``. A request for ``n`` choices runs as ``n`` requests of the batch (choice i
+seeded ``seed + i``); log-probabilities are the target's, recorded by the engine from the pass that verified each
+token (``logprobs.py``). With an API key, every route but ``/health`` needs it (``auth.py``).
 Every error is an OpenAI-style body ``{"error": {"message", "type", "param", "code"}}``: a bad request gets a 4xx,
 never a 5xx.
 """
@@ -15,7 +17,7 @@ import json
 import re
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from specwise.extras import missing_extra
 
@@ -27,15 +29,20 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
+from specwise.metrics import SpecStats
 from specwise.runtime import Runtime
 from specwise.sampling import SamplingParams
+from specwise.server.auth import APIKeyMiddleware
 from specwise.server.encoding import PromptEncoder
 from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
+from specwise.server.logprobs import TokenTexts
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specwise.server.protocol import (
+    SEED_MAX,
     ChatCompletionRequest,
     ChatFormat,
     ChatMessage,
+    Choice,
     CompletionFormat,
     CompletionRequest,
     ErrorResponse,
@@ -48,18 +55,19 @@ from specwise.server.worker import (
     BatchFailed,
     ClientDisconnected,
     GenerationWorker,
-    Job,
+    JobGroup,
     JobSpec,
     QueueFullError,
     ServerStopping,
 )
 
-__all__ = ["APIError", "ServerState", "create_app", "sampling_params"]
+__all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params"]
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 UNKNOWN_CONTEXT_MAX_TOKENS = 256  # chat's default budget when the model's context size is unknown
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
+_ERRORS[401] = {"model": ErrorResponse}
 
 
 class APIError(Exception):
@@ -92,6 +100,7 @@ class ServerState:
     encoder: PromptEncoder  # prompts -> token ids on a thread of its own (the worker thread decodes)
     max_body_bytes: int
     created: int
+    token_texts: TokenTexts  # token ids -> text and bytes, for log-probabilities
 
     @property
     def context(self) -> int | None:
@@ -107,6 +116,7 @@ def create_app(
     default_max_tokens: int | None = None,
     max_batch: int = 16,
     max_body_bytes: int | None = None,
+    api_key: str | None = None,
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 
@@ -117,6 +127,7 @@ def create_app(
         16 for completions, as at OpenAI).
     max_body_bytes: larger request bodies get HTTP 413 unread (default: 1 MiB, or 16 bytes per token of context
         where that is more).
+    api_key: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>`` (HTTP 401 without).
     """
     if runtime.tokenizer is None:
         raise ValueError("the server needs a tokenizer: load a target that has one")
@@ -128,7 +139,9 @@ def create_app(
     worker = GenerationWorker(runtime.engine, metrics, max_queue, max_batch)
     name = model_name or runtime.target.name
     encoder = PromptEncoder(runtime.tokenizer)
-    state = ServerState(runtime, name, worker, metrics, default_max_tokens, encoder, max_body_bytes, int(time.time()))
+    texts = TokenTexts(runtime.tokenizer)
+    created = int(time.time())
+    state = ServerState(runtime, name, worker, metrics, default_max_tokens, encoder, max_body_bytes, created, texts)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -140,6 +153,8 @@ def create_app(
     app = FastAPI(title="specwise", summary="OpenAI-compatible exact speculative decoding", lifespan=lifespan)
     app.state.server = state
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)  # inside the metrics: 413s are counted
+    if api_key is not None:  # outside the body limit: a request without the key gets 401, its body unread
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)
     _add_error_handlers(app)
     _add_routes(app)
@@ -169,7 +184,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     _check_model(state, body.model)
     prompt_ids = await state.encoder.run(_encode_completion, state, body.prompt)
     spec = _job_spec(state, body, prompt_ids, body.max_tokens, "completions")
-    return await _generate(state, request, spec, CompletionFormat(state.model_name), body)
+    fmt = CompletionFormat(state.model_name, state.token_texts, body.top_logprobs_count())
+    return await _generate(state, request, spec, fmt, body)
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
@@ -180,7 +196,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     spec = _job_spec(state, body, prompt_ids, max_tokens, "chat", param)
-    return await _generate(state, request, spec, ChatFormat(state.model_name), body)
+    fmt = ChatFormat(state.model_name, state.token_texts, body.top_logprobs_count())
+    return await _generate(state, request, spec, fmt, body)
 
 
 async def list_models(request: Request) -> dict:
@@ -299,65 +316,116 @@ def _job_spec(
         )
         raise APIError(400, message, param=max_tokens_param, code="context_length_exceeded")
     eos = [] if body.ignore_eos else None
-    return JobSpec(prompt_ids, sampling_params(body), max_tokens, body.stop_list(), eos, endpoint)
+    params, options = sampling_params(body), body.logprob_options()
+    return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request seeded ``seed``: ``seed + index`` (past the largest seed, it
+    wraps around modulo 2**64); None stays None (each choice draws its own)."""
+    if seed is None:
+        return None
+    seed += index
+    return seed - 2**64 if seed > SEED_MAX else seed
+
+
+def _choice_specs(spec: JobSpec, n: int) -> list[JobSpec]:
+    """The JobSpecs of a request's ``n`` choices: ``spec`` with choice i's seed."""
+    if n == 1:
+        return [spec]
+    return [replace(spec, params=replace(spec.params, seed=choice_seed(spec.params.seed, i))) for i in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------- responses
 
 
 async def _generate(state: ServerState, request: Request, spec: JobSpec, fmt: ResponseFormat, body: SamplingRequest):
-    """Queue the job and answer: a JSON response, or (once the first tokens are out) an event stream."""
-    job = Job(spec)
+    """Queue the request's choices and answer: a JSON response, or (once the first tokens are out) an event
+    stream."""
+    group = JobGroup(_choice_specs(spec, body.n))
     try:
-        state.worker.submit(job)
+        state.worker.submit_all(group.jobs)
     except QueueFullError as err:
         raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
-    events = job.events(request.is_disconnected)
+    events = group.events(request.is_disconnected)
+    tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None)
     handed_over = False
     try:
         first = await anext(events)  # a bad request fails here, before any byte of the response is sent
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            handed_over = True  # the streaming response cancels the job when it ends
-            return JobStreamingResponse(job, _sse(state, fmt, first, events, include_usage))
-        return JSONResponse(await _collect(state, fmt, first, events))
+            handed_over = True  # the streaming response cancels the choices when it ends
+            return JobStreamingResponse(group, _sse(tally, fmt, first, events, include_usage))
+        return JSONResponse(await _collect(tally, fmt, first, events))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as err:
         raise _as_api_error(err) from err
     finally:
         if not handed_over:
-            job.cancel()  # a no-op when it finished; stops it when the handler failed or was cancelled
+            group.cancel()  # a no-op when they finished; stops them when the handler failed or was cancelled
 
 
-async def _collect(state: ServerState, fmt: ResponseFormat, event, events) -> dict:
-    texts = [event.text]
-    while event.finish_reason is None:
-        event = await anext(events)
-        texts.append(event.text)
-    return fmt.response("".join(texts), event.finish_reason, _usage(state, event))
+class Tally:
+    """A response's choices as their events come in: texts, log-probabilities, finish reasons, and the usage of
+    them all (completion tokens and speculative statistics summed over the choices, the prompt counted once)."""
+
+    def __init__(self, state: ServerState, n: int, prompt_tokens: int, logprobs: bool) -> None:
+        self.state, self.n, self.prompt_tokens = state, n, prompt_tokens
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs = [[] if logprobs else None for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.stats = SpecStats()
+
+    def add(self, index: int, event) -> None:
+        """Take choice ``index``'s next event."""
+        self.texts[index].append(event.text)
+        if self.logprobs[index] is not None:
+            self.logprobs[index].extend(event.logprobs or [])
+        if event.finish_reason is not None:
+            self.finish[index] = event.finish_reason
+            self.stats.merge(event.stats)
+
+    @property
+    def done(self) -> bool:
+        """Whether every choice has finished."""
+        return all(reason is not None for reason in self.finish)
+
+    def usage(self) -> dict:
+        stats = self.stats
+        stats.prompt_tokens = self.prompt_tokens
+        return usage(stats, self.state.runtime.drafter_spec, self.state.runtime.engine.gamma, self.prompt_tokens)
+
+    def choices(self) -> list[Choice]:
+        return [Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i]) for i in range(self.n)]
 
 
-def _usage(state: ServerState, event) -> dict:
-    return usage(event.stats, state.runtime.drafter_spec, state.runtime.engine.gamma)
+async def _collect(tally: Tally, fmt: ResponseFormat, first: tuple, events) -> dict:
+    tally.add(*first)
+    async for index, event in events:
+        tally.add(index, event)
+    return fmt.response(tally.choices(), tally.usage())
 
 
-async def _sse(state: ServerState, fmt: ResponseFormat, event, events, include_usage: bool):
-    """Server-sent events: a chunk per target pass with new text, the final chunk with usage, then [DONE]."""
-    first = fmt.first_chunk()
-    if first is not None:
-        yield _data(first)
+async def _sse(tally: Tally, fmt: ResponseFormat, pair: tuple, events, include_usage: bool):
+    """Server-sent events: a chunk per target pass and choice with new text (or log-probabilities), a chunk
+    ending each choice (the last with the usage), the usage chunk if asked for, then [DONE]."""
+    for chunk in fmt.first_chunks(tally.n):
+        yield _data(chunk)
     try:
         while True:
-            if event.text:
-                yield _data(fmt.text_chunk(event.text))
+            index, event = pair
+            tally.add(index, event)
+            if event.text or event.logprobs:
+                yield _data(fmt.text_chunk(index, event.text, event.logprobs))
             if event.finish_reason is not None:
-                stats = _usage(state, event)
-                yield _data(fmt.final_chunk(event.finish_reason, stats))
-                if include_usage:
-                    yield _data(fmt.usage_chunk(stats))
-                break
-            event = await anext(events)
+                stats = tally.usage() if tally.done else None
+                yield _data(fmt.final_chunk(index, event.finish_reason, stats))
+                if tally.done:
+                    if include_usage:
+                        yield _data(fmt.usage_chunk(stats))
+                    break
+            pair = await anext(events)
     except ClientDisconnected:
         return
     except Exception as err:  # after the headers: the error goes in the stream, as OpenAI does
@@ -370,9 +438,10 @@ def _data(obj: dict) -> str:
 
 
 class JobStreamingResponse(StreamingResponse):
-    """An event stream that cancels its job however it ends (finished, client gone, server stopping)."""
+    """An event stream that cancels its job (a Job or a JobGroup) however it ends (finished, client gone, server
+    stopping)."""
 
-    def __init__(self, job: Job, content) -> None:
+    def __init__(self, job: JobGroup, content) -> None:
         super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self.job = job
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import re
 import sys
 
 from specwise.extras import require
 
-__all__ = ["cmd_serve", "parse_size", "register"]
+__all__ = ["api_key", "cmd_serve", "parse_size", "register"]
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
+API_KEY_ENV = "SPECWISE_API_KEY"  # the API key when --api-key is not given
 _SIZE = re.compile(r"^(\d+)([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -66,8 +68,22 @@ def register(subparsers) -> None:
     p.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 suits small shared CPUs)"
     )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV} if set, "
+        "else no key; the variable keeps the key out of the process list)",
+    )
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (default: info)")
     p.set_defaults(func=cmd_serve)
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    """The API key: --api-key, else $SPECWISE_API_KEY, else None (an empty variable counts as unset)."""
+    if args.api_key is not None:
+        return args.api_key
+    return os.environ.get(API_KEY_ENV) or None
 
 
 def _check_args(args: argparse.Namespace) -> None:
@@ -81,6 +97,8 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError(f"--api-key must not be empty (leave it out, and {API_KEY_ENV} unset, to serve without a key)")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -91,11 +109,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from specwise.runtime import build_runtime
     from specwise.server.app import create_app
+    from specwise.server.auth import exposure_warning
 
     if args.threads is not None:
         import torch
 
         torch.set_num_threads(args.threads)
+    key = api_key(args)
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     app = create_app(
         runtime,
@@ -104,15 +124,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         default_max_tokens=args.default_max_tokens,
         max_batch=args.max_batch,
         max_body_bytes=args.max_body_bytes,
+        api_key=key,
     )
     state = app.state.server
     print(
         f"specwise: serving {state.model_name!r} ({type(runtime.engine.target).__name__}, drafter "
         f"{runtime.drafter_spec}, gamma {args.gamma}, max batch {args.max_batch}, request bodies up to "
-        f"{state.max_body_bytes} bytes, device {runtime.device}) at http://{args.host}:{args.port}/v1",
+        f"{state.max_body_bytes} bytes, device {runtime.device}, API key {'required' if key else 'not required'}) "
+        f"at http://{args.host}:{args.port}/v1",
         file=sys.stderr,
         flush=True,
     )
+    warning = exposure_warning(args.host, args.port, key)
+    if warning is not None:
+        print(warning, file=sys.stderr, flush=True)
     # the model's objects live as long as the process: the collector need not scan them again, which makes parsing
     # a body of many small JSON arrays or objects (on the event loop) several times faster
     gc.collect()

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["PromptEncoder"]
+__all__ = ["PromptEncoder", "lock_free_backend"]
 
 T = TypeVar("T")
 
@@ -28,7 +28,7 @@ class PromptEncoder:
 
     def __init__(self, tokenizer) -> None:
         self.tokenizer = copy.deepcopy(tokenizer)  # the generation thread decodes with the original
-        self._backend = _lock_free_backend(self.tokenizer)
+        self._backend = lock_free_backend(self.tokenizer)
         self._pool: ThreadPoolExecutor | None = None
 
     async def run(self, fn: Callable[..., T], *args) -> T:
@@ -58,7 +58,7 @@ class PromptEncoder:
         return self.text(text, add_special_tokens=False)
 
 
-def _lock_free_backend(tokenizer):
+def lock_free_backend(tokenizer):
     """The tokenizer's ``tokenizers.Tokenizer`` (whose ``encode_batch`` releases the global lock), or None.
 
     specwise's own tokenizer keeps it as ``_backend``; a transformers fast tokenizer names it

@@ -1,8 +1,9 @@
 """The OpenAI wire format: request bodies (validated by pydantic) and the JSON of responses and stream chunks.
 
 Requests are strict about names (an unknown field is an error, as at OpenAI) and lenient about what common
-clients send by default (``n=1``, zero penalties, ``user``). The sampling extensions ``top_k``, ``min_p`` and
-``ignore_eos`` follow vLLM (with the openai client, pass them in ``extra_body``).
+clients send by default (zero penalties, ``user``, ``response_format`` of type ``text``). The sampling extensions
+``top_k``, ``min_p`` and ``ignore_eos`` follow vLLM, ``logprobs_mode`` is specwise's (with the openai client, pass
+them in ``extra_body``).
 
 Validation stops at the first error of a list and at the first unknown field: the work of refusing a body never
 grows with the number of things wrong in it (a megabyte of bad list items would otherwise cost a second of the
@@ -13,13 +14,16 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from specwise.engine import LogprobOptions, TokenLogprob
 from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
+from specwise.server.logprobs import TextOffsets, TokenTexts, chat_logprobs, completion_logprobs
 
 try:
-    from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+    from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
     from pydantic_core import PydanticCustomError
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
@@ -28,6 +32,7 @@ __all__ = [
     "ChatCompletionRequest",
     "ChatFormat",
     "ChatMessage",
+    "Choice",
     "CompletionFormat",
     "CompletionRequest",
     "ErrorResponse",
@@ -40,6 +45,10 @@ __all__ = [
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # each stop string's length: the generation thread looks for every one after each pass
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_N = 16  # choices per request
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as at OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as at OpenAI
+LOGPROBS_MODES = {"raw": False, "sampled": True}  # logprobs_mode -> LogprobOptions.sampled
 
 
 _FAIL_FAST = Field(fail_fast=True)  # a list's validation stops at its first bad item
@@ -98,7 +107,12 @@ class SamplingRequest(_Checked):
     ignore_eos: bool = Field(False, description="keep generating past the end-of-sequence token")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    n: int = Field(1, ge=1, le=MAX_N, description=f"choices to generate (1..{MAX_N}); choice i is seeded seed + i")
+    logprobs_mode: Literal["raw", "sampled"] = Field(
+        "raw",
+        description="raw: log-probabilities of the model's own distribution (temperature 1, nothing cut); "
+        "sampled: of the distribution each token was drawn from (temperature, top_k, top_p, min_p applied)",
+    )
     presence_penalty: float | None = Field(None, description="only 0 is supported")
     frequency_penalty: float | None = Field(None, description="only 0 is supported")
     user: str | None = Field(None, description="ignored")
@@ -125,6 +139,17 @@ class SamplingRequest(_Checked):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token to return (None: no log-probabilities asked for); set by each endpoint."""
+        return None
+
+    def logprob_options(self) -> LogprobOptions | None:
+        """What the engine must record of each emitted token (None: nothing)."""
+        top = self.top_logprobs_count()
+        if top is None:
+            return None
+        return LogprobOptions(top, LOGPROBS_MODES[self.logprobs_mode])
 
 
 class TextPart(_Strict):
@@ -158,6 +183,32 @@ class ChatCompletionRequest(SamplingRequest):
         min_length=1, description="the conversation so far (at least one message)"
     )
     max_completion_tokens: int | None = Field(None, ge=1, description="the newer name of max_tokens; wins over it")
+    logprobs: bool | None = Field(None, description="return each output token's log-probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="most likely alternatives per token (needs logprobs true)"
+    )
+    response_format: dict | None = Field(None, description='only {"type": "text"} (JSON modes are not supported yet)')
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict | None) -> dict | None:
+        kind = None if value is None else value.get("type")
+        if value is not None and (kind != "text" or len(value) > 1):
+            raise ValueError(
+                f"response_format {kind!r} is not supported yet (JSON and schema-constrained output are not "
+                'implemented): leave it out or send {"type": "text"}'
+            )
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: set logprobs to true")
+        return value
+
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -194,7 +245,24 @@ class CompletionRequest(SamplingRequest):
     )
     echo: bool = Field(False, description="not supported (only false)")
     suffix: str | None = Field(None, description="not supported (only null)")
-    best_of: int | None = Field(None, ge=1, le=1, description="only 1 is supported")
+    best_of: int | None = Field(None, ge=1, le=MAX_N, description="only n (or null) is supported")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_COMPLETION_LOGPROBS,
+        description="return each output token's log-probability and this many most likely alternatives",
+    )
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        n = info.data.get("n", 1)
+        if value is not None and value != n:
+            raise ValueError(f"best_of is not supported: leave it out or set it to n ({n})")
+        return value
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("echo")
     @classmethod
@@ -229,27 +297,46 @@ def error_body(message: str, type_: str, param: str | None = None, code: str | N
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def usage(stats: SpecStats, drafter: str, gamma: int | str) -> dict:
-    """OpenAI's token counts plus the request's speculative statistics (the CLI's ``stats``) under ``speculative``."""
+def usage(stats: SpecStats, drafter: str, gamma: int | str, prompt_tokens: int | None = None) -> dict:
+    """OpenAI's token counts plus the request's speculative statistics (the CLI's ``stats``) under ``speculative``.
+
+    prompt_tokens: the prompt's length when ``stats`` merges several choices of one prompt (counted once).
+    """
+    prompt = stats.prompt_tokens if prompt_tokens is None else prompt_tokens
     return {
-        "prompt_tokens": stats.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": stats.new_tokens,
-        "total_tokens": stats.prompt_tokens + stats.new_tokens,
+        "total_tokens": prompt + stats.new_tokens,
         "speculative": {"drafter": drafter, "gamma": gamma, **stats.to_dict()},
     }
 
 
+@dataclass
+class Choice:
+    """One whole choice of a response: its index, text, finish reason and, when asked for, its tokens'
+    log-probabilities."""
+
+    index: int
+    text: str
+    finish_reason: str
+    logprobs: list[TokenLogprob] | None = None
+
+
 class ResponseFormat:
-    """Builds the JSON of one response (or of its stream chunks)."""
+    """Builds the JSON of one response (or of its stream chunks).
+
+    texts: the tokens' texts, for log-probabilities; top: alternatives per token (None: no log-probabilities).
+    """
 
     prefix = "cmpl"
     object_name = "text_completion"
     chunk_object_name = "text_completion"
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, texts: TokenTexts | None = None, top: int | None = None) -> None:
         self.id = f"{self.prefix}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.model = model
+        self.texts, self.top = texts, top
 
     def _envelope(self, object_name: str, choices: list[dict], usage: dict | None = None) -> dict:
         body = {"id": self.id, "object": object_name, "created": self.created, "model": self.model}
@@ -258,31 +345,49 @@ class ResponseFormat:
             body["usage"] = usage
         return body
 
-    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool) -> dict:
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish_reason}
-
-    def first_chunk(self) -> dict | None:
-        """A chunk sent before any text (None when the format has none)."""
+    def _logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        """A choice's ``logprobs`` object for ``entries`` (None when none were asked for)."""
         return None
 
-    def text_chunk(self, text: str) -> dict:
-        return self._envelope(self.chunk_object_name, [self._choice(text, None, chunk=True)])
+    def _choice(self, index: int, text: str | None, finish_reason: str | None, chunk: bool, logprobs) -> dict:
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def final_chunk(self, finish_reason: str, usage: dict) -> dict:
-        """The chunk that ends the choice: its finish_reason and the request's usage."""
-        return self._envelope(self.chunk_object_name, [self._choice(None, finish_reason, chunk=True)], usage)
+    def first_chunks(self, n: int) -> list[dict]:
+        """The chunks sent before any text (one per choice, or none)."""
+        return []
+
+    def text_chunk(self, index: int, text: str, logprobs: list[TokenLogprob] | None = None) -> dict:
+        """Choice ``index``'s new text and its new tokens' log-probabilities."""
+        choice = self._choice(index, text, None, True, self._logprobs(index, logprobs))
+        return self._envelope(self.chunk_object_name, [choice])
+
+    def final_chunk(self, index: int, finish_reason: str, usage: dict | None) -> dict:
+        """The chunk that ends choice ``index``: its finish_reason (and, on the response's last, the usage)."""
+        return self._envelope(self.chunk_object_name, [self._choice(index, None, finish_reason, True, None)], usage)
 
     def usage_chunk(self, usage: dict) -> dict:
         """The extra last chunk of ``stream_options.include_usage``: no choices, only usage."""
         return self._envelope(self.chunk_object_name, [], usage)
 
-    def response(self, text: str, finish_reason: str, usage: dict) -> dict:
+    def response(self, choices: list[Choice], usage: dict) -> dict:
         """A whole (non-streamed) response."""
-        return self._envelope(self.object_name, [self._choice(text, finish_reason, chunk=False)], usage)
+        bodies = [
+            self._choice(c.index, c.text, c.finish_reason, False, self._logprobs(c.index, c.logprobs)) for c in choices
+        ]
+        return self._envelope(self.object_name, bodies, usage)
 
 
 class CompletionFormat(ResponseFormat):
-    """Responses of /v1/completions."""
+    """Responses of /v1/completions (log-probabilities in the legacy form, offsets into the choice's text)."""
+
+    def __init__(self, model: str, texts: TokenTexts | None = None, top: int | None = None) -> None:
+        super().__init__(model, texts, top)
+        self._offsets: dict[int, TextOffsets] = {}  # each choice's text so far, for text_offset
+
+    def _logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        if entries is None or self.top is None:
+            return None
+        return completion_logprobs(entries, self.texts, self.top, self._offsets.setdefault(index, TextOffsets()))
 
 
 class ChatFormat(ResponseFormat):
@@ -292,13 +397,23 @@ class ChatFormat(ResponseFormat):
     object_name = "chat.completion"
     chunk_object_name = "chat.completion.chunk"
 
-    def _choice(self, text: str | None, finish_reason: str | None, chunk: bool) -> dict:
+    def _logprobs(self, index: int, entries: list[TokenLogprob] | None) -> dict | None:
+        if entries is None or self.top is None:
+            return None
+        return chat_logprobs(entries, self.texts, self.top)
+
+    def _choice(self, index: int, text: str | None, finish_reason: str | None, chunk: bool, logprobs) -> dict:
         if chunk:
             delta = {} if text is None else {"content": text}
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         message = {"role": "assistant", "content": text}
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def first_chunk(self) -> dict:
-        choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-        return self._envelope(self.chunk_object_name, [choice])
+    def first_chunks(self, n: int) -> list[dict]:
+        return [
+            self._envelope(
+                self.chunk_object_name,
+                [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+            )
+            for i in range(n)
+        ]

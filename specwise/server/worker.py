@@ -1,10 +1,11 @@
 """The one thread that runs generations, continuously batched.
 
-The asyncio side queues a Job; this thread keeps a :class:`~specwise.batch.BatchEngine` over the runtime's Engine,
-moves queued Jobs into it as slots free (up to ``max_batch`` share each target pass), steps it, and hands each
-request's events back to its Job's event loop. Requests join between steps and leave when done, so a short
-request does not wait for a long one. A Job whose client has gone is cancelled: skipped if still queued, dropped
-from the batch before the next step if running, so its slot serves the next request.
+The asyncio side queues a Job (or the Jobs of a JobGroup, one per choice of a request); this thread keeps a
+:class:`~specwise.batch.BatchEngine` over the runtime's Engine, moves queued Jobs into it as slots free (up to
+``max_batch`` share each target pass), steps it, and hands each request's events back to its Job's event loop.
+Requests join between steps and leave when done, so a short request does not wait for a long one. A Job whose
+client has gone is cancelled: skipped if still queued, dropped from the batch before the next step if running, so
+its slot serves the next request.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from specwise.batch import BatchEngine, BatchStep, Request
-from specwise.engine import Engine, GenerationEvent
+from specwise.engine import Engine, GenerationEvent, LogprobOptions
 from specwise.sampling import SamplingParams
 from specwise.server.metrics import ServerMetrics
 
@@ -27,6 +28,7 @@ __all__ = [
     "ClientDisconnected",
     "GenerationWorker",
     "Job",
+    "JobGroup",
     "JobSpec",
     "QueueFullError",
     "ServerStopping",
@@ -64,22 +66,32 @@ class JobSpec:
     stop: list[str] = field(default_factory=list)
     eos_token_ids: list[int] | None = None
     endpoint: str = "completions"
+    logprobs: LogprobOptions | None = None
 
     def request(self) -> Request:
-        return Request(self.prompt_ids, self.params, self.max_tokens, list(self.stop), self.eos_token_ids)
+        return Request(
+            self.prompt_ids, self.params, self.max_tokens, list(self.stop), self.eos_token_ids, self.logprobs
+        )
 
 
 class Job:
-    """One generation request and the channel its events come back on (worker thread -> event loop)."""
+    """One generation (one choice of a request) and the channel its events come back on (worker thread -> event
+    loop). The Jobs of a JobGroup share one channel, each event tagged with its Job's ``index``."""
 
-    def __init__(self, spec: JobSpec, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(
+        self,
+        spec: JobSpec,
+        loop: asyncio.AbstractEventLoop | None = None,
+        index: int = 0,
+        channel: asyncio.Queue | None = None,
+    ) -> None:
         self.spec = spec
+        self.index = index
         self.submitted_at = time.perf_counter()
         self.tokens = 0  # generated so far
         self.first_token_at: float | None = None  # when the first token came out (perf_counter)
-        self._next_check = 0.0  # when to ask next whether the client is still there
         self._loop = loop or asyncio.get_running_loop()
-        self._events: asyncio.Queue = asyncio.Queue()
+        self._events: asyncio.Queue = asyncio.Queue() if channel is None else channel
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
@@ -93,7 +105,7 @@ class Job:
     def put(self, item: GenerationEvent | BaseException) -> None:
         """Hand an event (or the error that ended the job) to the event loop; called by the worker."""
         try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, item)
+            self._loop.call_soon_threadsafe(self._events.put_nowait, (self.index, item))
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             self.cancel()
 
@@ -103,34 +115,78 @@ class Job:
         Raises the error that ended the job, or ClientDisconnected (after cancelling the job) when
         ``is_disconnected`` says the client has gone.
         """
+        async for _, event in _receive(self._events, [self], is_disconnected):
+            yield event
+
+
+class JobGroup:
+    """The choices of one request (``n`` of them): a Job per JobSpec, ``index`` i for the i-th, all on one
+    channel. The worker runs them as separate requests of its batch."""
+
+    def __init__(self, specs: list[JobSpec], loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not specs:
+            raise ValueError("a JobGroup needs at least one JobSpec")
+        loop = loop or asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self.jobs = [Job(spec, loop, i, self._events) for i, spec in enumerate(specs)]
+
+    def cancel(self) -> None:
+        """Cancel every choice (a no-op for those finished)."""
+        for job in self.jobs:
+            job.cancel()
+
+    async def events(self, is_disconnected: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator:
+        """``(index, GenerationEvent)`` pairs as they come, each choice's in order, until every choice's last
+        event. Raises the first error that ends a choice, or ClientDisconnected (after cancelling them all)."""
+        async for pair in _receive(self._events, self.jobs, is_disconnected):
+            yield pair
+
+
+async def _receive(
+    channel: asyncio.Queue, jobs: list[Job], is_disconnected: Callable[[], Awaitable[bool]] | None
+) -> AsyncIterator[tuple[int, GenerationEvent]]:
+    """``(index, event)`` pairs from ``channel`` until each of ``jobs`` has sent its last event; raises an error
+    sent instead; checks at most every POLL_SECONDS whether the client is still there."""
+    running = len(jobs)
+    next_check = [0.0]  # when to ask next whether the client is still there
+    while running:
+        index, item = await _next(channel, jobs, is_disconnected, next_check)
+        if isinstance(item, BaseException):
+            raise item
+        yield index, item
+        if item.finish_reason is not None:
+            running -= 1
+
+
+async def _next(
+    channel: asyncio.Queue,
+    jobs: list[Job],
+    is_disconnected: Callable[[], Awaitable[bool]] | None,
+    next_check: list[float],
+) -> tuple[int, GenerationEvent | BaseException]:
+    getter = asyncio.ensure_future(channel.get())
+    try:
         while True:
-            item = await self._next(is_disconnected)
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-            if item.finish_reason is not None:
-                return
+            await _check_client(jobs, is_disconnected, next_check)
+            done, _ = await asyncio.wait({getter}, timeout=POLL_SECONDS)
+            if done:
+                return getter.result()
+    finally:
+        if not getter.done():
+            getter.cancel()
 
-    async def _next(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> GenerationEvent | BaseException:
-        getter = asyncio.ensure_future(self._events.get())
-        try:
-            while True:
-                await self._check_client(is_disconnected)
-                done, _ = await asyncio.wait({getter}, timeout=POLL_SECONDS)
-                if done:
-                    return getter.result()
-        finally:
-            if not getter.done():
-                getter.cancel()
 
-    async def _check_client(self, is_disconnected: Callable[[], Awaitable[bool]] | None) -> None:
-        """At most every POLL_SECONDS (events may come faster): cancel the job if the client has gone."""
-        if is_disconnected is None or time.perf_counter() < self._next_check:
-            return
-        self._next_check = time.perf_counter() + POLL_SECONDS
-        if await is_disconnected():
-            self.cancel()
-            raise ClientDisconnected("the client disconnected")
+async def _check_client(
+    jobs: list[Job], is_disconnected: Callable[[], Awaitable[bool]] | None, next_check: list[float]
+) -> None:
+    """At most every POLL_SECONDS (events may come faster): cancel the jobs if the client has gone."""
+    if is_disconnected is None or time.perf_counter() < next_check[0]:
+        return
+    next_check[0] = time.perf_counter() + POLL_SECONDS
+    if await is_disconnected():
+        for job in jobs:
+            job.cancel()
+        raise ClientDisconnected("the client disconnected")
 
 
 class GenerationWorker:
@@ -191,11 +247,17 @@ class GenerationWorker:
 
     def submit(self, job: Job) -> None:
         """Queue a job; raises QueueFullError when ``max_queue`` jobs are already waiting."""
+        self.submit_all([job])
+
+    def submit_all(self, jobs: list[Job]) -> None:
+        """Queue the jobs of one request (its choices) together, or none of them: raises QueueFullError when
+        ``max_queue`` jobs are already waiting."""
         self.start()
         if self._queue.qsize() >= self.max_queue:
             raise QueueFullError(f"{self._queue.qsize()} requests are already waiting")
-        self.metrics.waiting.inc()
-        self._queue.put(job)
+        for job in jobs:
+            self.metrics.waiting.inc()
+            self._queue.put(job)
 
     # ---- the worker thread -----------------------------------------------------------------------------------
 
