@@ -64,8 +64,8 @@ FAMILIES = {
     "gemma3": Family("Gemma3ForCausalLM", qk_norm=True, gemma=True),
 }
 _ARCHITECTURES = {arch: f.hf for arch, f in FAMILIES.items()}
-GEMMA3_SWA_PATTERN = 6  # Gemma 3: every sixth layer attends globally, the others through the sliding window
-GEMMA3_LOCAL_BASE = 10000.0  # Gemma 3: the rotary base of the windowed layers (llama.cpp's, not in the metadata)
+GEMMA3_SWA_PATTERN = 6  # Gemma 3: every sixth layer attends globally (unless attention.sliding_window_pattern says)
+GEMMA3_LOCAL_BASE = 10000.0  # Gemma 3: the windowed layers' rotary base (unless rope.freq_base_swa says)
 # caches of at least this many positions ask for huge pages: a huge page is resident as soon as one of its bytes
 # is written, so a short answer would hold the whole cache (a 1,024-position cache of the default model is 47 MB)
 HUGE_CACHE = 2048
@@ -113,6 +113,8 @@ class GGUFConfig:
         self.rope_scaling_factor = meta_float(meta, f"{arch}.rope.scaling.factor", 1.0, 0.0, 1e6)
         self.vocab_size = count("vocab_size", 0, low=0, high=(1 << 31) - 1)
         self.family = FAMILIES[arch]
+        self.swa_pattern = self._swa_pattern(meta, arch) if self.sliding_window else None
+        self.rope_theta_local = meta_float(meta, f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_BASE, 0.0, float("inf"))
         self._unknown = [k for k in [*meta.metadata, *meta._array_at] if k.startswith(f"{arch}.")]
         self._unknown = [k for k in self._unknown if k[len(arch) + 1 :] not in _READ_KEYS]
 
@@ -167,14 +169,25 @@ class GGUFConfig:
         extra = {"rope_freqs.weight": (hd // 2,)} if self.gguf_architecture == "llama" else {}
         return matrices, vectors, biases, extra
 
+    def _swa_pattern(self, meta: GGUFFile, arch: str) -> list[bool]:
+        """Which layers attend through the sliding window: ``attention.sliding_window_pattern`` as one flag per
+        layer, or as n (every n-th layer global, the others windowed); Gemma 3's default n is 6, other families
+        window every layer."""
+        key = f"{arch}.attention.sliding_window_pattern"
+        n = self.num_hidden_layers
+        flags = meta.array(key) if key in meta._array_at else None
+        if flags is not None:
+            if len(flags) != n or any(type(f) is not bool for f in flags):
+                raise GGUFError(f"{meta.path.name}: metadata {key} must hold one flag (a bool) per layer ({n})")
+            return list(flags)
+        every = meta_int(meta, key, GEMMA3_SWA_PATTERN if self.family.gemma else 0, low=0, high=1 << 20)
+        return [True] * n if every == 0 else [i % every < every - 1 for i in range(n)]
+
     def windows(self) -> list[int] | None:
         """Each layer's sliding window (0: global), or None when every layer attends to every position."""
         if not self.sliding_window:
             return None
-        if self.family.gemma:
-            every = GEMMA3_SWA_PATTERN
-            return [0 if (i + 1) % every == 0 else self.sliding_window for i in range(self.num_hidden_layers)]
-        return [self.sliding_window] * self.num_hidden_layers
+        return [self.sliding_window if windowed else 0 for windowed in self.swa_pattern]
 
 
 # metadata of the native family's architectures that GGUFConfig reads (any other key of the architecture is refused)
@@ -194,6 +207,8 @@ _READ_KEYS = {
     "attention.sliding_window",
     "rope.scaling.factor",
     "vocab_size",
+    "attention.sliding_window_pattern",
+    "rope.freq_base_swa",
 }
 
 
