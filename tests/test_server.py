@@ -371,7 +371,7 @@ BAD_REQUESTS = [
     ("chat", chat_body("hi", min_p=1), "min_p"),
     ("chat", chat_body("hi", top_k=-2), "top_k"),
     ("chat", chat_body("hi", seed=2**64), "seed"),
-    ("chat", chat_body("hi", n=2), "n"),
+    ("chat", chat_body("hi", n=17), "n"),
     ("chat", chat_body("hi", presence_penalty=0.5), "presence_penalty"),
     ("chat", chat_body("hi", stop=["x"] * 17), "stop"),
     ("chat", chat_body("word " * CONTEXT), "messages"),
