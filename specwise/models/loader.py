@@ -114,15 +114,37 @@ def _transformers_errors(path: Path, what: str):
         raise GGUFError(f"{path.name}: the file could not be {what} ({type(err).__name__}: {message})") from err
 
 
+def _fallback_refusal(meta: GGUFFile) -> str | None:
+    """What transformers' GGUF reading would ignore in this file (it would then decode silently wrong), or None."""
+    arch = meta.get("general.architecture")
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        return f"rope scaling {scaling!r}"
+    for name, what in (
+        ("rope_freqs.weight", "llama3 rope scaling (rope_freqs.weight)"),
+        ("rope_factors_long.weight", "longrope (rope_factors_long.weight)"),
+        ("rope_factors_short.weight", "longrope (rope_factors_short.weight)"),
+    ):
+        if name in meta.tensors:
+            return what
+    return None
+
+
 def converted_gguf_dir(path: Path) -> Path:
-    """Directory holding the converted (float32 safetensors) copy of a GGUF file; converts on first use."""
+    """Directory holding the converted (float32 safetensors) copy of a GGUF file; converts on first use. Refuses
+    (NotImplementedError) a file naming a variant that transformers' conversion would ignore."""
     path = Path(path).resolve()
+    ignored = _fallback_refusal(GGUFFile(path))
+    if ignored is not None:
+        raise NotImplementedError(
+            f"{path.name}: the float32 path (transformers) would ignore its {ignored} and decode it wrongly: "
+            "use the quantized native model (--impl auto on a CPU) where it supports the file"
+        )
     target = converted_dir() / f"{path.stem}-{_gguf_key(path)}"
     if (target / "specwise.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    GGUFFile(path)  # the header fits the file (a GGUFError naming what does not) before transformers reads it
     print(f"specwise: converting {path.name} to float32 once (about a minute); cached in {target}", file=sys.stderr)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))

@@ -209,6 +209,8 @@ _READ_KEYS = {
     "vocab_size",
     "attention.sliding_window_pattern",
     "rope.freq_base_swa",
+    # only yarn and longrope read it, and both are refused (their type, or Phi-3's rope_factors tensors)
+    "rope.scaling.original_context_length",
 }
 
 
@@ -523,14 +525,15 @@ class QuantizedModel(Model):
         c = self.config
         exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
         inv = 1.0 / (base**exponent)
+        inv = inv.float()  # the frequencies in float32, then divided in float32 (as llama.cpp and transformers do)
         if scaled and "rope_freqs.weight" in meta.tensors:
-            factors = torch.from_numpy(meta.floats("rope_freqs.weight").astype(np.float64))
+            factors = torch.from_numpy(np.array(meta.floats("rope_freqs.weight"), dtype=np.float32))
             if not torch.isfinite(factors).all() or (factors <= 0).any():
                 raise GGUFError(f"{self.path.name}: tensor rope_freqs.weight holds factors that are not positive")
             inv = inv / factors
         if scaled and c.rope_scaling == "linear":
             inv = inv / c.rope_scaling_factor
-        return inv.float()
+        return inv
 
     def hf_reference(self):
         """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
