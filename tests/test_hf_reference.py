@@ -325,6 +325,28 @@ def test_hf_fallback_matches_hugging_face(arch, monkeypatch, tmp_path):
     assert max_diff(logits, arch.logits) <= EXACT_TOL
 
 
+def test_speculation_is_exact_on_every_architecture(arch):
+    """Greedy speculative decoding equals plain greedy decoding token for token on each architecture (q8, past
+    Gemma 3's window): with prompt lookup, with the model drafting for itself (everything accepted), with a draft
+    model of the other precision (some rejected), and batched through forward_batch's sequences."""
+    from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
+    from specwise.engine import Engine
+    from specwise.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    target = native(arch.q8, "q8")
+    prompt = arch.ids[:40].tolist() * 2  # repeats: prompt lookup finds drafts
+
+    def run(drafter, gamma: int) -> list[int]:
+        engine = Engine(target, drafter, gamma=gamma)
+        return engine.generate(prompt, greedy, max_new_tokens=48, eos_token_ids=[]).token_ids
+
+    plain = run(NoDrafter(), 1)
+    assert run(NgramDrafter(), 3) == plain
+    assert run(ModelDrafter(native(arch.q8, "q8")), 4) == plain
+    assert run(ModelDrafter(native(arch.q8, "exact")), 5) == plain
+
+
 def test_native_refuses_a_variant_naming_it_or_is_exact(variant):
     """What the file names and the native model does not implement is refused, never ignored."""
     refused_or_exact(variant, lambda: native(variant.f32, "exact", required=True))

@@ -1,0 +1,102 @@
+"""Plain decoding of a GGUF file by specwise (``q8``) and by llama.cpp's ``llama-bench``, side by side, at several
+context depths; and specwise's start-up and resident memory on the same file.
+
+For files that ``llama-completion`` / ``llama-server`` of the built llama.cpp cannot run (``specwise bench
+--llama-cpp`` needs them), ``llama-bench`` still times the same passes: ``-n N -d DEPTH`` decodes N tokens after
+DEPTH tokens of context. specwise decodes N tokens after DEPTH random tokens of context (the pass after the prompt
+only, as llama-bench's tg). The rounds alternate the two, one run each; medians and the median paired ratio.
+
+    python benchmarks/decode_vs_llama_bench.py --target gemma.gguf --depths 0 512 --rounds 5 --out out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from specwise.bench.llamacpp import llama_bench
+from specwise.bench.runner import emit_json, machine_info
+from specwise.engine import Engine
+from specwise.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0)
+_STARTUP = (
+    "import time\nt = time.perf_counter()\nfrom specwise.models import load_model\nload_model({path!r})\n"
+    "print(time.perf_counter() - t)\n"
+)
+
+
+def specwise_rate(model, depth: int, n: int) -> float:
+    """Decode tokens/s of n tokens after depth random tokens of context (the prompt's pass left out)."""
+    ids = torch.randint(100, model.vocab_size - 100, (max(1, depth),), generator=torch.Generator().manual_seed(depth))
+    stats = Engine(model, None, gamma=0).generate(ids.tolist(), GREEDY, max_new_tokens=n, eos_token_ids=[]).stats
+    return stats.new_tokens / (stats.total_seconds - stats.prefill_seconds)
+
+
+def startup(path: Path, runs: int = 3) -> list[float]:
+    """Seconds to a loaded model (tokenizer cached), each in a fresh process."""
+    out = []
+    for _ in range(runs):
+        proc = subprocess.run(
+            [sys.executable, "-c", _STARTUP.format(path=str(path))], capture_output=True, text=True, check=True
+        )
+        out.append(float(proc.stdout.strip().splitlines()[-1]))
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", type=Path, required=True, help="a .gguf file")
+    ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    from specwise.models import load_model
+
+    torch.set_num_threads(args.threads)
+    launch = startup(args.target)
+    loaded = load_model(str(args.target), precision="q8")
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    model = loaded.model
+    specwise_rate(model, 0, 8)  # warm up
+    results = {}
+    for depth in args.depths:
+        rows = []
+        for _ in range(args.rounds):
+            ours = specwise_rate(model, depth, args.new_tokens)
+            peer = llama_bench(args.target, n_gen=args.new_tokens, threads=args.threads, depth=depth, repetitions=1)
+            rows.append({"specwise": ours, "llama_cpp": peer["tokens_per_s"], "llama_bench": peer})
+        results[str(depth)] = {
+            "rounds": rows,
+            "specwise_median": statistics.median(r["specwise"] for r in rows),
+            "llama_cpp_median": statistics.median(r["llama_cpp"] for r in rows),
+            "ratio_median": statistics.median(r["specwise"] / r["llama_cpp"] for r in rows),
+        }
+    emit_json(
+        {
+            "command": " ".join(["python", Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "machine": machine_info("cpu"),
+            "target": str(args.target),
+            "file_mb": args.target.stat().st_size / 1e6,
+            "startup_s": launch,
+            "max_rss_mb_after_load": rss_mb,
+            "weight_mb": model.weight_bytes / 1e6,
+            "new_tokens": args.new_tokens,
+            "by_depth": results,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
