@@ -347,6 +347,26 @@ def test_speculation_is_exact_on_every_architecture(arch):
     assert run(ModelDrafter(native(arch.q8, "exact")), 5) == plain
 
 
+def test_the_server_runs_every_architecture(arch):
+    """``specwise serve`` on each architecture's file (with the tokenizer the writer puts in it): the default
+    drafter's greedy completion equals plain decoding's."""
+    pytest.importorskip("fastapi")
+    native(arch.q8, "q8")  # skips an architecture the native model does not run
+    from fastapi.testclient import TestClient
+
+    from specwise.runtime import build_runtime
+    from specwise.server.app import create_app
+
+    answers = []
+    for drafter in ("none", "auto"):
+        with TestClient(create_app(build_runtime(str(arch.q8), drafter, "auto", "cpu"), model_name="m")) as client:
+            body = {"model": "m", "prompt": "abc abc abc abc", "max_tokens": 24, "temperature": 0}
+            reply = client.post("/v1/completions", json=body)
+            assert reply.status_code == 200, reply.text
+            answers.append(reply.json()["choices"][0]["text"])
+    assert answers[0] == answers[1]
+
+
 def test_native_refuses_a_variant_naming_it_or_is_exact(variant):
     """What the file names and the native model does not implement is refused, never ignored."""
     refused_or_exact(variant, lambda: native(variant.f32, "exact", required=True))
