@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specwise.drafters.base import Drafter
+from specwise.constraints import GrammarState, constrain_logits
+from specwise.drafters.base import Draft, Drafter
 from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
@@ -194,6 +195,9 @@ class Run:
         self.finish: str | None = None
         self.last_accepted = 0
         self.logprobs: LogprobOptions | None = None  # what to record of the emitted tokens (None: nothing)
+        self.grammar: GrammarState | None = None  # the constraint's matcher (params.constraint), advanced by steps
+        self.jumped: list[int] = []  # tokens the grammar forced this step (jump-forward): fed before the draft
+        self.masks: torch.Tensor | None = None  # [k + 1, vocab]: the grammar's masks for verifying this step's draft
         self.t0 = time.perf_counter()
 
     def prefill_tokens(self) -> list[int]:
@@ -204,8 +208,10 @@ class Run:
         self.stats.prefill_seconds = seconds
 
     def feed(self, proposal: Proposal) -> torch.Tensor:
-        """A step's input: the last emitted token, then the draft."""
-        tokens = self.context[-1:] + proposal.draft.ids if len(proposal.draft) else self.context[-1:]
+        """A step's input: the last emitted token, the tokens the grammar forced, then the draft."""
+        tokens = self.context[-1:] + self.jumped
+        if len(proposal.draft):
+            tokens = tokens + proposal.draft.ids
         return torch.tensor(tokens, dtype=torch.int64, device=self.target.device)
 
 
@@ -251,10 +257,14 @@ class Engine:
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return {eos} if eos is not None else set()
 
-    def check_request(self, prompt_ids: list[int], max_new_tokens: int, stop: Iterable[str] = ()) -> None:
+    def check_request(
+        self, prompt_ids: list[int], max_new_tokens: int, stop: Iterable[str] = (), constraint=None
+    ) -> None:
         """Raise ValueError naming the problem when a request cannot run (``start`` and the batch use this)."""
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
+        if constraint is not None and self.tokenizer is None:
+            raise ValueError("a constraint needs a tokenizer: pass tokenizer= to the Engine")
         if not prompt_ids:
             raise ValueError("the prompt is empty: give at least one token")
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -310,9 +320,11 @@ class Engine:
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         stop = list(stop)
-        self.check_request(prompt_ids, max_new_tokens, stop)
+        self.check_request(prompt_ids, max_new_tokens, stop, params.constraint)
         run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
         run.logprobs = logprobs
+        if params.constraint is not None:
+            run.grammar = GrammarState(params.constraint, self.tokenizer, target.vocab_size, run.eos)
         run.text = StopText(self.tokenizer, stop)
         target.reset()
         target.keep_features = any(d.needs_features for d in state.sources)
@@ -327,9 +339,34 @@ class Engine:
         if run.target.max_length is not None:
             limit = min(limit, run.target.max_length - len(run.context))
         t0 = time.perf_counter()
-        proposal = self.planner.draft(run.state, run.context, limit, run.params, run.generator, batch)
+        context = run.context
+        if run.grammar is not None and run.logprobs is None:  # jump-forward (its logprobs would be the pass's)
+            run.jumped = run.grammar.forced(limit)
+            limit -= len(run.jumped)
+            context = context + run.jumped
+        proposal = self.planner.draft(run.state, context, limit, run.params, run.generator, batch)
+        if run.grammar is not None:
+            proposal = self._constrain(run, proposal)
         run.stats.draft_seconds += time.perf_counter() - t0
         return proposal
+
+    def _constrain(self, run: Run, proposal: Proposal) -> Proposal:
+        """The draft under the grammar: cut at the first token it forbids (a token drafted with q: drawn again
+        from q masked, see GrammarState.sampled_draft), with the masks for verifying it kept on ``run``."""
+        draft = proposal.draft
+        if draft.probs is None or run.params.greedy:
+            run.masks, n = run.grammar.draft_masks(draft.ids)
+            cut = draft.prefix(n) if n < len(draft) else draft
+        else:
+            tokens, q, run.masks = run.grammar.sampled_draft(draft.ids, draft.probs, run.generator)
+            if tokens == draft.ids and len(q) == len(draft):
+                cut = Draft(tokens, q, draft.confidence, draft.kind, draft.device)
+            else:
+                confidence = None if draft.confidence is None else draft.confidence[: len(tokens)]
+                cut = Draft(tokens, q, confidence, draft.kind, draft.device)
+        if cut is draft:
+            return proposal
+        return Proposal(cut, proposal.source, proposal.reason or (None if len(cut) else "grammar"))
 
     def finish_step(self, run: Run, proposal: Proposal, logits: torch.Tensor, t_pass: float) -> GenerationEvent:
         """Verify ``proposal`` against ``logits`` ``[k + 1, vocab]`` of the pass begun at ``t_pass`` (a
@@ -339,6 +376,11 @@ class Engine:
         if k == 0:
             stats.plain_step_reasons[proposal.reason] = stats.plain_step_reasons.get(proposal.reason, 0) + 1
         start = len(run.context) - 1  # where the last emitted token went into the cache
+        jumped, raw = run.jumped, logits
+        if jumped or run.grammar is not None:
+            logits = logits[len(jumped) :]  # [k + 1, vocab]: the rows that judge the draft
+        if run.grammar is not None:  # p under the grammar: forbidden tokens at -inf before any other transform
+            logits = constrain_logits(logits, run.masks)
         if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
             best = greedy_choices(logits)
             drafted = draft.ids
@@ -348,7 +390,7 @@ class Engine:
             new = drafted[:accepted] + [best[accepted]]
         elif draft.probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
             check_logits(logits)  # every row, though p is computed only as far as the first rejection
-            at = len(run.context) - len(run.prompt_ids)
+            at = len(run.context) + len(jumped) - len(run.prompt_ids)  # the output position of row 0
             rows = lambda i: probs_from_logits(logits[i : i + 1], params)  # noqa: E731  [1, vocab]
             new = verify_coupled(draft.ids, rows, lambda i: run.uniforms(at + i))
             accepted = len(new) - 1
@@ -358,9 +400,12 @@ class Engine:
             result = verify_stochastic(draft.tokens[None].to(logits.device), q, p, run.generator)
             accepted = int(result.num_accepted[0])
             new = result.tokens[0, : accepted + 1].tolist()
-        run.target.rollback(start + 1 + accepted)
+        run.target.rollback(start + 1 + len(jumped) + accepted)
         stats.verify_seconds += time.perf_counter() - t_pass
         run.last_accepted = accepted
+        if jumped:
+            new = jumped + new
+            run.jumped = []
 
         remaining = run.max_new_tokens - run.produced
         finish = None
@@ -374,7 +419,11 @@ class Engine:
         limit = run.target.max_length
         if finish is None and limit is not None and len(run.context) + len(new) >= limit:
             finish = "length"
-        from_draft = min(accepted, len(new))
+        if run.grammar is not None:
+            run.grammar.advance(new[len(jumped) :])  # the forced tokens were consumed when they were forced
+            if finish is None and run.grammar.done:
+                finish = "stop"  # the grammar is complete: nothing but an end token could follow
+        from_draft = min(accepted, max(0, len(new) - len(jumped)))
         stats.record_step(k, from_draft, len(new), run.state.sources[proposal.source].name if k else None)
 
         piece, kept, stopped = run.text.feed(new, final=finish is not None)
@@ -387,7 +436,8 @@ class Engine:
         run.finish = finish
         event = GenerationEvent(piece, kept, from_draft)
         if run.logprobs is not None:  # emitted token i was chosen from row i of the pass: the target's
-            event.logprobs = token_logprobs(logits[: len(kept)], kept, run.logprobs, params)
+            rows = logits if run.logprobs.sampled else raw  # sampled: the distribution drawn from, grammar included
+            event.logprobs = token_logprobs(rows[: len(kept)], kept, run.logprobs, params)
         if finish is not None:
             stats.total_seconds = time.perf_counter() - run.t0
             event.finish_reason, event.stats = finish, stats

@@ -17,6 +17,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "server": ("fastapi", "uvicorn", "prometheus_client"),
     "bench": ("matplotlib", "tqdm"),
     "distill": ("tqdm",),
+    "constrained": ("llguidance",),
 }
 
 

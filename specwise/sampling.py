@@ -10,8 +10,12 @@ import ctypes
 import math
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specwise.constraints import Constraint
 
 __all__ = [
     "SamplingParams",
@@ -35,6 +39,8 @@ class SamplingParams:
     top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1 disables).
     min_p: keep tokens whose probability is at least min_p times the largest one (0 disables).
     seed: seeds the random generator of a run; None draws a fresh seed.
+    constraint: a grammar the output must match (specwise.constraints: JsonSchema, JsonObject, Grammar, Regex):
+        the tokens it forbids get probability 0 in p and q alike, before the transforms above; None: no constraint.
     """
 
     temperature: float = 0.0
@@ -42,6 +48,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _check_number("temperature", self.temperature)
@@ -59,6 +66,11 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1) (0 disables it), got {self.min_p}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.constraint is not None:
+            from specwise.constraints import Constraint
+
+            if not isinstance(self.constraint, Constraint):
+                raise ValueError(f"constraint must be a specwise.constraints.Constraint, got {self.constraint!r}")
 
     @property
     def greedy(self) -> bool:
