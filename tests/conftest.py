@@ -84,3 +84,13 @@ def tiny_dir(tmp_path_factory, smol_tokenizer):
     tiny_llama(seed=3, vocab=len(smol_tokenizer), hidden=16, layers=1).save_pretrained(path)
     smol_tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests: the tiny models need no more, and two-thread kernels crawl on a
+    shared 2-core machine (use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -24,7 +24,6 @@ from contextlib import contextmanager
 import httpx
 import openai
 import pytest
-import torch
 import uvicorn
 from fastapi.testclient import TestClient
 
@@ -51,13 +50,7 @@ IGNORE_EOS = {"extra_body": {"ignore_eos": True}}  # for the openai client: the 
 # ------------------------------------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Two-thread torch kernels crawl on a shared 2-core machine; the tiny model needs one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

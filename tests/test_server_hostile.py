@@ -16,7 +16,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import torch
 from fastapi.testclient import TestClient
 from test_server import live_server
 
@@ -32,13 +31,7 @@ JSON = {"content-type": "application/json"}
 FIVE_MB = 5 * 1024 * 1024
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model needs one thread; the machines are small and shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
