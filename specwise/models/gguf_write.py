@@ -170,12 +170,7 @@ def _write_metadata(writer, arch: str, config, file_type: int) -> None:
         _write_phi3_metadata(writer, config, file_type)
         return
     full, sliding = rope_parameters(config)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    _write_shape(writer, config)
     _write_rope_scaling(writer, full)
     writer.add_rope_freq_base(full.get("rope_theta", 10000.0))
     if sliding is not None and "rope_theta" in sliding:
@@ -221,17 +216,22 @@ def _write_rope_scaling(writer, params: Mapping) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE)
 
 
+def _write_shape(writer, config) -> None:
+    """The model's shape: layers, context, widths and heads."""
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+
+
 def _write_phi3_metadata(writer, config, file_type: int) -> None:
     """Phi-3's own set (the converter's Phi3MiniModel writes no rope.scaling.type)."""
     full, _ = rope_parameters(config)
     rotary = full.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
-    writer.add_context_length(config.max_position_embeddings)
+    _write_shape(writer, config)
     writer.add_rope_scaling_orig_ctx_len(config.original_max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_rope_dimension_count(int(rotary * config.hidden_size) // config.num_attention_heads)
     writer.add_rope_freq_base(full.get("rope_theta", 10000.0))
