@@ -74,12 +74,18 @@ class Constraint:
 
 @dataclass(frozen=True)
 class JsonSchema(Constraint):
-    """JSON matching a JSON schema. ``schema``: a dict, or its JSON text (stored as JSON text, properties in their order, so that
-    the constraint is hashable like the rest of SamplingParams)."""
+    """JSON matching a JSON schema. ``schema``: a dict, or its JSON text (stored as JSON text, properties in their
+    order, so that the constraint is hashable like the rest of SamplingParams).
+
+    flexible_whitespace: False (default): one layout, ``json.dumps``'s (``", "`` and ``": "``, no newlines), so
+    that output ends and the grammar forces more tokens; True: any JSON whitespace between tokens. A schema's
+    ``x-guidance`` options (llguidance's) override both.
+    """
 
     schema: str
+    flexible_whitespace: bool = False
 
-    def __init__(self, schema: dict | str) -> None:
+    def __init__(self, schema: dict | str, flexible_whitespace: bool = False) -> None:
         if isinstance(schema, str):
             try:
                 schema = json.loads(schema)
@@ -88,9 +94,14 @@ class JsonSchema(Constraint):
         if not isinstance(schema, dict) and not isinstance(schema, bool):
             raise ConstraintError(f"invalid JSON schema: expected an object, got {type(schema).__name__}")
         object.__setattr__(self, "schema", json.dumps(schema))
+        object.__setattr__(self, "flexible_whitespace", bool(flexible_whitespace))
 
     def grammar(self) -> str:
-        return _llguidance().LLMatcher.grammar_from_json_schema(self.schema)
+        if self.flexible_whitespace:
+            defaults = {"whitespace_flexible": True}
+        else:
+            defaults = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        return _llguidance().LLMatcher.grammar_from_json_schema(self.schema, defaults=defaults)
 
     @property
     def kind(self) -> str:
@@ -101,8 +112,8 @@ class JsonSchema(Constraint):
 class JsonObject(JsonSchema):
     """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
 
-    def __init__(self) -> None:
-        super().__init__({"type": "object"})
+    def __init__(self, flexible_whitespace: bool = False) -> None:
+        super().__init__({"type": "object"}, flexible_whitespace)
 
 
 @dataclass(frozen=True)
@@ -313,8 +324,18 @@ class GrammarState:
 
     @property
     def done(self) -> bool:
-        """True when the grammar can take no further token (the output is complete)."""
-        return bool(self.matcher.is_stopped())
+        """True when the grammar allows nothing but an end token (the output is complete). Decided from the mask
+        (which the next step needs anyway), not from the matcher's stopped flag, which it sets only once a mask
+        is computed: the answer must not depend on where the steps fell."""
+        if self.matcher.is_stopped():
+            return True
+        if not self.matcher.is_accepting():
+            return False
+        others = self.mask().clone()
+        others[self.eos] = False
+        ends = [t for t in self.tokenizer.eos_tokens if 0 <= t < self.vocab_size]
+        others[ends] = False
+        return not bool(others.any())
 
 
 def constrain_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

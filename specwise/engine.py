@@ -378,7 +378,7 @@ class Engine:
         start = len(run.context) - 1  # where the last emitted token went into the cache
         jumped, raw = run.jumped, logits
         if jumped or run.grammar is not None:
-            logits = logits[len(jumped) :]  # [k + 1, vocab]: the rows that judge the draft
+            logits = logits[-(k + 1) :]  # [k + 1, vocab]: the rows that judge the draft (a batch keeps only those)
         if run.grammar is not None:  # p under the grammar: forbidden tokens at -inf before any other transform
             logits = constrain_logits(logits, run.masks)
         if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
@@ -403,9 +403,12 @@ class Engine:
         run.target.rollback(start + 1 + len(jumped) + accepted)
         stats.verify_seconds += time.perf_counter() - t_pass
         run.last_accepted = accepted
-        if jumped:
+        grammar_done = False
+        if run.grammar is not None:  # the output ends where the grammar is complete (an end token adds nothing)
+            new, grammar_done = self._advance_grammar(run, jumped, new)
+        elif jumped:
             new = jumped + new
-            run.jumped = []
+        run.jumped = []
 
         remaining = run.max_new_tokens - run.produced
         finish = None
@@ -419,10 +422,8 @@ class Engine:
         limit = run.target.max_length
         if finish is None and limit is not None and len(run.context) + len(new) >= limit:
             finish = "length"
-        if run.grammar is not None:
-            run.grammar.advance(new[len(jumped) :])  # the forced tokens were consumed when they were forced
-            if finish is None and run.grammar.done:
-                finish = "stop"  # the grammar is complete: nothing but an end token could follow
+        if grammar_done and finish is None:
+            finish = "stop"  # the grammar is complete: nothing but an end token could follow
         from_draft = min(accepted, max(0, len(new) - len(jumped)))
         stats.record_step(k, from_draft, len(new), run.state.sources[proposal.source].name if k else None)
 
@@ -442,6 +443,21 @@ class Engine:
             stats.total_seconds = time.perf_counter() - run.t0
             event.finish_reason, event.stats = finish, stats
         return event
+
+    @staticmethod
+    def _advance_grammar(run: Run, jumped: list[int], new: list[int]) -> tuple[list[int], bool]:
+        """Feed the step's verified tokens to the grammar (the forced ones it has); returns the step's tokens, cut
+        where the grammar became complete, and whether it did."""
+        grammar = run.grammar
+        if grammar.done:  # the forced tokens completed the output: the pass could only add an end token
+            return list(jumped), True
+        for i, token in enumerate(new):
+            grammar.advance([token])
+            if token in run.eos:
+                break
+            if grammar.done:
+                return jumped + new[: i + 1], True
+        return jumped + new, False
 
     def generate(
         self,

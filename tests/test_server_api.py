@@ -37,13 +37,7 @@ TOLERANCE = 1e-5  # log-probabilities with and without speculation
 CHAT = [{"role": "user", "content": "Count: one two three one two three one two"}]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """The tiny model needs one thread; the machines are small and shared."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def serve(tiny_dir: str, drafter: str, **options) -> Iterator[tuple[str, object]]:
@@ -403,8 +397,13 @@ def test_no_logprobs_unless_asked(ngram):
     ("change", "param"),
     [({"logprobs": True, "top_logprobs": 21}, "top_logprobs"), ({"top_logprobs": 3}, "top_logprobs")]
     + [({"logprobs": True, "extra_body": {"logprobs_mode": "processed"}}, "logprobs_mode")]
-    + [({"n": 17}, "n"), ({"n": 0}, "n"), ({"response_format": {"type": "json_object"}}, "response_format")]
-    + [({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format")],
+    + [({"n": 17}, "n"), ({"n": 0}, "n"), ({"response_format": {"type": "xml"}}, "response_format")]
+    + [
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": 3}}}},
+            "response_format",
+        )
+    ],
 )
 def test_bad_chat_requests_name_the_field(ngram, change, param):
     with pytest.raises(openai.BadRequestError) as info:

@@ -277,6 +277,7 @@ def _encode_completion(state: ServerState, prompt: str | list[int] | list[str]) 
 def sampling_params(body: SamplingRequest) -> SamplingParams:
     """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables)."""
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    constraint = _constraint(body)
     try:
         return SamplingParams(
             temperature=1.0 if body.temperature is None else float(body.temperature),
@@ -284,9 +285,26 @@ def sampling_params(body: SamplingRequest) -> SamplingParams:
             top_p=1.0 if body.top_p is None else float(body.top_p),
             min_p=0.0 if body.min_p is None else float(body.min_p),
             seed=body.seed,
+            constraint=constraint,
         )
     except ValueError as err:
         raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from err
+
+
+def _constraint(body: SamplingRequest):
+    """The request's constraint (response_format, grammar or regex), checked: a 400 naming the problem."""
+    try:
+        found = body.constraint()
+    except ValueError as err:
+        raise APIError(400, str(err), param="response_format") from err
+    if found is None:
+        return None
+    constraint, param = found
+    try:
+        constraint.check()
+    except ValueError as err:
+        raise APIError(400, str(err), param=param) from err
+    return constraint
 
 
 def _job_spec(

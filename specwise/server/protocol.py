@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+from specwise.constraints import Constraint, Grammar, JsonObject, JsonSchema, Regex
 from specwise.engine import LogprobOptions, TokenLogprob
 from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
@@ -113,6 +114,8 @@ class SamplingRequest(_Checked):
         description="raw: log-probabilities of the model's own distribution (temperature 1, nothing cut); "
         "sampled: of the distribution each token was drawn from (temperature, top_k, top_p, min_p applied)",
     )
+    grammar: str | None = Field(None, description="constrain the output to a Lark (or GBNF) grammar")
+    regex: str | None = Field(None, description="constrain the output to match a regular expression")
     presence_penalty: float | None = Field(None, description="only 0 is supported")
     frequency_penalty: float | None = Field(None, description="only 0 is supported")
     user: str | None = Field(None, description="ignored")
@@ -133,6 +136,25 @@ class SamplingRequest(_Checked):
         if value:
             raise ValueError("penalties are not supported (they would change the target's distribution): use 0")
         return value
+
+    def constraint(self) -> tuple[Constraint, str] | None:
+        """The grammar the output must match and the field that asked for it (None: unconstrained); raises
+        ValueError when more than one asks."""
+        asked = [(name, value) for name, value in self._constraints() if value is not None]
+        if len(asked) > 1:
+            raise ValueError(
+                f"give at most one of response_format (JSON), grammar and regex, got {asked[0][0]} and {asked[1][0]}"
+            )
+        if not asked:
+            return None
+        name, value = asked[0]
+        return value, name
+
+    def _constraints(self) -> list[tuple[str, Constraint | None]]:
+        return [
+            ("grammar", None if self.grammar is None else Grammar(self.grammar)),
+            ("regex", None if self.regex is None else Regex(self.regex)),
+        ]
 
     def stop_list(self) -> list[str]:
         """The stop strings as a list."""
@@ -187,18 +209,20 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="most likely alternatives per token (needs logprobs true)"
     )
-    response_format: dict | None = Field(None, description='only {"type": "text"} (JSON modes are not supported yet)')
+    response_format: dict | None = Field(
+        None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}'
+    )
 
     @field_validator("response_format")
     @classmethod
-    def _text_only(cls, value: dict | None) -> dict | None:
-        kind = None if value is None else value.get("type")
-        if value is not None and (kind != "text" or len(value) > 1):
-            raise ValueError(
-                f"response_format {kind!r} is not supported yet (JSON and schema-constrained output are not "
-                'implemented): leave it out or send {"type": "text"}'
-            )
+    def _known_format(cls, value: dict | None) -> dict | None:
+        if value is not None:
+            response_format_constraint(value)  # raises ValueError naming what is wrong
         return value
+
+    def _constraints(self) -> list[tuple[str, Constraint | None]]:
+        found = None if self.response_format is None else response_format_constraint(self.response_format)
+        return [("response_format", found), *super()._constraints()]
 
     @field_validator("top_logprobs")
     @classmethod
@@ -235,6 +259,32 @@ def _unknown_in_message(i: int, message: object) -> str | None:
             if isinstance(part, dict) and not part.keys() <= _PART_FIELDS:
                 return _first_unknown(part, _PART_FIELDS, f"[{i}].content[{j}]")
     return None
+
+
+_JSON_SCHEMA_FIELDS = frozenset({"name", "schema", "strict", "description"})
+
+
+def response_format_constraint(value: dict) -> Constraint | None:
+    """The constraint of an OpenAI ``response_format``: ``text`` (None), ``json_object`` (any JSON object) or
+    ``json_schema`` (``{"json_schema": {"name", "schema", "strict", "description"}}``; strict or not, the output
+    matches the schema). Raises ValueError naming what is wrong."""
+    kind = value.get("type")
+    if kind == "text" and len(value) == 1:
+        return None
+    if kind == "json_object" and len(value) == 1:
+        return JsonObject()
+    if kind == "json_schema" and value.keys() <= {"type", "json_schema"}:
+        spec = value.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise ValueError('response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}')
+        unknown = sorted(spec.keys() - _JSON_SCHEMA_FIELDS)
+        if unknown:
+            raise ValueError(f"response_format.json_schema has an unknown field {unknown[0]!r}")
+        return JsonSchema(spec["schema"])
+    raise ValueError(
+        f"response_format {kind!r} is not supported: use text, json_object or json_schema (with only the type "
+        'and "json_schema" fields)'
+    )
 
 
 class CompletionRequest(SamplingRequest):
