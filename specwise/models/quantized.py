@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from specwise.models.kernels.quant import (
     tensor_bytes,
 )
 from specwise.models.native import rotary_tables
+from specwise.models.threads import ThreadGovernor
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "checked_file", "TargetWeights"]
 
@@ -353,6 +355,7 @@ class QuantizedModel(Model):
         self.eps = config.rms_norm_eps
         self.max_length = config.max_position_embeddings
         self._load_weights(meta)
+        self.governor = ThreadGovernor()  # shared by the sequences (passes of one model take turns)
         self.vocab_size = self.lm_head.shape[0]
         self._inv_freq = self._inverse_frequencies(meta, config.rope_theta)
         # Gemma 3's windowed layers rotate with their own base, unscaled
@@ -625,10 +628,13 @@ class QuantizedModel(Model):
         cos, sin = self._tables(start + k)
         logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
         features = self._features.data_ptr() + 4 * start * self.hidden if self.keep_features else None
+        threads = self.governor.threads(k)
+        began = time.perf_counter()
         self._stack.forward_one(
             self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self.embed,
-            self.final_norm, self.eps, keep, features, self._head_struct, logits, self._rotary.get("local"),
+            self.final_norm, self.eps, keep, features, self._head_struct, logits, self._rotary.get("local"), threads,
         )  # fmt: skip
+        self.governor.record(threads, k, time.perf_counter() - began)
         self._length = start + k
         return logits
 
@@ -659,7 +665,9 @@ class QuantizedModel(Model):
         if variant is not None and variant.embed_scale:
             x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
         cos, sin = self._tables(max(positions) + 1)
-        self._stack.run(x, caches, positions, cos, sin, self.precision, local=self._rotary.get("local"))
+        threads = self.governor.threads(len(positions))
+        began = time.perf_counter()
+        self._stack.run(x, caches, positions, cos, sin, self.precision, threads, local=self._rotary.get("local"))
         # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
         # rows whose logits are kept
         need, row = [], 0
@@ -691,8 +699,9 @@ class QuantizedModel(Model):
                 logits.data_ptr(),
                 n,
                 _mode_id(self.precision),
-                torch.get_num_threads(),
+                threads,
             )
+        self.governor.record(threads, len(positions), time.perf_counter() - began)
         out, row = [], 0
         for *_, keep in spans:
             out.append(logits[row : row + keep])

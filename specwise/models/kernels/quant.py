@@ -569,6 +569,7 @@ class DecoderStack:
         head,
         logits: torch.Tensor,
         local: tuple[torch.Tensor, torch.Tensor] | None = None,
+        threads: int | None = None,
     ) -> None:
         """One sequence's whole pass in one native call (``specwise_qllama_forward``): the embedding rows of
         ``ids`` (int64, contiguous, at most ``MAX_ROWS``), the layers at positions ``start ..`` of ``cache``, the
@@ -580,7 +581,7 @@ class DecoderStack:
         k_cache, v_cache = cache
         args = self._layer_args(
             [k_cache.data_ptr()] * k, [v_cache.data_ptr()] * k, [k_cache.shape[2]] * k, list(range(start, start + k)),
-            cos, sin, x.data_ptr(), torch.get_num_threads(), mode, k_cache.dtype == torch.float16, local,
+            cos, sin, x.data_ptr(), threads or torch.get_num_threads(), mode, k_cache.dtype == torch.float16, local,
         )  # fmt: skip
         status = self._lib.specwise_qllama_forward(
             *args,

@@ -1,0 +1,95 @@
+"""How many threads a pass of the native model uses: all it may use while they pay, one while another process
+takes a core.
+
+Every pass of the native kernels splits its work between the threads statically and waits for all of them at
+each of its ~150 joins; when another busy process takes one of two cores, the descheduled thread stalls the other
+at every join and a pass takes several times its quiet time (measured: 0.21-0.45x the quiet speed), while one
+thread keeps ~96% of its own speed beside the same competitor. :class:`ThreadGovernor` times the passes and runs
+each on the thread count that has been fastest lately for passes of that many rows, trying the other count now and
+then, so that it follows a competitor that comes and goes. The kernels' results do not depend on the thread count
+(tested bit for bit), so the choice changes the speed only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+__all__ = ["ThreadGovernor", "thread_mode"]
+
+
+def thread_mode() -> str:
+    """``auto`` (the governor decides) unless ``SPECWISE_THREADS=fixed`` (every pass on torch's thread count)."""
+    mode = os.environ.get("SPECWISE_THREADS", "auto")
+    if mode not in ("auto", "fixed"):
+        raise ValueError(f"SPECWISE_THREADS must be auto or fixed, got {mode!r}")
+    return mode
+
+
+def _bucket(rows: int) -> int:
+    """Passes are timed apart by their rows (their costs differ): each count up to 16, then by powers of two."""
+    return rows if rows <= 16 else 16 + (rows - 1).bit_length()
+
+
+class ThreadGovernor:
+    """Chooses the thread count of each pass: torch's count (``most``) or one, whichever is faster now.
+
+    Passes are timed per size (rows) on the count in use (a running average, weight ``ewma``). Now and then a pass
+    runs on the other count, and its time over the average of passes of its size on the count in use is the ratio
+    that decides which count is in use. A try waits until ``budget`` of the time since the last one pays for it (a
+    try on two threads beside a busy process can take a hundred times a quiet pass), and at least
+    ``min_interval`` seconds."""
+
+    def __init__(
+        self, budget: float = 0.03, min_interval: float = 1.0, ewma: float = 0.25, fixed: bool | None = None
+    ) -> None:
+        self.budget = budget
+        self.min_interval = min_interval
+        self.ewma = ewma
+        self.fixed = thread_mode() == "fixed" if fixed is None else fixed
+        self._time: dict[tuple[int, int], float] = {}  # (size, threads) -> average seconds per pass
+        self.ratio: float | None = None  # seconds on one thread / seconds on all (None: not tried yet)
+        self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
+        self.passes: dict[int, int] = {}  # threads -> passes run on that count
+        self._most: int | None = None
+
+    @property
+    def most(self) -> int:
+        """torch's thread count when the governor first ran (it sets torch's count to the one in use since)."""
+        if self._most is None:
+            self._most = torch.get_num_threads()
+        return self._most
+
+    def in_use(self) -> int:
+        """The count passes run on between tries."""
+        return 1 if self.ratio is not None and self.ratio < 1.0 else self.most
+
+    def threads(self, rows: int) -> int:
+        """The thread count for a pass of ``rows`` rows; torch's own operations follow the count in use."""
+        most = self.most if not self.fixed else torch.get_num_threads()
+        if self.fixed or most <= 1:
+            return most
+        use = self.in_use()
+        if torch.get_num_threads() != use:  # the rest of a step (sampling, drafting) stalls the same way
+            torch.set_num_threads(use)
+        other = most if use == 1 else 1
+        comparable = (_bucket(rows), use) in self._time
+        return other if comparable and time.perf_counter() >= self._next_try else use
+
+    def record(self, threads: int, rows: int, seconds: float) -> None:
+        """Note that a pass of ``rows`` rows took ``seconds`` on ``threads`` threads."""
+        if self.fixed:
+            return
+        self.passes[threads] = self.passes.get(threads, 0) + 1
+        use, key = self.in_use(), _bucket(rows)
+        if threads == use:
+            old = self._time.get((key, use))
+            self._time[(key, use)] = seconds if old is None else old + self.ewma * (seconds - old)
+            return
+        base = self._time.get((key, use))
+        if base:  # a try of the other count, against passes of the same size on the count in use
+            self.ratio = seconds / base if threads == 1 else base / seconds
+            self._time[(key, threads)] = seconds
+        self._next_try = time.perf_counter() + max(self.min_interval, seconds / self.budget)

@@ -1,0 +1,93 @@
+"""The thread governor (specwise.models.threads): it follows which thread count is faster, tries the other within
+its time budget, leaves torch's count alone when fixed; and the native model's results do not depend on the
+thread count (so the governor changes the speed only)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specwise.models import threads as threads_module
+from specwise.models.threads import ThreadGovernor
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """A fake perf_counter the test moves by hand."""
+    now = [100.0]
+    monkeypatch.setattr(threads_module.time, "perf_counter", lambda: now[0])
+    return now
+
+
+def run(governor: ThreadGovernor, clock, seconds_on: dict[int, float], passes: int, rows: int = 1) -> list[int]:
+    """``passes`` passes whose time depends on the thread count; the clock advances by each pass's time."""
+    used = []
+    for _ in range(passes):
+        t = governor.threads(rows)
+        used.append(t)
+        clock[0] += seconds_on[t]
+        governor.record(t, rows, seconds_on[t])
+    return used
+
+
+def test_a_busy_core_moves_the_passes_to_one_thread_and_back(two_threads, clock):
+    governor = ThreadGovernor(fixed=False)
+    quiet = {2: 0.004, 1: 0.007}
+    used = run(governor, clock, quiet, 400)
+    assert used[0] == 2 and governor.ratio == pytest.approx(0.007 / 0.004)
+    assert used.count(1) <= 4  # a try every second at least: 400 passes take 1.6 s
+    busy = {2: 0.3, 1: 0.008}  # another process takes a core: two threads stall at every join
+    used = run(governor, clock, busy, 400)
+    assert governor.in_use() == 1 and torch.get_num_threads() == 1  # torch's own operations follow
+    tries = used[used.index(1) :].count(2)
+    assert tries * 0.3 <= 0.03 * 400 * 0.008 + 0.3  # two-thread tries cost about 3% of the time
+    used = run(governor, clock, quiet, 4000)  # the other process ends: the next try finds two threads faster
+    assert governor.in_use() == 2 and used[-100:] == [2] * 100 and torch.get_num_threads() == 2
+
+
+def test_sizes_are_compared_with_their_own_kind(two_threads, clock):
+    governor = ThreadGovernor(fixed=False)
+    governor.record(2, 8, 0.010)  # an 8-row pass on two threads
+    assert governor.threads(1) == 2  # a 1-row pass has nothing on two threads to be compared with: no try
+    governor.record(2, 1, 0.004)
+    assert governor.threads(1) == 1  # now it has
+
+
+def test_fixed_never_changes_the_count(two_threads, clock, monkeypatch):
+    monkeypatch.setenv("SPECWISE_THREADS", "fixed")
+    governor = ThreadGovernor()
+    assert governor.fixed
+    assert set(run(governor, clock, {2: 0.3, 1: 0.001}, 50)) == {2} and torch.get_num_threads() == 2
+    monkeypatch.setenv("SPECWISE_THREADS", "sometimes")
+    with pytest.raises(ValueError, match="SPECWISE_THREADS"):
+        ThreadGovernor()
+
+
+def test_the_native_model_gives_the_same_logits_on_any_thread_count(two_threads, tmp_path):
+    from gguf_raw import tiny_model
+
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("the native quantized kernels are not built")
+    from specwise.models.quantized import QuantizedModel
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(tiny_model().bytes())
+    model = QuantizedModel(path, huge_pages=False)
+    model.governor.fixed = True
+    ids = torch.randint(0, 96, (80,), generator=torch.Generator().manual_seed(0))
+    outs = []
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        model.rollback(0)
+        outs.append([model.forward(ids[:70]), model.forward(ids[70:75]), model.forward(ids[75:76])])
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
