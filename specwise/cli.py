@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import traceback
+from pathlib import Path
 
 from specwise.drafters import DRAFTER_HELP
 from specwise.extras import MissingExtraError
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", nargs="+", default=[], metavar="STR", help="stop strings (not included in the output)")
     gen.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
     gen.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of streaming")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", metavar="FILE", help="the reply is JSON valid against this JSON Schema file")
+    shape.add_argument("--grammar", metavar="FILE", help="the reply matches this grammar file (Lark, or GBNF)")
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
@@ -135,11 +139,33 @@ def _add_debug_flag(parser: argparse.ArgumentParser, sub) -> None:
         subparser.add_argument(DEBUG_FLAG, action="store_true", default=argparse.SUPPRESS, help=help_)
 
 
+def _constraint(args: argparse.Namespace):
+    """The constraint that --json-schema or --grammar names (None without either); checked before loading."""
+    path = args.json_schema or args.grammar
+    if path is None:
+        return None
+    from specwise.constraints import Grammar, JsonSchema
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read {path}: {err}") from err
+    if args.grammar:
+        constraint = Grammar(text)
+    else:
+        try:
+            constraint = JsonSchema(json.loads(text))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path} is not JSON: {err}") from err
+    constraint.check()
+    return constraint
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specwise.runtime import build_runtime, encode_prompt
     from specwise.sampling import SamplingParams
 
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, _constraint(args))
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)

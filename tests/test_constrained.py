@@ -82,12 +82,7 @@ SCHEMAS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -379,3 +374,26 @@ def test_server_refuses_bad_constraints_with_a_400(servers, change, param, match
             model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=4, **change
         )
     assert info.value.status_code == 400 and info.value.param == param
+
+
+@pytest.mark.slow
+def test_the_cli_takes_a_json_schema_file(tmp_path):
+    """``specwise generate --json-schema FILE`` on the default model: the reply is JSON valid against the file's
+    schema; a file that is not a schema is refused in one line before anything loads."""
+    import subprocess
+    import sys
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    schema["additionalProperties"] = False
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    command = [sys.executable, "-m", "specwise", "generate", "Is the sky blue? Answer in JSON.", "--json"]
+    run = subprocess.run(
+        [*command, "--json-schema", str(path), "--max-new-tokens", "24"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    reply = json.loads(json.loads(run.stdout)["text"])
+    assert set(reply) == {"ok"} and isinstance(reply["ok"], bool)
+    path.write_text('{"type": "bogus"}')
+    run = subprocess.run([*command, "--json-schema", str(path)], capture_output=True, text=True)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and "invalid" in run.stderr, run.stderr
