@@ -7,6 +7,8 @@ limit is read whole and handed on, so JSON parsing and tokenization never see mo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 from specwise.server.protocol import error_body
@@ -22,6 +24,8 @@ MIB = 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = MIB  # the least default: a full 8,192-token prompt is about 40 kB of JSON
 BYTES_PER_CONTEXT_TOKEN = 16  # the default's room per token of context (JSON escapes, token ids written out)
 MAX_BODY_FLAG = "--max-body-bytes"  # the `specwise serve` option that raises the limit (named in the refusal)
+DRAIN_BYTES = 16 * MIB  # a refused body is read and dropped up to this (or 8 times the limit) before the answer
+DRAIN_SECONDS = 5.0  # ... and for at most this long
 
 
 def default_max_body_bytes(context: int | None) -> int:
@@ -38,7 +42,9 @@ class BodyTooLarge(Exception):
 
 
 class BodyLimitMiddleware:
-    """A pure ASGI middleware: requests with a body over ``max_bytes`` get HTTP 413 and the connection closes.
+    """A pure ASGI middleware: requests with a body over ``max_bytes`` get HTTP 413 and the connection closes; the
+    rest of the body, up to ``drain_bytes``, is read and dropped first (never parsed), so that a client still
+    sending it reads the answer instead of a reset connection.
 
     The body of every other request is read whole (at most ``max_bytes``) before the app runs, then replayed to it;
     a client that goes away while sending it gets no answer.
@@ -49,6 +55,9 @@ class BodyLimitMiddleware:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         self.app = app
         self.max_bytes = max_bytes
+        # the rest of a refused body up to this many bytes is read and dropped before the answer, so that the client,
+        # still sending, reads the 413 rather than a reset connection (a larger body is cut off)
+        self.drain_bytes = max(8 * max_bytes, DRAIN_BYTES)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -56,11 +65,13 @@ class BodyLimitMiddleware:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
+            await _drain(receive, self.drain_bytes if declared <= self.drain_bytes else 0)
             await self._refuse(send, f"the request body ({declared} bytes) is")
             return
         try:
             body = await _read_body(receive, self.max_bytes)
         except BodyTooLarge:
+            await _drain(receive, self.drain_bytes)
             await self._refuse(send, "the request body is")
             return
         if body is not None:
@@ -73,6 +84,23 @@ class BodyLimitMiddleware:
         )
         content = error_body(message, "invalid_request_error", None, "request_too_large")
         await _send_json(send, 413, content, close=True)
+
+
+async def _drain(receive, limit: int, seconds: float = DRAIN_SECONDS) -> None:
+    """Read and drop what is left of a request body, at most ``limit`` bytes and ``seconds``."""
+    if limit <= 0:
+        return
+
+    async def drop() -> None:
+        size = 0
+        while size <= limit:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+            size += len(message.get("body", b""))
+
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(drop(), seconds)
 
 
 async def _read_body(receive, limit: int) -> bytes | None:
