@@ -367,6 +367,35 @@ def test_the_server_runs_every_architecture(arch):
     assert answers[0] == answers[1]
 
 
+def test_a_suffix_index_drafts_for_every_architecture(arch, tmp_path):
+    """`specwise index`'s builder on each architecture's file: an index of the model's own greedy answers drafts
+    them again (most drafts accepted), and greedy output stays plain output."""
+    native(arch.q8, "q8")  # skips an architecture the native model does not run
+    from specwise.drafters.suffix import index_identity, make_suffix_drafter
+    from specwise.engine import Engine
+    from specwise.index import build_index
+    from specwise.models.loader import load_model
+    from specwise.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    loaded = load_model(str(arch.q8))
+    prompts = [arch.ids[:12].tolist(), arch.ids[40:60].tolist()]
+    plain_engine = Engine(loaded.model, None, gamma=0)
+    plain = [plain_engine.generate(p, greedy, max_new_tokens=32, eos_token_ids=[]).token_ids for p in prompts]
+
+    def answer(prompt, temperature, seed):
+        return plain[prompts.index(prompt)]
+
+    build_index(
+        prompts, answer, tmp_path / "data", tmp_path / "index", {"target": index_identity(loaded)}, progress=False
+    )
+    engine = Engine(loaded.model, make_suffix_drafter(str(tmp_path / "index"), loaded), gamma="auto")
+    for prompt, expected in zip(prompts, plain):
+        result = engine.generate(prompt, greedy, max_new_tokens=32, eos_token_ids=[])
+        assert result.token_ids == expected
+        assert result.stats.accepted >= 16
+
+
 def test_native_refuses_a_variant_naming_it_or_is_exact(variant):
     """What the file names and the native model does not implement is refused, never ignored."""
     refused_or_exact(variant, lambda: native(variant.f32, "exact", required=True))
