@@ -347,7 +347,7 @@ def test_speculation_is_exact_on_every_architecture(arch):
     assert run(ModelDrafter(native(arch.q8, "exact")), 5) == plain
 
 
-def test_the_server_runs_every_architecture(arch):
+def test_the_server_runs_every_architecture(arch, monkeypatch, tmp_path):
     """``specwise serve`` on each architecture's file (with the tokenizer the writer puts in it): the default
     drafter's greedy completion equals plain decoding's."""
     pytest.importorskip("fastapi")
@@ -357,6 +357,7 @@ def test_the_server_runs_every_architecture(arch):
     from specwise.runtime import build_runtime
     from specwise.server.app import create_app
 
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path))  # the tokenizer's cache
     answers = []
     for drafter in ("none", "auto"):
         with TestClient(create_app(build_runtime(str(arch.q8), drafter, "auto", "cpu"), model_name="m")) as client:
@@ -367,7 +368,7 @@ def test_the_server_runs_every_architecture(arch):
     assert answers[0] == answers[1]
 
 
-def test_a_suffix_index_drafts_for_every_architecture(arch, tmp_path):
+def test_a_suffix_index_drafts_for_every_architecture(arch, tmp_path, monkeypatch):
     """`specwise index`'s builder on each architecture's file: an index of the model's own greedy answers drafts
     them again (most drafts accepted), and greedy output stays plain output."""
     native(arch.q8, "q8")  # skips an architecture the native model does not run
@@ -378,6 +379,7 @@ def test_a_suffix_index_drafts_for_every_architecture(arch, tmp_path):
     from specwise.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))  # the tokenizer's cache
     loaded = load_model(str(arch.q8))
     prompts = [arch.ids[:12].tolist(), arch.ids[40:60].tolist()]
     plain_engine = Engine(loaded.model, None, gamma=0)
