@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from specwise.bench.prompts import load_questions, select_prompts
-from specwise.bench.runner import emit_json, machine_info
+from specwise.bench.runner import emit_json, script_header
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     kinds = [k.rsplit("/", 1)[0] for k in medians if k.endswith("/quiet")]
     emit_json(
         {
-            "command": " ".join(["python", Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": machine_info("cpu"),
+            **script_header(argv),
             "prompts": [p.id for p in prompts],
             "rounds": cells,
             "median_decode_tokens_per_s": medians,

@@ -16,14 +16,13 @@ import argparse
 import json
 import math
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
 from specwise.bench.prompts import load_questions, select_prompts
-from specwise.bench.runner import emit_json, machine_info
+from specwise.bench.runner import emit_json, script_header
 from specwise.constraints import GrammarState, JsonSchema
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
@@ -111,9 +110,7 @@ def main(argv: list[str] | None = None) -> None:
     masks = [mask_cost(runtimes["none"], tokens, params) for tokens in answers["none"]]
     emit_json(
         {
-            "command": " ".join(["python", Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": machine_info("cpu"),
+            **script_header(argv),
             "prompts": [p.id for p in prompts],
             "schema": SCHEMA,
             "tokens_per_s": {d: [statistics.median(r) for r in rows] for d, rows in rates.items()},

@@ -16,13 +16,12 @@ import resource
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from specwise.bench.llamacpp import llama_bench
-from specwise.bench.runner import emit_json, machine_info
+from specwise.bench.runner import emit_json, script_header
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
@@ -83,9 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     emit_json(
         {
-            "command": " ".join(["python", Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "date": time.strftime("%Y-%m-%d %H:%M"),
-            "machine": machine_info("cpu"),
+            **script_header(argv),
             "target": str(args.target),
             "file_mb": args.target.stat().st_size / 1e6,
             "startup_s": launch,

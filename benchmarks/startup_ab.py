@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.bench.runner import emit_json, script_header
 
 _CHILD = (
     "import time\nt = time.perf_counter()\nfrom specwise.models import load_model\n"
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     emit_json(
         {
-            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
-            "machine": machine_info("cpu"),
+            **script_header(argv),
             "model": args.model,
             "old": str(args.old),
             "new": str(args.new),

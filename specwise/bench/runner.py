@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 
@@ -678,6 +679,16 @@ def _kernel_isa() -> str | None:
     from specwise.models.kernels.quant import isa, quantized_available
 
     return isa() if quantized_available() else None
+
+
+def script_header(argv: list[str] | None, device: str = "cpu") -> dict:
+    """What every benchmark script's JSON starts with: the command that made it, the date and the machine."""
+    args = argv if argv is not None else sys.argv[1:]
+    return {
+        "command": " ".join(["python", Path(sys.argv[0]).name, *args]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": machine_info(device),
+    }
 
 
 def emit_json(result: dict, out: str | None) -> None:
