@@ -31,9 +31,19 @@ GREEDY = SamplingParams(temperature=0.0)
 
 
 def decode_rate(runtime, ids: list[int], n: int, fixed: bool, threads: int) -> float:
-    """Decode tokens/s of one greedy answer, the governor on or off for the target (and a draft model); torch's
-    thread count reset first (the governor sets it to the count in use)."""
-    torch.set_num_threads(threads)
+    """Decode tokens/s of one greedy answer, the governor on or off for the target (and a draft model). A fixed run
+    sets torch's thread count to ``threads`` and puts back the governor's afterwards (the governor takes a count
+    set by anyone else as the user's new choice)."""
+    before = torch.get_num_threads()
+    if fixed:
+        torch.set_num_threads(threads)
+    try:
+        return _rate(runtime, ids, n, fixed)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _rate(runtime, ids: list[int], n: int, fixed: bool) -> float:
     runtime.target.model.governor.fixed = fixed
     for drafter in runtime.engine.drafters:
         model = getattr(drafter, "model", None)

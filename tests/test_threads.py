@@ -91,3 +91,11 @@ def test_the_native_model_gives_the_same_logits_on_any_thread_count(two_threads,
         model.rollback(0)
         outs.append([model.forward(ids[:70]), model.forward(ids[70:75]), model.forward(ids[75:76])])
     assert all(torch.equal(a, b) for a, b in zip(*outs))
+
+
+def test_a_thread_count_set_by_the_user_is_kept(two_threads, clock):
+    governor = ThreadGovernor(fixed=False)
+    run(governor, clock, {2: 0.004, 1: 0.007}, 50)
+    assert governor.in_use() == 2
+    torch.set_num_threads(1)  # the user asks for one thread: the governor follows, and never raises it again
+    assert set(run(governor, clock, {2: 0.004, 1: 0.007}, 300)) == {1} and torch.get_num_threads() == 1

@@ -54,12 +54,20 @@ class ThreadGovernor:
         self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
         self.passes: dict[int, int] = {}  # threads -> passes run on that count
         self._most: int | None = None
+        self._set = 0  # the torch thread count the governor set last
 
     @property
     def most(self) -> int:
-        """torch's thread count when the governor first ran (it sets torch's count to the one in use since)."""
-        if self._most is None:
-            self._most = torch.get_num_threads()
+        """The thread count the process was given: torch's, unless torch's count is the one the governor itself set
+        (a count set by anyone else since, e.g. ``torch.set_num_threads``, is taken as the new one, and what was
+        measured on the old one is dropped)."""
+        current = torch.get_num_threads()
+        if self._most is None or current != self._set:
+            if self._most is not None and current != self._most:
+                self._time.clear()
+                self.ratio = None
+            self._most = current
+            self._set = current
         return self._most
 
     def in_use(self) -> int:
@@ -74,6 +82,7 @@ class ThreadGovernor:
         use = self.in_use()
         if torch.get_num_threads() != use:  # the rest of a step (sampling, drafting) stalls the same way
             torch.set_num_threads(use)
+            self._set = use
         other = most if use == 1 else 1
         comparable = (_bucket(rows), use) in self._time
         return other if comparable and time.perf_counter() >= self._next_try else use
