@@ -134,13 +134,14 @@ def converted_gguf_dir(path: Path) -> Path:
     """Directory holding the converted (float32 safetensors) copy of a GGUF file; converts on first use. Refuses
     (NotImplementedError) a file naming a variant that transformers' conversion would ignore."""
     path = Path(path).resolve()
-    ignored = _fallback_refusal(GGUFFile(path))
+    meta = GGUFFile(path)
+    ignored = _fallback_refusal(meta)
     if ignored is not None:
         raise NotImplementedError(
             f"{path.name}: the float32 path (transformers) would ignore its {ignored} and decode it wrongly: "
             "use the quantized native model (--impl auto on a CPU) where it supports the file"
         )
-    target = converted_dir() / f"{path.stem}-{_gguf_key(path)}"
+    target = converted_dir() / f"{path.stem}-{_gguf_key(path, meta)}"
     if (target / "specwise.json").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer

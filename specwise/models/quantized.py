@@ -117,8 +117,10 @@ class GGUFConfig:
         self.family = FAMILIES[arch]
         self.swa_pattern = self._swa_pattern(meta, arch) if self.sliding_window else None
         self.rope_theta_local = meta_float(meta, f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_BASE, 0.0, float("inf"))
-        self._unknown = [k for k in [*meta.metadata, *meta._array_at] if k.startswith(f"{arch}.")]
-        self._unknown = [k for k in self._unknown if k[len(arch) + 1 :] not in _READ_KEYS]
+        own = f"{arch}."
+        self._unknown = [
+            k for k in [*meta.metadata, *meta._array_at] if k.startswith(own) and k[len(own) :] not in _READ_KEYS
+        ]
 
     def unsupported(self, meta: GGUFFile) -> str | None:
         """None when the quantized native model runs this file; otherwise why not (a GGUFError for a file whose
@@ -170,6 +172,17 @@ class GGUFConfig:
         biases = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,)} if f.qkv_bias else {}
         extra = {"rope_freqs.weight": (hd // 2,)} if self.gguf_architecture == "llama" else {}
         return matrices, vectors, biases, extra
+
+    def row_parts(self, name: str, rows: int) -> list[tuple[int, int]]:
+        """(first row, rows) of each matrix the model keeps of tensor ``name`` (``rows`` rows): Phi-3's fused
+        attn_qkv holds q, k and v, its ffn_up gate and up; any other tensor is one matrix."""
+        if self.family.fused and name.endswith("attn_qkv.weight"):
+            q, kv = self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+            return [(0, q), (q, kv), (q + kv, kv)]
+        if self.family.fused and name.endswith("ffn_up.weight"):
+            ff = self.intermediate_size
+            return [(0, ff), (ff, ff)]
+        return [(0, rows)]
 
     def _swa_pattern(self, meta: GGUFFile, arch: str) -> list[bool]:
         """Which layers attend through the sliding window: ``attention.sliding_window_pattern`` as one flag per
@@ -405,14 +418,11 @@ class QuantizedModel(Model):
         """Layer i's seven matrices q, k, v, o, gate, up, down (the parts of Phi-3's fused tensors)."""
         c, p, d = self.config, f"blk.{i}.", self.drafting
         if c.family.fused:
-            q, kv, ff = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+            qkv, gate_up = p + "attn_qkv.weight", p + "ffn_up.weight"
             return [
-                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(0, q)),
-                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(q, kv)),
-                self._matrix(meta, p + "attn_qkv.weight", narrow=d, part=(q + kv, kv)),
+                *(self._matrix(meta, qkv, narrow=d, part=part) for part in c.row_parts(qkv, 0)),
                 self._matrix(meta, p + "attn_output.weight", narrow=d),
-                self._matrix(meta, p + "ffn_up.weight", narrow=d, part=(0, ff)),
-                self._matrix(meta, p + "ffn_up.weight", narrow=d, part=(ff, ff)),
+                *(self._matrix(meta, gate_up, narrow=d, part=part) for part in c.row_parts(gate_up, 0)),
                 self._matrix(meta, p + "ffn_down.weight", narrow=d),
             ]
         return [
@@ -437,13 +447,8 @@ class QuantizedModel(Model):
         for info in meta.tensors.values():
             if len(info.shape) != 2:
                 continue
-            parts = [info.shape[0]]
-            if c.family.fused and info.name.endswith("attn_qkv.weight"):
-                q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
-                parts = [q, kv, kv]
-            elif c.family.fused and info.name.endswith("ffn_up.weight"):
-                parts = [c.intermediate_size] * 2
-            size += sum(tensor_bytes(kept_type(info), n, info.shape[1]) + 5 * Arena.ALIGN for n in parts)
+            parts = c.row_parts(info.name, info.shape[0])
+            size += sum(tensor_bytes(kept_type(info), n, info.shape[1]) + 5 * Arena.ALIGN for _, n in parts)
         if self.drafting and "output.weight" not in meta.tensors:  # a separate, narrower output layer
             e = meta.tensors["token_embd.weight"]
             size += tensor_bytes(GGML_Q4_0, e.shape[0], e.shape[1]) + 5 * Arena.ALIGN

@@ -52,7 +52,6 @@ class ThreadGovernor:
         self._time: dict[tuple[int, int], float] = {}  # (size, threads) -> average seconds per pass
         self.ratio: float | None = None  # seconds on one thread / seconds on all (None: not tried yet)
         self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
-        self.passes: dict[int, int] = {}  # threads -> passes run on that count
         self._most: int | None = None
         self._set = 0  # the torch thread count the governor set last
 
@@ -91,7 +90,6 @@ class ThreadGovernor:
         """Note that a pass of ``rows`` rows took ``seconds`` on ``threads`` threads."""
         if self.fixed:
             return
-        self.passes[threads] = self.passes.get(threads, 0) + 1
         use, key = self.in_use(), _bucket(rows)
         if threads == use:
             old = self._time.get((key, use))
