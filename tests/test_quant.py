@@ -188,7 +188,7 @@ def test_dequantize_float_formats_any_finite_bits(t):
     assert np.array_equal(deq.view(np.uint32), ref.view(np.uint32))  # signed zeros too
 
 
-# bytes per weight of the re-packed tiles: quants (Q6_K in 6 bits), scales (float16 for the legacy formats; for the
+# bytes per weight of the re-packed tiles: quants (Q6_K in 6 bits, the 5-bit formats in 5), scales (float16 for the legacy formats; for the
 # K-quants one byte per block and float16 factors per super-block of 256), for whole tiles
 BYTES_PER_WEIGHT = {
     T.F32: 4.0,
@@ -196,11 +196,11 @@ BYTES_PER_WEIGHT = {
     T.BF16: 4.0,
     T.Q4_0: 0.5 + 2 / 32,
     T.Q4_1: 0.5 + 4 / 32,
-    T.Q5_0: 1 + 2 / 32,
-    T.Q5_1: 1 + 4 / 32,
+    T.Q5_0: 0.625 + 2 / 32,
+    T.Q5_1: 0.625 + 4 / 32,
     T.Q8_0: 1 + 2 / 32,
     T.Q4_K: 0.5 + 2 / 32 + 4 / 256,
-    T.Q5_K: 1 + 2 / 32 + 4 / 256,
+    T.Q5_K: 0.625 + 2 / 32 + 4 / 256,
     T.Q6_K: 0.75 + 1 / 16 + 2 / 256,
 }
 

@@ -8,6 +8,9 @@
  *   KIND_Q6: block b (16 inputs) in 3 groups, row lane L, byte j: group g < 3 holds q[L][16b + 4g + j] in its low
  *            6 bits and 2 bits of q[L][16b + 12 + j] in its top 2 (group 0 the low ones, group 2 the high ones):
  *            KIND_U8's 4 groups in 3/4 of the bytes, each unpacked with a few bitwise operations
+ *   KIND_Q5: KIND_Q4's 4 groups (the low 4 bits), then 64 bytes of fifth bits: 8 masks of 64 bits, mask g < 4 for
+ *            the low nibbles of group g and mask 4 + g for its high nibbles, bit n of a mask for byte n of its group
+ *            (one bit per byte of the unpacked group: an AVX-512 byte mask as it is)
  *   KIND_F32: input i, row lane L: float w[L][i]
  * Scales s (and m) are [tile][block][16]: float16 or float32, or (K-quants, sub > 0) int8 sub-scales whose factors d
  * (and dmin) are [tile][super-block][16]; they are read only through scale_at, ld_scale512 and ld_scale256, which
@@ -104,11 +107,11 @@ int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, 
         case GGML_BF16: k = KIND_F32; h = 0; rb = 1; bytes = 2; break;
         case GGML_Q4_0: k = KIND_Q4; off = 8; bytes = 18; break;
         case GGML_Q4_1: k = KIND_Q4; m = 1; bytes = 20; break;
-        case GGML_Q5_0: off = 16; bytes = 22; break;
-        case GGML_Q5_1: m = 1; bytes = 24; break;
+        case GGML_Q5_0: k = KIND_Q5; off = 16; bytes = 22; break;
+        case GGML_Q5_1: k = KIND_Q5; m = 1; bytes = 24; break;
         case GGML_Q8_0: off = 128; bytes = 34; break;
         case GGML_Q4_K: k = KIND_Q4; m = 1; rb = 256; bytes = 144; su = 3; break;
-        case GGML_Q5_K: m = 1; rb = 256; bytes = 176; su = 3; break;
+        case GGML_Q5_K: k = KIND_Q5; m = 1; rb = 256; bytes = 176; su = 3; break;
         case GGML_Q6_K: k = KIND_Q6; b = 16; off = 32; rb = 256; bytes = 210; su = 4; break;
         default: return -1;
     }
@@ -299,6 +302,11 @@ int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, i
                     int ee = e % 16, g = ee / 4, j = ee % 4;
                     at = (((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j;
                     qt[at] |= e < 16 ? v : (uint8_t)(v << 4);
+                } else if (kind == KIND_Q5) {
+                    int ee = e % 16, g = ee / 4, j = ee % 4, bit = L * 4 + j;
+                    uint8_t *blk = qt + ((size_t)t * nb + b) * 320;
+                    blk[g * 64 + bit] |= e < 16 ? (uint8_t)(v & 0xF) : (uint8_t)((v & 0xF) << 4);
+                    if (v & 16) blk[256 + (e < 16 ? g : 4 + g) * 8 + bit / 8] |= (uint8_t)(1u << (bit % 8));
                 } else if (kind == KIND_Q6) {
                     int g = e / 4, j = e % 4;
                     at = ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
@@ -333,7 +341,7 @@ int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_
         *q_bytes = tiles * in * QTILE * 4;
         return SW_OK;
     }
-    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (kind == KIND_Q6 ? 192 : (int64_t)B * QTILE));
+    *q_bytes = tiles * nb * (kind == KIND_Q4 ? 256 : (kind == KIND_Q6 ? 192 : (kind == KIND_Q5 ? 320 : (int64_t)B * QTILE)));
     *s_bytes = tiles * nb * QTILE * (sub ? 1 : per);
     *m_bytes = has_m ? *s_bytes : 0;
     if (sub) {
@@ -500,6 +508,12 @@ static inline int q_at(const qmat *w, int t, int b, int e, int L) {
         uint8_t v = w->q[(((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j];
         return e < 16 ? (v & 0xF) : (v >> 4);
     }
+    if (w->kind == KIND_Q5) {
+        int ee = e % 16, g = ee / 4, bit = L * 4 + ee % 4;
+        const uint8_t *blk = w->q + ((size_t)t * nb + b) * 320;
+        int lo = e < 16 ? (blk[g * 64 + bit] & 0xF) : (blk[g * 64 + bit] >> 4);
+        return lo | (((blk[256 + (e < 16 ? g : 4 + g) * 8 + bit / 8] >> (bit % 8)) & 1) << 4);
+    }
     if (w->kind == KIND_Q6) {
         int g = e / 4, j = e % 4;
         const uint8_t *base = w->q + ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
@@ -591,6 +605,19 @@ TARGET_AVX512 INLINE void q6_unpack512(const uint8_t *base, __m512i v[4]) {
     v[3] = _mm512_and_si512(t, low6);
 }
 
+/* KIND_Q5: the 5-bit values of group g of the block at blk, the low nibbles' inputs (4g + j) in lo and the high
+ * nibbles' (16 + 4g + j) in hi, one byte each: the nibble, plus 16 where the group's mask has the byte's bit */
+TARGET_AVX512 INLINE void q5_unpack512(const uint8_t *blk, int g, __m512i *lo, __m512i *hi) {
+    const __m512i nib = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+    const __m512i v = _mm512_loadu_si512(blk + g * 64);
+    uint64_t ml, mh;
+    memcpy(&ml, blk + 256 + 8 * g, 8);
+    memcpy(&mh, blk + 256 + 8 * (4 + g), 8);
+    const __m512i l = _mm512_and_si512(v, nib), h = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+    *lo = _mm512_mask_add_epi8(l, _cvtu64_mask64(ml), l, fifth);
+    *hi = _mm512_mask_add_epi8(h, _cvtu64_mask64(mh), h, fifth);
+}
+
 TARGET_AVX512 INLINE void store512(float *y, __m512 v, int n) {
     if (n == QTILE)
         _mm512_storeu_ps(y, v);
@@ -640,6 +667,37 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
                     for (int tt = 0; tt < TT; tt++) {
                         __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j), lut);
                         __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j + 4), lut);
+                        lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
+                        hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
+                        for (int r = 0; r < R; r++) {
+                            acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
+                            acc1[tt][r] =
+                                _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
+                        }
+                    }
+                }
+            }
+        }
+    } else if (w->kind == KIND_Q5) { /* KIND_Q4's order, 32 values in the table */
+        float lutf[32];
+        for (int i = 0; i < 32; i++) lutf[i] = (float)(i - w->offset);
+        const __m512 lut0 = _mm512_loadu_ps(lutf), lut1 = _mm512_loadu_ps(lutf + 16);
+        for (int b = 0; b < nb; b++) {
+            __m512 s[4], m[4];
+            for (int tt = 0; tt < TT; tt++) {
+                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+                s[tt] = ld_scale512(w, 0, si);
+                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+            }
+            for (int g = 0; g < 4; g++) {
+                __m512i vl[4], vh[4];
+                for (int tt = 0; tt < TT; tt++)
+                    q5_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 320, g, &vl[tt], &vh[tt]);
+                for (int j = 0; j < 4; j++) {
+                    const int i = 32 * b + 4 * g + j;
+                    for (int tt = 0; tt < TT; tt++) {
+                        __m512 lo = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vl[tt], 8 * j), lut1);
+                        __m512 hi = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vh[tt], 8 * j), lut1);
                         lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
                         hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
                         for (int r = 0; r < R; r++) {
@@ -735,7 +793,8 @@ TARGET_AVX512 INLINE void q8il_512(const qmat *w, int t, const int8_t *qx, const
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const int nb = w->in / (KIND == KIND_Q6 ? 16 : 32);
     const __m512i nib = _mm512_set1_epi8(0x0F);
-    const uint8_t *q = w->q + (size_t)t * nb * (KIND == KIND_Q4 ? 256 : (KIND == KIND_Q6 ? 192 : 512));
+    const int BB = KIND == KIND_Q4 ? 256 : (KIND == KIND_Q6 ? 192 : (KIND == KIND_Q5 ? 320 : 512)); /* block bytes */
+    const uint8_t *q = w->q + (size_t)t * nb * BB;
     for (int b = 0; b < nb; b++) {
         __m512i ia[8], ib[8];
         for (int r = 0; r < R; r++) ia[r] = ib[r] = _mm512_setzero_si512();
@@ -752,10 +811,16 @@ TARGET_AVX512 INLINE void q8il_512(const qmat *w, int t, const int8_t *qx, const
                 }
         }
         const int8_t *xb = qx + (size_t)b * R * 32;
-        if (KIND == KIND_Q4) {
+        if (KIND == KIND_Q4 || KIND == KIND_Q5) {
             for (int g = 0; g < 4; g++) {
-                const __m512i v = _mm512_loadu_si512(q + ((size_t)b * 4 + g) * 64);
-                const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                __m512i lo, hi;
+                if (KIND == KIND_Q5) {
+                    q5_unpack512(q + (size_t)b * 320, g, &lo, &hi);
+                } else {
+                    const __m512i v = _mm512_loadu_si512(q + ((size_t)b * 4 + g) * 64);
+                    lo = _mm512_and_si512(v, nib);
+                    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                }
                 for (int r = 0; r < R; r++) {
                     ia[r] = dpbusd_bcast(ia[r], lo, xb + r * 32 + 4 * g);
                     if (A == 2)
@@ -813,6 +878,9 @@ Q8IL_RUN(q8il_u8, KIND_U8, 0, 0)
 Q8IL_RUN(q8il_u8m, KIND_U8, 1, 0)
 Q8IL_RUN(q8il_u8c, KIND_U8, 0, 1)
 Q8IL_RUN(q8il_q6c, KIND_Q6, 0, 1)
+Q8IL_RUN(q8il_q5, KIND_Q5, 0, 0)
+Q8IL_RUN(q8il_q5m, KIND_Q5, 1, 0)
+Q8IL_RUN(q8il_q5c, KIND_Q5, 0, 1)
 #undef Q8IL_RUN
 
 /* q8il_512 for a tile of w (blocks of 32; corr: offset * sum(qx) per block and row when w has an offset) */
@@ -823,6 +891,8 @@ TARGET_AVX512 static void run512_q8il(const qmat *w, int t, const int8_t *qx, co
         q8il_q6c(w, t, qx, dx, ds, corr, y, ldy, n, R);
     else if (w->kind == KIND_Q4)
         (w->has_m ? q8il_q4m : (c ? q8il_q4c : q8il_q4))(w, t, qx, dx, ds, corr, y, ldy, n, R);
+    else if (w->kind == KIND_Q5)
+        (w->has_m ? q8il_q5m : (c ? q8il_q5c : q8il_q5))(w, t, qx, dx, ds, corr, y, ldy, n, R);
     else
         (w->has_m ? q8il_u8m : (c ? q8il_u8c : q8il_u8))(w, t, qx, dx, ds, corr, y, ldy, n, R);
 }
@@ -890,6 +960,25 @@ TARGET_AVX2 INLINE void q6_unpack256(const uint8_t *base, int half, __m256i v[4]
                            _mm256_and_si256(_mm256_srli_epi16(c, 2), m6));
 }
 
+/* KIND_Q5: 16 where bit n of the 32 at `bits` is set, for byte n of a half tile's group (q5_unpack512's masks) */
+TARGET_AVX2 INLINE __m256i q5_fifth256(const uint8_t *bits) {
+    uint32_t b32;
+    memcpy(&b32, bits, 4);
+    const __m256i byte_of = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                             3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i v = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)b32), byte_of), bit);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(v, bit), _mm256_set1_epi8(0x10));
+}
+
+/* KIND_Q5: q5_unpack512 for half tile `half` */
+TARGET_AVX2 INLINE void q5_unpack256(const uint8_t *blk, int g, int half, __m256i *lo, __m256i *hi) {
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_loadu_si256((const __m256i *)(blk + g * 64 + 32 * half));
+    *lo = _mm256_or_si256(_mm256_and_si256(v, nib), q5_fifth256(blk + 256 + 8 * g + 4 * half));
+    *hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), nib), q5_fifth256(blk + 256 + 8 * (4 + g) + 4 * half));
+}
+
 TARGET_AVX2 INLINE void store256(float *y, __m256 v, int n) {
     if (n >= 8) {
         _mm256_storeu_ps(y, v);
@@ -919,6 +1008,36 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
                         acc0[hh][r] = _mm256_fmadd_ps(lo, _mm256_set1_ps(x[(size_t)r * ldx + i + e]), acc0[hh][r]);
                         acc1[hh][r] =
                             _mm256_fmadd_ps(hi, _mm256_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[hh][r]);
+                    }
+                }
+            }
+        }
+    } else if (w->kind == KIND_Q5) { /* KIND_Q4's order (the generic branch below) on the 5-bit values */
+        const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
+        for (int b = 0; b < nb; b++) {
+            __m256 s[4], m[4];
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+                s[hh] = ld_scale256(w, 0, si);
+                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
+            }
+            for (int g = 0; g < 4; g++) {
+                for (int hh = 0; hh < HT; hh++) {
+                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                    __m256i vl, vh;
+                    q5_unpack256(w->q + ((size_t)t * nb + b) * 320, g, half, &vl, &vh);
+                    for (int j = 0; j < 4; j++) {
+                        const int i = 32 * b + 4 * g + j;
+                        __m256i lo = _mm256_and_si256(_mm256_srli_epi32(vl, 8 * j), mask);
+                        __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
+                        __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
+                        __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
+                        for (int r = 0; r < R; r++) {
+                            acc0[hh][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
+                            acc1[hh][r] =
+                                _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
+                        }
                     }
                 }
             }
@@ -1106,7 +1225,7 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
     for (int h = 0; h < H; h++)
         for (int r = 0; r < R; r++) acc[h][r] = _mm256_setzero_ps();
     const int nb = w->in / 32;
-    const size_t block_bytes = KIND == KIND_Q4 ? 256 : 512;
+    const size_t block_bytes = KIND == KIND_Q4 ? 256 : (KIND == KIND_Q5 ? 320 : 512);
     const __m256i nib = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     const uint8_t *q = w->q + (size_t)t * nb * block_bytes + 32 * half;
     const char *next = (const char *)w->q + (size_t)(t + 1) * nb * block_bytes;
@@ -1117,7 +1236,24 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
             const size_t from = H == 2 ? 0 : (size_t)half * (block_bytes / 2), len = H == 2 ? block_bytes : block_bytes / 2;
             for (size_t l = 0; l < len; l += 64) _mm_prefetch(next + (size_t)b * block_bytes + from + l, _MM_HINT_T1);
         }
-        if (KIND == KIND_Q4) {
+        if (KIND == KIND_Q5) { /* as KIND_Q4, widened after each group: 4 products of at most 31 * 127 */
+            for (int h = 0; h < H; h++)
+                for (int r = 0; r < R; r++) ia[h][r] = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                __m256i lo[2], hi[2];
+                for (int h = 0; h < H; h++) q5_unpack256(q - 32 * half + (size_t)b * 320, g, half + h, &lo[h], &hi[h]);
+                for (int r = 0; r < R; r++) {
+                    int32_t x0, x1;
+                    memcpy(&x0, xb + r * 32 + 4 * g, 4);
+                    memcpy(&x1, xb + r * 32 + 16 + 4 * g, 4);
+                    const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
+                    for (int h = 0; h < H; h++) {
+                        const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], b0), _mm256_maddubs_epi16(hi[h], b1));
+                        ia[h][r] = _mm256_add_epi32(ia[h][r], _mm256_madd_epi16(p, ones));
+                    }
+                }
+            }
+        } else if (KIND == KIND_Q4) {
             __m256i s16[2][4];
             for (int h = 0; h < H; h++)
                 for (int r = 0; r < R; r++) s16[h][r] = _mm256_setzero_si256();
@@ -1214,6 +1350,9 @@ Q8IL256_RUN(q8il256_u8m, KIND_U8, 1, 0, 0)
 Q8IL256_RUN(q8il256_u8c, KIND_U8, 0, 1, 0)
 Q8IL256_RUN(q8il256_u8s, KIND_U8, 0, 0, 1)
 Q8IL256_RUN(q8il256_u8, KIND_U8, 0, 0, 0)
+Q8IL256_RUN(q8il256_q5, KIND_Q5, 0, 0, 0)
+Q8IL256_RUN(q8il256_q5m, KIND_Q5, 1, 0, 0)
+Q8IL256_RUN(q8il256_q5c, KIND_Q5, 0, 1, 0)
 #undef Q8IL256_RUN
 #undef Q8IL256_CASES
 
@@ -1226,6 +1365,8 @@ TARGET_AVX2 static void run256_q8il(const qmat *w, int t, const int8_t *qx, cons
                    int, int, int, int);
     if (w->kind == KIND_Q4)
         kernel = w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4);
+    else if (w->kind == KIND_Q5)
+        kernel = w->has_m ? q8il256_q5m : (w->offset ? q8il256_q5c : q8il256_q5);
     else if (w->offset == 128)
         kernel = q8il256_u8s;
     else
@@ -1283,7 +1424,7 @@ static inline int il_takes(const qmat *w, int isa) {
 
 /* Whether a qmat describes tiles the kernels can read: a known kind with its block, a shape in range. */
 static int qmat_ok(const qmat *w) {
-    if (!w || !w->q || w->out < 1 || w->in < 32 || w->in % 32 || w->kind < KIND_F32 || w->kind > KIND_Q6) return 0;
+    if (!w || !w->q || w->out < 1 || w->in < 32 || w->in % 32 || w->kind < KIND_F32 || w->kind > KIND_Q5) return 0;
     if (w->block != (w->kind == KIND_Q6 ? 16 : 32) || (w->kind != KIND_F32 && !w->s)) return 0;
     return !w->has_m || w->kind == KIND_F32 || w->m;
 }

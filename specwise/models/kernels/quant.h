@@ -1,12 +1,13 @@
 /*
  * Quantized weights in specwise's tiled layout, and the multi-row products over them (quant.c).
  *
- * Every GGUF block format is re-packed at load time into one of four kinds, in tiles of 16 output rows (one
+ * Every GGUF block format is re-packed at load time into one of five kinds, in tiles of 16 output rows (one
  * vector lane per output row, so no horizontal sums):
  *   KIND_F32  float32 weights                  (F32, F16, BF16)             w = v
  *   KIND_Q4   4-bit q, blocks of 32 inputs     (Q4_0, Q4_1, Q4_K)           w = (q - offset) * s + m
- *   KIND_U8   8-bit q, blocks of 32            (Q8_0, Q5_0, Q5_1, Q5_K)
+ *   KIND_U8   8-bit q, blocks of 32            (Q8_0)
  *   KIND_Q6   6-bit q, blocks of 16            (Q6_K): 4 values in 3 bytes
+ *   KIND_Q5   5-bit q, blocks of 32            (Q5_0, Q5_1, Q5_K): KIND_Q4's nibbles and a plane of fifth bits
  * with one scale s (and, for the asymmetric formats, one m) per output row and block. The legacy formats store s and
  * m directly (float16, their own bits); the K-quants store them as the file does, compactly: one signed byte per
  * block (the 6-bit sub-scales sc and mins mn of Q4_K / Q5_K, the int8 scales of Q6_K) and, per output row and
@@ -21,7 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { KIND_F32 = 0, KIND_Q4 = 1, KIND_U8 = 2, KIND_Q6 = 3 };
+enum { KIND_F32 = 0, KIND_Q4 = 1, KIND_U8 = 2, KIND_Q6 = 3, KIND_Q5 = 4 };
 enum { MODE_EXACT = 0, MODE_Q8 = 1 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define QTILE 16
@@ -34,7 +35,7 @@ typedef struct {
     int half;    /* s and m (with sub: sd and md) stored as float16 (exact: the files' scales are float16) */
     int out;     /* output rows (not padded) */
     int in;      /* inputs, a multiple of 32 */
-    const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8, KIND_Q6) or of float32 weights (KIND_F32) */
+    const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8, KIND_Q6, KIND_Q5) or of float32 weights (KIND_F32) */
     const void *s;     /* [tiles][blocks][16] scales */
     const void *m;     /* [tiles][blocks][16] offsets, or NULL */
     int sub;           /* 0: s and m are the scales (float16 when half, else float32); k > 0 (K-quants): s and m are
