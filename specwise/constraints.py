@@ -22,6 +22,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -203,38 +204,50 @@ class GrammarState:
             first = self.matcher.get_error().strip().splitlines()[0]
             raise ConstraintError(f"invalid {constraint.kind}: {first}")
         words = (self.tokenizer.vocab_size + 31) // 32
-        self._bits = torch.zeros(words, dtype=torch.int32)  # llguidance writes the mask here, a bit per token
-        self._shifts = torch.arange(32, dtype=torch.int32)
+        self._bits = np.zeros(words, dtype=np.uint32)  # llguidance writes the mask here, a bit per token
         self.mask_seconds = 0.0  # time spent computing masks (reported by the benchmark)
-        self.masks = 0
-        self._version = 0  # changes whenever the matcher's state does
-        self._cached: tuple[int, torch.Tensor] | None = None  # (version, mask)
+        self.masks = 0  # masks computed (each state's once: see _known)
+        # the masks computed since the last advance, by the tokens consumed since then (the drafts' prefixes): a
+        # state's mask is computed once, whether a draft's verification or the next step asks for it
+        self._path: list[int] = []
+        self._known: dict[tuple[int, ...], torch.Tensor] = {}
 
     def mask(self) -> torch.Tensor:
-        """Allowed tokens after the text so far: bool ``[vocab_size]``."""
-        if self._cached is not None and self._cached[0] == self._version:
-            return self._cached[1]
+        """Allowed tokens after the text so far: bool ``[vocab_size]`` (computed once per state)."""
+        key = tuple(self._path)
+        hit = self._known.get(key)
+        if hit is not None:
+            return hit
         t0 = time.perf_counter()
-        self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
-        allowed = ((self._bits[:, None] >> self._shifts) & 1).bool().reshape(-1)  # [32 * words]
-        n = min(self.vocab_size, allowed.numel())
-        out = torch.zeros(self.vocab_size, dtype=torch.bool)
+        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little").view(np.bool_)  # [32 * words]
+        n = min(self.vocab_size, allowed.size)
+        out = np.zeros(self.vocab_size, dtype=np.bool_)
         out[:n] = allowed[:n]
         if self.eos:  # the request's end tokens end the output exactly when the grammar is complete
             out[self.eos] = self.matcher.is_accepting()
-        if not bool(out.any()):
+        if not out.any():
             raise RuntimeError(f"the grammar allows no token here: {self.matcher.get_error() or 'dead end'}")
+        mask = torch.from_numpy(out)
         self.mask_seconds += time.perf_counter() - t0
         self.masks += 1
-        self._cached = (self._version, out)
-        return out
+        self._known[key] = mask
+        return mask
 
     def _consume(self, token: int) -> bool:
         """Consume ``token`` if the grammar allows it here (the caller checked the mask); end tokens are not fed."""
         if token in self.eos:
             return False
-        self._version += 1
-        return bool(self.matcher.consume_token(token))
+        if not self.matcher.consume_token(token):
+            return False
+        self._path.append(token)
+        return True
+
+    def _rollback(self, count: int) -> None:
+        """Undo the last ``count`` tokens consumed (their masks stay known)."""
+        if count:
+            self.matcher.rollback(count)
+            del self._path[len(self._path) - count :]
 
     def draft_masks(self, tokens: list[int]) -> tuple[torch.Tensor, int]:
         """Masks ``[n + 1, vocab_size]`` for verifying ``tokens``: row i is the mask after tokens ``0 .. i-1``.
@@ -252,9 +265,7 @@ class GrammarState:
                 break  # an end token: nothing follows it
             consumed += 1
             rows.append(self.mask())
-        if consumed:
-            self.matcher.rollback(consumed)
-            self._version += 1
+        self._rollback(consumed)
         while len(rows) < n + 1:
             rows.append(rows[-1])  # after an end token: never used (generation stops there)
         return torch.stack(rows), n
@@ -293,20 +304,23 @@ class GrammarState:
             masks.append(self.mask())
             if replaced:
                 break
-        if consumed:
-            self.matcher.rollback(consumed)
-            self._version += 1
+        self._rollback(consumed)
         q_out = torch.stack(rows) if rows else probs[:0]
         return out, q_out, torch.stack(masks)
 
     def advance(self, tokens: list[int]) -> None:
-        """Consume emitted tokens (each one the grammar allowed)."""
+        """Consume emitted tokens (each one the grammar allowed); the masks known for states past them are kept."""
         for token in tokens:
             if token in self.eos:
-                return
-            self._version += 1
+                break
             if not self.matcher.consume_token(token):
                 raise RuntimeError(f"an emitted token broke the grammar: {self.matcher.get_error()}")
+            self._path.append(token)
+        done = len(self._path)
+        if done:  # the states now reachable start at the current one: re-key their masks from it
+            head = tuple(self._path)
+            self._known = {key[done:]: mask for key, mask in self._known.items() if key[:done] == head}
+            self._path = []
 
     def forced(self, limit: int) -> list[int]:
         """Consume and return up to ``limit`` tokens that the grammar forces next (each the only token its mask

@@ -152,6 +152,31 @@ def test_rollback_equals_a_fresh_matcher_fed_the_accepted_prefix(smol_tokenizer)
     assert torch.equal(state.mask(), fresh(tokens[:9]))
 
 
+def test_each_state_mask_is_computed_once(smol_tokenizer):
+    """A step's draft masks serve the next step: the state after the accepted prefix (one the grammar accepts in,
+    so that the end check reads its mask too) is not computed again, and every mask equals a fresh matcher's."""
+    constraint = Regex("[a-z ]{1,60}")
+    tokens = smol_tokenizer.encode("the cat sat on the mat and the dog", add_special_tokens=False)
+    vocab, eos = len(smol_tokenizer), {smol_tokenizer.eos_token_id}
+
+    def fresh(prefix: list[int]) -> torch.Tensor:
+        other = GrammarState(constraint, smol_tokenizer, vocab, eos)
+        other.advance(prefix)
+        return other.mask()
+
+    state = GrammarState(constraint, smol_tokenizer, vocab, eos)
+    masks, n = state.draft_masks(tokens[:4])  # the states after 0 .. 4 tokens
+    assert n == 4 and state.masks == 5
+    state.advance(tokens[:2])  # two accepted, then a recovered token equal to the third drafted
+    assert not state.done  # accepting: the end check reads the mask, known from the draft
+    state.advance(tokens[2:3])
+    assert torch.equal(state.mask(), fresh(tokens[:3]))
+    masks, n = state.draft_masks(tokens[3:6])  # the state after 4 tokens is known; after 5 and 6 are new
+    assert n == 3 and state.masks == 7
+    for i in range(4):
+        assert torch.equal(masks[i], fresh(tokens[: 3 + i]))
+
+
 def test_a_forbidden_token_is_never_emitted_even_when_the_target_prefers_it():
     logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
     allowed = torch.tensor([False, True, True, False])
@@ -195,6 +220,20 @@ def test_greedy_speculative_equals_plain_on_the_tiny_model(tiny_runtimes, shape)
     params = SamplingParams(constraint=JsonSchema(SCHEMAS[shape]))
     plain, spec = (_generate(r, f"Repeat: {json.dumps(SCHEMAS[shape])}", params) for r in tiny_runtimes)
     assert spec.token_ids == plain.token_ids
+
+
+def test_greedy_speculative_equals_plain_under_a_regex(tiny_runtimes):
+    """A regex accepts after every character, so the end check reads the mask each step (from the draft's masks); a
+    drafter equal to the target drafts every step and is accepted."""
+    plain_runtime = tiny_runtimes[0]
+    target = plain_runtime.engine.target
+    twin = Engine(target, ModelDrafter(target.sequence()), gamma=3, tokenizer=plain_runtime.tokenizer)
+    params = SamplingParams(constraint=Regex("[^\\n]{1,80}"))
+    prompt = encode_prompt(plain_runtime.tokenizer, "Say something.", chat=True)
+    plain = plain_runtime.engine.generate(prompt, params, 60)
+    spec = twin.generate(prompt, params, 60)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0 and spec.stats.target_passes < plain.stats.target_passes
 
 
 @pytest.mark.slow
