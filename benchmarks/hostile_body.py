@@ -27,7 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from specwise.bench.runner import _cpu_name, emit_json
+from specwise.bench.runner import emit_json
+from specwise.machine import cpu_name
 
 MB = 1024 * 1024
 GOAL_SECONDS = 0.1
@@ -161,7 +162,7 @@ def environment() -> dict:
     import platform
 
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"cpu": _cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(), "load_average": load}
+    return {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(), "load_average": load}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -209,11 +209,11 @@ def summarize(concurrency: int, rounds: list[dict]) -> dict:
 def environment(args: argparse.Namespace) -> dict:
     import torch
 
-    from specwise.bench.runner import _cpu_flags, _cpu_name
+    from specwise.machine import cpu_name, vector_flags
 
     return {
-        "cpu": _cpu_name(),
-        "cpu_flags": _cpu_flags(),
+        "cpu": cpu_name(),
+        "cpu_flags": vector_flags(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),

@@ -98,7 +98,7 @@ class Rate:
         self.total = self.count = 0.0
 
 
-def expected_accepted(alpha: float, n: int) -> float:
+def expected_accepted_iid(alpha: float, n: int) -> float:
     """Accepted tokens expected of a draft of ``n`` when each is accepted with probability ``alpha``."""
     return sum(alpha**i for i in range(1, n + 1))
 
@@ -113,6 +113,7 @@ class Proposal:
     draft: Draft
     source: int = 0
     reason: str | None = None
+    forced: int = 0  # tokens a grammar forced, fed before the draft in the same pass (set by the engine)
 
 
 class _Source:
@@ -224,7 +225,7 @@ class Planner(ABC):
         """Accepted tokens expected of ``proposal``'s draft."""
         if not len(proposal.draft):
             return 0.0
-        return expected_accepted(state.known[proposal.source].tokens.value(), len(proposal.draft))
+        return expected_accepted_iid(state.known[proposal.source].tokens.value(), len(proposal.draft))
 
     def _kind_rate(self, known: _Source, kind: object) -> Rate:
         rate = known.kinds.get(kind)
@@ -285,7 +286,7 @@ class FixedPlanner(Planner):
         held = False
         for i in range(len(state.sources)):
             alpha = state.known[i].tokens.value()
-            if best is not None and expected_accepted(alpha, k) <= best[0]:
+            if best is not None and expected_accepted_iid(alpha, k) <= best[0]:
                 continue  # cannot beat the draft in hand even with all k tokens
             draft, cut = self._ask(state, i, context, k, params, generator, self.stop)
             if not len(draft):
@@ -296,7 +297,7 @@ class FixedPlanner(Planner):
                 # would bias its tokens away from q and break exactness
                 best = (0.0, i, draft)
                 break
-            value = expected_accepted(alpha, len(draft))
+            value = expected_accepted_iid(alpha, len(draft))
             if best is None or value > best[0]:
                 best = (value, i, draft)
         if best is None:
@@ -630,8 +631,8 @@ class AdaptivePlanner(Planner):
     def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
         super().observe(state, proposal, accepted, seconds)
         drafted = len(proposal.draft)
-        if seconds is not None:
-            self._observe_pass(drafted + 1, seconds)
+        if seconds is not None:  # the pass fed the last token, the forced ones and the draft
+            self._observe_pass(drafted + 1 + proposal.forced, seconds)
         for known in state.known:  # steps since each source was last asked
             known.plain_run = 0 if known.asked_now else known.plain_run + 1
             known.asked_now = False

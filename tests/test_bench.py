@@ -134,21 +134,13 @@ def test_machine_names_the_cpu_generation_and_kernel_path(results, monkeypatch):
 
     machine = results["machine"]
     assert "cpu_generation" in machine and "kernel_isa" in machine
+    import specwise.machine as machine
+
     cpuinfo = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
-    real_open = open
-
-    def fake_open(path, *a, **k):
-        if path == "/proc/cpuinfo":
-            import io
-
-            return io.StringIO(cpuinfo)
-        return real_open(path, *a, **k)
-
-    monkeypatch.setattr("builtins.open", fake_open)
-    assert runner._cpu_generation() == "AuthenticAMD family 26 model 2"
+    monkeypatch.setattr(machine, "cpuinfo", lambda: machine.parse_cpuinfo(cpuinfo))
+    assert runner.machine_info("cpu")["cpu_generation"] == "AuthenticAMD family 26 model 2"
     shown = copy.deepcopy(results)
     shown["machine"].update(cpu_generation="AuthenticAMD family 26 model 2", kernel_isa="avx512")
-    monkeypatch.setattr("builtins.open", real_open)
     assert "(AuthenticAMD family 26 model 2; avx512 kernels)" in render_markdown(shown)
 
 

@@ -30,6 +30,7 @@ import torch
 from specwise.bench.paired import paired_speedups
 from specwise.bench.prompts import BenchPrompt
 from specwise.engine import Engine
+from specwise.machine import cpu_generation, cpu_name, vector_flags
 from specwise.metrics import SpecStats
 from specwise.sampling import SamplingParams
 
@@ -638,43 +639,6 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def _cpuinfo() -> dict[str, str]:
-    """The first processor's block of ``/proc/cpuinfo`` as ``{key: value}`` (empty where there is none)."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    break  # the first processor's block is enough
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-def _cpu_name() -> str:
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine()
-
-
-def _cpu_generation() -> str | None:
-    """The CPU's vendor, family and model numbers (``AuthenticAMD family 26 model 2``): a virtual machine often
-    names only the brand, and the generation decides how the kernels' paths compare."""
-    fields = _cpuinfo()
-    if "cpu family" not in fields:
-        return None
-    return f"{fields.get('vendor_id', '?')} family {fields['cpu family']} model {fields.get('model', '?')}"
-
-
-_VECTOR_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni")
-
-
-def _cpu_flags() -> list[str]:
-    """The CPU's vector flags that decide the kernels' instruction path (every figure names them)."""
-    present = set(_cpuinfo().get("flags", "").split())
-    return [flag for flag in _VECTOR_FLAGS if flag in present]
-
-
 def _kernel_isa() -> str | None:
     from specwise.models.kernels.quant import isa, quantized_available
 
@@ -706,12 +670,12 @@ def machine_info(device: str) -> dict:
 
     import specwise
 
-    device_name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else _cpu_name()
+    device_name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else cpu_name()
     return {
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
-        "cpu_generation": _cpu_generation(),
-        "cpu_flags": _cpu_flags(),
+        "cpu": cpu_name(),
+        "cpu_generation": cpu_generation(),
+        "cpu_flags": vector_flags(),
         "kernel_isa": _kernel_isa(),
         "cpu_count": os.cpu_count() or 0,
         "python": platform.python_version(),

@@ -220,22 +220,15 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
 
 
 def _machine(device: str = "cpu") -> str:
-    import platform
-
     import torch
+
+    from specwise.machine import cpu_name
 
     if str(device).startswith("cuda") and torch.cuda.is_available():
         gpu = torch.cuda.get_device_name(device)
         return f"{gpu} ({device}), torch {torch.__version__}, CUDA {torch.version.cuda}; {_machine('cpu')}"
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name()
     return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 

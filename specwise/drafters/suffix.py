@@ -717,8 +717,9 @@ LOCAL_ORDERS = (1, 2, 3, 4, 6, 8, 12, 16, 24)
 DEFAULT_PRIORS = {"index": (1.0, 2.0), "counts": (1.0, 2.0)}  # (smooth, half) where an index has no calibration
 
 
-def expected_accepted(confidence: list[float]) -> float:
-    """Tokens of a draft expected to be accepted: the sum of the running products of its confidences."""
+def chained_accepted(confidence: list[float]) -> float:
+    """Tokens of a draft expected to be accepted from its per-token confidences: the sum of their running products
+    (the planner's :func:`specwise.planner.expected_accepted_iid` is the same for one rate at every position)."""
     total, reach = 0.0, 1.0
     for c in confidence:
         reach *= c
@@ -803,13 +804,13 @@ class SuffixDrafter(Drafter):
             if counts.table:
                 n, tokens, conf, _ = counts.draft(*args)
                 if tokens:
-                    best = max(best, (expected_accepted(conf), n, tokens, conf), key=lambda b: (b[0], b[1]))
+                    best = max(best, (chained_accepted(conf), n, tokens, conf), key=lambda b: (b[0], b[1]))
         if self.index is not None:
             match = self.index.match(context, self.max_match, self.min_match)
             if match[0]:
                 tokens, conf, _ = self.index.draft(match, k, stop, *self.priors["index"])
                 if tokens:
-                    best = max(best, (expected_accepted(conf), match[0], tokens, conf), key=lambda b: (b[0], b[1]))
+                    best = max(best, (chained_accepted(conf), match[0], tokens, conf), key=lambda b: (b[0], b[1]))
         if not best[2]:
             return Draft.empty(self.device)
         return Draft(best[2], confidence=best[3], device=self.device)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from specwise.machine import has_flags
+
 __all__ = [
     "small_gemm",
     "small_gemm_available",
@@ -36,11 +38,7 @@ def _cpu_ok() -> bool:
     """The float kernels (smallgemm.c, llama.c) need AVX2, FMA and F16C; the quantized ones choose their own path."""
     if _lib is not None and not hasattr(_lib, "specwise_small_gemm"):
         return False
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags and " f16c" in flags
+    return has_flags("avx2", "fma", "f16c")
 
 
 def library_path() -> Path | None:
