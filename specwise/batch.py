@@ -202,9 +202,9 @@ class BatchEngine:
                 self._release(slot)
                 rows, tokens = rows - 1, tokens - 1.0
                 continue
-            drafted = len(proposal.draft)
-            rows += drafted
-            tokens += engine.planner.expected_gain(slot.state, proposal)
+            drafted, forced = len(proposal.draft), len(slot.run.jumped)  # the grammar's forced tokens: rows too
+            rows += drafted + forced
+            tokens += engine.planner.expected_gain(slot.state, proposal) + forced
             items.append((slot.target, slot.run.feed(proposal)))
             keeps.append(drafted + 1)
             plans.append(proposal)

@@ -347,6 +347,7 @@ class Engine:
         proposal = self.planner.draft(run.state, context, limit, run.params, run.generator, batch)
         if run.grammar is not None:
             proposal = self._constrain(run, proposal)
+            proposal.forced = len(run.jumped)  # fed in the same pass: the planner times a pass of their rows too
         run.stats.draft_seconds += time.perf_counter() - t0
         return proposal
 
@@ -432,6 +433,7 @@ class Engine:
             finish = "stop"
             stats.new_tokens -= len(new) - len(kept)
             from_draft = min(from_draft, len(kept))
+        stats.forced += min(len(jumped), len(kept))  # counted in new_tokens, never as drafted or accepted
         run.context.extend(kept)
         run.produced += len(kept)
         run.finish = finish

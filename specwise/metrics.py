@@ -32,6 +32,9 @@ class SpecStats:
     target_passes: int = 0
     drafted: int = 0
     accepted: int = 0
+    # tokens a grammar forced (jump-forward): fed and emitted in a step's pass without being drafted; counted in
+    # new_tokens, never in drafted or accepted
+    forced: int = 0
     drafted_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
     gamma_histogram: dict[int, int] = field(default_factory=dict)
@@ -100,7 +103,7 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> SpecStats:
         """Add another run's counters and times into this one; returns self."""
-        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted"):
+        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "forced"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_seconds", "draft_seconds", "verify_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -127,6 +130,7 @@ class SpecStats:
             "target_passes": self.target_passes,
             "drafted": self.drafted,
             "accepted": self.accepted,
+            "forced": self.forced,
             "acceptance_rate": self.acceptance_rate,
             "mean_accepted_length": self.mean_accepted_length,
             "expected_mean_accepted_length": self.expected_mean_accepted_length,

@@ -13,6 +13,7 @@ import torch
 from test_engine import chi2_pvalue
 from test_server import live_server
 
+from specwise.batch import BatchEngine, Request
 from specwise.constraints import (
     ConstraintError,
     Grammar,
@@ -25,6 +26,7 @@ from specwise.constraints import (
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
+from specwise.planner import AdaptivePlanner
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams, probs_from_logits
 
@@ -265,6 +267,72 @@ def NoDrafterFor(engine):  # noqa: N802 - reads as a drafter's name
     from specwise.drafters import NoDrafter
 
     return NoDrafter(engine.target.device)
+
+
+# ---- jump-forward: forced tokens are rows of the pass, not drafts ---------------------------------------------
+
+
+class RecordingPlanner(AdaptivePlanner):
+    """The adaptive planner, recording the size of every pass it is told of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passes: list[int] = []
+
+    def _observe_pass(self, k: int, seconds: float) -> None:
+        self.passes.append(k)
+        super()._observe_pass(k, seconds)
+
+
+def test_forced_tokens_are_timed_as_rows_of_their_pass_and_counted_apart(tiny_runtimes, monkeypatch):
+    """The planner times each pass by the rows the target was fed (the forced tokens' included), and the statistics
+    count forced tokens as emitted, never as drafted or accepted."""
+    runtime = tiny_runtimes[0]
+    target = runtime.engine.target
+    fed: list[int] = []
+    forward = target.forward
+
+    def recording(tokens, num_logits=None):
+        if num_logits != 0:  # not the prefill
+            fed.append(int(tokens.numel()))
+        return forward(tokens, num_logits)
+
+    monkeypatch.setattr(target, "forward", recording)
+    planner = RecordingPlanner()
+    engine = Engine(target, NgramDrafter(), gamma=planner, tokenizer=runtime.tokenizer)
+    params = SamplingParams(constraint=JsonSchema(SCHEMAS["nested"]))
+    prompt = encode_prompt(runtime.tokenizer, "A person as JSON.", chat=True)
+    stats = engine.generate(prompt, params, 200).stats
+    assert stats.forced > 0 and max(fed) > 1
+    assert planner.passes == fed
+    # each pass emits its forced tokens, its accepted draft and one token of its own (but the last, when the forced
+    # tokens completed the output)
+    assert stats.new_tokens - stats.forced - stats.accepted in (stats.target_passes, stats.target_passes - 1)
+    assert stats.to_dict()["forced"] == stats.forced
+
+
+def test_a_batch_counts_forced_tokens_as_rows_of_its_pass(tiny_runtimes, monkeypatch):
+    runtime = tiny_runtimes[1]
+    target = runtime.engine.target
+    fed: list[int] = []
+    forward_batch = target.forward_batch
+
+    def recording(items, num_logits=None):
+        fed.append(sum(int(tokens.numel()) for _, tokens in items))
+        return forward_batch(items, num_logits)
+
+    monkeypatch.setattr(target, "forward_batch", recording)
+    batch = BatchEngine(runtime.engine, max_batch=2)
+    params = SamplingParams(constraint=JsonSchema(SCHEMAS["nested"]))
+    for text in ("A person as JSON.", "Another person as JSON."):
+        batch.submit(Request(encode_prompt(runtime.tokenizer, text, chat=True), params, 200))
+    rows, forced = [], 0
+    while batch.has_work():
+        step = batch.step()
+        rows.append(step.rows)
+        forced += sum(event.stats.forced for _, event in step.events if event.stats is not None)
+    assert forced > 0
+    assert rows == fed
 
 
 # ---- sampled: the emitted distribution is the constrained target's ----------------------------------------------
