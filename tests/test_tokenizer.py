@@ -128,3 +128,68 @@ def test_qwen_tokenizer_matches_transformers():
 
     light = gguf_tokenizer(Path(os.environ["SPECWISE_QWEN_GGUF"]))
     _check_same(*_pair(light.directory))
+
+
+@pytest.mark.slow
+def test_compact_merges_keeps_every_encoding(tmp_path):
+    """The cached tokenizer.json holds BPE merges as "a b" strings (faster to read); written as pairs, the same
+    tokenizer encodes and decodes every text and every vocabulary entry identically, and compact_merges turns the
+    pairs back into the strings."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    from specwise.models.loader import compact_merges
+
+    data = json.loads((_default_dir() / "tokenizer.json").read_text(encoding="utf-8"))
+    assert data["model"]["type"] == "BPE" and all(isinstance(m, str) for m in data["model"]["merges"])
+    pairs = json.loads(json.dumps(data))
+    pairs["model"]["merges"] = [m.split(" ") for m in data["model"]["merges"]]
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(pairs), encoding="utf-8")
+    assert compact_merges(path)
+    assert json.loads(path.read_text(encoding="utf-8"))["model"]["merges"] == data["model"]["merges"]
+    compact, original = Tokenizer.from_str(json.dumps(data)), Tokenizer.from_str(json.dumps(pairs))
+    texts = TEXTS + [token for token, _ in sorted(data["model"]["vocab"].items())[::97]]
+    for text in texts:
+        a, b = compact.encode(text), original.encode(text)
+        assert a.ids == b.ids, text
+        assert compact.decode(a.ids) == original.decode(b.ids)
+
+
+def test_compact_merges_leaves_ambiguous_or_other_files(tmp_path):
+    """A merge whose token holds a space cannot be written as "a b": the file is left as it is; so are files that
+    are not BPE tokenizers or not JSON."""
+    import json
+
+    from specwise.models.loader import compact_merges
+
+    spaced = {"model": {"type": "BPE", "vocab": {}, "merges": [["a", "b"], ["a b", "c"]]}}
+    for content in (json.dumps(spaced), json.dumps({"model": {"type": "Unigram", "vocab": []}}), "{ not json"):
+        path = tmp_path / "tokenizer.json"
+        path.write_text(content, encoding="utf-8")
+        assert not compact_merges(path)
+        assert path.read_text(encoding="utf-8") == content
+
+
+@pytest.mark.slow
+def test_an_earlier_cache_is_upgraded_in_place(tmp_path, monkeypatch):
+    """A tokenizer cached by an earlier version (merges as pairs, no version in its name) is copied to the current
+    name with compact merges, not rebuilt, and encodes as before."""
+    import json
+
+    from specwise.models.loader import default_gguf_path, gguf_tokenizer
+
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path))
+    built = gguf_tokenizer(default_gguf_path())
+    expected = built("Name three primary colors.")["input_ids"]
+    old = built.directory.with_name(built.directory.name.rsplit("-v", 1)[0])
+    built.directory.rename(old)
+    data = json.loads((old / "tokenizer.json").read_text(encoding="utf-8"))
+    data["model"]["merges"] = [m.split(" ") for m in data["model"]["merges"]]
+    (old / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    (old / "marker").write_text("the old cache's own file")
+    again = gguf_tokenizer(default_gguf_path())
+    assert again.directory == built.directory and (again.directory / "marker").is_file() and not old.exists()
+    assert isinstance(json.loads((again.directory / "tokenizer.json").read_text())["model"]["merges"][0], str)
+    assert again("Name three primary colors.")["input_ids"] == expected

