@@ -21,6 +21,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from decimal import Decimal
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "GrammarState",
     "ConstraintError",
     "grammar_tokenizer",
+    "max_json_bytes",
 ]
 
 
@@ -362,3 +364,76 @@ def constrain_probs(probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     kept = probs * allowed.to(probs.device)
     mass = kept.sum(dim=-1, keepdim=True)
     return torch.where(mass > 0, kept / mass.clamp_min(1e-30), kept)
+
+
+_ESCAPED = 6  # the most bytes one character of a JSON string takes (an escape, \\uXXXX)
+
+
+def max_json_bytes(schema: dict | str, _root: dict | None = None) -> int | None:
+    """The most bytes a JSON value matching ``schema`` takes in the default layout (``json.dumps``'s: ``", "`` and
+    ``": "``), or None when it has no bound: a string without ``maxLength``, an array without ``maxItems``, a
+    number without ``minimum`` and ``maximum`` (and, for ``number``, a ``multipleOf``: otherwise its fraction may
+    run on, 0.3333...), an object that allows other properties, or a keyword this bound does not know.
+
+    A token is at least one byte, so a request whose ``max_new_tokens`` is at least this bound always ends with a
+    complete answer (``finish_reason`` "stop"); with fewer tokens a long answer may end at the limit ("length").
+    """
+    if isinstance(schema, str):
+        schema = json.loads(schema)
+    root = schema if _root is None else _root
+    if schema is True or schema == {}:
+        return None
+    if not isinstance(schema, dict):
+        return None
+    if "$ref" in schema:
+        ref = schema["$ref"]
+        for prefix in ("#/$defs/", "#/definitions/"):
+            if ref.startswith(prefix):
+                target = root.get(prefix[2:-1], {}).get(ref[len(prefix) :])
+                return None if target is None else max_json_bytes(target, root)
+        return None
+    if "const" in schema:
+        return len(json.dumps(schema["const"]))
+    if "enum" in schema:
+        return max(len(json.dumps(v)) for v in schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            bounds = [max_json_bytes(s, root) for s in schema[key]]
+            return None if None in bounds or not bounds else max(bounds)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        bounds = [max_json_bytes({**schema, "type": t}, root) for t in kind]
+        return None if None in bounds or not bounds else max(bounds)
+    if kind == "null":
+        return 4
+    if kind == "boolean":
+        return 5
+    if kind == "string":
+        return 2 + _ESCAPED * schema["maxLength"] if "maxLength" in schema else None
+    if kind in ("integer", "number"):
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if low is None or high is None:
+            return None
+        whole = max(len(str(abs(int(low)))), len(str(abs(int(high))))) + (1 if low < 0 else 0)
+        if kind == "integer":
+            return whole
+        step = schema.get("multipleOf")
+        if step is None:
+            return None
+        places = max(0, -Decimal(str(step)).as_tuple().exponent)
+        return whole + (1 + places if places else 0)
+    if kind == "array":
+        if "maxItems" not in schema:
+            return None
+        n = schema["maxItems"]
+        item = max_json_bytes(schema.get("items", {}), root) if n else 0
+        return None if item is None else 2 + n * item + 2 * max(0, n - 1)
+    if kind == "object":
+        if schema.get("additionalProperties", True) is not False:
+            return None
+        parts = [max_json_bytes(v, root) for v in schema.get("properties", {}).values()]
+        if None in parts:
+            return None
+        keys = [len(json.dumps(k)) + 2 for k in schema.get("properties", {})]
+        return 2 + sum(keys) + sum(parts) + 2 * max(0, len(parts) - 1)
+    return None

@@ -14,6 +14,7 @@ from test_engine import chi2_pvalue
 from test_server import live_server
 
 from specwise.batch import BatchEngine, Request
+from specwise.bench.schemas import EXTRACTION, SUITE
 from specwise.constraints import (
     ConstraintError,
     Grammar,
@@ -22,6 +23,7 @@ from specwise.constraints import (
     JsonSchema,
     Regex,
     constrain_logits,
+    max_json_bytes,
 )
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine
@@ -212,6 +214,65 @@ def test_json_object_and_regex(tiny_runtimes):
     result = _generate(runtime, "A code.", SamplingParams(temperature=1.0, seed=1, constraint=Regex("[a-c]{2}-[0-9]")))
     assert result.finish_reason == "stop"
     assert len(result.text) == 4 and result.text[2] == "-" and result.text[3].isdigit()
+
+
+# ---- the schema suite: bounded shapes end complete within their bound ------------------------------------------
+
+
+def test_max_json_bytes_is_the_longest_answer_and_none_when_unbounded():
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "number", "minimum": -5, "maximum": 10}},
+        "additionalProperties": False,
+    }
+    schema["properties"]["b"]["multipleOf"] = 0.25
+    longest = json.dumps({"a": "\x01\x01\x01", "b": -4.75})  # escapes are the longest characters
+    assert max_json_bytes(schema) >= len(longest.encode())
+    assert max_json_bytes(schema) - len(longest.encode()) <= 2  # "10.00" is the widest number the bound allows
+    assert max_json_bytes({"type": "array", "items": {"enum": ["x", "yy"]}, "maxItems": 3}) == len('["yy", "yy", "yy"]')
+    for unbounded in (
+        {"type": "string"},
+        {"type": "number", "minimum": 0, "maximum": 1},  # 0.3333... has no end
+        {"type": "integer", "minimum": 0},
+        {"type": "array", "items": {"type": "boolean"}},
+        {"type": "object", "properties": {"a": {"type": "boolean"}}},  # other properties allowed
+    ):
+        assert max_json_bytes(unbounded) is None, unbounded
+
+
+def test_the_suite_has_twenty_bounded_shapes():
+    assert len(SUITE) == 20
+    seen = set()
+    for name, (schema, prompt) in SUITE.items():
+        JsonSchema(schema).check()
+        assert max_json_bytes(schema) is not None, name
+        assert prompt
+        seen |= {
+            key
+            for key in ("anyOf", "enum", "pattern", "$ref", "multipleOf", "const", "format", "minItems")
+            if key in json.dumps(schema)
+        }
+    assert seen == {"anyOf", "enum", "pattern", "$ref", "multipleOf", "const", "format", "minItems"}
+    assert max_json_bytes(EXTRACTION) is not None
+
+
+@pytest.mark.parametrize("shape", sorted(SUITE))
+def test_suite_answers_are_valid_and_complete_within_their_bound(tiny_runtimes, shape):
+    """Given max_json_bytes(schema) tokens, every answer ends complete and valid (sampled: the random model writes
+    long strings); greedy speculative output equals plain output."""
+    schema, prompt = SUITE[shape]
+    bound = max_json_bytes(schema)
+    sampled = _generate(
+        tiny_runtimes[1], prompt, SamplingParams(temperature=1.0, seed=5, constraint=JsonSchema(schema)), bound
+    )
+    assert sampled.finish_reason == "stop"
+    assert len(sampled.text.encode()) <= bound
+    jsonschema.validate(json.loads(sampled.text), schema)
+    params = SamplingParams(constraint=JsonSchema(schema))
+    plain, spec = (_generate(r, prompt, params, bound) for r in tiny_runtimes)
+    assert plain.finish_reason == "stop"
+    jsonschema.validate(json.loads(plain.text), schema)
+    assert spec.token_ids == plain.token_ids
 
 
 # ---- greedy: speculative output equals plain output ------------------------------------------------------------
