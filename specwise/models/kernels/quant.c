@@ -29,7 +29,7 @@
  * processed together when there are few rows, only to give the core independent work; that changes no
  * arithmetic. The portable, AVX2 and AVX-512 paths follow the same order, so they agree bit for bit.
  */
-#include "quant.h"
+#include "specwise.h"
 
 #include <math.h>
 #ifdef _OPENMP
@@ -224,12 +224,120 @@ static void decode_row(int type, const uint8_t *raw, int in, uint8_t *q, float *
     }
 }
 
+/* Scratch for decode_row: one row's values and scales */
+typedef struct {
+    uint8_t *q;
+    float *sf;
+    uint16_t *sh, *mh;
+    int8_t *sc, *mn;
+} row_scratch;
+
+static void scratch_free(row_scratch *w) {
+    free(w->q); free(w->sf); free(w->sh); free(w->mh); free(w->sc); free(w->mn);
+}
+
+static int scratch_alloc(row_scratch *w, int in) {
+    w->q = malloc((size_t)in);
+    w->sf = malloc((size_t)in * sizeof(float));
+    w->sh = malloc((size_t)in * 2);
+    w->mh = malloc((size_t)in * 2);
+    w->sc = malloc((size_t)in);
+    w->mn = malloc((size_t)in);
+    if (w->q && w->sf && w->sh && w->mh && w->sc && w->mn) return 1;
+    scratch_free(w);
+    return 0;
+}
+
+/* Row o of a tensor (its blocks at src) into its lane of its tile: only the bytes of that lane are written (the
+ * lanes of one tile share bytes of q, so one tile's rows are re-packed by one thread). */
+static void repack_row(const qpack *dst, const uint8_t *src, int o, row_scratch *w) {
+    int kind, B, off, has_m, half, rb, rbytes, sub;
+    specwise_q_layout(dst->type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub);
+    const int type = dst->type, in = (int)dst->in, t = o / QTILE, L = o % QTILE;
+    const int nb = in / B, nsb = sub ? nb >> sub : 0;
+    uint8_t *qt = dst->q;
+    void *st = dst->s, *mt = dst->m, *sdt = dst->sd, *mdt = dst->md;
+    if (type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0 || type == GGML_Q5_0 || type == GGML_Q5_1) {
+        /* the blocks' bytes are already the tiles' bytes: a Q4 / Q5 byte holds elements i and i + 16 in its low and
+         * high nibbles, as the tile's groups do; a Q8_0 value plus 128 is its byte with the top bit flipped; a Q5
+         * block's fifth bits (bit i for element i) go 4 at a time to the lane's nibble of the group's masks */
+        const int q5 = type == GGML_Q5_0 || type == GGML_Q5_1, has_min = type == GGML_Q4_1 || type == GGML_Q5_1;
+        const int size = rbytes, groups = type == GGML_Q8_0 ? 8 : 4, qoff = size - 4 * groups;
+        const int block_bytes = q5 ? 320 : groups * 64;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *blk = src + (size_t)b * size, *qs = blk + qoff;
+            const size_t si = ((size_t)t * nb + b) * QTILE + L;
+            ((uint16_t *)st)[si] = rd16(blk);
+            if (has_min) ((uint16_t *)mt)[si] = rd16(blk + 2);
+            uint8_t *tb = qt + ((size_t)t * nb + b) * block_bytes, *lane = tb + (size_t)L * 4;
+            for (int g = 0; g < groups; g++)
+                for (int j = 0; j < 4; j++)
+                    lane[g * 64 + j] = type == GGML_Q8_0 ? (uint8_t)(qs[4 * g + j] ^ 0x80) : qs[4 * g + j];
+            if (q5) {
+                const uint8_t *h = qs - 4;
+                const uint32_t qh = (uint32_t)h[0] | ((uint32_t)h[1] << 8) | ((uint32_t)h[2] << 16) | ((uint32_t)h[3] << 24);
+                for (int g = 0; g < 4; g++) {
+                    tb[256 + g * 8 + L / 2] |= (uint8_t)(((qh >> (4 * g)) & 0xF) << (4 * (L % 2)));
+                    tb[256 + (4 + g) * 8 + L / 2] |= (uint8_t)(((qh >> (16 + 4 * g)) & 0xF) << (4 * (L % 2)));
+                }
+            }
+        }
+        return;
+    }
+    decode_row(type, src, in, w->q, w->sf, w->sh, w->mh, w->sc, w->mn);
+    if (kind == KIND_F32) {
+        float *wt = (float *)qt;
+        for (int i = 0; i < in; i++) wt[((size_t)t * in + i) * QTILE + L] = w->sf[i];
+        return;
+    }
+    for (int j = 0; j < nsb; j++) { /* the K-quants' factors d and -dmin (float16 bits: half is always set) */
+        size_t fi = ((size_t)t * nsb + j) * QTILE + L;
+        ((uint16_t *)sdt)[fi] = w->sh[j];
+        if (has_m) ((uint16_t *)mdt)[fi] = w->mh[j] ^ 0x8000; /* -dmin: m = (-dmin) * mn, exactly -(dmin * mn) */
+    }
+    for (int b = 0; b < nb; b++) {
+        size_t si = ((size_t)t * nb + b) * QTILE + L;
+        if (sub) {
+            ((int8_t *)st)[si] = w->sc[b];
+            if (has_m) ((int8_t *)mt)[si] = w->mn[b];
+        } else {
+            ((uint16_t *)st)[si] = w->sh[b];
+            if (has_m) ((uint16_t *)mt)[si] = w->mh[b];
+        }
+        for (int e = 0; e < B; e++) {
+            size_t at;
+            uint8_t v = w->q[(size_t)B * b + e];
+            if (kind == KIND_Q4) {
+                int ee = e % 16, g = ee / 4, j = ee % 4;
+                at = (((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j;
+                qt[at] |= e < 16 ? v : (uint8_t)(v << 4);
+            } else if (kind == KIND_Q5) {
+                int ee = e % 16, g = ee / 4, j = ee % 4, bit = L * 4 + j;
+                uint8_t *blk = qt + ((size_t)t * nb + b) * 320;
+                blk[g * 64 + bit] |= e < 16 ? (uint8_t)(v & 0xF) : (uint8_t)((v & 0xF) << 4);
+                if (v & 16) blk[256 + (e < 16 ? g : 4 + g) * 8 + bit / 8] |= (uint8_t)(1u << (bit % 8));
+            } else if (kind == KIND_Q6) {
+                int g = e / 4, j = e % 4;
+                at = ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
+                if (g < 3)
+                    qt[at + (size_t)g * 64] |= v;
+                else
+                    for (int k = 0; k < 3; k++) qt[at + (size_t)k * 64] |= (uint8_t)(((v >> (2 * k)) & 3) << 6);
+            } else {
+                int g = e / 4, j = e % 4;
+                at = (((size_t)t * nb + b) * (B / 4) + g) * 64 + (size_t)L * 4 + j;
+                qt[at] = v;
+            }
+        }
+    }
+}
+
 /* Re-pack rows first .. first + count - 1 of a GGUF tensor (raw: those rows' blocks, row-major, raw_bytes of them)
  * into the tiles of the whole tensor that dst describes (zeroed by the caller), so that a large tensor can be read
  * and re-packed a slice at a time. Every size is checked before anything is written: the shape against the layout's
  * limits, each buffer's bytes against what specwise_q_sizes gives, the rows against the tensor and raw_bytes
- * against the rows. Returns SW_OK, SW_EARG for an unsupported type, a shape or a buffer that does not fit, or
- * SW_ENOMEM. */
+ * against the rows. The tiles are shared out between threads. Returns SW_OK, SW_EARG for an unsupported type, a
+ * shape or a buffer that does not fit, or SW_ENOMEM. */
 int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count) {
     int kind, B, off, has_m, half, rb, rbytes, sub;
     int64_t need[5];
@@ -241,89 +349,26 @@ int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, i
     for (int i = 0; i < 5; i++)
         if (need[i] > 0 && (!bufs[i] || have[i] < need[i])) return SW_EARG;
     specwise_q_layout(dst->type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub);
-    const int type = dst->type, in = (int)dst->in;
-    const int64_t row_bytes = (int64_t)in / rb * rbytes;
+    const int64_t row_bytes = dst->in / rb * rbytes;
     if (first < 0 || count < 0 || first > dst->out - count || raw_bytes / row_bytes < count) return SW_EARG;
-    uint8_t *qt = dst->q;
-    void *st = dst->s, *mt = dst->m, *sdt = dst->sd, *mdt = dst->md;
-    const int nb = in / B, nsb = sub ? nb >> sub : 0;
-    uint8_t *q = malloc((size_t)in);
-    float *sf = malloc((size_t)in * sizeof(float));
-    uint16_t *sh = malloc((size_t)in * 2), *mh = malloc((size_t)in * 2);
-    int8_t *sc = malloc((size_t)in), *mn = malloc((size_t)in);
-    if (!q || !sf || !sh || !mh || !sc || !mn) {
-        free(q); free(sf); free(sh); free(mh); free(sc); free(mn);
-        return SW_ENOMEM;
+    if (count == 0) return SW_OK;
+    const int64_t t_first = first / QTILE, t_end = (first + count - 1) / QTILE + 1;
+    int failed = 0;
+#pragma omp parallel reduction(| : failed) if (count * row_bytes >= (1 << 20))
+    {
+        row_scratch w;
+        const int ok = scratch_alloc(&w, (int)dst->in);
+        if (!ok) failed = 1;
+#pragma omp for schedule(static)
+        for (int64_t t = t_first; t < t_end; t++) {
+            if (!ok) continue; /* every thread meets the loop; one without scratch only reports it */
+            const int64_t lo = t * QTILE > first ? t * QTILE : first;
+            const int64_t hi = (t + 1) * QTILE < first + count ? (t + 1) * QTILE : first + count;
+            for (int64_t o = lo; o < hi; o++) repack_row(dst, raw + (o - first) * row_bytes, (int)o, &w);
+        }
+        if (ok) scratch_free(&w);
     }
-    for (int o = (int)first; o < (int)(first + count); o++) {
-        const int t = o / QTILE, L = o % QTILE;
-        const uint8_t *src = raw + (size_t)(o - first) * row_bytes;
-        if (type == GGML_Q4_0 || type == GGML_Q4_1 || type == GGML_Q8_0) {
-            /* the blocks' bytes are already the tiles' bytes: a Q4 byte holds elements i and i + 16 in its low and
-             * high nibbles, as the tile's groups do; a Q8_0 value plus 128 is its byte with the top bit flipped */
-            const int size = type == GGML_Q4_0 ? 18 : (type == GGML_Q4_1 ? 20 : 34);
-            const int groups = type == GGML_Q8_0 ? 8 : 4, qoff = size - 4 * groups;
-            for (int b = 0; b < nb; b++) {
-                const uint8_t *blk = src + (size_t)b * size, *qs = blk + qoff;
-                const size_t si = ((size_t)t * nb + b) * QTILE + L;
-                ((uint16_t *)st)[si] = rd16(blk);
-                if (type == GGML_Q4_1) ((uint16_t *)mt)[si] = rd16(blk + 2);
-                uint8_t *dst = qt + ((size_t)t * nb + b) * groups * 64 + (size_t)L * 4;
-                for (int g = 0; g < groups; g++)
-                    for (int j = 0; j < 4; j++)
-                        dst[g * 64 + j] = type == GGML_Q8_0 ? (uint8_t)(qs[4 * g + j] ^ 0x80) : qs[4 * g + j];
-            }
-            continue;
-        }
-        decode_row(type, src, in, q, sf, sh, mh, sc, mn);
-        if (kind == KIND_F32) {
-            float *w = (float *)qt;
-            for (int i = 0; i < in; i++) w[((size_t)t * in + i) * QTILE + L] = sf[i];
-            continue;
-        }
-        for (int j = 0; j < nsb; j++) { /* the K-quants' factors d and -dmin (float16 bits: half is always set) */
-            size_t fi = ((size_t)t * nsb + j) * QTILE + L;
-            ((uint16_t *)sdt)[fi] = sh[j];
-            if (has_m) ((uint16_t *)mdt)[fi] = mh[j] ^ 0x8000; /* -dmin: m = (-dmin) * mn, exactly -(dmin * mn) */
-        }
-        for (int b = 0; b < nb; b++) {
-            size_t si = ((size_t)t * nb + b) * QTILE + L;
-            if (sub) {
-                ((int8_t *)st)[si] = sc[b];
-                if (has_m) ((int8_t *)mt)[si] = mn[b];
-            } else {
-                ((uint16_t *)st)[si] = sh[b];
-                if (has_m) ((uint16_t *)mt)[si] = mh[b];
-            }
-            for (int e = 0; e < B; e++) {
-                size_t at;
-                uint8_t v = q[(size_t)B * b + e];
-                if (kind == KIND_Q4) {
-                    int ee = e % 16, g = ee / 4, j = ee % 4;
-                    at = (((size_t)t * nb + b) * 4 + g) * 64 + (size_t)L * 4 + j;
-                    qt[at] |= e < 16 ? v : (uint8_t)(v << 4);
-                } else if (kind == KIND_Q5) {
-                    int ee = e % 16, g = ee / 4, j = ee % 4, bit = L * 4 + j;
-                    uint8_t *blk = qt + ((size_t)t * nb + b) * 320;
-                    blk[g * 64 + bit] |= e < 16 ? (uint8_t)(v & 0xF) : (uint8_t)((v & 0xF) << 4);
-                    if (v & 16) blk[256 + (e < 16 ? g : 4 + g) * 8 + bit / 8] |= (uint8_t)(1u << (bit % 8));
-                } else if (kind == KIND_Q6) {
-                    int g = e / 4, j = e % 4;
-                    at = ((size_t)t * nb + b) * 3 * 64 + (size_t)L * 4 + j;
-                    if (g < 3)
-                        qt[at + (size_t)g * 64] |= v;
-                    else
-                        for (int k = 0; k < 3; k++) qt[at + (size_t)k * 64] |= (uint8_t)(((v >> (2 * k)) & 3) << 6);
-                } else {
-                    int g = e / 4, j = e % 4;
-                    at = (((size_t)t * nb + b) * (B / 4) + g) * 64 + (size_t)L * 4 + j;
-                    qt[at] = v;
-                }
-            }
-        }
-    }
-    free(q); free(sf); free(sh); free(mh); free(sc); free(mn);
-    return 0;
+    return failed ? SW_ENOMEM : SW_OK;
 }
 
 /* Bytes of the tiles of q, s and m, and of the K-quants' factors sd and md, for a tensor of this type and shape.
