@@ -24,9 +24,12 @@ __all__ = [
 ]
 
 DRAFTER_HELP = (
-    "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else ngram) | "
+    "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else "
+    "ngram+model:SIBLING?vocab=32768 where a smaller GGUF model of the target's vocabulary is in the fetch cache, "
+    "else ngram) | "
     "none | ngram[:MAX_N[:MIN_N]] | "
-    "model:ID (ID: default, a .gguf file, a model directory or a hub id) | "
+    "model:ID[?vocab=N[&ranking=FILE]] (ID: default, a .gguf file, a model directory or a hub id; vocab=N: draft "
+    "from the N tokens the target writes most, a ranking shipped for its tokenizer or FILE) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
     "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
     "for the target if any, and the request's own tokens) | "
@@ -91,13 +94,19 @@ def make_drafter(
     if kind == "model" and arg:
         import torch
 
+        from specwise.drafters.vocab import parse_model_spec
         from specwise.models.loader import DEFAULT_PRECISION, load_model
 
+        model_id, options = parse_model_spec(arg)
+        if not model_id:
+            raise ValueError(f"bad drafter {spec!r}: name the draft model, as in model:PATH.gguf?vocab=32768")
         precision = precision or DEFAULT_PRECISION
         draft = load_model(
-            arg, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision, drafting=True
+            model_id, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision, drafting=True
         )
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
+        if "vocab" in options:
+            return _vocab_model_drafter(draft, target, options)
         return ModelDrafter(draft.model)
     if kind == "head":
         return _head_drafter(arg, target, device)
@@ -110,7 +119,9 @@ def make_drafter(
 
 def resolve_drafter_spec(spec: str, target) -> str:
     """``auto`` becomes ``suffix`` when an index of the target's answers is shipped (its request counts do what
-    prompt lookup does), else ``ngram+head`` when a head is shipped for the target (a LoadedModel), else ``ngram``.
+    prompt lookup does), else ``ngram+head`` when a head is shipped for the target (a LoadedModel), else
+    ``ngram+model:SIBLING`` (over a draft vocabulary where a ranking is shipped) when the target is a GGUF file and
+    a smaller one of the same vocabulary is in the fetch cache (``specwise.drafters.sibling``), else ``ngram``.
 
     On the default model, on prompts kept out of the index and out of Spec-Bench, `suffix` was the fastest of
     ngram+head, suffix, suffix+head and ngram+suffix+head (benchmarks/results/README.md)."""
@@ -120,7 +131,47 @@ def resolve_drafter_spec(spec: str, target) -> str:
 
     if shipped_index_dir(target.name) is not None:
         return "suffix"
-    return "ngram+head" if shipped_head_dir(target.name) is not None else "ngram"
+    if shipped_head_dir(target.name) is not None:
+        return "ngram+head"
+    return _auto_sibling(target) or "ngram"
+
+
+def _auto_sibling(target) -> str | None:
+    """``ngram+model:SIBLING...`` for a GGUF target with a smaller sibling in the fetch cache; otherwise None, after
+    one line on stderr when a sibling is known that could be fetched."""
+    import sys
+    from pathlib import Path
+
+    from specwise.drafters.sibling import auto_model_spec, missing_sibling_hint
+
+    path = getattr(target.model, "path", None)
+    if path is None or Path(path).suffix.lower() != ".gguf":
+        return None
+    spec = auto_model_spec(path, target.tokenizer)
+    if spec is None:
+        hint = missing_sibling_hint(path)
+        if hint:
+            print(f"specwise: {hint}", file=sys.stderr)
+    return spec
+
+
+def _vocab_model_drafter(draft, target, options: dict[str, str]) -> ModelDrafter:
+    """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
+    import torch
+
+    from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
+    from specwise.runtime import eos_ids
+
+    size = vocab_size_option(options["vocab"])
+    if not hasattr(draft.model, "restrict_output"):
+        raise ValueError(
+            f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
+            "model): use a .gguf draft, or drop ?vocab="
+        )
+    full = int(draft.model.vocab_size)
+    ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
+    draft.model.restrict_output(ids)
+    return ModelDrafter(draft.model, torch.from_numpy(ids), full)
 
 
 def shipped_head_dir(target_name: str):

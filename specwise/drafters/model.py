@@ -1,4 +1,5 @@
-"""The `model` drafter: any causal LM that shares the target's vocabulary."""
+"""The `model` drafter: any causal LM that shares the target's vocabulary, optionally drafting from a subset of it
+(a draft vocabulary, :mod:`specwise.drafters.vocab`)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,29 @@ class ModelDrafter(Drafter):
     Before each proposal the drafter rolls its cache back to the longest prefix it shares with the context
     and feeds what is new (the accepted tokens, the recovered or bonus token, and, after an all-accepted
     step, its own last draft, which it had not yet fed).
+
+    vocab_ids: the draft vocabulary, when the model's logits are over a subset of the vocabulary (``[n]`` int64
+        token ids, column j of the logits being token ``vocab_ids[j]``; see ``QuantizedModel.restrict_output``):
+        greedy drafts the subset's argmax, sampling draws from q over the subset, placed in the full vocabulary of
+        ``vocab_size`` ids with zeros elsewhere (the target's verification keeps the output exact either way).
     """
 
     name = "model"
 
-    def __init__(self, model: Model) -> None:
+    def __init__(self, model: Model, vocab_ids: torch.Tensor | None = None, vocab_size: int | None = None) -> None:
         self.model = model
         self.device = model.device
         self._fed: list[int] = []  # tokens in the draft model's cache
+        if vocab_ids is not None:
+            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=self.device).reshape(-1)
+            if vocab_size is None or vocab_ids.numel() != model.vocab_size:
+                raise ValueError(
+                    f"a draft vocabulary of {vocab_ids.numel()} ids needs a model with logits over as many "
+                    f"(this one has {model.vocab_size}) and the full vocabulary's size"
+                )
+        self.vocab_ids = vocab_ids
+        self._vocab_list = None if vocab_ids is None else vocab_ids.tolist()
+        self.vocab_size = int(vocab_size if vocab_size is not None else model.vocab_size)
 
     def _forked(self, target: Model) -> None:
         self.model = self.model.sequence()  # the draft model's weights, its own cache
@@ -54,13 +70,23 @@ class ModelDrafter(Drafter):
         logits = self._sync(context)  # [vocab]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
+        ids = self._vocab_list
         for i in range(k):
             if params.greedy:
-                token = int(logits.argmax())
-            else:
+                best = int(logits.argmax())
+                token = best if ids is None else ids[best]
+            elif ids is None:
                 q = probs_from_logits(logits, params)  # [vocab]
                 token = int(sample(q, generator))
                 probs.append(q)
+            else:
+                # top-k, top-p and min-p over the draft vocabulary equal those over the full vocabulary with -inf
+                # outside it; q is then placed in the full vocabulary (zero elsewhere) for the rejection rule
+                q_draft = probs_from_logits(logits, params)  # [draft_vocab]
+                token = ids[int(sample(q_draft, generator))]
+                q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=self.device)
+                q[self.vocab_ids] = q_draft
+                probs.append(q)  # [vocab]
             tokens.append(token)
             if i + 1 < k:
                 logits = self.model.forward(torch.tensor([token], device=self.device), num_logits=1)[-1]

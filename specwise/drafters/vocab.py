@@ -1,0 +1,271 @@
+"""Draft vocabularies: the part of the target's vocabulary a draft model drafts from.
+
+A draft model's output layer is a large share of what one of its tokens costs (Qwen2.5-Coder-0.5B: 151,936 rows of
+896, about a quarter of its weights). Over a subset of the vocabulary, the tokens the target actually writes, it
+reads that much less per token. The output stays exact: q is a distribution over the subset (zero elsewhere) and
+the target verifies every drafted token with its full p; a token outside the subset is never drafted.
+
+A **ranking** is the target's vocabulary ordered by how often the target writes each token, most frequent first
+(the first N ids are the draft vocabulary of size N). It is an ``.npy`` file of token ids (uint32, int32 or int64),
+read without unpickling and checked against the target's vocabulary (range, uniqueness, size). Rankings shipped
+with specwise live in ``specwise/drafters/vocabs/<fingerprint>.npy``, named by the fingerprint of the tokenizer
+they rank (:func:`fingerprint`). ``python -m specwise.drafters.vocab`` builds one from the target's own answers to
+instruction prompts and from text corpora (never from benchmark questions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+
+__all__ = [
+    "DraftVocabError",
+    "draft_vocabulary",
+    "fingerprint",
+    "parse_model_spec",
+    "rank_tokens",
+    "read_ranking",
+    "shipped_ranking",
+    "write_ranking",
+]
+
+SHIPPED = Path(__file__).resolve().parent / "vocabs"
+_DTYPES = (np.dtype("<u4"), np.dtype("<i4"), np.dtype("<i8"))
+REBUILD = "build one with `python -m specwise.drafters.vocab --target TARGET --out FILE`"
+
+
+class DraftVocabError(ValueError):
+    """A draft vocabulary (a ranking file or a size) that cannot be used with this target."""
+
+
+def refuse(path: Path | str, what: str, fix: str = REBUILD) -> NoReturn:
+    """Raise DraftVocabError ``"<path>: <what>: <fix>"`` (one line)."""
+    raise DraftVocabError(f"{path}: {what}: {fix}")
+
+
+def fingerprint(tokenizer) -> str:
+    """SHA-256 (hex) of the tokenizer's tokens in id order: two tokenizers with the same fingerprint give every id
+    the same token, so a ranking made for one serves the other."""
+    by_id = sorted((i, s) for s, i in tokenizer.get_vocab().items())
+    digest = hashlib.sha256()
+    for i, s in by_id:
+        digest.update(f"{i}\t{s}\n".encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def shipped_ranking(tokenizer) -> Path | None:
+    """The ranking shipped with specwise for this tokenizer's vocabulary, or None."""
+    if tokenizer is None:
+        return None
+    path = SHIPPED / f"{fingerprint(tokenizer)[:16]}.npy"
+    return path if path.is_file() else None
+
+
+def read_ranking(path: Path | str, vocab_size: int) -> np.ndarray:
+    """The token ids of a ranking file (int64 ``[n]``), checked against a vocabulary of ``vocab_size`` ids: at
+    least one id, no more than the vocabulary holds, each in ``[0, vocab_size)``, none twice. Any other file is a
+    DraftVocabError of one line."""
+    from specwise.drafters.suffix import IndexFileError, IndexNotFoundError, read_array
+
+    path = Path(path)
+    if not path.is_file():
+        refuse(path, "no such file", f"give a ranking .npy file, or {REBUILD}")
+    try:
+        ids = read_array(path, _DTYPES)
+    except (IndexFileError, IndexNotFoundError) as err:  # the .npy reader's own one-line refusals
+        what = str(err).removeprefix(f"{path}: ").split(": build", 1)[0].split(": rebuild", 1)[0]
+        refuse(path, what)
+    ids = ids.astype(np.int64)
+    if ids.size == 0:
+        refuse(path, "no token ids")
+    if ids.size > vocab_size:
+        refuse(path, f"{ids.size:,} ids, more than the target's vocabulary of {vocab_size:,}")
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        refuse(path, f"token id {bad} is outside the target's vocabulary 0..{vocab_size - 1}")
+    if np.unique(ids).size != ids.size:
+        values, counts = np.unique(ids, return_counts=True)
+        refuse(path, f"token id {int(values[counts > 1][0])} appears more than once")
+    return ids
+
+
+def write_ranking(path: Path | str, ids: Iterable[int]) -> None:
+    """Write a ranking (token ids, most frequent first) as a uint32 ``.npy`` file, atomically."""
+    from specwise.files import atomic_path
+
+    array = np.asarray(list(ids), dtype=np.uint32)
+    with atomic_path(Path(path)) as tmp, open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+
+
+def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vocab_size: int, always=()) -> np.ndarray:
+    """The draft vocabulary (sorted int64 token ids) of ``size`` tokens: the first ``size`` ids of ``ranking`` (a
+    file; None: the ranking shipped for ``tokenizer``), plus the ids in ``always`` (end-of-sequence tokens) where
+    the ranking's first ``size`` lack them. ``size`` None takes the whole ranking."""
+    if size is not None and not 1 <= size <= vocab_size:
+        raise DraftVocabError(f"draft vocabulary size {size}: give 1 to {vocab_size} (the target's vocabulary)")
+    if ranking is None:
+        ranking = shipped_ranking(tokenizer)
+        if ranking is None:
+            raise DraftVocabError(
+                f"no draft vocabulary ranking is shipped for this target's tokenizer: {REBUILD}, then add "
+                "&ranking=FILE to the drafter spec"
+            )
+    ids = read_ranking(ranking, vocab_size)
+    if size is not None and size > ids.size:
+        refuse(
+            ranking,
+            f"ranks {ids.size:,} token ids, fewer than the draft vocabulary of {size:,} asked for",
+            f"ask for at most {ids.size:,}, or {REBUILD} --size {size}",
+        )
+    chosen = ids if size is None else ids[:size]
+    extra = [int(t) for t in always if 0 <= int(t) < vocab_size]
+    return np.unique(np.concatenate([chosen, np.asarray(extra, dtype=np.int64)]))
+
+
+def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
+    """Split a ``model:`` drafter's argument ``ID?key=value&key=value`` into the model ID and its options
+    (``vocab``: a draft vocabulary size, ``ranking``: a ranking file). Unknown or repeated keys are refused."""
+    model_id, sep, query = arg.partition("?")
+    options: dict[str, str] = {}
+    if not sep:
+        return model_id, options
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if key not in ("vocab", "ranking") or not eq or not value:
+            raise ValueError(
+                f"bad drafter option {item!r} in model:{arg}: use model:ID?vocab=N (a draft vocabulary of the N "
+                "tokens the target writes most) and optionally &ranking=FILE"
+            )
+        if key in options:
+            raise ValueError(f"drafter option {key!r} given twice in model:{arg}")
+        options[key] = value
+    if "ranking" in options and "vocab" not in options:
+        options["vocab"] = "all"
+    return model_id, options
+
+
+def vocab_size_option(value: str) -> int | None:
+    """``vocab=N`` as an int (``all``: None, the whole ranking)."""
+    if value == "all":
+        return None
+    try:
+        size = int(value)
+    except ValueError:
+        raise ValueError(f"bad drafter option vocab={value!r}: give a number of tokens, as in vocab=32768") from None
+    if size < 1:
+        raise ValueError(f"bad drafter option vocab={value!r}: give a number of tokens >= 1, as in vocab=32768")
+    return size
+
+
+# ---- building a ranking ------------------------------------------------------------------------------------------
+
+
+def rank_tokens(counts: list[np.ndarray], vocab_size: int, always: Iterable[int] = (), size: int | None = None):
+    """Token ids ranked by ``counts`` (one ``[vocab_size]`` array per source, in order of trust: the first decides,
+    each later one breaks the earlier ones' ties), then by id (a BPE vocabulary's lower ids are its earlier, more
+    frequent merges); ``always`` first. Returns int64 ``[size or vocab_size]``."""
+    keys = [np.arange(vocab_size, dtype=np.int64)]  # lexsort: the last key is the primary one
+    for c in reversed(counts):
+        keys.append(-np.asarray(c, dtype=np.int64))
+    first = np.zeros(vocab_size, dtype=np.int64)
+    first[[int(t) for t in always]] = -1
+    keys.append(first)
+    order = np.lexsort(keys)
+    return order[: size or vocab_size]
+
+
+def _prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
+    """Up to ``per_file`` prompts (the ``prompt`` field of a JSONL file) from each file, a seeded sample."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:  # lines end at "\n" only (a prompt may hold U+2028)
+            rows = [json.loads(line)["prompt"] for line in f if line.strip()]
+        picked = rng.permutation(len(rows))[:per_file]
+        out.extend(rows[i] for i in sorted(picked))
+    return out
+
+
+def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, log) -> list[list[int]]:
+    """The target's greedy answers to ``prompts`` (chat template), decoded in batches of ``batch`` sequences."""
+    from specwise.batch import BatchEngine, Request
+    from specwise.engine import Engine
+    from specwise.runtime import encode_prompt, eos_ids
+    from specwise.sampling import SamplingParams
+
+    eos = eos_ids(target)
+    engine = Engine(target.model, None, gamma=1, tokenizer=target.tokenizer, eos_token_ids=eos)
+    runner = BatchEngine(engine, max_batch=batch)
+    answers = []
+    for start in range(0, len(prompts), 4 * batch):
+        chunk = prompts[start : start + 4 * batch]
+        requests = [
+            Request(encode_prompt(target.tokenizer, p, chat=True)[:1024], SamplingParams(), max_new_tokens)
+            for p in chunk
+        ]
+        for events in runner.run_all(requests):
+            answers.append([t for e in events for t in e.token_ids])
+        log(f"answers: {len(answers)}/{len(prompts)}, {sum(map(len, answers)):,} tokens")
+    return answers
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m specwise.drafters.vocab",
+        description="Rank a target's vocabulary by how often the target writes each token (a draft vocabulary).",
+    )
+    parser.add_argument("--target", required=True, help="the target model (a .gguf file or an ID)")
+    parser.add_argument("--out", required=True, help="the ranking .npy file to write")
+    parser.add_argument("--prompts", nargs="*", default=[], help="JSONL files of instruction prompts ({'prompt'})")
+    parser.add_argument("--per-file", type=int, default=100, help="prompts the target answers from each file")
+    parser.add_argument("--texts", nargs="*", default=[], help="text files (tokenized; ranks below the answers)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8, help="answers decoded together")
+    parser.add_argument("--size", type=int, default=65536, help="ids kept (the largest draft vocabulary offered)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--answers-out", help="also write the answers' token ids here (JSONL)")
+    args = parser.parse_args(argv)
+
+    from specwise.models import load_model
+    from specwise.runtime import eos_ids
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    try:
+        target = load_model(args.target)
+    except (OSError, ValueError, NotImplementedError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    vocab = int(target.model.vocab_size)
+    tok = target.tokenizer
+    prompts = _prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
+    answers = _answer_tokens(target, prompts, args.max_new_tokens, args.batch, log) if prompts else []
+    if args.answers_out:
+        Path(args.answers_out).write_text("".join(json.dumps(a) + "\n" for a in answers))
+    answer_counts = np.zeros(vocab, dtype=np.int64)
+    for a in answers:
+        answer_counts += np.bincount(np.asarray(a, dtype=np.int64), minlength=vocab)[:vocab]
+    text_counts = np.zeros(vocab, dtype=np.int64)
+    for text in [*(Path(p).read_text(errors="replace") for p in args.texts), *prompts]:
+        ids = np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+        text_counts += np.bincount(ids, minlength=vocab)[:vocab]
+    ranking = rank_tokens([answer_counts, text_counts], vocab, sorted(eos_ids(target) or ()), args.size)
+    write_ranking(args.out, ranking)
+    seen, total = int((answer_counts > 0).sum()), int(answer_counts.sum())
+    log(f"wrote {args.out}: {len(ranking):,} ids; {seen:,} distinct tokens in {total:,} answer tokens")
+    log(f"tokenizer fingerprint {fingerprint(tok)[:16]} (a shipped ranking is named {fingerprint(tok)[:16]}.npy)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
