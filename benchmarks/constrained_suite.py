@@ -1,0 +1,163 @@
+"""The JSON-schema suite on the default model: plain against the default drafter, greedy, per shape: validity,
+equal answers, speedup, forced tokens and what the grammar's masks cost.
+
+The items are the suite's 20 shapes with their prompts (specwise/bench/schemas.py) and Spec-Bench questions
+(extraction by default) asked for an answer in the suite's extraction shape (measurement only). Every shape is
+bounded and each request gets max_json_bytes(schema) new tokens, so every answer ends complete: the goal is 100%
+valid. Each round runs both configurations on every item, in alternating order; tokens/s end to end, the paired
+ratio per item (geometric mean over rounds), whether the two answers are equal and valid against the schema
+(jsonschema), the share of tokens the grammar forced (jump-forward) and tau. The mask cost is timed apart: the
+plain answer's tokens replayed through a fresh grammar state (a mask and a step per token), against the plain run's
+time per target pass.
+
+    python benchmarks/constrained_suite.py --rounds 3 --out benchmarks/results/constrained_suite.json
+    python benchmarks/constrained_suite.py --shapes flat enums --spec-bench 1 --rounds 1   # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import jsonschema
+import torch
+
+from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.runner import emit_json, script_header
+from specwise.bench.schemas import EXTRACTION, SUITE, extraction_prompt
+from specwise.constraints import GrammarState, JsonSchema, max_json_bytes
+from specwise.runtime import build_runtime, encode_prompt
+from specwise.sampling import SamplingParams
+
+QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+DRAFTERS = ("none", "auto")
+
+
+def mask_cost(runtime, tokens: list[int], constraint) -> float:
+    """Seconds per token of a fresh grammar state replaying ``tokens`` (one mask and one step each)."""
+    engine = runtime.engine
+    state = GrammarState(constraint, runtime.tokenizer, engine.target.vocab_size, engine._eos_ids(None))
+    start = time.perf_counter()
+    for token in tokens:
+        state.mask()
+        state.advance([token])
+    return (time.perf_counter() - start) / max(1, len(tokens))
+
+
+def valid(text: str, schema: dict) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), schema)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
+def items(args) -> list[dict]:
+    """The shapes asked for and the Spec-Bench questions, each with its prompt, schema and token budget."""
+    out = [
+        {"id": name, "kind": "suite", "text": SUITE[name][1], "schema": SUITE[name][0]}
+        for name in (args.shapes or list(SUITE))
+    ]
+    if args.spec_bench:
+        prompts = select_prompts(load_questions(args.questions), args.categories, args.spec_bench)
+        out += [
+            {"id": f"spec_bench/{p.id}", "kind": "spec_bench", "text": extraction_prompt(p.text), "schema": EXTRACTION}
+            for p in prompts
+        ]
+    for item in out:
+        item["max_new_tokens"] = max_json_bytes(item["schema"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", nargs="*", choices=sorted(SUITE), help="the suite's shapes to run (default: all 20)")
+    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument("--categories", nargs="+", default=["extraction"])
+    ap.add_argument("--spec-bench", type=int, default=10, help="Spec-Bench questions per category (0: none)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runtimes = {d: build_runtime("default", d, "auto", "cpu") for d in DRAFTERS}
+    tokenizer = runtimes["none"].tokenizer
+    work = items(args)
+    for item in work:
+        item["ids"] = encode_prompt(tokenizer, item["text"], chat=True)
+        item["params"] = SamplingParams(temperature=0.0, constraint=JsonSchema(item["schema"]))
+    for runtime in runtimes.values():  # warm up
+        runtime.engine.generate(work[0]["ids"], work[0]["params"], 16)
+    rates = {d: [[] for _ in work] for d in DRAFTERS}
+    pass_seconds: list[float] = []
+    results: dict[str, list] = {d: [None] * len(work) for d in DRAFTERS}
+    for r in range(args.rounds):
+        order = DRAFTERS if r % 2 == 0 else DRAFTERS[::-1]
+        for i, item in enumerate(work):
+            for d in order:
+                result = runtimes[d].engine.generate(item["ids"], item["params"], item["max_new_tokens"])
+                stats = result.stats
+                rates[d][i].append(stats.new_tokens / stats.total_seconds)
+                results[d][i] = result
+                if d == "none":
+                    pass_seconds.append(stats.verify_seconds / stats.target_passes)
+    plain_pass = statistics.median(pass_seconds)
+    rows = []
+    for i, item in enumerate(work):
+        plain, spec = results["none"][i], results["auto"][i]
+        mask = mask_cost(runtimes["none"], plain.token_ids, item["params"].constraint)
+        rows.append(
+            {
+                "id": item["id"],
+                "kind": item["kind"],
+                "max_new_tokens": item["max_new_tokens"],
+                "tokens": len(plain.token_ids),
+                "finish_reason": {"none": plain.finish_reason, "auto": spec.finish_reason},
+                "valid": {"none": valid(plain.text, item["schema"]), "auto": valid(spec.text, item["schema"])},
+                "equal": plain.token_ids == spec.token_ids,
+                "tokens_per_s": {d: statistics.median(rates[d][i]) for d in DRAFTERS},
+                "paired_speedup": geomean([a / b for a, b in zip(rates["auto"][i], rates["none"][i])]),
+                "forced_share": spec.stats.forced / max(1, spec.stats.new_tokens),
+                "tau": {d: results[d][i].stats.mean_accepted_length for d in DRAFTERS},
+                "acceptance_rate": spec.stats.acceptance_rate,
+                "mask_seconds_per_token": mask,
+                "mask_share_of_plain_pass": mask / plain_pass,
+                "answer": plain.text,
+            }
+        )
+
+    def summary(kind: str | None) -> dict:
+        chosen = [row for row in rows if kind is None or row["kind"] == kind]
+        if not chosen:
+            return {}
+        return {
+            "items": len(chosen),
+            "valid": sum(row["valid"]["none"] and row["valid"]["auto"] for row in chosen) / len(chosen),
+            "equal": sum(row["equal"] for row in chosen) / len(chosen),
+            "paired_speedup": geomean([row["paired_speedup"] for row in chosen]),
+            "forced_share_median": statistics.median(row["forced_share"] for row in chosen),
+            "mask_share_of_plain_pass_median": statistics.median(row["mask_share_of_plain_pass"] for row in chosen),
+        }
+
+    emit_json(
+        {
+            **script_header(argv),
+            "drafters": {d: runtimes[d].drafter_spec for d in DRAFTERS},
+            "plain_pass_seconds": plain_pass,
+            "summary": {"all": summary(None), "suite": summary("suite"), "spec_bench": summary("spec_bench")},
+            "items": rows,
+        },
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
