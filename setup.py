@@ -17,7 +17,7 @@ setup(
                 f"{KERNELS}/{name}"
                 for name in ("module.c", "smallgemm.c", "llama.c", "quant.c", "qllama.c", "sample.c", "suffix.c")
             ],
-            depends=[f"{KERNELS}/quant.h"],
+            depends=[f"{KERNELS}/quant.h", f"{KERNELS}/specwise.h"],
             extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-fno-math-errno"],
             extra_link_args=["-fopenmp"],
             libraries=["m"],

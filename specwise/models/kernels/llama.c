@@ -22,10 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
-void specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
-                         int threads);
-void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
-                             int threads);
+#include "specwise.h"
 
 /* The products read float32 weights, or float16 ones (half != 0: a drafter's copies, half the memory traffic). */
 static inline void gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,

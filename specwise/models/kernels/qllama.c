@@ -24,7 +24,7 @@
 #include <omp.h>
 #endif
 
-#include "quant.h"
+#include "specwise.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

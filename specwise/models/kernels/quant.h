@@ -76,18 +76,7 @@ typedef struct {
     int act;                            /* ACT_SILU (SwiGLU) or ACT_GELU_TANH (GeGLU) */
 } qarch;
 
-int specwise_q_isa(void);
-int specwise_q_set_isa(int isa);
-int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_t *s_bytes, int64_t *m_bytes,
-                     int64_t *sd_bytes, int64_t *md_bytes);
-int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count);
-int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
-                    int threads);
-int specwise_q_row(const qmat *w, int64_t row, float *out);
-int specwise_q_gather(const qmat *w, const int64_t *ids, int64_t n, float *out);
-int specwise_q_requantize_q4_0(const qmat *w, int64_t first, int64_t count, uint8_t *out, int64_t out_bytes);
-double specwise_q_abs_sum(const qmat *w, int64_t first, int64_t n);
-int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
+/* The exported functions are declared in specwise.h. */
 
 /* float16 to float32, exactly (shared by quant.c and qllama.c) */
 static inline float half_to_float(uint16_t h) {

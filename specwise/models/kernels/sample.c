@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "specwise.h"
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else

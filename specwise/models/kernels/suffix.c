@@ -11,6 +11,8 @@
  */
 #include <stdint.h>
 
+#include "specwise.h"
+
 #define SEP 0xFFFFFFFFu
 #define SUFFIX_BAD (-1)
 #define SUFFIX_ABI 2 /* the entry points' signatures: the Python binding checks it before declaring them */
