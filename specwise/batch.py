@@ -55,6 +55,7 @@ class _Slot:
     rid: int | None = None
     prefill_at: int = 0  # prompt tokens fed so far (prefill runs in chunks)
     cancelled: bool = False
+    order: int = 0  # when its request was admitted (the earliest of several with one prompt prefills it)
 
 
 @dataclass
@@ -90,6 +91,9 @@ class BatchEngine:
         self._slots: list[_Slot] = []
         self._queue: deque[tuple[int, Request]] = deque()
         self._next_id = 0
+        self._admitted = 0
+        self.prefill_fed = 0  # prompt tokens fed to the target
+        self.prefill_copied = 0  # prompt tokens copied from another sequence's cache instead (see _share_prefill)
         if max_batch > 1:  # a target or drafter that cannot hold several sequences says so now, not mid-request
             self._new_slot()
             try:
@@ -163,9 +167,47 @@ class BatchEngine:
                 req.logprobs,
             )
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
+            slot.order, self._admitted = self._admitted, self._admitted + 1
 
     def _release(self, slot: _Slot) -> None:
         slot.run, slot.rid, slot.cancelled = None, None, False
+
+    def _share_prefill(self, active: list[_Slot]) -> list[_Slot]:
+        """Requests with one prompt (a request's ``n`` choices) prefill it once: a sequence yet to begin its prefill
+        copies the cache of one that has done the same prefill (``Model.copy_prefix``), or waits, putting no rows
+        in the pass, while an earlier one is doing it. Returns the sequences that put rows in this step's pass.
+
+        A row's result does not depend on what shares its pass, so the copied cache is the one the sequence would
+        have written: each request's output is unchanged."""
+        out = []
+        for slot in active:
+            prompt = slot.run.prefill_tokens()
+            if slot.prefill_at or not prompt or type(slot.target).copy_prefix is Model.copy_prefix:
+                out.append(slot)  # begun, nothing to prefill, or a model that cannot copy a cache
+                continue
+            same = [
+                other
+                for other in active
+                if other is not slot
+                and other.order < slot.order
+                and len(other.run.prefill_tokens()) == len(prompt)
+                and other.run.prefill_tokens() == prompt
+            ]
+            done = next((other for other in same if other.prefill_at >= len(prompt)), None)
+            if done is not None:
+                try:
+                    slot.target.copy_prefix(done.target, len(prompt))
+                except NotImplementedError:
+                    out.append(slot)  # this model cannot: the request prefills its own
+                    continue
+                slot.prefill_at = len(prompt)
+                self.prefill_copied += len(prompt)
+                slot.run.prefilled(time.perf_counter() - slot.run.t0)
+                out.append(slot)
+            elif not same:
+                out.append(slot)
+            # else: an earlier request is prefilling this prompt; wait for it
+        return out
 
     # ---- a step ----------------------------------------------------------------------------------------------
 
@@ -178,6 +220,7 @@ class BatchEngine:
         active = [s for s in self._slots if s.run is not None]
         if not active:
             return BatchStep([])
+        active = self._share_prefill(active)
         engine = self.engine
         # each sequence puts at least one row in the pass (a prefill chunk puts its tokens)
         feeds: list[list[int] | None] = []
@@ -190,6 +233,7 @@ class BatchEngine:
         errors: list[tuple[int, ValueError]] = []
         for slot, chunk in zip(active, feeds):
             if chunk is not None:
+                self.prefill_fed += len(chunk)
                 items.append((slot.target, torch.tensor(chunk, device=slot.target.device)))
                 keeps.append(0)
                 plans.append(None)

@@ -45,6 +45,21 @@ class Model(ABC):
         target passes is made of (see :meth:`forward_batch`)."""
         raise NotImplementedError(f"{type(self).__name__} holds one sequence only")
 
+    def copy_prefix(self, source: Model, length: int) -> None:
+        """Make this sequence's cache the first ``length`` positions of ``source``'s (another sequence of this
+        model, from :meth:`sequence`): a prompt prefilled once serves several sequences (a batch's ``n`` choices).
+        Features come too when this sequence keeps them. Raises NotImplementedError where the model cannot (the
+        caller then feeds the tokens itself)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot copy another sequence's cache")
+
+    def _check_copy_prefix(self, source: Model, same_weights: bool, length: int) -> None:
+        if type(source) is not type(self) or not same_weights:
+            raise ValueError("copy_prefix takes another sequence of the same model (made by sequence())")
+        if not 0 <= length <= source.length:
+            raise ValueError(f"cannot copy {length} positions: the source's cache holds {source.length} tokens")
+        if self.keep_features and length and not source.keep_features:
+            raise ValueError("the source kept no features: set keep_features on both sequences before feeding")
+
     def forward_batch(
         self, items: list[tuple[Model, torch.Tensor]], num_logits: list[int | None] | None = None
     ) -> list[torch.Tensor]:

@@ -630,6 +630,17 @@ class QuantizedModel(Model):
     def length(self) -> int:
         return self._length
 
+    def copy_prefix(self, source: Model, length: int) -> None:
+        self._check_copy_prefix(source, getattr(source, "embed", None) is self.embed, length)
+        if length > self._capacity:
+            self._length = 0  # nothing of this sequence's to keep
+            self._grow(min(max(length, source._capacity), self.max_length))
+        self.k_cache[:, :, :length] = source.k_cache[:, :, :length]
+        self.v_cache[:, :, :length] = source.v_cache[:, :, :length]
+        if self.keep_features:
+            self._features[:length] = source._features[:length]
+        self._length = length
+
     def rollback(self, length: int) -> None:
         self._check_rollback(length)
         self._length = length

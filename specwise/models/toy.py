@@ -39,6 +39,10 @@ class ToyModel(Model):
     def length(self) -> int:
         return len(self.tokens)
 
+    def copy_prefix(self, source: Model, length: int) -> None:
+        self._check_copy_prefix(source, getattr(source, "table", None) is self.table, length)
+        self.tokens = list(source.tokens[:length])
+
     def next_logits(self, position: int, token: int) -> torch.Tensor:
         """Logits ``[vocab]`` for the token after ``token`` placed at ``position``."""
         return self.table[position % self.table.shape[0], token]
