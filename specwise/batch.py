@@ -70,6 +70,7 @@ class BatchStep:
     rows: int = 0
     seconds: float = 0.0
     errors: list[tuple[int, ValueError]] = field(default_factory=list)
+    prefill_copied: int = 0  # prompt tokens copied from another sequence's cache instead of fed
 
 
 class BatchEngine:
@@ -220,7 +221,9 @@ class BatchEngine:
         active = [s for s in self._slots if s.run is not None]
         if not active:
             return BatchStep([])
+        copied = self.prefill_copied
         active = self._share_prefill(active)
+        copied = self.prefill_copied - copied
         engine = self.engine
         # each sequence puts at least one row in the pass (a prefill chunk puts its tokens)
         feeds: list[list[int] | None] = []
@@ -254,7 +257,7 @@ class BatchEngine:
             plans.append(proposal)
             fed.append((slot, chunk))
         if not items:
-            return BatchStep([], errors=errors)
+            return BatchStep([], errors=errors, prefill_copied=copied)
         t_pass = time.perf_counter()
         outputs = engine.target.forward_batch(items, keeps)
         seconds_pass = time.perf_counter() - t_pass
@@ -278,7 +281,7 @@ class BatchEngine:
                 self._release(slot)
         if len(items) > 1:
             engine.planner.observe_pass(rows, seconds_pass)
-        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass, errors)
+        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass, errors, copied)
 
     def run_all(self, requests: Iterable[Request]) -> list[list[GenerationEvent]]:
         """Submit ``requests`` and step until all are done; each request's events in order (a convenience for

@@ -48,6 +48,11 @@ class ServerMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter("specwise_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens_copied = Counter(
+            "specwise_prompt_tokens_copied",
+            "Prompt tokens copied from another sequence's cache, not fed (a request's n choices share one prefill)",
+            registry=r,
+        )
         self.generation_tokens = Counter(
             "specwise_generation_tokens", "Tokens generated (including those of cancelled requests)", registry=r
         )

@@ -368,6 +368,8 @@ class GenerationWorker:
         m.record_stats(event.stats)
 
     def _record_pass(self, step: BatchStep) -> None:
+        if step.prefill_copied:
+            self.metrics.prompt_tokens_copied.inc(step.prefill_copied)
         if step.sequences:
             self.metrics.batch_passes.inc()
             self.metrics.batch_size.observe(step.sequences)
