@@ -523,6 +523,32 @@ def test_server_json_object_regex_and_grammar(servers):
     assert reply.choices[0].message.content in ("yes", "no")
 
 
+def test_server_a_constrained_reply_cut_by_max_tokens_ends_with_length(servers):
+    """max_tokens below what the answer needs: finish_reason "length" and the start of the answer (not valid JSON
+    yet); with max_json_bytes(schema) tokens the same answer ends complete."""
+    schema = SUITE["flat"][0]
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    kw = {"model": "tiny", "messages": [{"role": "user", "content": "A person."}], "response_format": fmt}
+    client = _client(servers[1])
+    whole = client.chat.completions.create(temperature=0, max_tokens=max_json_bytes(schema), **kw).choices[0]
+    assert whole.finish_reason == "stop"
+    jsonschema.validate(json.loads(whole.message.content), schema)
+    cut = client.chat.completions.create(temperature=0, max_tokens=6, **kw)
+    assert cut.choices[0].finish_reason == "length" and cut.usage.completion_tokens == 6
+    assert whole.message.content.startswith(cut.choices[0].message.content)
+    with pytest.raises(ValueError):
+        json.loads(cut.choices[0].message.content)
+
+
+def test_server_a_constrained_completion_without_max_tokens_can_finish(servers):
+    """A completion's default budget is 16 tokens, but a constrained one gets the rest of the context."""
+    reply = _client(servers[0]).completions.create(
+        model="tiny", prompt="x", temperature=0, extra_body={"regex": "(ab ){30}"}
+    )
+    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].text == "ab " * 30
+    assert reply.usage.completion_tokens > 16
+
+
 @pytest.mark.parametrize(
     ("change", "param", "match"),
     [

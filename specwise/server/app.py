@@ -323,8 +323,11 @@ def _job_spec(
         message = f"the prompt has {n} tokens but the model's context is {context}: shorten the prompt"
         raise APIError(400, message, param=prompt_param, code="context_length_exceeded")
     room = None if context is None else context - n
+    params = sampling_params(body)
     if max_tokens is None:
-        default = COMPLETION_DEFAULT_MAX_TOKENS if endpoint == "completions" else room or UNKNOWN_CONTEXT_MAX_TOKENS
+        # a constrained completion gets the rest of the context, as chat does, so that its grammar can finish
+        short = endpoint == "completions" and params.constraint is None
+        default = COMPLETION_DEFAULT_MAX_TOKENS if short else room or UNKNOWN_CONTEXT_MAX_TOKENS
         max_tokens = state.default_max_tokens or default
         max_tokens = max_tokens if room is None else min(max_tokens, room)
     elif room is not None and max_tokens > room:
@@ -334,7 +337,7 @@ def _job_spec(
         )
         raise APIError(400, message, param=max_tokens_param, code="context_length_exceeded")
     eos = [] if body.ignore_eos else None
-    params, options = sampling_params(body), body.logprob_options()
+    options = body.logprob_options()
     return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options)
 
 
