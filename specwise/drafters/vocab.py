@@ -184,36 +184,55 @@ def rank_tokens(counts: list[np.ndarray], vocab_size: int, always: Iterable[int]
 
 
 def _prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
-    """Up to ``per_file`` prompts (the ``prompt`` field of a JSONL file) from each file, a seeded sample."""
+    """Up to ``per_file`` prompts (the ``prompt`` field of a JSONL file) from each file, a seeded sample, the files
+    taken in turn (any first part of the list mixes them)."""
     rng = np.random.default_rng(seed)
-    out = []
+    picked = []
     for path in paths:
         with open(path, encoding="utf-8") as f:  # lines end at "\n" only (a prompt may hold U+2028)
             rows = [json.loads(line)["prompt"] for line in f if line.strip()]
-        picked = rng.permutation(len(rows))[:per_file]
-        out.extend(rows[i] for i in sorted(picked))
-    return out
+        picked.append([rows[i] for i in rng.permutation(len(rows))[:per_file]])
+    return [rows[i] for i in range(per_file) for rows in picked if i < len(rows)]
 
 
-def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, log) -> list[list[int]]:
-    """The target's greedy answers to ``prompts`` (chat template), decoded in batches of ``batch`` sequences."""
+def _read_answers(path: Path | None) -> list[list[int]]:
+    """Answers saved by an earlier run (one JSON list of token ids a line); a cut last line is dropped."""
+    if path is None or not path.is_file():
+        return []
+    answers = []
+    for line in path.read_text().split("\n"):
+        try:
+            answers.append([int(t) for t in json.loads(line)])
+        except (ValueError, TypeError):
+            break
+    return answers
+
+
+def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, saved: Path | None, log):
+    """The target's greedy answers to ``prompts`` (chat template), decoded ``batch`` sequences together; with
+    ``saved``, each chunk's answers are appended there and a run resumes after the answers already saved."""
     from specwise.batch import BatchEngine, Request
     from specwise.engine import Engine
     from specwise.runtime import encode_prompt, eos_ids
     from specwise.sampling import SamplingParams
 
+    answers = _read_answers(saved)[: len(prompts)]
+    if saved is not None:
+        saved.write_text("".join(json.dumps(a) + "\n" for a in answers))  # without a cut last line
     eos = eos_ids(target)
     engine = Engine(target.model, None, gamma=1, tokenizer=target.tokenizer, eos_token_ids=eos)
     runner = BatchEngine(engine, max_batch=batch)
-    answers = []
-    for start in range(0, len(prompts), 4 * batch):
-        chunk = prompts[start : start + 4 * batch]
+    for start in range(len(answers), len(prompts), 2 * batch):
+        chunk = prompts[start : start + 2 * batch]
         requests = [
             Request(encode_prompt(target.tokenizer, p, chat=True)[:1024], SamplingParams(), max_new_tokens)
             for p in chunk
         ]
-        for events in runner.run_all(requests):
-            answers.append([t for e in events for t in e.token_ids])
+        done = [[t for e in events for t in e.token_ids] for events in runner.run_all(requests)]
+        answers.extend(done)
+        if saved is not None:
+            with open(saved, "a") as f:
+                f.write("".join(json.dumps(a) + "\n" for a in done))
         log(f"answers: {len(answers)}/{len(prompts)}, {sum(map(len, answers)):,} tokens")
     return answers
 
@@ -232,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8, help="answers decoded together")
     parser.add_argument("--size", type=int, default=65536, help="ids kept (the largest draft vocabulary offered)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--answers-out", help="also write the answers' token ids here (JSONL)")
+    parser.add_argument("--answers", help="keep the answers' token ids here (JSONL; a run resumes after them)")
     args = parser.parse_args(argv)
 
     from specwise.models import load_model
@@ -249,9 +268,11 @@ def main(argv: list[str] | None = None) -> int:
     vocab = int(target.model.vocab_size)
     tok = target.tokenizer
     prompts = _prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
-    answers = _answer_tokens(target, prompts, args.max_new_tokens, args.batch, log) if prompts else []
-    if args.answers_out:
-        Path(args.answers_out).write_text("".join(json.dumps(a) + "\n" for a in answers))
+    saved = Path(args.answers) if args.answers else None
+    if prompts:
+        answers = _answer_tokens(target, prompts, args.max_new_tokens, args.batch, saved, log)
+    else:  # a ranking from the answers saved so far (another run may still be adding to them)
+        answers = _read_answers(saved)
     answer_counts = np.zeros(vocab, dtype=np.int64)
     for a in answers:
         answer_counts += np.bincount(np.asarray(a, dtype=np.int64), minlength=vocab)[:vocab]
