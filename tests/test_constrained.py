@@ -501,6 +501,7 @@ def test_server_json_schema_through_the_openai_client(servers):
     for reply in replies:
         assert reply.choices[0].finish_reason == "stop"
         jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+        assert reply.usage.speculative["forced"] > 0  # the keys and punctuation: appended without passes
     assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
 
 
