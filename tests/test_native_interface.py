@@ -2,10 +2,12 @@
 
 Every ctypes binding in the package is checked against the header's prototypes (argument count, each C type
 mapped to its ctypes type, the return type); every function the built library exports is declared there, and
-every declared one is bound.
+every declared one is bound. Every ctypes ``Structure`` of the package is checked against its ``typedef struct`` in
+quant.h (field names, order, each C type mapped to its ctypes type), and every struct there has its binding.
 """
 
 import ctypes
+import importlib
 import platform
 import re
 import struct
@@ -18,6 +20,7 @@ from specwise.models import kernels
 
 PACKAGE = Path(specwise.__file__).parent
 HEADER = PACKAGE / "models" / "kernels" / "specwise.h"
+TYPES = HEADER.parent / "quant.h"
 
 # C scalar types of the header and the ctypes type each must be bound as (ctypes' aliases are the same objects:
 # c_int64 is c_long on LP64 Linux, so an int64_t bound as c_long passes, one bound as c_int does not).
@@ -34,7 +37,7 @@ SCALARS = {
     "uint8_t": ctypes.c_uint8,
 }
 # Only these are built off x86-64 (the float32 kernels need AVX2 and are left out elsewhere).
-X86_ONLY = {"specwise_small_gemm", "specwise_small_gemm_f16", "specwise_llama_scratch_floats", "specwise_llama_layers"}
+X86_ONLY = {"specwise_small_gemm", "specwise_small_gemm_f16", "specwise_llama_layers"}
 
 
 # ------------------------------------------------------------------------------------------- the header's side
@@ -53,11 +56,16 @@ def c_type(decl: str) -> tuple[str, int]:
     return base, stars
 
 
-def parse_header(text: str) -> dict[str, tuple[tuple[str, int], list[tuple[str, int]]]]:
-    """``{name: (return type, [argument types])}`` of every ``specwise_*`` prototype in a C header."""
+def strip_c(text: str) -> str:
+    """C source without its comments and preprocessor lines."""
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
-    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def parse_header(text: str) -> dict[str, tuple[tuple[str, int], list[tuple[str, int]]]]:
+    """``{name: (return type, [argument types])}`` of every ``specwise_*`` prototype in a C header."""
+    text = strip_c(text)
     found = {}
     for chunk in text.split(";"):
         m = PROTOTYPE.match(chunk)
@@ -89,6 +97,68 @@ def accepts(ctype, c: tuple[str, int]) -> bool:
     if isinstance(pointee, type) and issubclass(pointee, ctypes.Structure):
         return pointee.__name__.lower() == base  # QMat for qmat
     return base in SCALARS and pointee is SCALARS[base]
+
+
+STRUCT = re.compile(r"typedef\s+struct\s*\w*\s*\{(?P<body>[^{}]*)\}\s*(?P<name>\w+)\s*;", re.S)
+
+
+def parse_structs(text: str) -> dict[str, list[tuple[str, tuple[str, int]]]]:
+    """``{name: [(field, (base type, pointer depth)), ...]}`` of every ``typedef struct {...} name;`` in a C header,
+    fields in order; a declaration of several (``void *s, *m;``) gives each its own entry."""
+    found = {}
+    for m in STRUCT.finditer(strip_c(text)):
+        fields = []
+        for decl in m["body"].split(";"):
+            if not decl.strip():
+                continue
+            first, *others = decl.split(",")
+            base, stars = c_type(first)
+            fields.append((re.split(r"[\s\*]+", first.strip())[-1], (base, stars)))
+            for other in others:  # the base type is the first declarator's; each has its own stars
+                name = other.replace("*", " ").replace("const", " ").strip()
+                if not re.fullmatch(r"\w+", name):
+                    raise ValueError(f"cannot read the field {other!r} of {m['name']}")
+                fields.append((name, (base, other.count("*"))))
+        if m["name"] in found:
+            raise ValueError(f"struct {m['name']} is defined twice")
+        found[m["name"]] = fields
+    return found
+
+
+def struct_mismatches(cls, fields: list[tuple[str, tuple[str, int]]]) -> list[str]:
+    """What is wrong with the ctypes Structure ``cls`` as a binding of the C struct with ``fields`` (empty when
+    right). A C field named like a Python keyword (``in``) is bound with a trailing underscore (``in_``)."""
+    ours = list(cls._fields_)
+    name = cls.__name__
+    if len(ours) != len(fields):
+        return [f"{name}: {len(ours)} fields, the C struct has {len(fields)}"]
+    wrong = []
+    for i, ((field, ctype, *bits), (c_field, c)) in enumerate(zip(ours, fields)):
+        if bits:
+            wrong.append(f"{name}.{field}: a bit field, the C struct has none")
+        if field not in (c_field, c_field + "_"):
+            wrong.append(f"{name}: field {i} is {field!r}, the C struct's is {c_field!r}")
+        elif not accepts(ctype, c):
+            shown = f"{c[0]}{' ' + '*' * c[1] if c[1] else ''}"
+            wrong.append(f"{name}.{field} is {getattr(ctype, '__name__', ctype)}, the C struct's {c_field} is {shown}")
+    return wrong
+
+
+def package_structures() -> dict[str, type]:
+    """Every ``class X(ctypes.Structure)`` defined in the package, by class name (found in the source text, so a
+    module that is never imported is not missed)."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        names = re.findall(r"^class (\w+)\(ctypes\.Structure\)", path.read_text(encoding="utf-8"), flags=re.M)
+        if not names:
+            continue
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        module = importlib.import_module(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+        for name in names:
+            if name in found:
+                raise ValueError(f"two ctypes Structures are named {name}")
+            found[name] = getattr(module, name)
+    return found
 
 
 def mismatches(name: str, fn, declared) -> list[str]:
@@ -184,6 +254,51 @@ def test_the_parser_reads_prototypes_and_the_checker_finds_wrong_bindings():
     assert mismatches("specwise_b", fn([], ctypes.c_int), found["specwise_b"])  # void bound as int
     with pytest.raises(ValueError, match="declared twice"):
         parse_header("int specwise_c(int a);\nint specwise_c(int a);")
+
+
+def test_the_struct_parser_reads_fields_and_the_checker_finds_wrong_ones():
+    header = """
+    typedef struct {
+        int kind;          /* a comment; with a semicolon */
+        int64_t out, in;
+        const float *const *norm;
+        void *s, *m;
+        float scale;
+    } thing;
+    """
+    found = parse_structs(header)
+    fields = [("kind", ("int", 0)), ("out", ("int64_t", 0)), ("in", ("int64_t", 0)), ("norm", ("float", 2)),
+              ("s", ("void", 1)), ("m", ("void", 1)), ("scale", ("float", 0))]  # fmt: skip
+    assert found == {"thing": fields}
+
+    def structure(*fields_):
+        return type("Thing", (ctypes.Structure,), {"_fields_": list(fields_)})
+
+    i, i64, p, f = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+    right = [("kind", i), ("out", i64), ("in_", i64), ("norm", p), ("s", p), ("m", p), ("scale", f)]
+    assert not struct_mismatches(structure(*right), fields)
+    assert struct_mismatches(structure(*right[:-1]), fields)  # a field missing
+    assert struct_mismatches(structure(*right[:2], ("in_", i), *right[3:]), fields)  # int64_t bound as int
+    assert struct_mismatches(structure(right[1], right[0], *right[2:]), fields)  # two fields swapped
+    assert struct_mismatches(structure(*right[:-1], ("scale", ctypes.c_double)), fields)  # float bound as double
+    assert struct_mismatches(structure(*right[:-1], ("scales", f)), fields)  # a field misnamed
+    assert struct_mismatches(structure(*right[:3], ("norm", i64), *right[4:]), fields)  # a pointer as an integer
+    with pytest.raises(ValueError, match="defined twice"):
+        parse_structs("typedef struct { int a; } x;\ntypedef struct { int b; } x;")
+
+
+def test_every_structure_matches_its_c_struct():
+    structs = parse_structs(TYPES.read_text()) | parse_structs(HEADER.read_text())
+    ours = package_structures()
+    assert {"QMat", "QPack", "QArch"} <= set(ours)  # the scan finds them
+    unbound = sorted(set(structs) - {name.lower() for name in ours})
+    assert not unbound, f"C structs with no ctypes Structure in the package: {unbound}"
+    unknown = sorted(name for name in ours if name.lower() not in structs)
+    assert not unknown, (
+        f"ctypes Structures with no typedef struct of their (lower-case) name in {TYPES.name}: {unknown}"
+    )
+    wrong = [problem for name, cls in ours.items() for problem in struct_mismatches(cls, structs[name.lower()])]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_every_binding_matches_the_header(lib, declared):

@@ -67,9 +67,6 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     half = lib.specwise_small_gemm_f16
     half.restype = None
     half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    size = lib.specwise_llama_scratch_floats
-    size.restype = ctypes.c_size_t
-    size.argtypes = [ctypes.c_int] * 6
     layers = lib.specwise_llama_layers
     layers.restype = ctypes.c_int
     layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
@@ -163,7 +160,7 @@ class LayerKernel:
             (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items]) for items in weights
         ]
         self._half = int(half)
-        size = lib.specwise_llama_scratch_floats(*shape, self.MAX_ROWS)
+        size = lib.specwise_qllama_scratch_floats(*shape, self.MAX_ROWS)  # the same layout (specwise.h)
         self._scratch = torch.empty(int(size), dtype=torch.float32)
         self._scores = torch.empty(0, dtype=torch.float32)
 

@@ -11,7 +11,7 @@
  *   x        [k, hidden]                     the residual stream, updated in place
  *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
- *   scratch  see scratch_floats() below
+ *   scratch  specwise_qllama_scratch_floats(...) floats (qllama.c): the quantized layers carve theirs alike
  * Row r is at position start + r and attends causally.
  */
 #if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
@@ -65,11 +65,6 @@ static inline void rotary(float *v, const float *c, const float *s, int hd) {
     int half = hd / 2;
     memcpy(tmp, v, (size_t)hd * sizeof(float));
     for (int d = 0; d < hd; d++) v[d] = tmp[d] * c[d] + tmp[(d + half) % hd] * s[d];
-}
-
-size_t specwise_llama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k) {
-    size_t qkv = (size_t)(n_heads + 2 * n_kv) * head_dim;
-    return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
 }
 
 /* Returns 0 on success, 1 when head_dim is too large for the rotary buffer. */

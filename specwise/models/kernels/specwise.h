@@ -23,8 +23,6 @@ void specwise_small_gemm(const float *x, const float *w, const float *bias, floa
 /* The same with w stored as float16. */
 void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
                              int threads);
-/* Floats of scratch specwise_llama_layers needs for k rows. */
-size_t specwise_llama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k);
 /* The float32 decoder layers of a Llama-family model over k rows at positions start.. (0, or 1: head_dim > 512). */
 int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
                           const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
@@ -67,7 +65,8 @@ int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
 
 /* Enable (1) or disable (0) the layers' timings; copies the sums so far into out[3] (if not NULL). */
 void specwise_qllama_timings(int enable, double *out);
-/* Floats of scratch the quantized layers need for k rows. */
+/* Floats of scratch the decoder layers need for k rows: specwise_qllama_rows's and specwise_llama_layers's (both
+ * carve h, tmp, qkv, attn, gate/up and act from it alike; built on every platform). */
 size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k);
 /* The decoder layers over k rows, each with its own cache and position (a ragged batch). */
 int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
