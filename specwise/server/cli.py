@@ -76,6 +76,22 @@ def register(subparsers) -> None:
         "else no key; the variable keeps the key out of the process list)",
     )
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (default: info)")
+    cluster = p.add_argument_group("Ray cluster (docs/SCALING.md; needs pip install 'specwise[cluster]')")
+    cluster.add_argument(
+        "--ray",
+        action="store_true",
+        help="serve as a Ray Serve application: replicas of this server behind one endpoint (--threads per replica)",
+    )
+    cluster.add_argument(
+        "--address", default=None, help="the Ray cluster to join, e.g. HEAD:6379 (default: start one on this machine)"
+    )
+    cluster.add_argument("--replicas", type=int, default=1, help="replicas (the least, with --max-replicas; default 1)")
+    cluster.add_argument(
+        "--max-replicas",
+        type=int,
+        default=None,
+        help="autoscale between --replicas and this on the requests each replica has (default: a fixed number)",
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -99,11 +115,24 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.api_key is not None and not args.api_key.strip():
         raise ValueError(f"--api-key must not be empty (leave it out, and {API_KEY_ENV} unset, to serve without a key)")
+    if not args.ray:
+        given = [flag for flag, value in _CLUSTER_FLAGS.items() if getattr(args, value) != _CLUSTER_DEFAULTS[value]]
+        if given:
+            raise ValueError(f"{given[0]} applies to a Ray cluster: add --ray (see docs/SCALING.md)")
+
+
+_CLUSTER_FLAGS = {"--address": "address", "--replicas": "replicas", "--max-replicas": "max_replicas"}
+_CLUSTER_DEFAULTS = {"address": None, "replicas": 1, "max_replicas": None}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Load the model, build the app and serve it until interrupted."""
+    """Load the model, build the app and serve it until interrupted (with --ray: deploy it on a Ray cluster)."""
     _check_args(args)
+    if args.ray:
+        require("cluster", "specwise serve --ray")
+        from specwise.server.ray import cmd_serve_ray
+
+        return cmd_serve_ray(args)
     require("server", "specwise serve")
     import uvicorn
 

@@ -1,0 +1,266 @@
+"""`specwise serve --ray` on a Ray cluster this module starts: a head and a second node on this machine (loopback
+only, one CPU each, a small object store, no dashboard), the application deployed with two replicas of one thread.
+
+Requests spread over both replicas and get the answers of a single in-process server; a replica killed while it
+holds requests loses none that had not started streaming (they are sent again to the other replica), a stream it
+had started ends with an error event, and the deployment comes back to two replicas. The cluster is torn down at
+the end. Run by ``make test-cluster`` (which installs Ray); skipped where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+# Ray on loopback only: with this set before Ray is imported, Ray takes 127.0.0.1 as this machine's address (its
+# setting for machines that must not form clusters with others), so that no node listens on a public interface and
+# the driver finds the nodes started on 127.0.0.1 (their own address would otherwise be the machine's).
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+pytest.importorskip(
+    "ray.serve", reason="Ray Serve is not installed: make setup-cluster (pip install 'specwise[cluster]')"
+)
+
+import httpx  # noqa: E402
+import openai  # noqa: E402
+import ray  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+from ray import serve  # noqa: E402
+
+from conftest import tiny_llama  # noqa: E402
+from specwise.runtime import build_runtime  # noqa: E402
+from specwise.server.app import create_app  # noqa: E402
+from specwise.server.ray import APP_NAME, REPLICA_HEADER, RETRIES_HEADER, ClusterOptions, deploy  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MODEL = "tiny"
+MIB = 1024 * 1024
+READY_SECONDS = 240.0  # for the cluster, the deployment, or a replaced replica (a bound, not an expectation)
+TIMEOUT = 180.0  # per request
+PROMPTS = ["Name three primary colors.", "Write a haiku about rain.", "Count: one two three"]
+LONG = 440  # tokens of the requests a replica is killed under (the context is 512)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, smol_tokenizer) -> str:
+    """A small random Llama with the default model's tokenizer, slow enough (a few ms a token) that a replica
+    can be killed while it holds requests."""
+    path = tmp_path_factory.mktemp("cluster-model")
+    tiny_llama(seed=5, vocab=len(smol_tokenizer), hidden=128, layers=2).save_pretrained(path)
+    smol_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """The single server (in-process, one request at a time): the answers the cluster must give."""
+    app = create_app(build_runtime(model_dir, "none", 4, "cpu"), model_name=MODEL, max_batch=1)
+    with TestClient(app) as client:
+        answers: dict[tuple[str, int], str] = {}
+
+        def answer(prompt: str, max_tokens: int) -> str:
+            if (prompt, max_tokens) not in answers:
+                body = chat(prompt, max_tokens, stream=False)
+                response = client.post("/v1/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+                answers[prompt, max_tokens] = response.json()["choices"][0]["message"]["content"]
+            return answers[prompt, max_tokens]
+
+        yield answer
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dir):
+    """A head and a second node on 127.0.0.1 with one CPU each, the application deployed with two replicas of
+    one thread; yields the base URL. Everything is shut down at the end, and the test checks it was."""
+    from ray.cluster_utils import Cluster
+
+    node = {"num_cpus": 1, "object_store_memory": 80 * MIB, "node_ip_address": "127.0.0.1"}
+    mini = Cluster(initialize_head=True, head_node_args=node | {"include_dashboard": False})
+    try:
+        mini.add_node(**node)
+        mini.wait_for_nodes(timeout=READY_SECONDS)
+        ray.init(address=mini.address, include_dashboard=False, log_to_driver=False)
+        options = ClusterOptions(
+            target=model_dir, drafter="ngram", gamma=4, device="cpu", served_model_name=MODEL, max_batch=2, replicas=2
+        )
+        url = deploy(options, host="127.0.0.1", port=_free_port(), proxy_location="HeadOnly")
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+        nodes = [mini.head_node, *mini.worker_nodes] if mini.head_node else list(mini.worker_nodes)
+        mini.shutdown()
+        assert not any(n.any_processes_alive() for n in nodes), "the cluster's processes outlived the tests"
+
+
+def chat(prompt: str, max_tokens: int, stream: bool) -> dict:
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+def post(
+    url: str,
+    prompt: str,
+    max_tokens: int,
+    stream: bool,
+    started: threading.Event | None = None,
+    result: dict | None = None,
+) -> dict:
+    """One chat request; returns its status, replica, retries, text, whether text had streamed, and any error
+    (filled into ``result`` as they come, when given)."""
+    result = {} if result is None else result
+    result |= {"status": None, "replica": None, "retries": 0, "text": "", "streamed": False, "error": None}
+    try:
+        with httpx.stream(
+            "POST", f"{url}/v1/chat/completions", json=chat(prompt, max_tokens, stream), timeout=TIMEOUT
+        ) as r:
+            result["status"] = r.status_code
+            result["replica"] = r.headers.get(REPLICA_HEADER)
+            result["retries"] = int(r.headers.get(RETRIES_HEADER, "0"))
+            if not stream:
+                body = json.loads(r.read())
+                if r.status_code == 200:
+                    result["text"] = body["choices"][0]["message"]["content"]
+                else:
+                    result["error"] = body["error"]["message"]
+                return result
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: ") :])
+                if "error" in event:
+                    result["error"] = event["error"]["message"]
+                    continue
+                delta = event["choices"][0]["delta"].get("content") if event.get("choices") else None
+                if delta:
+                    result["text"] += delta
+                    result["streamed"] = True
+                    if started is not None:
+                        started.set()
+    except httpx.HTTPError as err:
+        result["error"] = f"{type(err).__name__}: {err}"
+    return result
+
+
+def run_all(calls: list) -> list[dict]:
+    """Run ``post`` calls (argument tuples) on threads at once; returns their results in order."""
+    results: list[dict | None] = [None] * len(calls)
+
+    def one(i: int) -> None:
+        results[i] = post(*calls[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(TIMEOUT + 30)
+    assert all(r is not None for r in results), "a request thread did not finish"
+    return results
+
+
+def engine_replicas() -> dict[str, int]:
+    status = serve.status().applications[APP_NAME].deployments["SpecwiseEngine"]
+    return {str(getattr(state, "value", state)): count for state, count in status.replica_states.items()}
+
+
+def wait_for_running(count: int) -> float:
+    """Seconds until the engine deployment has ``count`` running replicas (bounded)."""
+    start = time.monotonic()
+    while engine_replicas().get("RUNNING", 0) != count or len(engine_replicas()) != 1:
+        assert time.monotonic() - start < READY_SECONDS, f"replicas did not recover: {engine_replicas()}"
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+# --------------------------------------------------------------------------------------------------- tests
+
+
+def test_requests_spread_over_two_replicas_with_the_single_server_answers(cluster, reference):
+    calls = [(cluster, PROMPTS[i % len(PROMPTS)], 24, i % 2 == 0) for i in range(8)]
+    results = run_all(calls)  # 8 at once, 2 per replica at a time: both replicas serve
+    assert [r["error"] for r in results] == [None] * 8
+    assert all(r["status"] == 200 for r in results)
+    assert len({r["replica"] for r in results}) == 2
+    for (_, prompt, max_tokens, _), result in zip(calls, results):
+        assert result["text"] == reference(prompt, max_tokens)
+
+
+def test_the_openai_client_and_the_other_routes_work_against_the_cluster(cluster, reference):
+    client = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPTS[0]}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reference(PROMPTS[0], 16)
+    assert chunks[-1].usage.completion_tokens == 16
+    with pytest.raises(openai.BadRequestError, match="does not exist"):
+        client.completions.create(model="another", prompt="Hi", max_tokens=2)
+    health = httpx.get(f"{cluster}/health", timeout=TIMEOUT).json()
+    assert health["status"] == "ok" and health["max_batch"] == 2
+
+
+def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluster, reference):
+    wait_for_running(2)
+    started = threading.Event()
+    probe: dict = {}
+    thread = threading.Thread(target=post, args=(cluster, PROMPTS[0], LONG, True, started, probe))
+    thread.start()  # a long stream: once it has started, its replica is the one to kill
+    assert started.wait(TIMEOUT), "the probe request did not start streaming"
+    # the rest fill both replicas (two requests each at a time) and queue at the gateway; none streams
+    calls = [(cluster, PROMPTS[i % len(PROMPTS)], LONG, False) for i in range(6)]
+    results: list[dict] = []
+    rest = threading.Thread(target=lambda: results.extend(run_all(calls)))
+    rest.start()
+    time.sleep(1.0)  # for the first of them to reach the replicas (what is asserted does not depend on it)
+    victim = probe["replica"]
+    ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#SpecwiseEngine#{victim}", namespace="serve"), no_restart=True)
+    killed_at = time.monotonic()
+    thread.join(TIMEOUT + 30)
+    rest.join(2 * TIMEOUT + 60)
+
+    # every request that had not streamed is answered, the greedy answer of the single server
+    assert [r["error"] for r in results] == [None] * len(calls)
+    for (_, prompt, max_tokens, _), result in zip(calls, results):
+        assert result["status"] == 200
+        assert result["text"] == reference(prompt, max_tokens)
+    assert any(r["retries"] > 0 for r in results), "the killed replica held no request: nothing was tested"
+    assert all(r["replica"] != victim for r in results if r["retries"] > 0)
+    # the stream that had started ends with a clear error (or had finished before the kill)
+    assert probe["streamed"]
+    if probe["error"] is not None:
+        assert "replica" in probe["error"] and "failed" in probe["error"]
+        assert reference(PROMPTS[0], LONG).startswith(probe["text"])
+    else:
+        assert probe["text"] == reference(PROMPTS[0], LONG)
+
+    recovery = time.monotonic() - killed_at + wait_for_running(2)
+    print(f"recovered to 2 running replicas {recovery:.1f} s after the kill")
+    after = run_all([(cluster, PROMPTS[1], 8, True) for _ in range(6)])
+    assert [r["error"] for r in after] == [None] * 6
+    assert victim not in {r["replica"] for r in after} and len({r["replica"] for r in after}) == 2
