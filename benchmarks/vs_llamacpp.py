@@ -81,10 +81,16 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=0, help="also decode 64 tokens after this many tokens of context")
     ap.add_argument("--kv-cache", default="float32", choices=["float32", "float16"], help="q8's KV cache")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--no-llama-cpp",
+        metavar="WHY",
+        default=None,
+        help="agreement of q8 with exact only, llama.cpp left out for the reason given (a file it cannot run)",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gguf = gguf_source(args.target)
-    if gguf is None or find_llama_cpp() is None:
+    if gguf is None or (args.no_llama_cpp is None and find_llama_cpp() is None):
         raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/bench/llamacpp.py)")
     prompts = select_prompts(load_questions(args.questions), args.categories, args.per_category)
     q8, exact = load_model(args.target, precision="q8"), load_model(args.target, precision="exact")
@@ -92,8 +98,9 @@ def main() -> int:
     encoded = [encode_prompt(q8.tokenizer, p.text, chat=True) for p in prompts]
     reference = [plain(exact.model, ids, args.new_tokens) for ids in encoded]
     tokens = {"q8": [plain(q8_model, ids, args.new_tokens) for ids in encoded]}
-    with LlamaServer(gguf, threads=args.threads, ctx_size=4096) as server:
-        tokens["llama.cpp"] = [server.greedy(ids, args.new_tokens)["token_ids"] for ids in encoded]
+    if args.no_llama_cpp is None:
+        with LlamaServer(gguf, threads=args.threads, ctx_size=4096) as server:
+            tokens["llama.cpp"] = [server.greedy(ids, args.new_tokens)["token_ids"] for ids in encoded]
     depth = None
     if args.depth:
         depth = {
@@ -114,6 +121,7 @@ def main() -> int:
         "new_tokens": args.new_tokens,
         "prompts": [p.id for p in prompts],
         "agreement_with_exact": agreement(tokens, reference),
+        "llama_cpp_left_out": args.no_llama_cpp,
         "depth": depth,
     }
     text = json.dumps(results, indent=1)
