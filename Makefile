@@ -25,3 +25,13 @@ lint:
 format:
 	$(VENV)/ruff format specwise tests benchmarks
 	$(VENV)/ruff check --fix specwise tests benchmarks
+
+# Ray Serve for `specwise serve --ray` (the [cluster] extra, docs/SCALING.md): not in `make setup`, so that `make test`
+# and CI do not install it
+.PHONY: setup-cluster test-cluster
+setup-cluster: setup
+	$(VENV)/pip install -q -c constraints.txt -e ".[cluster]"
+
+# the cluster tests: a two-node Ray cluster on this machine (loopback only), torn down at the end
+test-cluster: setup-cluster
+	$(VENV)/python -m pytest -q tests/test_cluster.py

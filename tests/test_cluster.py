@@ -259,6 +259,10 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluste
     else:
         assert probe["text"] == reference(PROMPTS[0], LONG)
 
+    retried = sum(r["retries"] > 0 for r in results)
+    print(
+        f"killed replica {victim}: {retried} of {len(results)} unstreamed requests sent again; probe: {probe['error']}"
+    )
     recovery = time.monotonic() - killed_at + wait_for_running(2)
     print(f"recovered to 2 running replicas {recovery:.1f} s after the kill")
     after = run_all([(cluster, PROMPTS[1], 8, True) for _ in range(6)])

@@ -300,8 +300,11 @@ class SpecwiseGateway:
                     await _end_stream_with_error(send, err)
                     return
                 if attempt == RETRIES:
-                    message = f"the replicas serving this request failed {RETRIES + 1} times ({type(err).__name__}): "
-                    await _send_error(send, 503, message + "retry later", "replica_failed")
+                    message = (
+                        f"every replica this request was sent to ({RETRIES + 1}) failed before answering (the last: "
+                        f"{type(err).__name__}): retry later"
+                    )
+                    await _send_error(send, 503, message, "replica_failed")
                     return
                 log.warning("a replica failed before answering (%s): sending the request again", type(err).__name__)
                 await asyncio.sleep(RETRY_PAUSE_SECONDS)
