@@ -97,3 +97,14 @@ def test_a_later_request_copies_a_running_one(runtime):
             out[rid].extend(event.token_ids)
     assert out[second] == alone
     assert batch.prefill_copied == len(ids) - 1
+
+
+def test_a_model_that_cannot_copy_prefills_each_request(tiny_dir):
+    """The Hugging Face adapter has no copy_prefix: each request feeds its own prompt, at once (none waits)."""
+    runtime = build_runtime(tiny_dir, "none", 4, "cpu", impl="hf")
+    ids = encode_prompt(runtime.tokenizer, PROMPT, chat=True)
+    alone = runtime.engine.generate(ids, SamplingParams(), 8).token_ids
+    batch = BatchEngine(runtime.engine, max_batch=2)
+    events = batch.run_all([Request(ids, SamplingParams(), 8) for _ in range(2)])
+    assert [[t for e in evs for t in e.token_ids] for evs in events] == [alone, alone]
+    assert batch.prefill_copied == 0 and batch.prefill_fed == 2 * (len(ids) - 1)
