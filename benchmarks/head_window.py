@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from specwise.distill.data import corpus_files, passage_prompts
+from specwise.answers import corpus_files, passage_prompts
 from specwise.drafters import make_drafter
 from specwise.drafters.head import HeadDrafter
 from specwise.engine import Engine

@@ -16,7 +16,7 @@ import json
 import random
 from pathlib import Path
 
-from specwise.distill.data import PromptSource, collect_prompts, corpus_files, passage_prompts
+from specwise.answers import corpus_files, gather_prompts, passage_prompts
 from specwise.index import IndexOptions
 
 
@@ -34,10 +34,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
-    limits = IndexOptions().prompt_limits
-    texts = collect_prompts([PromptSource(args.prompts_dir / n, k) for n, k in limits.items()], args.seed)
+    build = IndexOptions(
+        prompts_dir=args.prompts_dir, corpus_dir=args.corpus_dir, passages=args.passages, seed=args.seed
+    )
+    texts, tasks = gather_prompts(build)  # what the index build gathered
     used = set(texts)
-    tasks = passage_prompts(corpus_files(args.corpus_dir), args.passages, args.seed)
     written = json.loads(args.self_prompts.read_text())
     plan = texts + tasks + list(written if isinstance(written, list) else written["prompts"])
     random.Random(args.seed).shuffle(plan)  # the order in which the build answers

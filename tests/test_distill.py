@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_llama
-from specwise.distill.data import PromptSource, _generate_batch, _pack, collect_prompts, load_shards
+from specwise.answers import PromptSource, collect_prompts
+from specwise.distill.data import _generate_batch, _pack, load_shards
 from specwise.distill.train import (
     TrainConfig,
     _token_loss,
@@ -145,7 +146,7 @@ def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
 
 
 def test_passage_prompts_are_seeded_tasks_on_whole_paragraphs(tmp_path):
-    from specwise.distill.data import PASSAGE_TASKS, passage_prompts
+    from specwise.answers import PASSAGE_TASKS, passage_prompts
 
     book = tmp_path / "book.txt"
     paras = [f"Paragraph {i} tells of a walk by the river and a talk about the weather." for i in range(40)]

@@ -14,47 +14,33 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from specwise.answers import AnswerOptions
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
 __all__ = ["DistillOptions", "run_distill", "held_out_split"]
 
 
 @dataclass
-class DistillOptions:
-    target: str = "default"
+class DistillOptions(AnswerOptions):
+    """What ``specwise distill`` answers (:class:`specwise.answers.AnswerOptions`) and how it trains a head."""
+
     out: Path = Path("head")
-    data_dir: Path | None = None
-    prompts_dir: Path | None = None
-    prompt_limits: dict[str, int | None] = field(
-        default_factory=lambda: {
-            "oasst_en.prompts.jsonl": None,
-            "mbpp.prompts.jsonl": None,
-            "gsm8k_train.prompts.jsonl": 1000,
-        }
-    )
-    max_prompts: int | None = None  # answer only the first batches covering this many prompts (None: all)
-    corpus_dir: Path | None = None  # plain text (*.txt) added to the training data as teacher-forced features
-    corpus_tokens: int = 100_000
-    passages: int = 0  # prompts made of a corpus passage and a task (summarise, extract, ...), answered by the target
-    self_prompts: int = 0  # user requests written by the target itself (Magpie-style), answered by the target
-    max_self_prompts: int | None = None  # answer only the first batches of those covering this many (None: all)
     max_new_tokens: int = 192
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)  # by batch
+    corpus_tokens: int = 100_000  # plain text (corpus_dir, *.txt) added to the training data as teacher-forced features
+    max_self_prompts: int | None = None  # answer only the first batches of the self-prompts covering this many
     gen_batch_size: int = 64
-    temperatures: tuple[float, ...] = (0.0, 0.0, 0.0, 1.0)
     draft_vocab: int = 8192
     intermediate_size: int | None = None
     eval_prompts: int = 12
     eval_max_new_tokens: int = 96
     eval_gamma: int = 4
-    device: str = "cpu"
-    seed: int = 0
     resume: bool = False
     init: Path | None = None  # warm start: a trained head's directory (same target)
     data_only: bool = False
-    progress: bool = True
 
 
 def held_out_split(paths: list[Path], every: int = 10) -> tuple[list[Path], list[Path]]:
@@ -74,16 +60,8 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
     import torch
 
-    from specwise.distill.data import (
-        PromptSource,
-        collect_prompts,
-        corpus_files,
-        corpus_shards,
-        generate_shards,
-        load_shards,
-        passage_prompts,
-        self_prompts,
-    )
+    from specwise.answers import corpus_files, gather_prompts
+    from specwise.distill.data import corpus_shards, generate_shards, load_shards, self_prompts
     from specwise.distill.train import draft_vocabulary, make_batches, train_head
     from specwise.drafters.head import check_target, load_head, new_head, save_head
     from specwise.models.loader import load_model
@@ -95,16 +73,11 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         raise FileExistsError(
             f"{out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
         )
-    if opts.passages > 0 and opts.corpus_dir is None:
-        raise ValueError("passage tasks need a corpus: pass --corpus-dir (shared/data/corpora) with --passages")
-    if opts.prompts_dir is None:
-        raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
+    prompts, tasks = gather_prompts(opts)  # checked before the model loads
     started = time.time()
     torch.manual_seed(opts.seed)
     loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
-    sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
-    prompts = collect_prompts(sources, opts.seed)
 
     def answer(requests: list[str], name: str, limit: int | None = None, **extra) -> list[Path]:
         """The target's answers to ``requests`` in ``data_dir/name`` (only the first batches covering ``limit``)."""
@@ -127,8 +100,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     corpus_paths: list[Path] = []
     passage_paths: list[Path] = []
     files = corpus_files(Path(opts.corpus_dir)) if opts.corpus_dir is not None else []
-    if files and opts.passages > 0:
-        tasks = passage_prompts(files, opts.passages, opts.seed)
+    if tasks:
         log(f"data: {len(tasks)} passage tasks from {len(files)} files -> {data_dir / 'passages'}")
         passage_paths = answer(tasks, "passages", max_prompt_tokens=512)
     self_paths: list[Path] = []

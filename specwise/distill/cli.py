@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shlex
 import sys
 from pathlib import Path
+
+from specwise import answers
 
 
 def register(sub) -> None:
@@ -20,43 +20,21 @@ def register(sub) -> None:
         "drafter on the target's features, and report held-out fidelity and tau. Never use benchmark questions "
         "as prompts.",
     )
-    p.add_argument("--target", default="default", help="default | a .gguf file | a model directory | a hub id")
-    p.add_argument("--out", required=True, type=Path, help="directory for the head (config.json, model.safetensors)")
-    p.add_argument(
-        "--prompts-dir",
-        type=Path,
-        default=os.environ.get("SPECWISE_PROMPTS"),
-        help="directory of *.prompts.jsonl files (shared/data/prompts; default: $SPECWISE_PROMPTS)",
-    )
-    p.add_argument("--data-dir", type=Path, default=None, help="cache of generated data (default: under the cache)")
-    p.add_argument("--gsm8k-limit", type=int, default=1000, help="GSM8K prompts to use, sampled (default: 1000)")
-    p.add_argument("--max-prompts", type=int, default=None, help="use at most this many prompts (default: all)")
-    p.add_argument(
-        "--corpus-dir",
-        type=Path,
-        default=None,
-        help="plain-text corpora (*.txt, e.g. shared/data/corpora) added to the training data (default: none)",
+    answers.add_arguments(
+        p,
+        out_help="directory for the head (config.json, model.safetensors)",
+        max_new_tokens=192,
+        data_dir="cache of generated data: answers and the target's features (default: under the cache)",
+        corpus_dir="plain-text corpora (*.txt, e.g. shared/data/corpora) for --passages and added to the training "
+        "data (default: none)",
     )
     p.add_argument("--corpus-tokens", type=int, default=100_000, help="tokens of corpus text to use (default: 100000)")
-    p.add_argument(
-        "--passages",
-        type=int,
-        default=0,
-        help="also have the target answer this many tasks on --corpus-dir passages (summarise, extract, ...)",
-    )
-    p.add_argument(
-        "--self-prompts",
-        type=int,
-        default=0,
-        help="also have the target write this many user requests itself and answer them (default: 0)",
-    )
     p.add_argument(
         "--max-self-prompts",
         type=int,
         default=None,
         help="answer only the first batches of the --self-prompts plan covering this many (default: all)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=192, help="answer length cap (default: 192)")
     p.add_argument("--gen-batch-size", type=int, default=64, help="prompts answered together (default: 64)")
     p.add_argument("--draft-vocab", type=int, default=8192, help="draft vocabulary size (default: 8192)")
     p.add_argument("--intermediate-size", type=int, default=None, help="head MLP width (default: the target's)")
@@ -67,9 +45,7 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--batch-tokens", type=int, default=1024, help="tokens per training batch (default: 1024)")
     p.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the tau check (default: 12)")
-    p.add_argument("--seed", type=int, default=0, help="(default: 0)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda (default: cpu)")
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument(
         "--init",
@@ -78,7 +54,6 @@ def register(sub) -> None:
         help="start from this trained head's weights and draft vocabulary (same target) instead of a new head",
     )
     p.add_argument("--data-only", action="store_true", help="generate (or complete) the data, then stop")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=cmd_distill)
 
 
@@ -90,7 +65,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    os.environ.setdefault("SPECWISE_COMMAND", "specwise " + shlex.join(sys.argv[1:]))
+    answers.record_command()
     cfg = TrainConfig(
         loss=args.loss,
         steps_unrolled=args.steps_unrolled,
@@ -101,29 +76,17 @@ def cmd_distill(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     opts = DistillOptions(
-        target=args.target,
-        out=args.out,
-        data_dir=args.data_dir,
-        prompts_dir=args.prompts_dir,
-        max_prompts=args.max_prompts,
-        corpus_dir=args.corpus_dir,
+        **answers.answer_options(args),
         corpus_tokens=args.corpus_tokens,
-        passages=args.passages,
-        self_prompts=args.self_prompts,
         max_self_prompts=args.max_self_prompts,
-        max_new_tokens=args.max_new_tokens,
         gen_batch_size=args.gen_batch_size,
         draft_vocab=args.draft_vocab,
         intermediate_size=args.intermediate_size,
         eval_prompts=args.eval_prompts,
-        device=args.device,
-        seed=args.seed,
         resume=args.resume,
         init=args.init,
         data_only=args.data_only,
-        progress=not args.no_progress,
     )
-    opts.prompt_limits["gsm8k_train.prompts.jsonl"] = args.gsm8k_limit
     report = run_distill(opts, cfg, log=lambda msg: print(msg, file=sys.stderr))
     if args.data_only:
         print(json.dumps(report, indent=2))

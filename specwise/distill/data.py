@@ -9,7 +9,8 @@ For every sequence (chat-formatted prompt followed by the target's answer) a sha
 
 Answers are generated in batches (left-padded, the batch's rows share each forward pass), which is several
 times faster than one sequence at a time on a CPU. Shards are written atomically and the run resumes where it
-stopped: a prompt whose shard exists is not generated again.
+stopped: a prompt whose shard exists is not generated again. The prompts, their files and the data directory's plan
+are :mod:`specwise.answers`' (shared with ``specwise index``).
 """
 
 from __future__ import annotations
@@ -22,29 +23,10 @@ from pathlib import Path
 
 import torch
 
+from specwise.answers import answer_seed, check_plan, request_cache, request_seed, user_turn_prefix
 from specwise.files import atomic_path, write_json_atomic
 
-__all__ = [
-    "PromptSource",
-    "Shard",
-    "collect_prompts",
-    "generate_shards",
-    "load_shards",
-    "corpus_files",
-    "passage_prompts",
-    "corpus_shards",
-]
-
-# the shared data layout (see ../shared/data/README.md)
-PROMPT_FILES = ("oasst_en.prompts.jsonl", "mbpp.prompts.jsonl", "gsm8k_train.prompts.jsonl")
-
-
-@dataclass
-class PromptSource:
-    """A prompts file and how many of its rows to use (None: all)."""
-
-    path: Path
-    limit: int | None = None
+__all__ = ["Shard", "generate_shards", "load_shards", "self_prompts", "corpus_shards"]
 
 
 @dataclass
@@ -62,22 +44,6 @@ class Shard:
         for i in range(len(self.prompt_lengths)):
             a, b = int(self.offsets[i]), int(self.offsets[i + 1])
             yield self.tokens[a:b], self.features[a:b], self.lse[a:b], int(self.prompt_lengths[i])
-
-
-def collect_prompts(sources: list[PromptSource], seed: int) -> list[str]:
-    """Prompts from the given files, each subsampled with ``seed`` to its limit, then shuffled together."""
-    rng = random.Random(seed)
-    prompts: list[str] = []
-    for source in sources:
-        if not source.path.exists():
-            raise FileNotFoundError(f"prompts file {source.path} not found: pass --prompts-dir pointing at shared/data")
-        lines = source.path.read_text(encoding="utf-8").split("\n")  # not splitlines: prompts may hold U+2028
-        rows = [json.loads(line)["prompt"] for line in lines if line.strip()]
-        if source.limit is not None and source.limit < len(rows):
-            rows = rng.sample(rows, source.limit)
-        prompts.extend(r for r in rows if r.strip())
-    rng.shuffle(prompts)
-    return prompts
 
 
 def _save_atomic(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
@@ -202,7 +168,7 @@ def generate_shards(
     for i in range(0, len(encoded), block):
         chunk = sorted(encoded[i : i + block], key=len)
         batches.extend(chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size))
-    _check_manifest(
+    check_plan(
         out_dir,
         {
             "target": loaded.name,
@@ -227,7 +193,7 @@ def generate_shards(
             bar.update(1)
             continue
         temperature = temperatures[j % len(temperatures)]
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + j)
+        generator = torch.Generator().manual_seed(answer_seed(seed, j))
         rows = _generate_batch(loaded.hf_model, batch, max_new_tokens, eos, pad_id, temperature, generator)
         shard = _pack(rows, [len(p) for p in batch])
         meta = {"temperature": str(temperature), "source": "answers"}
@@ -236,20 +202,6 @@ def generate_shards(
         bar.set_postfix(tokens=int(shard.offsets[-1]))
     bar.close()
     return paths
-
-
-def _check_manifest(out_dir: Path, plan: dict) -> None:
-    path = out_dir / "manifest.json"
-    if path.exists():
-        recorded = json.loads(path.read_text())
-        if recorded != plan:
-            diff = sorted(k for k in plan if recorded.get(k) != plan[k])
-            raise ValueError(
-                f"{out_dir} holds data made with other settings ({', '.join(diff)} differ): "
-                "pass another --data-dir, or the settings that made it"
-            )
-        return
-    write_json_atomic(path, plan)
 
 
 def _pack(rows: list[tuple[list[int], torch.Tensor, torch.Tensor]], prompt_lengths: list[int]) -> Shard:
@@ -293,48 +245,6 @@ def corpus_pieces(tokenizer, paths: list[Path], seq_len: int, count: int, seed: 
     return pieces
 
 
-# Instructions wrapped around corpus passages: tasks on a given text (summarising, extracting, rewriting,
-# answering, continuing), the kind of request that instruction prompts rarely contain.
-PASSAGE_TASKS = (
-    "Summarize the following passage in two or three sentences.\n\n{text}",
-    "What is this passage about? Answer in a short paragraph.\n\n{text}",
-    "List the people, places and objects mentioned in the text below.\n\n{text}",
-    "Rewrite this passage in plain modern English.\n\n{text}",
-    "{text}\n\nWhat happens in the passage above, and why does it matter?",
-    "Here is a passage from a book:\n\n{text}\n\nWrite three questions a reader could answer from it, with answers.",
-    "Read the passage and describe the mood and the feelings of the people in it.\n\n{text}",
-    "{text}\n\nContinue this text for a few sentences in the same style.",
-)
-
-
-def passage_prompts(paths: list[Path], count: int, seed: int, words: int = 150) -> list[str]:
-    """``count`` prompts pairing a random passage of about ``words`` words from the files with a task.
-
-    Passages are runs of whole paragraphs (blank-line separated); those naming Project Gutenberg (licence and
-    header text) are skipped.
-    """
-    rng = random.Random(seed)
-    passages: list[str] = []
-    for path in paths:
-        paragraphs = [" ".join(p.split()) for p in path.read_text(encoding="utf-8", errors="replace").split("\n\n")]
-        current: list[str] = []
-        size = 0
-        for para in paragraphs:
-            if not para:
-                continue
-            current.append(para)
-            size += len(para.split())
-            if size >= words:
-                text = "\n\n".join(current)
-                if "gutenberg" not in text.lower() and size <= 2 * words:
-                    passages.append(text)
-                current, size = [], 0
-    if not passages:
-        raise ValueError("no passages found in the corpus files: they need blank-line separated paragraphs")
-    chosen = rng.sample(passages, min(count, len(passages)))
-    return [rng.choice(PASSAGE_TASKS).format(text=text) for text in chosen]
-
-
 def self_prompts(
     loaded,
     count: int,
@@ -355,19 +265,13 @@ def self_prompts(
     """
     from tqdm import tqdm
 
-    from specwise.runtime import encode_prompt, eos_ids
+    from specwise.runtime import eos_ids
 
     tok = loaded.tokenizer
-    marker = "\u0000specwise-user-message\u0000"
-    templated = tok.decode(encode_prompt(tok, marker, chat=True))
-    if marker not in templated:
-        raise ValueError("this target has no chat template with a user turn: --self-prompts needs one")
-    prefix = tok(templated[: templated.index(marker)], add_special_tokens=False)["input_ids"]
+    prefix = user_turn_prefix(tok)
     path = out_dir / "prompts.json"
-    state = json.loads(path.read_text()) if path.exists() else {"prefix": prefix, "seed": seed, "batches": 0}
-    if state.get("prefix") != prefix or state.get("seed") != seed:
-        raise ValueError(f"{path} was written for another target or seed: pass another --data-dir")
-    kept: list[str] = state.setdefault("prompts", [])
+    state = request_cache(path, prefix, seed, "batches")
+    kept: list[str] = state["prompts"]
     if len(kept) >= count:
         return kept[:count]
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -377,7 +281,7 @@ def self_prompts(
     seen = set(kept)
     bar = tqdm(total=count, initial=len(kept), desc="writing prompts", unit="prompt", disable=not progress)
     while len(kept) < count:
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + 7_919 + state["batches"])
+        generator = torch.Generator().manual_seed(request_seed(seed, state["batches"]))
         rows = _sample_rows(hf, prefix, batch_size, max_tokens, stop, generator, device)
         state["batches"] += 1
         for row in rows:
@@ -427,14 +331,6 @@ def _sample_rows(hf_model, prefix: list[int], batch: int, max_tokens: int, stop:
     return [r if e else None for r, e in zip(rows, ended)]
 
 
-def corpus_files(directory: Path) -> list[Path]:
-    """The ``*.txt`` files under ``directory`` (recursively), sorted."""
-    files = sorted(Path(directory).rglob("*.txt"))
-    if not files:
-        raise FileNotFoundError(f"no .txt files under {directory}: pass --corpus-dir pointing at shared/data/corpora")
-    return files
-
-
 @torch.inference_mode()
 def corpus_shards(
     loaded,
@@ -453,7 +349,7 @@ def corpus_shards(
     out_dir.mkdir(parents=True, exist_ok=True)
     count = max(1, max_tokens // seq_len)
     pieces = corpus_pieces(loaded.tokenizer, paths, seq_len, count, seed)
-    _check_manifest(
+    check_plan(
         out_dir,
         {
             "target": loaded.name,

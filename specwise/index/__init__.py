@@ -16,66 +16,34 @@ import hashlib
 import json
 import os
 import random
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from specwise.answers import AnswerOptions, Generate, answer_in_chunks, check_plan
 from specwise.files import cache_dir, safe_name, write_json_atomic
 
 __all__ = ["IndexOptions", "build_index", "calibrate", "default_data_dir", "run_index"]
 
-# generate(prompt ids, temperature, seed) -> the answer's token ids (its end-of-sequence token included)
-Generate = Callable[[list[int], float, int], list[int]]
-
 
 @dataclass
-class IndexOptions:
-    target: str = "default"
+class IndexOptions(AnswerOptions):
+    """What ``specwise index`` answers (:class:`specwise.answers.AnswerOptions`) and the index it writes."""
+
     out: Path = Path("index")
-    data_dir: Path | None = None
-    prompts_dir: Path | None = None
-    prompt_limits: dict[str, int | None] = field(
-        default_factory=lambda: {
-            "oasst_en.prompts.jsonl": None,
-            "mbpp.prompts.jsonl": None,
-            "gsm8k_train.prompts.jsonl": 1000,
-        }
-    )
-    corpus_dir: Path | None = None
-    passages: int = 0  # tasks on corpus passages (summarise, extract, ...)
-    self_prompts: int = 0  # requests written by the target itself
-    max_prompts: int | None = None  # answer only the first this many requests of the plan (None: all)
     max_new_tokens: int = 256
+    temperatures: tuple[float, ...] = (0.0, 0.0, 0.8)  # request j at temperatures[j % n]
     budget_tokens: int | None = None  # stop once this many tokens are generated (None: answer every request)
-    temperatures: tuple[float, ...] = (0.0, 0.0, 0.8)
     max_prompt_tokens: int = 512
     chunk: int = 32  # answers per saved chunk
     max_index_mb: float = 16.0
-    seed: int = 0
-    device: str = "cpu"
-    progress: bool = True
 
 
 def default_data_dir(target: str) -> Path:
     """Where the answers for an index of ``target`` are kept by default."""
     return cache_dir() / "index" / safe_name(target)
-
-
-def _check_plan(data_dir: Path, plan: dict) -> None:
-    path = data_dir / "manifest.json"
-    if path.exists():
-        recorded = json.loads(path.read_text())
-        if recorded != plan:
-            diff = sorted(k for k in plan if recorded.get(k) != plan[k])
-            raise ValueError(
-                f"{data_dir} holds answers made with other settings ({', '.join(diff)} differ): "
-                "pass another --data-dir, or the settings that made it"
-            )
-        return
-    write_json_atomic(path, plan)
 
 
 def build_index(
@@ -102,8 +70,6 @@ def build_index(
     The drafts' confidences are fitted (:func:`calibrate`) on up to ``calibration_answers`` greedy answers held out
     of an index of the others. Returns a report: tokens, tokens/s of this run's generation, the index's size.
     """
-    from tqdm import tqdm
-
     from specwise.drafters.suffix import LEAD, SuffixIndex
 
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,44 +82,17 @@ def build_index(
         "chunk": chunk,
         "max_new_tokens": info.get("build", {}).get("max_new_tokens"),
     }
-    _check_plan(data_dir, plan)
+    check_plan(data_dir, plan)
     todo = requests if max_requests is None else requests[:max_requests]
-    chunks = [todo[i : i + chunk] for i in range(0, len(todo), chunk)]
+    done = answer_in_chunks(todo, generate, data_dir, temperatures, seed, chunk, budget_tokens, progress)
+    generated, run_tokens, run_seconds = done.generated, done.this_run, done.seconds
     sequences: list[list[int]] = []
     greedy: list[tuple[list[int], list[int], int]] = []  # greedy answers (prompt, answer, place in sequences)
-    generated = run_tokens = 0
-    run_seconds = 0.0
-
-    def over_budget() -> bool:
-        return budget_tokens is not None and generated >= budget_tokens
-
-    bar = tqdm(total=len(todo), desc="answering", unit="answer", disable=not progress)
-    for c, block in enumerate(chunks):
-        path = data_dir / f"chunk_{c:05d}.json"
-        answers = json.loads(path.read_text())["answers"] if path.exists() else []
-        bar.update(len(answers))
-        generated += sum(map(len, answers))
-        if len(answers) < len(block) and not over_budget():  # a new chunk, or the rest of one cut by the budget
-            t0 = time.perf_counter()
-            while len(answers) < len(block) and not over_budget():
-                j = c * chunk + len(answers)
-                answer = generate(block[len(answers)], temperatures[j % len(temperatures)], seed * 1_000_003 + j)
-                answers.append(answer)
-                generated += len(answer)
-                run_tokens += len(answer)
-                bar.update(1)
-                rate = run_tokens / max(run_seconds + time.perf_counter() - t0, 1e-9)
-                bar.set_postfix(tokens=generated, tok_s=f"{rate:.0f}")
-            run_seconds += time.perf_counter() - t0
-            write_json_atomic(path, {"answers": answers})
-        for i, (prompt, answer) in enumerate(zip(block, answers)):
-            if answer:
-                sequences.append(prompt[-LEAD:] + answer)
-                if temperatures[(c * chunk + i) % len(temperatures)] == 0:
-                    greedy.append((prompt, answer, len(sequences) - 1))
-        if len(answers) < len(block):
-            break
-    bar.close()
+    for j, (prompt, answer) in enumerate(zip(todo, (a for answers in done.chunks for a in answers))):
+        if answer:
+            sequences.append(prompt[-LEAD:] + answer)
+            if temperatures[j % len(temperatures)] == 0:
+                greedy.append((prompt, answer, len(sequences) - 1))
     per_token = 2 if info.get("target", {}).get("vocab_size", 1 << 20) < 0xFFFF else 4
     budget = int(max_index_mb * 2**20) // (per_token + 4)  # token ids and the suffix array
     size = sum(len(s) + 1 for s in sequences)
@@ -252,36 +191,23 @@ def calibrate(
     return fitted
 
 
-def _user_turn_prefix(tokenizer) -> list[int]:
-    """The chat template's tokens up to where a user's message starts (the target then writes the message)."""
-    from specwise.runtime import encode_prompt
-
-    marker = "\u0000specwise-user-message\u0000"
-    templated = tokenizer.decode(encode_prompt(tokenizer, marker, chat=True))
-    if marker not in templated:
-        raise ValueError("this target has no chat template with a user turn: --self-prompts needs one")
-    return list(tokenizer(templated[: templated.index(marker)], add_special_tokens=False)["input_ids"])
-
-
 def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, progress: bool = True) -> list[str]:
     """``count`` user requests the target writes itself (sampled at temperature 1 from the opening of a user turn,
     as in Magpie), cached in ``path`` (written after each one: an interrupted run continues)."""
     from tqdm import tqdm
 
+    from specwise.answers import request_cache, request_seed, user_turn_prefix
     from specwise.sampling import SamplingParams
 
-    prefix = _user_turn_prefix(tokenizer)
-    state = json.loads(path.read_text()) if path.exists() else {"prefix": prefix, "seed": seed, "tries": 0}
-    if state.get("prefix") != prefix or state.get("seed") != seed:
-        raise ValueError(f"{path} was written for another target or seed: pass another --data-dir")
-    kept: list[str] = state.setdefault("prompts", [])
+    state = request_cache(path, user_turn_prefix(tokenizer), seed, "tries")
+    prefix, kept = state["prefix"], state["prompts"]
     seen = set(kept)
     initial = min(len(kept), count)
     bar = tqdm(total=count, initial=initial, desc="writing requests", unit="request", disable=not progress)
     while len(kept) < count:
         if state["tries"] > 4 * count + 16:
             raise RuntimeError(f"the target wrote too few usable requests ({len(kept)} of {count})")
-        params = SamplingParams(temperature=1.0, seed=seed * 1_000_003 + 7_919 + state["tries"])
+        params = SamplingParams(temperature=1.0, seed=request_seed(seed, state["tries"]))
         state["tries"] += 1
         result = engine.generate(prefix, params, max_new_tokens=96)
         ids = result.token_ids[:-1] if result.finish_reason == "stop" else []
@@ -297,25 +223,18 @@ def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, 
 
 def run_index(opts: IndexOptions, log: Callable[[str], None] = print) -> dict:
     """Load the target, gather the requests, answer them and write the index to ``opts.out``. Returns a report."""
-    from specwise.distill.data import PromptSource, collect_prompts, corpus_files, passage_prompts
+    from specwise.answers import engine_answers, gather_prompts
     from specwise.drafters.suffix import index_identity
     from specwise.runtime import build_runtime, encode_prompt
-    from specwise.sampling import SamplingParams
 
-    if opts.prompts_dir is None:
-        raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
-    if opts.passages > 0 and opts.corpus_dir is None:
-        raise ValueError("passage tasks need a corpus: pass --corpus-dir (shared/data/corpora) with --passages")
+    prompts, tasks = gather_prompts(opts)  # checked before the model loads
     runtime = build_runtime(opts.target, drafter="ngram", gamma="auto", device=opts.device)
     loaded, engine, tok = runtime.target, runtime.engine, runtime.tokenizer
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(loaded.name)
     data_dir.mkdir(parents=True, exist_ok=True)
-    sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
-    texts = collect_prompts(sources, opts.seed)
-    counts = {"prompts": len(texts)}
-    if opts.passages > 0:
-        tasks = passage_prompts(corpus_files(Path(opts.corpus_dir)), opts.passages, opts.seed)
-        texts += tasks
+    texts = prompts + tasks
+    counts = {"prompts": len(prompts)}
+    if tasks:
         counts["passages"] = len(tasks)
     if opts.self_prompts > 0:
         written = self_written_requests(
@@ -326,11 +245,6 @@ def run_index(opts: IndexOptions, log: Callable[[str], None] = print) -> dict:
     random.Random(opts.seed).shuffle(texts)
     requests = [ids for ids in (encode_prompt(tok, t, chat=True) for t in texts) if len(ids) <= opts.max_prompt_tokens]
     log(f"index: {len(requests)} requests ({counts}), answering {opts.max_prompts or 'all'} -> {data_dir}")
-
-    def generate(prompt: list[int], temperature: float, seed: int) -> list[int]:
-        params = SamplingParams(temperature=temperature, seed=seed)
-        return engine.generate(prompt, params, max_new_tokens=opts.max_new_tokens).token_ids
-
     info = {
         "target": index_identity(loaded),
         "build": {
@@ -343,7 +257,7 @@ def run_index(opts: IndexOptions, log: Callable[[str], None] = print) -> dict:
     }
     return build_index(
         requests,
-        generate,
+        engine_answers(engine, opts.max_new_tokens),
         data_dir,
         Path(opts.out),
         info,
