@@ -21,8 +21,8 @@ from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.planner import Planner, PlanState, Proposal, make_planner, sources_of
-from specwise.rejection import verify_coupled, verify_stochastic
-from specwise.sampling import SamplingParams, check_logits, greedy_choices, log_probs, probs_from_logits
+from specwise.rejection import verify
+from specwise.sampling import SamplingParams, log_probs
 
 __all__ = ["Engine", "GenerationEvent", "GenerationResult", "LogprobOptions", "Run", "StopText", "TokenLogprob"]
 
@@ -382,25 +382,10 @@ class Engine:
             logits = logits[-(k + 1) :]  # [k + 1, vocab]: the rows that judge the draft (a batch keeps only those)
         if run.grammar is not None:  # p under the grammar: forbidden tokens at -inf before any other transform
             logits = constrain_logits(logits, run.masks)
-        if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
-            best = greedy_choices(logits)
-            drafted = draft.ids
-            accepted = 0
-            while accepted < k and drafted[accepted] == best[accepted]:
-                accepted += 1
-            new = drafted[:accepted] + [best[accepted]]
-        elif draft.probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
-            check_logits(logits)  # every row, though p is computed only as far as the first rejection
-            at = len(run.context) + len(jumped) - len(run.prompt_ids)  # the output position of row 0
-            rows = lambda i: probs_from_logits(logits[i : i + 1], params)  # noqa: E731  [1, vocab]
-            new = verify_coupled(draft.ids, rows, lambda i: run.uniforms(at + i))
-            accepted = len(new) - 1
-        else:
-            p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]: every row checked by probs_from_logits
-            q = draft.probs[None].to(logits.device)
-            result = verify_stochastic(draft.tokens[None].to(logits.device), q, p, run.generator)
-            accepted = int(result.num_accepted[0])
-            new = result.tokens[0, : accepted + 1].tolist()
+        at = len(run.context) + len(jumped) - len(run.prompt_ids)  # the output position of row 0
+        uniforms = None if params.greedy else (lambda i: run.uniforms(at + i))
+        new = verify(draft.ids, draft.probs, logits, params, run.generator, uniforms)
+        accepted = len(new) - 1
         run.target.rollback(start + 1 + len(jumped) + accepted)
         stats.verify_seconds += time.perf_counter() - t_pass
         run.last_accepted = accepted

@@ -23,9 +23,24 @@ from dataclasses import dataclass
 
 import torch
 
-from specwise.sampling import argmax, sample, sample_with
+from specwise.sampling import (
+    SamplingParams,
+    argmax,
+    check_logits,
+    greedy_choices,
+    probs_from_logits,
+    sample,
+    sample_with,
+)
 
-__all__ = ["Verification", "verify_greedy", "verify_stochastic", "verify_coupled", "residual_distribution"]
+__all__ = [
+    "Verification",
+    "verify",
+    "verify_greedy",
+    "verify_stochastic",
+    "verify_coupled",
+    "residual_distribution",
+]
 
 # Below this residual mass the residual is float noise (p and q agree); p itself is used instead.
 # Rejection then happens with probability of the same order, so the choice does not bias the output.
@@ -177,3 +192,37 @@ def verify_coupled(draft_tokens: list[int], target_probs, uniforms) -> list[int]
         if i == gamma or y != draft_tokens[i]:
             break
     return out
+
+
+def verify(
+    draft_ids: list[int],
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+    uniforms=None,
+) -> list[int]:
+    """The one verification of a sequence's draft, as the engine and the batch engine make it: the emitted tokens
+    (the accepted drafts, then the recovered or bonus token) for ``draft_ids`` (k tokens) judged by the target's
+    ``logits`` ``[k + 1, vocab]`` under ``params``.
+
+    greedy: the greedy rule (one native scan of the rows' argmax); a draft of single tokens (``draft_probs`` None):
+    the coupled rule with ``uniforms(row)`` the uniform of that row's output position, p computed row by row only
+    as far as the first rejection (every row is checked first); else the stochastic rule with ``draft_probs``
+    ``[k, vocab]`` and ``generator``. Raises ValueError on logits with NaN or +inf."""
+    k = len(draft_ids)
+    if logits.dim() != 2 or logits.shape[0] != k + 1:
+        raise ValueError(f"logits must be [k + 1, vocab] = [{k + 1}, vocab], got {tuple(logits.shape)}")
+    if params.greedy:  # the longest prefix of the draft that the target's argmax agrees with, then its choice
+        best = greedy_choices(logits)
+        accepted = 0
+        while accepted < k and draft_ids[accepted] == best[accepted]:
+            accepted += 1
+        return list(draft_ids[:accepted]) + [best[accepted]]
+    if draft_probs is None:  # single tokens: the coupled rule, whose output does not depend on the draft
+        check_logits(logits)
+        return verify_coupled(list(draft_ids), lambda i: probs_from_logits(logits[i : i + 1], params), uniforms)
+    p = probs_from_logits(logits, params)[None]  # [1, k + 1, vocab]: every row checked by probs_from_logits
+    tokens = torch.tensor([list(draft_ids)], dtype=torch.int64, device=logits.device)
+    result = verify_stochastic(tokens, draft_probs[None].to(logits.device), p, generator)
+    return result.tokens[0, : int(result.num_accepted[0]) + 1].tolist()

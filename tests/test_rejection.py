@@ -585,3 +585,33 @@ def test_coupled_rule_computes_rows_only_as_far_as_the_first_rejection():
         assert asked == list(range(len(lazy)))  # no row after the first rejection (or the bonus)
     with pytest.raises(ValueError, match="gamma"):
         verify_coupled([1, 2], p, uniforms)
+
+
+def test_verify_is_each_rule_for_its_case():
+    """rejection.verify, the engine's one entry point, gives what each rule gives: greedy the argmax prefix
+    (verify_greedy), single tokens the coupled rule, drafts with q the stochastic rule (same generator state)."""
+    from specwise.rejection import verify, verify_coupled
+    from specwise.sampling import PositionUniforms
+
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(4, 60, generator=g) * 3  # [gamma + 1, vocab]
+    best = logits.argmax(-1).tolist()
+    params = SamplingParams(temperature=0.9, top_k=30)
+    uniforms = PositionUniforms(5)
+    q = probs_from_logits(torch.randn(3, 60, generator=g), params)  # [gamma, vocab]
+    for draft in ([best[0], best[1], best[2]], [best[0], 7 if best[1] != 7 else 8, best[2]], [3, 4, 5]):
+        want = verify_greedy(torch.tensor([draft]), logits[None])
+        n = int(want.num_accepted[0])
+        assert verify(draft, None, logits, SamplingParams()) == want.tokens[0, : n + 1].tolist()
+        p = probs_from_logits(logits, params)
+        assert verify(draft, None, logits, params, uniforms=uniforms) == verify_coupled(draft, p, uniforms)
+        got = verify(draft, q, logits, params, generator=gen(4))
+        ref = verify_stochastic(torch.tensor([draft]), q[None], p[None], gen(4))
+        assert got == ref.tokens[0, : int(ref.num_accepted[0]) + 1].tolist()
+    with pytest.raises(ValueError, match="k \\+ 1"):
+        verify([1, 2], None, logits, SamplingParams())
+    bad = logits.clone()
+    bad[1, 3] = float("nan")
+    for p_, q_ in ((SamplingParams(), None), (params, None), (params, q)):
+        with pytest.raises(ValueError):
+            verify([best[0], best[1], best[2]], q_, bad, p_, generator=gen(0), uniforms=uniforms)
