@@ -176,6 +176,11 @@ class Planner(ABC):
     carry: float = 0.0
     KIND_PRIOR, KIND_WEIGHT, KIND_DECAY = 0.5, 2.0, 0.9  # first-token acceptance by kind of draft
 
+    def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
+        """This planner, given the target's measured cost curve c(k) as its prior (known once the target is
+        loaded; a fixed gamma has no use for it). Returns self."""
+        return self
+
     def new_state(self, drafter: Drafter | Sequence[Drafter]) -> PlanState:
         """The state of a new sequence drafted by ``drafter`` (one, or a list: several sources)."""
         sources = sources_of(drafter)
@@ -392,6 +397,11 @@ class AdaptivePlanner(Planner):
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
         self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
         self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
+
+    def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
+        if cost_curve:  # the prior of the k-token passes not estimated yet (each is made on first use)
+            self.prior_curve = dict(cost_curve)
+        return self
 
     # ---- estimates -------------------------------------------------------------------------------------------
 

@@ -77,24 +77,23 @@ def build_runtime(
     """
     import torch
 
-    from specwise.drafters import make_drafter, resolve_drafter_spec
+    from specwise.drafters import build_drafter, resolve_drafter_spec
     from specwise.models import load_model
     from specwise.models.loader import DEFAULT_PRECISION, release_free_memory
 
-    make_planner(gamma)  # validates gamma before anything is loaded
+    planner = make_planner(gamma)  # gamma decided (and checked) once, before anything is loaded
     device = resolve_device(device)
     precision = precision or DEFAULT_PRECISION
     loaded = load_model(target, device=device, dtype=torch.float32, impl=impl, precision=precision)
     drafter = resolve_drafter_spec(drafter, loaded)
-    draft = make_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
+    draft = build_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
     release_free_memory()  # what building the drafter left free (its weights' conversions)
     engine = Engine(
         loaded.model,
         draft,
-        gamma=gamma,
+        gamma=planner.with_cost_curve(saved_cost_prior(loaded, device)),
         tokenizer=loaded.tokenizer,
         eos_token_ids=eos_ids(loaded),
-        cost_curve=saved_cost_prior(loaded, device),
     )
     return Runtime(engine, loaded, drafter, device)
 

@@ -350,6 +350,32 @@ def test_the_runtime_hands_the_saved_cost_curve_to_the_planner(tmp_path, monkeyp
     assert saved_cost_curve(tiny_dir, "cpu") is None
 
 
+def test_the_runtime_decides_gamma_and_the_drafter_once(tmp_path, monkeypatch, tiny_dir):
+    """Following the CLI's arguments down: the planner is made once (checked before loading, given the cost curve
+    after) and the drafter spec resolved once (``auto`` -> a concrete spec, then built)."""
+    import specwise.drafters as drafters
+    from specwise.runtime import build_runtime
+
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))
+    made, resolved = [], []
+    init, resolve = AdaptivePlanner.__init__, drafters.resolve_drafter_spec
+
+    def counting_init(self, *args, **kwargs):
+        made.append(self)
+        init(self, *args, **kwargs)
+
+    def counting_resolve(spec, target):
+        resolved.append(spec)
+        return resolve(spec, target)
+
+    monkeypatch.setattr(AdaptivePlanner, "__init__", counting_init)
+    monkeypatch.setattr(drafters, "resolve_drafter_spec", counting_resolve)
+    runtime = build_runtime(tiny_dir, "auto", "auto", "cpu")
+    assert made == [runtime.engine.planner] and resolved == ["auto"]
+    with pytest.raises(ValueError, match="gamma"):
+        build_runtime(tiny_dir, "ngram", "-1", "cpu")
+
+
 def test_the_first_ask_of_a_request_does_not_set_the_drafting_time():
     """The first ask also takes in the prompt (a head runs its layer over every prompt position): that one-off time
     must not make every later drafted token look as dear as a target pass."""

@@ -19,6 +19,7 @@ __all__ = [
     "NoDrafter",
     "VocabularyMismatchError",
     "check_same_vocabulary",
+    "build_drafter",
     "make_drafter",
     "resolve_drafter_spec",
 ]
@@ -77,9 +78,20 @@ def make_drafter(
 
     precision: how a draft model from a GGUF file is evaluated (``q8`` or ``exact``; None: the default).
     """
-    spec = resolve_drafter_spec(spec, target)
+    return build_drafter(resolve_drafter_spec(spec, target), target, device, dtype, impl, precision)
+
+
+def build_drafter(
+    spec: str,
+    target,
+    device="cpu",
+    dtype=None,
+    impl: str = "auto",
+    precision: str | None = None,
+) -> Drafter | list[Drafter]:
+    """make_drafter for a spec already resolved (``resolve_drafter_spec``: no ``auto`` left in it)."""
     if "+" in spec:
-        return [make_drafter(part, target, device, dtype, impl, precision) for part in spec.split("+")]
+        return [build_drafter(part, target, device, dtype, impl, precision) for part in spec.split("+")]
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
