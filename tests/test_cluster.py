@@ -176,17 +176,27 @@ def run_all(calls: list) -> list[dict]:
     return results
 
 
+REPLICA_ACTOR = f"SERVE_REPLICA::{APP_NAME}#SpecwiseEngine#"  # Ray Serve's name of a replica's actor, before its id
+
+
 def engine_replicas() -> dict[str, int]:
+    """The engine deployment's replicas by state."""
     status = serve.status().applications[APP_NAME].deployments["SpecwiseEngine"]
-    return {str(getattr(state, "value", state)): count for state, count in status.replica_states.items()}
+    return {str(getattr(state, "value", state)): n for state, n in status.replica_states.items() if n}
 
 
-def wait_for_running(count: int) -> float:
-    """Seconds until the engine deployment has ``count`` running replicas (bounded)."""
+def replica_ids() -> set[str]:
+    """The ids of the engine's live replica actors (starting or running)."""
+    names = ray.util.list_named_actors(all_namespaces=True)
+    return {a["name"][len(REPLICA_ACTOR) :] for a in names if a["name"].startswith(REPLICA_ACTOR)}
+
+
+def wait_for_running(count: int, gone: str | None = None) -> float:
+    """Seconds until the engine deployment has ``count`` running replicas, none of them ``gone`` (bounded)."""
     start = time.monotonic()
-    while engine_replicas().get("RUNNING", 0) != count or len(engine_replicas()) != 1:
+    while engine_replicas() != {"RUNNING": count} or len(replica_ids() - {gone}) != count:
         assert time.monotonic() - start < READY_SECONDS, f"replicas did not recover: {engine_replicas()}"
-        time.sleep(0.5)
+        time.sleep(0.25)
     return time.monotonic() - start
 
 
@@ -239,7 +249,8 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluste
     rest.start()
     time.sleep(1.0)  # for the first of them to reach the replicas (what is asserted does not depend on it)
     victim = probe["replica"]
-    ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#SpecwiseEngine#{victim}", namespace="serve"), no_restart=True)
+    assert victim in replica_ids()
+    ray.kill(ray.get_actor(REPLICA_ACTOR + victim, namespace="serve"), no_restart=True)
     killed_at = time.monotonic()
     thread.join(TIMEOUT + 30)
     rest.join(2 * TIMEOUT + 60)
@@ -263,7 +274,7 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluste
     print(
         f"killed replica {victim}: {retried} of {len(results)} unstreamed requests sent again; probe: {probe['error']}"
     )
-    recovery = time.monotonic() - killed_at + wait_for_running(2)
+    recovery = time.monotonic() - killed_at + wait_for_running(2, gone=victim)
     print(f"recovered to 2 running replicas {recovery:.1f} s after the kill")
     after = run_all([(cluster, PROMPTS[1], 8, True) for _ in range(6)])
     assert [r["error"] for r in after] == [None] * 6

@@ -438,8 +438,6 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     until interrupted; then remove the application (and stop the cluster this command started)."""
     options = options_from_args(args)
     options.check()
-    if args.address is None and options.device == "auto":
-        options.device = "cpu"
     if args.address is None:
         _check_target_here(options.target)  # a local cluster: the file must be here
     ray = import_ray()
