@@ -1,8 +1,10 @@
 """Benchmarks: Spec-Bench-style runs with baselines and peers (``specwise bench``), reports and plots, and the
 theory drawn from toy models (``specwise simulate``). See docs/BENCHMARKS.md."""
 
+from specwise.bench.configs import BenchConfig, BenchSettings, make_configs
 from specwise.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
-from specwise.bench.runner import BenchConfig, BenchSettings, make_configs, run_bench, validate_results
+from specwise.bench.runner import run_bench
+from specwise.bench.schema import validate_results
 
 __all__ = [
     "BenchConfig",

@@ -130,7 +130,7 @@ def bench_command(args: argparse.Namespace) -> str:
 
 
 def _settings(args: argparse.Namespace, device: str):
-    from specwise.bench.runner import BenchSettings
+    from specwise.bench.configs import BenchSettings
 
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -185,7 +185,7 @@ def _finish(results: dict, out: Path) -> int:
 
 def _read_results(path: Path, out: str) -> dict:
     """A results.json checked against the schema; the errors name the file."""
-    from specwise.bench.runner import validate_results
+    from specwise.bench.schema import validate_results
 
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `specwise bench --out {out}` first")
@@ -200,7 +200,8 @@ def _read_results(path: Path, out: str) -> dict:
 def cmd_bench(args: argparse.Namespace) -> int:
     """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
     require("bench", "specwise bench")  # the plots: checked before anything runs
-    from specwise.bench.runner import paired_summary, run_bench
+    from specwise.bench.runner import run_bench
+    from specwise.bench.schema import paired_summary
 
     out = Path(args.out)
     if args.report_only:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specwise.bench.configs import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID
 from specwise.bench.paired import FASTER, SLOWER
-from specwise.bench.runner import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID, validate_results
+from specwise.bench.schema import validate_results
 from specwise.extras import missing_extra
 from specwise.metrics import expected_tau
 
