@@ -20,7 +20,7 @@ from pathlib import Path
 from specwise.answers import AnswerOptions
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
-__all__ = ["DistillOptions", "run_distill", "held_out_split"]
+__all__ = ["DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
 
 
 @dataclass
@@ -56,27 +56,39 @@ def default_data_dir(target: str) -> Path:
     return distill_dir() / safe_name(target)
 
 
-def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
-    """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
-    import torch
+@dataclass
+class DistillData:
+    """The shards of a run's data: the target's answers to the prompts (split into training and held-out), to the
+    passage tasks and to the requests it wrote itself, and its features over plain text (training only)."""
 
-    from specwise.answers import corpus_files, gather_prompts
-    from specwise.distill.data import corpus_shards, generate_shards, load_shards, self_prompts
-    from specwise.distill.train import draft_vocabulary, make_batches, train_head
-    from specwise.drafters.head import check_target, load_head, new_head, save_head
-    from specwise.models.loader import load_model
-    from specwise.runtime import eos_ids
+    data_dir: Path
+    answers: list[Path]
+    passages: list[Path]
+    self_written: list[Path]
+    corpus: list[Path]
 
-    out = Path(opts.out)
-    state_path = out / "train_state.pt"
-    if state_path.exists() and not opts.resume:
-        raise FileExistsError(
-            f"{out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
-        )
-    prompts, tasks = gather_prompts(opts)  # checked before the model loads
-    started = time.time()
-    torch.manual_seed(opts.seed)
-    loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
+    def split(self) -> tuple[list[Path], list[Path]]:
+        """(training, held-out) shards: held-out fidelity is measured on answers to the prompts only."""
+        train, held = held_out_split(self.answers)
+        return train + self.passages + self.self_written + self.corpus, held
+
+    def counts(self) -> dict:
+        return {
+            "data_dir": str(self.data_dir),
+            "answer_shards": len(self.answers),
+            "train_answer_shards": len(held_out_split(self.answers)[0]),
+            "passage_shards": len(self.passages),
+            "self_prompt_shards": len(self.self_written),
+            "corpus_shards": len(self.corpus),
+        }
+
+
+def make_data(opts: DistillOptions, loaded, prompts: list[str], tasks: list[str], log=print) -> DistillData:
+    """Generate (or reuse: every stage resumes) the shards of ``opts``' data for the target ``loaded``, from the
+    gathered prompts and passage tasks (:func:`specwise.answers.gather_prompts`)."""
+    from specwise.answers import corpus_files
+    from specwise.distill.data import corpus_shards, generate_shards, self_prompts
+
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
 
     def answer(requests: list[str], name: str, limit: int | None = None, **extra) -> list[Path]:
@@ -95,15 +107,11 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         )
 
     log(f"data: {len(prompts)} prompts (using {opts.max_prompts or 'all'}) -> {data_dir / 'answers'}")
-    paths = answer(prompts, "answers", opts.max_prompts)
-    train_paths, held_paths = held_out_split(paths)
-    corpus_paths: list[Path] = []
-    passage_paths: list[Path] = []
+    data = DistillData(data_dir, answer(prompts, "answers", opts.max_prompts), [], [], [])
     files = corpus_files(Path(opts.corpus_dir)) if opts.corpus_dir is not None else []
     if tasks:
         log(f"data: {len(tasks)} passage tasks from {len(files)} files -> {data_dir / 'passages'}")
-        passage_paths = answer(tasks, "passages", max_prompt_tokens=512)
-    self_paths: list[Path] = []
+        data.passages = answer(tasks, "passages", max_prompt_tokens=512)
     if opts.self_prompts > 0:
         requests = self_prompts(
             loaded,
@@ -114,51 +122,79 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
             progress=opts.progress,
         )
         log(f"data: {len(requests)} requests written by the target -> {data_dir / 'self_prompts'}")
-        self_paths = answer(requests, "self_prompts", opts.max_self_prompts)
+        data.self_written = answer(requests, "self_prompts", opts.max_self_prompts)
     if files and opts.corpus_tokens > 0:
         log(f"data: about {opts.corpus_tokens} tokens of text from {len(files)} files -> {data_dir / 'corpus'}")
-        corpus_paths = corpus_shards(
+        data.corpus = corpus_shards(
             loaded, files, data_dir / "corpus", opts.corpus_tokens, seed=opts.seed, progress=opts.progress
         )
+    return data
+
+
+def _start_head(opts: DistillOptions, loaded, train_shards):
+    """The head training starts from: the checkpoint's (--resume), a trained head's (--init), or a new one with
+    the draft vocabulary of the training data; a new start is saved in ``opts.out`` at once (its config)."""
+    import torch
+
+    from specwise.distill.train import draft_vocabulary
+    from specwise.drafters.head import check_target, load_head, new_head, save_head
+    from specwise.runtime import eos_ids
+
+    out, hf = Path(opts.out), loaded.hf_model
+    if opts.resume and (out / "config.json").exists():
+        head = load_head(out)
+        check_target(head.config, hf, loaded.name)
+        head.attach_target(hf)
+        return head
+    if opts.init is not None:
+        head = load_head(Path(opts.init))
+        check_target(head.config, hf, loaded.name)
+        head.attach_target(hf)
+    else:
+        eos = eos_ids(loaded) or set()
+        vocab = draft_vocabulary(train_shards, opts.draft_vocab, eos, loaded.model.vocab_size)
+        head = new_head(hf, loaded.name, vocab, opts.intermediate_size, seed=opts.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    save_head(head, out, dtype=torch.float32)  # the config and the initial weights, replaced at the end
+    return head
+
+
+def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
+    """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
+    import torch
+
+    from specwise.answers import gather_prompts
+    from specwise.distill.data import load_shards
+    from specwise.distill.train import make_batches, train_head
+    from specwise.drafters.head import save_head
+    from specwise.models.loader import load_model
+
+    out = Path(opts.out)
+    state_path = out / "train_state.pt"
+    if state_path.exists() and not opts.resume:
+        raise FileExistsError(
+            f"{out} holds a training checkpoint: pass --resume to continue it, or choose another --out"
+        )
+    prompts, tasks = gather_prompts(opts)  # checked before the model loads
+    started = time.time()
+    torch.manual_seed(opts.seed)
+    loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
+    data = make_data(opts, loaded, prompts, tasks, log)
     if opts.data_only:
-        return {
-            "data_dir": str(data_dir),
-            "answer_shards": len(paths),
-            "train_answer_shards": len(train_paths),
-            "passage_shards": len(passage_paths),
-            "self_prompt_shards": len(self_paths),
-            "corpus_shards": len(corpus_paths),
-        }
-    # held-out fidelity is measured on answers only
-    train_paths = train_paths + passage_paths + self_paths + corpus_paths
+        return data.counts()
+    train_paths, held_paths = data.split()
     train_shards, held_shards = load_shards(train_paths), load_shards(held_paths)
     n_train = sum(len(s.tokens) for s in train_shards)
     n_held = sum(len(s.tokens) for s in held_shards)
     log(f"data: {n_train} training tokens in {len(train_paths)} shards, {n_held} held out in {len(held_paths)}")
 
-    hf = loaded.hf_model
-    eos = eos_ids(loaded) or set()
-    if opts.resume and (out / "config.json").exists():
-        head = load_head(out)
-        check_target(head.config, hf, loaded.name)
-        head.attach_target(hf)
-    elif opts.init is not None:
-        head = load_head(Path(opts.init))
-        check_target(head.config, hf, loaded.name)
-        head.attach_target(hf)
-        out.mkdir(parents=True, exist_ok=True)
-        save_head(head, out, dtype=torch.float32)
-    else:
-        vocab = draft_vocabulary(train_shards, opts.draft_vocab, eos, loaded.model.vocab_size)
-        head = new_head(hf, loaded.name, vocab, opts.intermediate_size, seed=opts.seed)
-        out.mkdir(parents=True, exist_ok=True)
-        save_head(head, out, dtype=torch.float32)  # the config and the initial weights, replaced at the end
+    head = _start_head(opts, loaded, train_shards)
     head.to(opts.device)  # the frozen embedding and output rows are the target's, already there
     coverage = _coverage(held_shards, head.vocab_ids.cpu(), loaded.model.vocab_size)
     log(f"draft vocabulary: {head.config.draft_vocab_size} tokens cover {coverage:.2%} of held-out tokens")
     train = make_batches(train_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
     held = make_batches(held_shards, cfg.batch_tokens, cfg.max_seq_len, cfg.seed)
-    full_head = hf.get_output_embeddings().weight.detach()
+    full_head = loaded.hf_model.get_output_embeddings().weight.detach()
     result = train_head(head, train, held, full_head, cfg, state_path, resume=opts.resume, progress=opts.progress)
     head.config.training = {
         "command": os.environ.get("SPECWISE_COMMAND", ""),
@@ -169,9 +205,9 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "epochs": cfg.epochs,
         "seed": cfg.seed,
         "init": str(opts.init) if opts.init else None,
-        "corpus_shards": len(corpus_paths),
-        "passage_shards": len(passage_paths),
-        "self_prompt_shards": len(self_paths),
+        "corpus_shards": len(data.corpus),
+        "passage_shards": len(data.passages),
+        "self_prompt_shards": len(data.self_written),
     }
     save_head(head, out, dtype=torch.float16)
     tau = measure_tau(loaded, out, held_shards, opts)
