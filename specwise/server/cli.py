@@ -92,6 +92,9 @@ def register(subparsers) -> None:
         default=None,
         help="autoscale between --replicas and this on the requests each replica has (default: a fixed number)",
     )
+    cluster.add_argument(
+        "--gateways", type=int, default=1, help="replicas of the gateway that forwards requests (default 1)"
+    )
     p.set_defaults(func=cmd_serve)
 
 
@@ -122,7 +125,8 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 _CLUSTER_FLAGS = {"--address": "address", "--replicas": "replicas", "--max-replicas": "max_replicas"}
-_CLUSTER_DEFAULTS = {"address": None, "replicas": 1, "max_replicas": None}
+_CLUSTER_FLAGS["--gateways"] = "gateways"
+_CLUSTER_DEFAULTS = {"address": None, "replicas": 1, "max_replicas": None, "gateways": 1}
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

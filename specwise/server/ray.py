@@ -80,6 +80,7 @@ class ClusterOptions:
     replicas: int = 1  # the number of replicas (the least, with autoscaling)
     max_replicas: int | None = None  # with autoscaling: the most (None: a fixed number of replicas)
     cpus_per_replica: float = 1.0  # Ray's CPUs per replica, and so its torch threads
+    gateways: int = 1  # gateway replicas (each forwards requests; they hold no model)
 
     def check(self) -> None:
         """Raise ValueError naming the first option out of range."""
@@ -87,6 +88,8 @@ class ClusterOptions:
             raise ValueError(f"--replicas must be >= 1, got {self.replicas}")
         if self.max_replicas is not None and self.max_replicas < self.replicas:
             raise ValueError(f"--max-replicas ({self.max_replicas}) must be >= --replicas ({self.replicas})")
+        if self.gateways < 1:
+            raise ValueError(f"--gateways must be >= 1, got {self.gateways}")
         if self.cpus_per_replica <= 0:
             raise ValueError(f"--threads must be >= 1, got {self.cpus_per_replica}")
         if self.max_batch < 1:
@@ -376,6 +379,7 @@ def build_application(options: ClusterOptions):
     gateway = serve.deployment(
         serve.ingress()(SpecwiseGateway),
         name="SpecwiseGateway",
+        num_replicas=options.gateways,
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=GATEWAY_MAX_ONGOING,
     )
@@ -430,6 +434,7 @@ def options_from_args(args: argparse.Namespace) -> ClusterOptions:
         replicas=args.replicas,
         max_replicas=args.max_replicas,
         cpus_per_replica=float(args.threads or 1),
+        gateways=args.gateways,
     )
 
 
