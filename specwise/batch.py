@@ -225,6 +225,9 @@ class BatchEngine:
         active = self._share_prefill(active)
         copied = self.prefill_copied - copied
         engine = self.engine
+        governor = getattr(engine.target, "governor", None)  # the thread count of the native model's passes
+        if governor is not None:
+            engine.planner.use_threads(governor.in_use())
         # each sequence puts at least one row in the pass (a prefill chunk puts its tokens)
         feeds: list[list[int] | None] = []
         for slot in active:
@@ -261,6 +264,8 @@ class BatchEngine:
         t_pass = time.perf_counter()
         outputs = engine.target.forward_batch(items, keeps)
         seconds_pass = time.perf_counter() - t_pass
+        if governor is not None:  # the pass may have been a try of the other count
+            engine.planner.use_threads(governor.last)
         events: list[tuple[int, GenerationEvent]] = []
         for (slot, chunk), proposal, logits in zip(fed, plans, outputs):
             run = slot.run

@@ -296,11 +296,16 @@ class Engine:
         if prefill:
             self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
         run.prefilled(time.perf_counter() - run.t0)
+        governor = getattr(self.target, "governor", None)  # the thread count of the native model's passes
         while run.finish is None:
+            if governor is not None:
+                self.planner.use_threads(governor.in_use())
             proposal = self.plan(run)
             t1 = time.perf_counter()
             logits = self.target.forward(run.feed(proposal))  # [k + 1, vocab]
             event = self.finish_step(run, proposal, logits, t1)
+            if governor is not None:  # the pass may have been a try of the other count
+                self.planner.use_threads(governor.last)
             self.planner.observe(run.state, proposal, run.last_accepted, time.perf_counter() - t1)
             yield event
 

@@ -181,6 +181,10 @@ class Planner(ABC):
         loaded; a fixed gamma has no use for it). Returns self."""
         return self
 
+    def use_threads(self, threads: int | None) -> None:
+        """The target's passes run on ``threads`` threads from now on (None: unknown): what a pass costs is
+        estimated apart for each thread count (a planner that does not estimate costs ignores it)."""
+
     def new_state(self, drafter: Drafter | Sequence[Drafter]) -> PlanState:
         """The state of a new sequence drafted by ``drafter`` (one, or a list: several sources)."""
         sources = sources_of(drafter)
@@ -397,6 +401,23 @@ class AdaptivePlanner(Planner):
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
         self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
         self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
+        # the estimates above of what a pass costs, per thread count of the passes: a busy machine moves the
+        # target between two threads and one (models/threads.py), whose passes cost differently, and a pass tried
+        # on the other count must not move the estimates of the count in use
+        self._threads: int | None = None
+        self._by_threads: dict[int, tuple] = {}
+
+    _PASS_ESTIMATES = ("_scale", "_scale_provisional", "_since_plain", "_ratios", "_shared")
+
+    def use_threads(self, threads: int | None) -> None:
+        if threads is None or threads == self._threads:
+            return
+        if self._threads is not None:
+            self._by_threads[self._threads] = tuple(getattr(self, name) for name in self._PASS_ESTIMATES)
+            saved = self._by_threads.get(threads, (None, False, 0, {}, {}))  # a new count: from the priors
+            for name, value in zip(self._PASS_ESTIMATES, saved):
+                setattr(self, name, value)
+        self._threads = threads
 
     def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
         if cost_curve:  # the prior of the k-token passes not estimated yet (each is made on first use)

@@ -694,3 +694,74 @@ def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch
     assert drafter.asks == asks
     proposal = s.draft(state, context, 5000, params, None)  # 5,000 tokens left: it pays again
     assert len(proposal.draft) and drafter.asks == asks + 1
+
+
+def test_pass_costs_are_estimated_per_thread_count():
+    """A busy machine moves the target between two threads and one (models/threads.py): the planner keeps what a
+    pass costs apart for each count, returns to a count's estimates when the count comes back, and a pass tried on
+    the other count does not move the estimates of the count in use."""
+    s = AdaptivePlanner(max_gamma=4)
+    state = start(s)
+    s.use_threads(2)
+    for _ in range(20):
+        observe(s, state, 0, 0, 0.0, 0.010)  # plain steps: 10 ms a pass on two threads
+        observe(s, state, 3, 3, 0.0, 0.013)  # 4-token passes: 13 ms
+    two = pass_times(s)
+    assert two[0] == pytest.approx(0.010, rel=0.05) and two[3] == pytest.approx(0.013, rel=0.05)
+    s.use_threads(1)  # a new count starts from the priors, not from the other count's times
+    assert s._scale is None
+    for _ in range(20):
+        observe(s, state, 0, 0, 0.0, 0.017)
+        observe(s, state, 3, 3, 0.0, 0.030)  # one thread: a steeper curve
+    one = pass_times(s)
+    assert one[0] == pytest.approx(0.017, rel=0.05) and one[3] == pytest.approx(0.030, rel=0.05)
+    s.use_threads(2)
+    assert pass_times(s) == two  # the two-thread estimates, as they were
+    s.use_threads(1)  # a try on one thread: its pass goes to the one-thread estimates only
+    observe(s, state, 0, 0, 0.0, 0.050)
+    s.use_threads(2)
+    assert pass_times(s) == two
+    s.use_threads(None)  # unknown (a model without a governor): nothing changes
+    assert pass_times(s) == two
+
+
+def test_the_engine_tells_the_planner_each_pass_thread_count():
+    """The engine plans on the governor's count in use and books each pass under the count it ran on (a try of
+    the other count included), in a batch too."""
+    from specwise.batch import BatchEngine, Request
+
+    class Governor:
+        def __init__(self):
+            self.last, self.passes = None, 0
+
+        def in_use(self):
+            return 2
+
+    class Target(ToyModel):
+        def forward(self, tokens, num_logits=None):
+            out = super().forward(tokens, num_logits)
+            self.governor.passes += 1
+            self.governor.last = 1 if self.governor.passes % 3 == 0 else 2  # every third pass a try on one
+            return out
+
+    for batched in (False, True):
+        target = Target.random(16, seed=1)
+        target.governor = Governor()
+        engine = Engine(target, NgramDrafter(), gamma="auto")
+        seen = []
+        use = engine.planner.use_threads
+        engine.planner.use_threads = lambda n, use=use, seen=seen: (seen.append(n), use(n))[1]
+        if batched:
+
+            def forward_batch(items, keeps, t=target):
+                out = [m.forward(tokens, keep) for (m, tokens), keep in zip(items, keeps)]
+                t.governor.passes += 1
+                t.governor.last = 1 if t.governor.passes % 3 == 0 else 2
+                return out
+
+            target.forward_batch = forward_batch
+            BatchEngine(engine, max_batch=1).run_all([Request([1, 2, 3], SamplingParams(), 12)])
+        else:
+            engine.generate([1, 2, 3], SamplingParams(), max_new_tokens=12)
+        assert 1 in seen and 2 in seen
+        assert set(engine.planner._by_threads) | {engine.planner._threads} == {1, 2}

@@ -54,6 +54,7 @@ class ThreadGovernor:
         self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
         self._most: int | None = None
         self._set = 0  # the torch thread count the governor set last
+        self.last: int | None = None  # the thread count of the last pass recorded
 
     @property
     def most(self) -> int:
@@ -88,6 +89,7 @@ class ThreadGovernor:
 
     def record(self, threads: int, rows: int, seconds: float) -> None:
         """Note that a pass of ``rows`` rows took ``seconds`` on ``threads`` threads."""
+        self.last = threads
         if self.fixed:
             return
         use, key = self.in_use(), _bucket(rows)
