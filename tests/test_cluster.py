@@ -4,7 +4,8 @@ only, one CPU each, a small object store, no dashboard), the application deploye
 Requests spread over both replicas and get the answers of a single in-process server; a replica killed while it
 holds requests loses none that had not started streaming (they are sent again to the other replica), a stream it
 had started ends with an error event, and the deployment comes back to two replicas. The cluster is torn down at
-the end. Run by ``make test-cluster`` (which installs Ray); skipped where Ray is not installed.
+the end. Run by ``make test-cluster`` (which installs Ray); skipped where Ray is not installed (the checks of the
+options, which need no cluster, run everywhere).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 
@@ -21,21 +23,36 @@ import pytest
 # setting for machines that must not form clusters with others), so that no node listens on a public interface and
 # the driver finds the nodes started on 127.0.0.1 (their own address would otherwise be the machine's).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-pytest.importorskip(
-    "ray.serve", reason="Ray Serve is not installed: make setup-cluster (pip install 'specwise[cluster]')"
-)
 
 import httpx  # noqa: E402
 import openai  # noqa: E402
-import ray  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
-from ray import serve  # noqa: E402
 
 from conftest import tiny_llama  # noqa: E402
+from specwise.cli import main  # noqa: E402
 from specwise.runtime import build_runtime  # noqa: E402
 from specwise.server.app import create_app  # noqa: E402
-from specwise.server.ray import APP_NAME, REPLICA_HEADER, RETRIES_HEADER, ClusterOptions, deploy  # noqa: E402
+from specwise.server.ray import (  # noqa: E402
+    APP_NAME,
+    GATEWAY_MAX_BODY_BYTES,
+    REPLICA_HEADER,
+    RETRIES_HEADER,
+    ClusterOptions,
+    _check_target_here,
+    _deploy_failure,
+    deploy,
+    replica_threads,
+)
 
+try:
+    import ray
+    from ray import serve
+except ModuleNotFoundError:  # the tests that need a cluster are skipped
+    ray = serve = None
+
+needs_ray = pytest.mark.skipif(
+    ray is None, reason="Ray Serve is not installed: make setup-cluster (pip install 'specwise[cluster]')"
+)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 MODEL = "tiny"
@@ -203,6 +220,7 @@ def wait_for_running(count: int, gone: str | None = None) -> float:
 # --------------------------------------------------------------------------------------------------- tests
 
 
+@needs_ray
 def test_requests_spread_over_two_replicas_with_the_single_server_answers(cluster, reference):
     calls = [(cluster, PROMPTS[i % len(PROMPTS)], 24, i % 2 == 0) for i in range(8)]
     results = run_all(calls)  # 8 at once, 2 per replica at a time: both replicas serve
@@ -213,6 +231,7 @@ def test_requests_spread_over_two_replicas_with_the_single_server_answers(cluste
         assert result["text"] == reference(prompt, max_tokens)
 
 
+@needs_ray
 def test_the_openai_client_and_the_other_routes_work_against_the_cluster(cluster, reference):
     client = openai.OpenAI(base_url=f"{cluster}/v1", api_key="unused", timeout=TIMEOUT, max_retries=0)
     assert [m.id for m in client.models.list().data] == [MODEL]
@@ -235,6 +254,7 @@ def test_the_openai_client_and_the_other_routes_work_against_the_cluster(cluster
     assert health["status"] == "ok" and health["max_batch"] == 2
 
 
+@needs_ray
 def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluster, reference):
     wait_for_running(2)
     started = threading.Event()
@@ -279,3 +299,72 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluste
     after = run_all([(cluster, PROMPTS[1], 8, True) for _ in range(6)])
     assert [r["error"] for r in after] == [None] * 6
     assert victim not in {r["replica"] for r in after} and len({r["replica"] for r in after}) == 2
+
+
+@needs_ray
+def test_bodies_over_the_limits_are_refused_by_the_gateway_and_by_the_replica(cluster):
+    url = f"{cluster}/v1/chat/completions"
+    past_replica = b'{"model": "tiny", "messages": [], "x": "' + b"a" * (2 * MIB) + b'"}'
+    refused = httpx.post(url, content=past_replica, headers={"content-type": "application/json"}, timeout=TIMEOUT)
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "request_too_large"
+    assert refused.headers.get(REPLICA_HEADER)  # the replica's own limit (1 MiB for this model)
+    past_gateway = b"a" * (GATEWAY_MAX_BODY_BYTES + 1)
+    refused = httpx.post(url, content=past_gateway, headers={"content-type": "application/json"}, timeout=TIMEOUT)
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "request_too_large"
+    assert refused.headers.get(REPLICA_HEADER) is None  # refused before any replica saw it
+
+
+# ---------------------------------------------------------------------------------- options (no cluster needed)
+
+
+@pytest.mark.parametrize("flag", [["--replicas", "2"], ["--address", "head:6379"], ["--max-replicas", "4"]])
+def test_cluster_flags_without_ray_are_one_line_naming_the_fix(capsys, flag):
+    assert main(["serve", *flag]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and flag[0] in err and "add --ray" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--replicas", "0"], "--replicas must be >= 1"),
+        (["--replicas", "3", "--max-replicas", "2"], "--max-replicas (2) must be >= --replicas (3)"),
+        (["--gateways", "0"], "--gateways must be >= 1"),
+        (["--target", "/nowhere/model.gguf"], "no such file on node"),
+    ],
+)
+def test_bad_cluster_options_are_refused_before_ray_starts(monkeypatch, capsys, argv, message):
+    monkeypatch.setitem(sys.modules, "ray", None)  # Ray is never reached: the options are checked first
+    assert main(["serve", "--ray", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+
+
+def test_serve_ray_without_ray_names_the_extra(monkeypatch, capsys, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # None in sys.modules: the import fails as if not installed
+    assert main(["serve", "--ray", "--target", "default"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'specwise[cluster]'" in err
+
+
+def test_replica_threads_follow_the_cpus_ray_gives():
+    assert replica_threads({"CPU": 4.0, "memory": 1e9}) == 4
+    assert replica_threads({"CPU": 1.5}) == 1
+    assert replica_threads({"CPU": 0.5}) == 1 and replica_threads({}) == 1
+
+
+def test_a_target_path_missing_on_a_node_names_the_node_and_the_fix(tmp_path):
+    _check_target_here("default")  # the packaged model: no path to check
+    _check_target_here(str(tmp_path))  # present
+    with pytest.raises(FileNotFoundError, match=r"no such file on node .*: put the model on a path every node"):
+        _check_target_here(str(tmp_path / "absent.gguf"))
+
+
+def test_a_failed_deployment_is_reported_in_one_line():
+    report = (
+        "Deploying application specwise failed: ...\nTraceback (most recent call last):\n  File ...\n"
+        "FileNotFoundError: --target /m.gguf: no such file on node b: put the model on a path every node can read\n"
+    )
+    line = "--target /m.gguf: no such file on node b: put the model on a path every node can read"
+    assert _deploy_failure(report) == f"a replica could not start: {line}"
+    assert _deploy_failure("something else\nlast line") == "the deployment failed: last line"
