@@ -48,6 +48,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -63,7 +64,20 @@ __all__ = [
     "AdaptivePlanner",
     "make_planner",
     "sources_of",
+    "Shared",
+    "ALONE",
 ]
+
+
+class Shared(NamedTuple):
+    """What the other sequences put in the pass being planned: their rows, and the tokens they are expected to
+    emit (the plan then weighs the whole pass's tokens per second)."""
+
+    rows: int = 0
+    tokens: float = 0.0
+
+
+ALONE = Shared()  # a sequence alone in its pass
 
 
 class Rate:
@@ -399,7 +413,6 @@ class AdaptivePlanner(Planner):
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
-        self._rows, self._tokens = 0, 0.0  # what other sequences put in the pass being planned (see draft)
         self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
         # the estimates above of what a pass costs, per thread count of the passes: a busy machine moves the
         # target between two threads and one (models/threads.py), whose passes cost differently, and a pass tried
@@ -469,12 +482,12 @@ class AdaptivePlanner(Planner):
             rate = self._shared[k] = Rate(self._ratio(k), self.RATIO_PRIOR, self.RATIO_DECAY)
         return rate
 
-    def verify_time(self, k: int) -> float:
+    def verify_time(self, k: int, shared: Shared = ALONE) -> float:
         """Estimated seconds of a target pass over k tokens (relative units before anything was measured): of
-        this sequence alone, or, while planning for a shared pass, of a pass shared by several sequences (each
-        reads its own cache, so k rows of several cost more than k rows of one)."""
+        this sequence alone, or, planning for a pass ``shared`` with other sequences, of a pass shared by several
+        sequences (each reads its own cache, so k rows of several cost more than k rows of one)."""
         scale = 1.0 if self._scale is None else self._scale
-        if self._rows and k >= 2:
+        if shared.rows and k >= 2:
             return scale * self._shared_rate(k).value()
         return scale * self._ratio(k)
 
@@ -494,58 +507,58 @@ class AdaptivePlanner(Planner):
             tokens += reach
         return tokens
 
-    def plain_rate(self) -> float:
+    def plain_rate(self, shared: Shared = ALONE) -> float:
         """Expected tokens per second of a plain step (of the whole pass, when others share it)."""
-        return (self._tokens + 1.0) / self.verify_time(self._rows + 1)
+        return (shared.tokens + 1.0) / self.verify_time(shared.rows + 1, shared)
 
-    def expected_rate(self, state: PlanState, gamma: int, source: int = 0) -> float:
+    def expected_rate(self, state: PlanState, gamma: int, source: int = 0, shared: Shared = ALONE) -> float:
         """Expected tokens per second when asking ``source`` for ``gamma`` tokens now: with the estimated
         probability that a draft comes, its expected accepted tokens and cost; otherwise a plain step after an
         empty ask."""
         if gamma == 0:
-            return self.plain_rate()
-        others, rows = self._tokens, self._rows
+            return self.plain_rate(shared)
+        others, rows = shared.tokens, shared.rows
         tokens = self._expected_tokens(state, gamma, source)
-        drafted = gamma * self.draft_time(source) + self.verify_time(rows + gamma + 1)
+        drafted = gamma * self.draft_time(source) + self.verify_time(rows + gamma + 1, shared)
         p = self.draft_probability(state, source)
-        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1)
+        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1, shared)
         return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
-    def _rates(self, state: PlanState, top: int, source: int) -> list[float]:
-        """``expected_rate(state, g, source)`` for g = 0 .. top, the same numbers computed in one pass."""
-        others, rows = self._tokens, self._rows
+    def _rates(self, state: PlanState, top: int, source: int, shared: Shared = ALONE) -> list[float]:
+        """``expected_rate(state, g, source, shared)`` for g = 0 .. top, the same numbers computed in one pass."""
+        others, rows = shared.tokens, shared.rows
         p = self.draft_probability(state, source)
         per_token = self.draft_time(source)
-        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1)
-        rates = [self.plain_rate()]
+        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1, shared)
+        rates = [self.plain_rate(shared)]
         tokens, reach = 1.0, 1.0
         for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
             reach *= a
             tokens += reach
-            drafted = gamma * per_token + self.verify_time(rows + gamma + 1)
+            drafted = gamma * per_token + self.verify_time(rows + gamma + 1, shared)
             rates.append((others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty))
         return rates
 
-    def draft_rate(self, state: PlanState, drafted: int, source: int = 0) -> float:
+    def draft_rate(self, state: PlanState, drafted: int, source: int = 0, shared: Shared = ALONE) -> float:
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
         in hand (its drafting time is spent)."""
-        tokens = self._tokens + self._expected_tokens(state, drafted, source)
-        return tokens / self.verify_time(self._rows + drafted + 1)
+        tokens = shared.tokens + self._expected_tokens(state, drafted, source)
+        return tokens / self.verify_time(shared.rows + drafted + 1, shared)
 
-    def worth_drafting(self, rate: float) -> bool:
+    def worth_drafting(self, rate: float, shared: Shared = ALONE) -> bool:
         """Whether an expected rate beats a plain step's by the margin."""
-        return rate >= (1.0 + self.margin) * self.plain_rate()
+        return rate >= (1.0 + self.margin) * self.plain_rate(shared)
 
-    def stop_level(self, source: int = 0) -> float:
+    def stop_level(self, source: int = 0, shared: Shared = ALONE) -> float:
         """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
         of a plain step, which is what an accepted token saves. Drafting stops once the probability that the
         draft so far is all accepted falls below this."""
-        rows = self._rows
-        extra = self.draft_time(source) + max(self.verify_time(rows + 2) - self.verify_time(rows + 1), 0.0)
-        per_token = self.verify_time(rows + 1) / (self._tokens + 1.0)  # what a plain token of the pass costs
+        one, two = self.verify_time(shared.rows + 1, shared), self.verify_time(shared.rows + 2, shared)
+        extra = self.draft_time(source) + max(two - one, 0.0)
+        per_token = one / (shared.tokens + 1.0)  # what a plain token of the pass costs
         return min(extra / per_token, 1.0)
 
-    def calibrating(self) -> bool:
+    def calibrating(self, shared: Shared = ALONE) -> bool:
         """Whether the next step should be a plain one, to measure a 1-token pass: none has been measured yet and
         ``probe_every`` passes over more tokens have. Every pass is estimated relative to a 1-token pass; measured
         from longer passes through the cost curve, that unit is off by as much as the curve is, and a planner that
@@ -553,56 +566,52 @@ class AdaptivePlanner(Planner):
         and drafting keeps looking worth it). Once measured, the unit follows the plain steps; if none come (a
         drafter that always pays) it grows stale, and the stale unit is too low as the context grows, which makes
         drafting look less worth it, not more."""
-        return self._rows == 0 and self._scale_provisional and self._since_plain >= self.probe_every
+        return not shared.rows and self._scale_provisional and self._since_plain >= self.probe_every
 
     # ---- choices ---------------------------------------------------------------------------------------------
 
-    def choose(self, state: PlanState, limit: int, source: int = 0) -> int:
+    def choose(self, state: PlanState, limit: int, source: int = 0, shared: Shared = ALONE) -> int:
         """Tokens to ask of ``source`` in the next step, at most ``limit`` (0: do not ask it)."""
         known = state.known[source]
         top = min(self.max_gamma, limit)
-        if top <= 0 or self.calibrating():
+        if top <= 0 or self.calibrating(shared):
             known.probing = False
             return 0
-        alone = self._rows == 0  # a shared pass's plan depends on the others' rows: weighed every time
+        alone = not shared.rows  # a shared pass's plan depends on the others' rows: weighed every time
         if alone and known.skip > 0 and known.plain_run < self.probe_every:
             known.skip -= 1  # a smaller limit only removes choices: still not worth it
             known.probing = False
             return 0
-        rates = self._rates(state, top, source)
+        rates = self._rates(state, top, source, shared)
         best = max(range(top + 1), key=rates.__getitem__)
-        if not self.worth_drafting(rates[best]):
+        if not self.worth_drafting(rates[best], shared):
             best = 0
         known.probing = best == 0 and known.plain_run >= self.probe_every
         known.skip = self.REUSE if alone and best == 0 and not known.probing else 0
         return 1 if known.probing else best
 
     def draft(self, state, context, limit, params, generator, batch=None) -> Proposal:
-        self._rows, self._tokens = batch if batch is not None else (0, 0.0)
-        try:
-            return self._draft(state, context, limit, params, generator)
-        finally:
-            self._rows, self._tokens = 0, 0.0
+        return self._draft(state, context, limit, params, generator, ALONE if batch is None else Shared(*batch))
 
     def expected_gain(self, state: PlanState, proposal: Proposal) -> float:
         if not len(proposal.draft):
             return 0.0
         return self._expected_tokens(state, len(proposal.draft), proposal.source) - 1.0
 
-    def _draft(self, state, context, limit, params, generator) -> Proposal:
+    def _draft(self, state, context, limit, params, generator, shared: Shared) -> Proposal:
         if limit <= 0:
             return Proposal(Draft.empty(), reason="budget")
         best: tuple[float, int, Draft] | None = None  # (expected tokens/s, source, draft)
         asked = held = False
         alone = len(state.sources) == 1  # the only source's draft is verified as it comes
         for i in range(len(state.sources)):
-            gamma = self.choose(state, limit, i)
-            if gamma <= 0 or (best is not None and self.expected_rate(state, gamma, i) <= best[0]):
+            gamma = self.choose(state, limit, i, shared)
+            if gamma <= 0 or (best is not None and self.expected_rate(state, gamma, i, shared) <= best[0]):
                 continue
-            if not self._intake_pays(state, i, context, gamma, limit):
+            if not self._intake_pays(state, i, context, gamma, limit, shared):
                 continue
             t0 = time.perf_counter()
-            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i))
+            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i, shared))
             seconds = time.perf_counter() - t0
             intake = state.sources[i].catch_up
             if intake > self.CATCH_UP:
@@ -621,18 +630,20 @@ class AdaptivePlanner(Planner):
                 # the text
                 best = (float("inf"), i, draft)
                 break
-            rate = self.draft_rate(state, len(draft), i)
-            if self.worth_drafting(rate) and (best is None or rate > best[0]):
+            rate = self.draft_rate(state, len(draft), i, shared)
+            if self.worth_drafting(rate, shared) and (best is None or rate > best[0]):
                 best = (rate, i, draft)
         if best is not None:
             return Proposal(best[2], best[1])
         if asked:
             return Proposal(Draft.empty(), reason="low_confidence" if held else "no_draft")
-        return Proposal(Draft.empty(), reason="calibrate" if self.calibrating() else "schedule")
+        return Proposal(Draft.empty(), reason="calibrate" if self.calibrating(shared) else "schedule")
 
     # ---- observations ----------------------------------------------------------------------------------------
 
-    def _intake_pays(self, state: PlanState, source: int, context: list[int], gamma: int, limit: int) -> bool:
+    def _intake_pays(
+        self, state: PlanState, source: int, context: list[int], gamma: int, limit: int, shared: Shared
+    ) -> bool:
         """Whether asking ``source`` now is worth the context it must first take in (a draft model before its first
         draft of a request takes in the prompt): what it costs, at the measured seconds per token, against what
         drafting with it saves over the ``limit`` tokens left. Unmeasured costs are paid once to be measured."""
@@ -641,8 +652,8 @@ class AdaptivePlanner(Planner):
         if n <= self.CATCH_UP or rate is None or self._scale is None or source not in self._draft_seconds:
             return True
         if state.known[source].probing:  # a probe learns the acceptance: allowed while its intake is small
-            return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1)
-        saving = limit * (1.0 / self.plain_rate() - 1.0 / self.expected_rate(state, gamma, source))
+            return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1, shared)
+        saving = limit * (1.0 / self.plain_rate(shared) - 1.0 / self.expected_rate(state, gamma, source, shared))
         return n * rate < saving
 
     def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float | None) -> None:

@@ -11,7 +11,7 @@ import torch
 from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
-from specwise.planner import AdaptivePlanner, FixedPlanner, Proposal, Rate, make_planner
+from specwise.planner import AdaptivePlanner, FixedPlanner, Proposal, Rate, Shared, make_planner
 from specwise.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -591,9 +591,7 @@ def test_shared_passes_are_measured_apart_from_passes_of_one_sequence():
     for _ in range(30):
         s.observe_pass(3, 0.020)  # shared passes of 3 rows: twice a plain step
     assert s.verify_time(3) == pytest.approx(alone)
-    s._rows = 2  # planning for a pass two other rows share
-    assert s.verify_time(3) == pytest.approx(0.020, rel=0.1)
-    s._rows = 0
+    assert s.verify_time(3, Shared(rows=2)) == pytest.approx(0.020, rel=0.1)  # planning for a shared pass
 
 
 def test_an_ask_that_catches_up_on_the_context_is_not_timed(monkeypatch):
