@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if not reference.is_file():
         print(
             f"error: {reference} is not a file: fetch one with "
-            "`python -m specwise.bench.fetch Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf`",
+            "`python -m specwise.bench.fetch qwen2.5-coder-1.5b-instruct`",
             file=sys.stderr,
         )
         return 2
