@@ -181,7 +181,10 @@ def write_random_gguf(
     the Q6_K layers of ``attn_v`` and ``ffn_down`` instead). Returns what was written."""
     import gguf
 
-    reader = gguf.GGUFReader(str(reference))
+    try:
+        reader = gguf.GGUFReader(str(reference))
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{reference} cannot be read as a GGUF file ({err}): pass a real model's GGUF") from err
     q6k = reference_q6k_layers(reader) if q6k_layers is None else q6k_layers
     plan = tensor_plan(shape, q6k)
     out = Path(out).expanduser()
