@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -299,6 +300,37 @@ def test_a_killed_replica_loses_no_request_that_had_not_started_streaming(cluste
     after = run_all([(cluster, PROMPTS[1], 8, True) for _ in range(6)])
     assert [r["error"] for r in after] == [None] * 6
     assert victim not in {r["replica"] for r in after} and len({r["replica"] for r in after}) == 2
+
+
+def _cancelled(url: str, replica: str) -> float:
+    """The replica's count of cancelled chat requests, from its /metrics. Ray routes to an idle replica on the
+    gateway's node first: the requests go several at once, so that some reach the other replica too."""
+    deadline = time.monotonic() + READY_SECONDS
+    with ThreadPoolExecutor(8) as pool:
+        while time.monotonic() < deadline:
+            for response in pool.map(lambda _: httpx.get(f"{url}/metrics", timeout=TIMEOUT), range(8)):
+                if response.headers.get(REPLICA_HEADER) == replica:
+                    lines = response.text.splitlines()
+                    found = [
+                        x for x in lines if x.startswith('specwise_requests_total{endpoint="chat",outcome="cancelled"}')
+                    ]
+                    return float(found[0].rsplit(" ", 1)[1]) if found else 0.0
+    raise AssertionError(f"no answer from replica {replica}")
+
+
+@needs_ray
+def test_a_client_that_goes_away_cancels_its_generation_on_the_replica(cluster):
+    with httpx.stream(
+        "POST", f"{cluster}/v1/chat/completions", json=chat(PROMPTS[2], LONG, True), timeout=TIMEOUT
+    ) as r:
+        replica = r.headers[REPLICA_HEADER]
+        before = _cancelled(cluster, replica)
+        next(r.iter_lines())  # it has started; the client leaves
+    deadline = time.monotonic() + READY_SECONDS
+    while (count := _cancelled(cluster, replica)) == before:
+        assert time.monotonic() < deadline, "the replica did not cancel the request of a client that went away"
+        time.sleep(0.1)
+    assert count == before + 1
 
 
 @needs_ray
