@@ -30,7 +30,7 @@ from specwise.engine import Engine
 from specwise.models.loader import LoadedModel
 from specwise.models.native import NativeModel
 
-SHIPPED = Path(__file__).resolve().parent.parent / "specwise" / "heads" / "smollm2-135m-instruct"
+SHIPPED = Path(__file__).resolve().parent.parent / "specwise" / "shipped" / "heads" / "smollm2-135m-instruct"
 VOCAB = 96  # the tiny target's
 
 

@@ -191,7 +191,7 @@ def shipped_head_dir(target_name: str):
     import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent / "heads"
+    root = Path(__file__).resolve().parent.parent / "shipped" / "heads"
     for config in sorted(root.glob("*/config.json")):
         if json.loads(config.read_text()).get("target", {}).get("name") == target_name:
             return config.parent

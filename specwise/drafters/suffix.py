@@ -607,7 +607,7 @@ def check_index_target(info: dict, target) -> None:
 
 def shipped_index_dir(target_name: str) -> Path | None:
     """The index shipped with specwise for the model named ``target_name``, or None."""
-    root = Path(__file__).resolve().parent.parent / "indexes"
+    root = Path(__file__).resolve().parent.parent / "shipped" / "indexes"
     for meta in sorted(root.glob("*/index.json")):
         if read_index_info(meta.parent).get("target", {}).get("name") == target_name:
             return meta.parent
