@@ -368,7 +368,7 @@ class AdaptivePlanner(Planner):
 
     gamma = "auto"
     RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
-    CATCH_UP = 2  # a drafter that took in more context tokens than this before drafting is not timed (catch_up)
+    CATCH_UP = 2  # a draft whose drafter took in more context tokens than this first is not timed (Draft.intake)
     PROBE_INTAKE = 0.1  # a probe may take in context costing this share of the plain decoding of what is left
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
     # A source found not worth asking is not weighed again for this many steps (until its probe is due): what it is
@@ -613,7 +613,7 @@ class AdaptivePlanner(Planner):
             t0 = time.perf_counter()
             draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i, shared))
             seconds = time.perf_counter() - t0
-            intake = state.sources[i].catch_up
+            intake = draft.intake
             if intake > self.CATCH_UP:
                 # it also took in tokens of steps it was not asked in (or the prompt): not a draft's cost, but the
                 # cost of taking in context, per token

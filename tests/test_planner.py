@@ -595,7 +595,7 @@ def test_shared_passes_are_measured_apart_from_passes_of_one_sequence():
 
 
 def test_an_ask_that_catches_up_on_the_context_is_not_timed(monkeypatch):
-    """A draft model asked after plain steps first takes in the tokens of those steps (ModelDrafter.catch_up): that
+    """A draft model asked after plain steps first takes in the tokens of those steps (its Draft.intake): that
     ask's time is not what a drafted token costs, and counting it made a draft model look too dear to ask again (so
     it caught up on more tokens the next time: on Qwen2.5-Coder-1.5B with its 0.5B sibling, 27 ms per drafted token
     measured against 16-19 ms)."""
@@ -615,7 +615,7 @@ def test_an_ask_that_catches_up_on_the_context_is_not_timed(monkeypatch):
 
         def propose(self, context, k, params, generator, stop=0.0):
             clock[0] += self.cost
-            return draft_of(k)
+            return Draft(torch.zeros(k, dtype=torch.int64), intake=self.catch_up)
 
     drafter = Timed()
     s = AdaptivePlanner(max_gamma=2)
@@ -634,14 +634,13 @@ def test_the_model_drafter_reports_what_it_caught_up_on():
     drafter = ModelDrafter(ToyModel(torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(0))))
     context = list(range(10))
     drafter.begin(context)
-    draft = drafter.propose(context, 3, SamplingParams(), None).tokens.tolist()
-    assert drafter.catch_up == 10  # the prompt
-    context += draft + [5]  # all accepted, then the bonus token
-    drafter.propose(context, 3, SamplingParams(), None)
-    assert drafter.catch_up == 2  # its own last draft and the bonus token
+    first = drafter.propose(context, 3, SamplingParams(), None)
+    assert first.intake == 10  # the prompt
+    context += first.ids + [5]  # all accepted, then the bonus token
+    assert drafter.propose(context, 3, SamplingParams(), None).intake == 2  # its own last draft and the bonus
     context += [15, 14, 13, 12]  # four plain steps it was not asked in (it may have drafted the first of them)
-    drafter.propose(context, 3, SamplingParams(), None)
-    assert drafter.catch_up >= 4 > AdaptivePlanner.CATCH_UP
+    assert drafter.propose(context, 3, SamplingParams(), None).intake >= 4 > AdaptivePlanner.CATCH_UP
+    assert drafter.propose(context, 3, SamplingParams(), None).prefix(1).intake == 1  # a cut draft keeps it
 
 
 def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch):
@@ -666,10 +665,10 @@ def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch
             return len(context) - self.fed
 
         def propose(self, context, k, params, generator, stop=0.0):
-            self.catch_up = len(context) - self.fed
-            clock[0] += 0.002 * self.catch_up + 0.001 * k  # 2 ms a token taken in, 1 ms a drafted token
+            intake = len(context) - self.fed
+            clock[0] += 0.002 * intake + 0.001 * k  # 2 ms a token taken in, 1 ms a drafted token
             self.fed, self.asks = len(context) + k - 1, self.asks + 1  # as a draft model: all but its last draft
-            return draft_of(k)
+            return Draft(torch.zeros(k, dtype=torch.int64), intake=intake)
 
     drafter = Lagging()
     s = AdaptivePlanner(max_gamma=3)

@@ -36,9 +36,12 @@ class Draft:
     kind: optional label of what the draft was drawn from, when that predicts its acceptance (prompt lookup: the
         length of the matched n-gram). The planner measures the first token's acceptance per kind and uses it as
         that token's confidence.
+    intake: tokens of context the drafter took in before drafting it (a draft model catching up after steps it
+        was not asked in, or on the prompt): such a draft's time is not what drafting a token costs, and the planner
+        prices it apart (a drafter asked every step takes in one or two: the bonus token and its own last draft).
     """
 
-    __slots__ = ("_tokens", "_ids", "probs", "confidence", "kind", "device")
+    __slots__ = ("_tokens", "_ids", "probs", "confidence", "kind", "device", "intake")
 
     def __init__(
         self,
@@ -47,12 +50,13 @@ class Draft:
         confidence: list[float] | None = None,
         kind: int | None = None,
         device: torch.device | str = "cpu",
+        intake: int = 0,
     ) -> None:
         if isinstance(tokens, torch.Tensor):
             self._tokens, self._ids, self.device = tokens, None, tokens.device
         else:
             self._tokens, self._ids, self.device = None, [int(t) for t in tokens], device
-        self.probs, self.confidence, self.kind = probs, confidence, kind
+        self.probs, self.confidence, self.kind, self.intake = probs, confidence, kind, intake
 
     @property
     def tokens(self) -> torch.Tensor:
@@ -81,7 +85,7 @@ class Draft:
         probs = None if self.probs is None else self.probs[:n]
         confidence = None if self.confidence is None else self.confidence[:n]
         tokens = self._ids[:n] if self._ids is not None else self._tokens[:n]
-        return Draft(tokens, probs, confidence, self.kind, self.device)
+        return Draft(tokens, probs, confidence, self.kind, self.device, self.intake)
 
 
 class Drafter(ABC):
@@ -93,17 +97,13 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
-    # tokens of context the last proposal had to take in before drafting (a draft model catching up after steps
-    # it was not asked in): such a proposal's time is not what drafting a token costs, and the planner does not
-    # time it (a drafter asked every step takes in one or two: the bonus token and its own last draft)
-    catch_up: int = 0
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""
 
     def pending(self, context: list[int]) -> int:
-        """Tokens of ``context`` this drafter would take in before drafting (what ``catch_up`` would be): 0 for
-        drafters with nothing to catch up on."""
+        """Tokens of ``context`` this drafter would take in before drafting (what its draft's ``intake`` would
+        be): 0 for drafters with nothing to catch up on."""
         return 0
 
     def fork(self, target: Model) -> Drafter:

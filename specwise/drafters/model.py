@@ -51,23 +51,23 @@ class ModelDrafter(Drafter):
     def pending(self, context: list[int]) -> int:
         return len(context) - common_prefix(self._fed, context, limit=len(context) - 1)
 
-    def _sync(self, context: list[int]) -> torch.Tensor:
-        """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token."""
+    def _sync(self, context: list[int]) -> tuple[torch.Tensor, int]:
+        """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token and how
+        many tokens were taken in."""
         common = common_prefix(self._fed, context, limit=len(context) - 1)
         self.model.rollback(common)
         del self._fed[common:]
         new = context[common:]
-        self.catch_up = len(new)
         logits = self.model.forward(torch.tensor(new, dtype=torch.int64, device=self.device), num_logits=1)
         self._fed.extend(new)
-        return logits[-1]
+        return logits[-1], len(new)
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float = 0.0
     ) -> Draft:
         if k <= 0:
             return Draft.empty(self.device)
-        logits = self._sync(context)  # [vocab]
+        logits, intake = self._sync(context)  # [vocab]
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         ids = self._vocab_list
@@ -92,4 +92,4 @@ class ModelDrafter(Drafter):
                 logits = self.model.forward(torch.tensor([token], device=self.device), num_logits=1)[-1]
                 self._fed.append(token)
         draft_probs = torch.stack(probs) if probs else None
-        return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs)
+        return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, intake=intake)
