@@ -56,6 +56,7 @@ RETRY_PAUSE_SECONDS = 0.5  # between such sends (Ray routes the next one to a li
 GATEWAY_MAX_BODY_BYTES = 16 * 1024 * 1024  # the gateway's body limit when --max-body-bytes is not given
 HEALTH_CHECK_PERIOD_SECONDS = 5.0
 HEALTH_CHECK_TIMEOUT_SECONDS = 30.0
+GRACEFUL_SHUTDOWN_SECONDS = 60.0  # a replica scaled down or redeployed finishes its requests for this long
 GATEWAY_MAX_ONGOING = 4096  # requests a gateway forwards at once (the replicas' limits queue the rest)
 log = logging.getLogger(__name__)
 
@@ -254,7 +255,7 @@ def _forwarded(scope: dict, body: bytes) -> dict:
     }
 
 
-async def _send_error(send, status: int, message: str, code: str, type_: str = "server_error") -> None:
+async def _send_error(send, status: int, message: str, code: str | None, type_: str = "server_error") -> None:
     payload = json.dumps(error_body(message, type_, None, code), separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -273,7 +274,7 @@ class SpecwiseGateway:
         from ray.exceptions import RayActorError
         from ray.serve.exceptions import BackPressureError
 
-        self.replica_failed, self.busy = (RayActorError, OSError), BackPressureError
+        self.replica_failed, self.busy = RayActorError, BackPressureError  # (its process or node died)
         self.engine = engine.options(stream=True)
         self.max_body_bytes = max_body_bytes or GATEWAY_MAX_BODY_BYTES
 
@@ -284,7 +285,7 @@ class SpecwiseGateway:
         message = await receive()  # the body, read whole by the body limit
         request = _forwarded(scope, message.get("body", b""))
         for attempt in range(RETRIES + 1):
-            started = False
+            started = event_stream = False
             try:
                 start = None
                 async for message in self.engine.handle.remote(request):
@@ -295,12 +296,12 @@ class SpecwiseGateway:
                         if attempt:
                             start = start | {"headers": [*start["headers"], (RETRIES_HEADER.encode(), b"%d" % attempt)]}
                         await send(start)
-                        start, started = None, True
+                        start, started, event_stream = None, True, _is_event_stream(start)
                     await send(message)
                 return
             except self.replica_failed as err:  # the replica's process or node went away
                 if started:
-                    await _end_stream_with_error(send, err)
+                    await _end_stream_with_error(send, err, event_stream)
                     return
                 if attempt == RETRIES:
                     message = (
@@ -314,14 +315,22 @@ class SpecwiseGateway:
             except self.busy:
                 await _send_error(send, 429, "the cluster is busy: retry later", "queue_full", "server_busy")
                 return
+            except Exception as err:  # anything else from Ray: an error body, never a traceback
+                log.exception("forwarding a request failed")
+                if started:
+                    await _end_stream_with_error(send, err, event_stream)
+                else:
+                    with contextlib.suppress(Exception):
+                        await _send_error(send, 500, f"internal error: {type(err).__name__}: {err}", None)
+                return
 
 
-async def _end_stream_with_error(send, err: BaseException) -> None:
-    """End a response whose replica failed after it had started: an error event and [DONE] (as the server does
-    for a stream that fails), or an empty final part."""
+async def _end_stream_with_error(send, err: BaseException, event_stream: bool) -> None:
+    """End a response whose replica failed after it had started: an event stream with an error event and [DONE]
+    (as the server ends a stream that fails), any other response where it was cut."""
     message = f"the replica serving this request failed ({type(err).__name__}) after the response had started"
     event = json.dumps(error_body(message, "server_error", None, "replica_failed"), separators=(",", ":"))
-    body = f"data: {event}\n\ndata: [DONE]\n\n".encode()
+    body = f"data: {event}\n\ndata: [DONE]\n\n".encode() if event_stream else b""
     with contextlib.suppress(Exception):
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -373,7 +382,7 @@ def build_application(options: ClusterOptions):
         name="SpecwiseEngine",
         health_check_period_s=HEALTH_CHECK_PERIOD_SECONDS,
         health_check_timeout_s=HEALTH_CHECK_TIMEOUT_SECONDS,
-        graceful_shutdown_timeout_s=10,
+        graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_SECONDS,
         **shape,
     )
     gateway = serve.deployment(
@@ -394,22 +403,31 @@ def deploy(
     name: str = APP_NAME,
 ) -> str:
     """Start Ray Serve's HTTP proxy on ``host:port`` (on the connected cluster) and run the application; returns
-    once every replica is ready. Returns the base URL on this node."""
+    once every replica is ready. Returns the base URL on this node. When the replicas cannot start (the model
+    file missing or refused on a node), raises ValueError with their error in one line."""
     from ray import serve
 
     serve.start(http_options={"host": host, "port": port}, proxy_location=proxy_location)
     try:
         serve.run(build_application(options), name=name, route_prefix="/", blocking=False)
-    except RuntimeError as err:
-        raise RuntimeError(_deploy_failure(str(err))) from None
+    except RuntimeError as err:  # Ray's report; the replicas' own errors are in the deployments' status
+        reports = [str(err)]
+        with contextlib.suppress(Exception):
+            deployments = serve.status().applications[name].deployments.values()
+            reports += [d.message for d in deployments if d.message]
+        raise ValueError(_deploy_failure("\n".join(reports))) from None
     return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+
+
+_USER_ERRORS = ("FileNotFoundError: ", "PermissionError: ", "OSError: ", "ValueError: ", "GGUFError: ")
+_USER_ERRORS += ("NotImplementedError: ", "MissingExtraError: ", "MemoryError: ")  # as `specwise` reports them
 
 
 def _deploy_failure(text: str) -> str:
     """The one line that says why the replicas could not start, out of Ray's report (tracebacks included)."""
     for line in reversed(text.splitlines()):
         line = line.strip()
-        for error in ("FileNotFoundError: ", "ValueError: ", "GGUFError: ", "NotImplementedError: "):
+        for error in _USER_ERRORS:
             if error in line:
                 return "a replica could not start: " + line.split(error, 1)[1]
     return "the deployment failed: " + (text.strip().splitlines() or ["no reason given"])[-1]
