@@ -216,3 +216,59 @@ class _Plain(Drafter):  # a Drafter that does not say what its per-sequence stat
 def test_a_drafter_without_a_fork_says_so():
     with pytest.raises(NotImplementedError, match="_Plain does not say which of its state is per sequence"):
         _Plain().fork(None)
+
+
+def test_a_draft_model_with_a_narrower_padded_output_layer_drafts_for_the_wider_target(monkeypatch):
+    """Converters pad a model's output layer to its own width (Qwen2.5-7B: 152,064 rows, its 0.5B sibling
+    151,936): with the same tokenizer, whose ids all fit in the draft's rows, the draft model is accepted, drafts
+    over its own rows (q zero on the target's padding rows), and greedy speculative output equals plain greedy.
+    A tokenizer reaching past the draft's rows, or a wider draft, is refused."""
+    import specwise.models.loader as loader
+    from specwise.drafters import VocabularyMismatchError, check_same_vocabulary, make_drafter
+    from specwise.engine import Engine
+
+    class Tok:
+        def __init__(self, n):
+            self.vocab = {f"t{i}": i for i in range(n)}
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+    class Loaded:
+        def __init__(self, model, tokenizer):
+            self.model, self.tokenizer, self.name, self.hf_model, self.eos_token_ids = (
+                model,
+                tokenizer,
+                "toy",
+                None,
+                None,
+            )
+
+    padded = ToyModel.random(20, seed=1)
+    padded.table[..., 16:] = float("-inf")  # padding rows: never written
+    target = Loaded(padded, Tok(14))
+    monkeypatch.setattr(loader, "load_model", lambda *a, **kw: Loaded(ToyModel.random(16, seed=2), Tok(14)))
+    drafter = make_drafter("model:toy", target)
+    assert drafter.vocab_size == 20 and drafter.vocab_ids.tolist() == list(range(16))
+    params = SamplingParams(temperature=0.8)
+    draft = drafter.propose([1, 2, 3], 3, params, torch.Generator().manual_seed(0))
+    assert draft.probs.shape == (3, 20) and float(draft.probs[:, 16:].abs().sum()) == 0.0
+    plain = Engine(target.model, None, gamma=0).generate([1, 2, 3], SamplingParams(), 24, eos_token_ids=[])
+    spec = Engine(target.model, make_drafter("model:toy", target), gamma=3).generate(
+        [1, 2, 3], SamplingParams(), 24, eos_token_ids=[]
+    )
+    assert spec.token_ids == plain.token_ids
+    # a target that writes a padding row anyway: the draft model, which cannot take it in, drafts nothing after it
+    writes_padding = Loaded(ToyModel.random(20, seed=3), Tok(14))
+    plain = Engine(writes_padding.model, None, gamma=0).generate([1, 2, 3], SamplingParams(), 40, eos_token_ids=[])
+    assert max(plain.token_ids) >= 16
+    spec = Engine(writes_padding.model, make_drafter("model:toy", writes_padding), gamma=3).generate(
+        [1, 2, 3], SamplingParams(), 40, eos_token_ids=[]
+    )
+    assert spec.token_ids == plain.token_ids
+    with pytest.raises(VocabularyMismatchError, match="reach"):
+        check_same_vocabulary(20, 16, Tok(18), Tok(18))
+    with pytest.raises(VocabularyMismatchError, match="differs"):
+        check_same_vocabulary(16, 20, Tok(14), Tok(14))
+    with pytest.raises(VocabularyMismatchError, match="differs"):
+        check_same_vocabulary(20, 16)  # no tokenizers to tell padding from tokens

@@ -43,8 +43,14 @@ class VocabularyMismatchError(ValueError):
 
 
 def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=None, draft_tokenizer=None) -> None:
-    """Raise VocabularyMismatchError unless the draft's vocabulary is the target's, id for id."""
-    if target_size != draft_size:
+    """Raise VocabularyMismatchError unless the draft's vocabulary is the target's, id for id.
+
+    The draft's output layer may be narrower than the target's when the two tokenizers are the same and every
+    token id fits in the draft's rows: converters pad a model's output layer to its own width (Qwen2.5-0.5B and
+    1.5B: 151,936 rows; 7B: 152,064), and the rows past the tokenizer's are padding, which the draft then never
+    proposes (q is zero there; the target's verification keeps the output exact)."""
+    narrower = draft_size < target_size and target_tokenizer is not None and draft_tokenizer is not None
+    if target_size != draft_size and not narrower:
         raise VocabularyMismatchError(
             f"draft vocabulary ({draft_size}) differs from target's ({target_size}): "
             "the drafter must share the target's tokenizer"
@@ -52,6 +58,11 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
     if target_tokenizer is None or draft_tokenizer is None:
         return
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if narrower and t_vocab == d_vocab and max(t_vocab.values(), default=-1) >= draft_size:
+        raise VocabularyMismatchError(
+            f"draft vocabulary ({draft_size}) is narrower than the target's ({target_size}) and the tokenizer's "
+            f"ids reach {max(t_vocab.values())}: the drafter must be able to propose every token"
+        )
     if t_vocab == d_vocab:
         return
     t_by_id = {i: s for s, i in t_vocab.items()}
@@ -119,6 +130,9 @@ def build_drafter(
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         if "vocab" in options:
             return _vocab_model_drafter(draft, target, options)
+        if draft.model.vocab_size < target.model.vocab_size:  # the target's output layer has more padding rows
+            ids = torch.arange(draft.model.vocab_size, dtype=torch.int64)
+            return ModelDrafter(draft.model, ids, int(target.model.vocab_size), int(draft.model.vocab_size))
         return ModelDrafter(draft.model)
     if kind == "head":
         return _head_drafter(arg, target, device)
@@ -183,7 +197,7 @@ def _vocab_model_drafter(draft, target, options: dict[str, str]) -> ModelDrafter
     full = int(draft.model.vocab_size)
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
     draft.model.restrict_output(ids)
-    return ModelDrafter(draft.model, torch.from_numpy(ids), full)
+    return ModelDrafter(draft.model, torch.from_numpy(ids), max(full, int(target.model.vocab_size)), full)
 
 
 def shipped_head_dir(target_name: str):

@@ -25,8 +25,19 @@ class ModelDrafter(Drafter):
 
     name = "model"
 
-    def __init__(self, model: Model, vocab_ids: torch.Tensor | None = None, vocab_size: int | None = None) -> None:
+    def __init__(
+        self,
+        model: Model,
+        vocab_ids: torch.Tensor | None = None,
+        vocab_size: int | None = None,
+        input_size: int | None = None,
+    ) -> None:
+        """input_size: how many token ids the draft model takes in (its embedding's rows; default: ``vocab_size``
+        with a draft vocabulary, else the width of its logits). A context holding a token past them (a target's
+        padding row, never written by a trained model) gets no draft from then on, rather than an error."""
         self.model = model
+        default = vocab_size if vocab_ids is not None and vocab_size is not None else model.vocab_size
+        self.input_size = int(input_size if input_size is not None else default)
         self.device = model.device
         self._fed: list[int] = []  # tokens in the draft model's cache
         if vocab_ids is not None:
@@ -51,13 +62,15 @@ class ModelDrafter(Drafter):
     def pending(self, context: list[int]) -> int:
         return len(context) - common_prefix(self._fed, context, limit=len(context) - 1)
 
-    def _sync(self, context: list[int]) -> tuple[torch.Tensor, int]:
-        """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token and how
-        many tokens were taken in."""
+    def _sync(self, context: list[int]) -> tuple[torch.Tensor | None, int]:
+        """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token (None when
+        the context holds a token the draft model cannot take in) and how many tokens were taken in."""
         common = common_prefix(self._fed, context, limit=len(context) - 1)
+        new = context[common:]
+        if max(new) >= self.input_size:
+            return None, 0
         self.model.rollback(common)
         del self._fed[common:]
-        new = context[common:]
         logits = self.model.forward(torch.tensor(new, dtype=torch.int64, device=self.device), num_logits=1)
         self._fed.extend(new)
         return logits[-1], len(new)
@@ -68,6 +81,8 @@ class ModelDrafter(Drafter):
         if k <= 0:
             return Draft.empty(self.device)
         logits, intake = self._sync(context)  # [vocab]
+        if logits is None:
+            return Draft.empty(self.device)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         ids = self._vocab_list
