@@ -68,7 +68,10 @@ class BenchConfig:
 def _short_drafter(spec: str) -> str:
     kind, _, arg = spec.partition(":")
     if kind == "model" and arg:
-        return f"model:{os.path.basename(arg.rstrip('/')) or arg}"
+        model_id, sep, query = arg.partition("?")  # options: model:ID?vocab=N&ranking=FILE
+        options = (o.partition("=") for o in query.split("&")) if sep else ()
+        query = "&".join(f"{k}={os.path.basename(v) if k == 'ranking' else v}" for k, _, v in options)
+        return f"model:{os.path.basename(model_id.rstrip('/')) or model_id}{sep}{query}"
     return spec
 
 
