@@ -266,8 +266,17 @@ def test_a_draft_model_with_a_narrower_padded_output_layer_drafts_for_the_wider_
         [1, 2, 3], SamplingParams(), 40, eos_token_ids=[]
     )
     assert spec.token_ids == plain.token_ids
-    with pytest.raises(VocabularyMismatchError, match="reach"):
-        check_same_vocabulary(20, 16, Tok(18), Tok(18))
+
+    def padded(n):  # a converter pads the token list to the output layer's rows
+        tok = Tok(14)
+        tok.vocab.update({f"[PAD{i}]": i for i in range(14, n)})
+        return tok
+
+    check_same_vocabulary(20, 16, padded(20), padded(16))
+    other = padded(16)
+    other.vocab["x"] = other.vocab.pop("t3")  # a real difference below the draft's rows
+    with pytest.raises(VocabularyMismatchError, match="token id 3"):
+        check_same_vocabulary(20, 16, padded(20), other)
     with pytest.raises(VocabularyMismatchError, match="differs"):
         check_same_vocabulary(16, 20, Tok(14), Tok(14))
     with pytest.raises(VocabularyMismatchError, match="differs"):

@@ -45,10 +45,10 @@ class VocabularyMismatchError(ValueError):
 def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=None, draft_tokenizer=None) -> None:
     """Raise VocabularyMismatchError unless the draft's vocabulary is the target's, id for id.
 
-    The draft's output layer may be narrower than the target's when the two tokenizers are the same and every
-    token id fits in the draft's rows: converters pad a model's output layer to its own width (Qwen2.5-0.5B and
-    1.5B: 151,936 rows; 7B: 152,064), and the rows past the tokenizer's are padding, which the draft then never
-    proposes (q is zero there; the target's verification keeps the output exact)."""
+    The draft's output layer may be narrower than the target's when the two tokenizers agree on every id of the
+    draft's rows: converters pad a model's output layer, and its token list, to its own width (Qwen2.5-0.5B and
+    1.5B: 151,936 rows; 7B: 152,064, its extra ids "[PAD151936]" ...), and the draft never proposes the target's
+    ids past its rows (q is zero there; the target's verification keeps the output exact)."""
     narrower = draft_size < target_size and target_tokenizer is not None and draft_tokenizer is not None
     if target_size != draft_size and not narrower:
         raise VocabularyMismatchError(
@@ -58,16 +58,13 @@ def check_same_vocabulary(target_size: int, draft_size: int, target_tokenizer=No
     if target_tokenizer is None or draft_tokenizer is None:
         return
     t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
-    if narrower and t_vocab == d_vocab and max(t_vocab.values(), default=-1) >= draft_size:
-        raise VocabularyMismatchError(
-            f"draft vocabulary ({draft_size}) is narrower than the target's ({target_size}) and the tokenizer's "
-            f"ids reach {max(t_vocab.values())}: the drafter must be able to propose every token"
-        )
     if t_vocab == d_vocab:
         return
     t_by_id = {i: s for s, i in t_vocab.items()}
     d_by_id = {i: s for s, i in d_vocab.items()}
     for i in sorted(set(t_by_id) | set(d_by_id)):
+        if narrower and i >= draft_size:
+            break  # the target's ids past the draft's rows: never proposed
         if t_by_id.get(i) != d_by_id.get(i):
             raise VocabularyMismatchError(
                 f"draft and target tokenizers differ at token id {i} "
