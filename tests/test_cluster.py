@@ -372,6 +372,14 @@ def test_bad_cluster_options_are_refused_before_ray_starts(monkeypatch, capsys, 
     assert err.count("\n") == 1 and message in err
 
 
+def test_an_address_where_no_cluster_answers_is_refused_at_once(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ray", None)  # refused before Ray is imported (Ray would retry for minutes)
+    address = f"127.0.0.1:{_free_port()}"  # nothing listens there
+    assert main(["serve", "--ray", "--address", address]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--address {address}: no Ray cluster answers there" in err
+
+
 def test_serve_ray_without_ray_names_the_extra(monkeypatch, capsys, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # None in sys.modules: the import fails as if not installed
     assert main(["serve", "--ray", "--target", "default"]) == 2

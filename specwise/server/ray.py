@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from dataclasses import asdict, dataclass
@@ -463,6 +464,8 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
     options.check()
     if args.address is None:
         _check_target_here(options.target)  # a local cluster: the file must be here
+    if args.address is not None:
+        _check_address(args.address)
     ray = import_ray()
     from ray import serve
 
@@ -489,6 +492,21 @@ def cmd_serve_ray(args: argparse.Namespace) -> int:
             serve.shutdown()
         ray.shutdown()
     return 0
+
+
+def _check_address(address: str, timeout: float = 10.0) -> None:
+    """Refuse at once, in one line, a HOST:PORT where nothing listens (Ray would retry for minutes); other forms
+    (``auto``, ``ray://...``) are left to Ray."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "://" in address:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as err:
+        raise ConnectionError(
+            f"--address {address}: no Ray cluster answers there ({err.strerror or err}): start one with "
+            "`ray start --head --port PORT` on the head machine, or leave out --address to start one here"
+        ) from None
 
 
 def _wait_for_interrupt() -> None:
