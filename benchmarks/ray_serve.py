@@ -136,11 +136,12 @@ async def run_load(urls: list[str], model: str, args: argparse.Namespace, reques
 
 
 async def warm_up(urls: list[str], model: str, args: argparse.Namespace) -> None:
+    """Not measured: --clients requests at once on every URL, so that every replica has answered before."""
     import openai
 
     for url in urls:
         async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", timeout=args.timeout) as api:
-            await one_request(api, model, "Hello.", args)
+            await asyncio.gather(*(one_request(api, model, "Hello.", args) for _ in range(args.clients)))
 
 
 # ---------------------------------------------------------------------------------------------------- servers
@@ -184,10 +185,9 @@ def plain_servers(args: argparse.Namespace, count: int, threads: int):
     server_args = argparse.Namespace(**vars(args))
     server_args.threads = threads
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(server_load.specwise_server(server_args, args.drafter, args.max_batch))]
-        servers += [
+        servers = [
             stack.enter_context(server_load.specwise_server(server_args, args.drafter, args.max_batch))
-            for _ in range(count - 1)
+            for _ in range(count)
         ]
         kind = f"{count} plain server(s) x {threads} thread(s)"
         yield {"urls": [s["url"] for s in servers], "model": servers[0]["model"], "kind": kind}
