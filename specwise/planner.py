@@ -6,12 +6,14 @@ head, and costs nothing to ask). Each step the planner asks one or more sources 
 (:meth:`Planner.draft`), and after verification it is told how many were accepted and how long the target's pass
 took (:meth:`Planner.observe`).
 
-What the planner knows comes in two parts:
+The planner is three parts:
 
-- the machine's costs (a target pass over k tokens, drafting a token, an ask that got nothing), kept by the
-  planner itself and shared by every sequence it plans for;
+- the machine's costs (a target pass over k tokens, drafting a token, an ask that got nothing):
+  :class:`specwise.costs.PassCosts`, one per planner, shared by every sequence it plans for;
 - the text's acceptance (by draft position and source, how often a source has nothing, the first token's
-  acceptance by the kind of draft), kept per sequence in a :class:`PlanState`.
+  acceptance by the kind of draft): a :class:`specwise.acceptance.PlanState` per sequence;
+- the choice (this module): each step, from those two and the batch context the engine passes in (what other
+  sequences put in a shared pass, :class:`specwise.costs.Shared`), with no state of its own between calls.
 
 So one planner can later plan for several sequences sharing one target pass, each with its own state.
 
@@ -47,12 +49,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 
+from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid, sources_of
+from specwise.costs import ALONE, PassCosts, Shared
 from specwise.drafters.base import Draft, Drafter
+from specwise.estimates import Rate
 from specwise.sampling import SamplingParams
 
 __all__ = [
@@ -69,54 +73,6 @@ __all__ = [
 ]
 
 
-class Shared(NamedTuple):
-    """What the other sequences put in the pass being planned: their rows, and the tokens they are expected to
-    emit (the plan then weighs the whole pass's tokens per second)."""
-
-    rows: int = 0
-    tokens: float = 0.0
-
-
-ALONE = Shared()  # a sequence alone in its pass
-
-
-class Rate:
-    """A decayed mean with a prior: ``(total + weight * prior) / (count + weight)``.
-
-    ``add(sample, count)`` forgets a fraction ``1 - decay`` of what came before, then adds ``sample`` over
-    ``count`` observations (an acceptance rate: 1 or 0 per try; accepted tokens over drafted ones; a mean of
-    measured ratios).
-    """
-
-    __slots__ = ("prior", "weight", "decay", "total", "count")
-
-    def __init__(self, prior: float, weight: float, decay: float) -> None:
-        self.prior, self.weight, self.decay = prior, weight, decay
-        self.total = 0.0
-        self.count = 0.0
-
-    def value(self, prior: float | None = None) -> float:
-        """The estimate (with ``prior`` instead of the stored one, when given)."""
-        prior = self.prior if prior is None else prior
-        return (self.total + self.weight * prior) / (self.count + self.weight)
-
-    def add(self, sample: float, count: float = 1.0) -> None:
-        self.total = self.decay * self.total + sample
-        self.count = self.decay * self.count + count
-
-    def scale(self, factor: float) -> None:
-        self.total *= factor
-        self.count *= factor
-
-    def reset(self) -> None:
-        self.total = self.count = 0.0
-
-
-def expected_accepted_iid(alpha: float, n: int) -> float:
-    """Accepted tokens expected of a draft of ``n`` when each is accepted with probability ``alpha``."""
-    return sum(alpha**i for i in range(1, n + 1))
-
-
 @dataclass
 class Proposal:
     """The outcome of planning a step: the draft to verify and the source that made it, or an empty draft and
@@ -128,53 +84,6 @@ class Proposal:
     source: int = 0
     reason: str | None = None
     forced: int = 0  # tokens a grammar forced, fed before the draft in the same pass (set by the engine)
-
-
-class _Source:
-    """What a planner knows about one source of one sequence."""
-
-    def __init__(self, max_gamma: int, prior_weight: float, decay: float) -> None:
-        # P(position i accepted | positions < i accepted); each position's prior is the estimate before it
-        self.positions = [Rate(0.0, prior_weight, decay) for _ in range(max_gamma)]
-        self.asks = Rate(1.0, 0.5, decay)  # asks that got a draft (half a pseudo-observation of "yes")
-        self.tokens = Rate(0.5, 4.0, 0.9)  # accepted / drafted tokens this request (a fixed gamma's choice)
-        self.kinds: dict[object, Rate] = {}  # first token accepted, by Draft.kind, this request
-        self.time_asks = False  # False for a request's first ask (it also takes in the prompt: not typical)
-        self.plain_run = 0  # steps since this source was last asked
-        self.asked_now = False  # asked during the current step
-        self.probing = False  # the last choice for this source was a probe
-        self.skip = 0  # steps for which the last "not worth asking" still stands (AdaptivePlanner.REUSE)
-
-    def begin(self, carry: float) -> None:
-        self.plain_run = 0
-        self.skip = 0
-        self.time_asks = False
-        self.asked_now = False
-        self.tokens.reset()
-        self.kinds.clear()
-        first = self.positions[0].count
-        factor = min(1.0, carry / first) if first > 0 else 1.0  # carry 0: all to 0
-        for rate in self.positions:
-            rate.scale(factor)
-        if self.asks.count > 0:
-            self.asks.scale(min(1.0, carry / self.asks.count))
-
-
-@dataclass
-class PlanState:
-    """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them."""
-
-    drafter: object  # as given to the engine: a Drafter or a list of them
-    sources: list[Drafter]
-    known: list[_Source] = field(default_factory=list)
-
-
-def sources_of(drafter: Drafter | Sequence[Drafter]) -> list[Drafter]:
-    """The sources of a drafter given to the engine: itself, or the drafters of a list (``ngram+head``)."""
-    sources = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
-    if not sources:
-        raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
-    return sources
 
 
 class Planner(ABC):
@@ -202,7 +111,7 @@ class Planner(ABC):
     def new_state(self, drafter: Drafter | Sequence[Drafter]) -> PlanState:
         """The state of a new sequence drafted by ``drafter`` (one, or a list: several sources)."""
         sources = sources_of(drafter)
-        known = [_Source(self.max_gamma, self.prior_weight, self.decay) for _ in sources]
+        known = [SourceRecord(self.max_gamma, self.prior_weight, self.decay) for _ in sources]
         return PlanState(drafter, sources, known)
 
     def begin(self, state: PlanState) -> None:
@@ -250,7 +159,7 @@ class Planner(ABC):
             return 0.0
         return expected_accepted_iid(state.known[proposal.source].tokens.value(), len(proposal.draft))
 
-    def _kind_rate(self, known: _Source, kind: object) -> Rate:
+    def _kind_rate(self, known: SourceRecord, kind: object) -> Rate:
         rate = known.kinds.get(kind)
         if rate is None:
             rate = known.kinds[kind] = Rate(self.KIND_PRIOR, self.KIND_WEIGHT, self.KIND_DECAY)
@@ -328,19 +237,6 @@ class FixedPlanner(Planner):
         return Proposal(best[2], best[1])
 
 
-def _clip(sample: float, around: float) -> float:
-    """``sample`` limited to [1/2, 2] times the current estimate ``around``: one pause of the machine moves an
-    estimate by a bounded step."""
-    return min(max(sample, 0.5 * around), 2.0 * around)
-
-
-def _smooth(old: float | None, sample: float, weight: float = 0.2) -> float:
-    """Exponential smoothing of a time, the sample clipped first."""
-    if old is None or old <= 0:
-        return sample
-    return (1.0 - weight) * old + weight * _clip(sample, old)
-
-
 class AdaptivePlanner(Planner):
     """Pick the source and gamma per step from online estimates of acceptance per position and of the costs.
 
@@ -367,10 +263,8 @@ class AdaptivePlanner(Planner):
     """
 
     gamma = "auto"
-    RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
     CATCH_UP = 2  # a draft whose drafter took in more context tokens than this first is not timed (Draft.intake)
     PROBE_INTAKE = 0.1  # a probe may take in context costing this share of the plain decoding of what is left
-    RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
     # A source found not worth asking is not weighed again for this many steps (until its probe is due): what it is
     # judged on (its acceptance, its asks) does not change while it is not asked, and the machine's costs drift
     # slowly, while weighing every gamma costs tens of microseconds of interpreted code right after a pass.
@@ -393,108 +287,35 @@ class AdaptivePlanner(Planner):
         if carry < 0:
             raise ValueError(f"carry must be >= 0, got {carry}")
         self.max_gamma = max_gamma
-        self.prior_curve = dict(cost_curve or {})
-        self.prior_draft_cost = draft_cost
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
         self.probe_every = probe_every
         self.margin = margin
         self.carry = carry
-        # a pass over k tokens is estimated as scale * ratio(k): the scale (seconds of a 1-token pass) follows
-        # the plain steps' passes, so it tracks the machine's speed and the growing context; the ratios start
-        # from the cost curve and learn from the passes over k tokens actually measured. An estimate that is
-        # updated only by the choices it drives cannot get stuck on one slow measurement: a ratio moves by a
-        # fraction of each observation, and every observation is clipped to [1/2, 2] times the current estimate.
-        self._scale: float | None = None
-        self._scale_provisional = False  # True while the scale comes from passes over k > 1 tokens only
-        self._since_plain = 0  # passes since the last 1-token pass (a plain step)
-        self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
-        self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
-        self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
-        self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
-        self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
-        # the estimates above of what a pass costs, per thread count of the passes: a busy machine moves the
-        # target between two threads and one (models/threads.py), whose passes cost differently, and a pass tried
-        # on the other count must not move the estimates of the count in use
-        self._threads: int | None = None
-        self._by_threads: dict[int, tuple] = {}
-
-    _PASS_ESTIMATES = ("_scale", "_scale_provisional", "_since_plain", "_ratios", "_shared")
+        self.costs = PassCosts(cost_curve, draft_cost)  # the machine's costs, shared by every sequence
 
     def use_threads(self, threads: int | None) -> None:
-        if threads is None or threads == self._threads:
-            return
-        if self._threads is not None:
-            self._by_threads[self._threads] = tuple(getattr(self, name) for name in self._PASS_ESTIMATES)
-            saved = self._by_threads.get(threads, (None, False, 0, {}, {}))  # a new count: from the priors
-            for name, value in zip(self._PASS_ESTIMATES, saved):
-                setattr(self, name, value)
-        self._threads = threads
+        self.costs.use_threads(threads)
 
     def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
-        if cost_curve:  # the prior of the k-token passes not estimated yet (each is made on first use)
-            self.prior_curve = dict(cost_curve)
+        self.costs.with_cost_curve(cost_curve)
         return self
 
     # ---- estimates -------------------------------------------------------------------------------------------
 
     def acceptance(self, state: PlanState, source: int = 0) -> list[float]:
-        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1, for ``source``.
-
-        Each position's prior is the estimate of the position before it, so positions rarely drafted so far
-        inherit what was seen just before them (and a drafter that is always right gets to draft longer).
-        """
-        prior, out = self.prior, []
-        for rate in state.known[source].positions:
-            prior = rate.value(prior)
-            out.append(prior)
-        return out
-
-    def _prior_c(self, k: int) -> float:
-        """The cost curve as a prior, made non-decreasing from c(1) = 1: a pass over more tokens never costs less
-        (a measured curve can dip, e.g. c(2) = 0.98 after a short context, where extra rows are nearly free; at
-        answer lengths they are not, and a prior below 1 would make every 2-token pass look free). Beyond the
-        curve's last point (a batch's passes hold many rows) it goes on along the slope of the curve's second
-        half, not flat: rows past the measured ones are not free."""
-        curve = self.prior_curve
-        last = max(curve) if curve else 0
-        if last >= 2 and k > last:  # beyond the measured curve: on along the slope of its second half
-            mid = max(1, last // 2)
-            slope = max(0.0, (curve[last] - curve.get(mid, 1.0)) / (last - mid))
-            return self._prior_c(last) + slope * (k - last)
-        return max([1.0] + [curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
-
-    def _ratio_rate(self, k: int) -> Rate:
-        rate = self._ratios.get(k)
-        if rate is None:
-            rate = self._ratios[k] = Rate(self._prior_c(k), self.RATIO_PRIOR, self.RATIO_DECAY)
-        return rate
-
-    def _ratio(self, k: int) -> float:
-        """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth
-        ``RATIO_PRIOR`` observations, then the measured ratios."""
-        return 1.0 if k <= 1 else self._ratio_rate(k).value()
-
-    def _shared_rate(self, k: int) -> Rate:
-        rate = self._shared.get(k)
-        if rate is None:  # starts from a pass of one sequence over as many rows
-            rate = self._shared[k] = Rate(self._ratio(k), self.RATIO_PRIOR, self.RATIO_DECAY)
-        return rate
+        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1, for ``source``
+        (``acceptance.acceptance``: each position's prior is the estimate of the one before it)."""
+        return acceptance(state.known[source], self.prior)
 
     def verify_time(self, k: int, shared: Shared = ALONE) -> float:
-        """Estimated seconds of a target pass over k tokens (relative units before anything was measured): of
-        this sequence alone, or, planning for a pass ``shared`` with other sequences, of a pass shared by several
-        sequences (each reads its own cache, so k rows of several cost more than k rows of one)."""
-        scale = 1.0 if self._scale is None else self._scale
-        if shared.rows and k >= 2:
-            return scale * self._shared_rate(k).value()
-        return scale * self._ratio(k)
+        """Estimated seconds of a target pass over k tokens (``PassCosts.verify_time``)."""
+        return self.costs.verify_time(k, shared)
 
     def draft_time(self, source: int = 0) -> float:
         """Estimated seconds of drafting one token with ``source``."""
-        seconds = self._draft_seconds.get(source)
-        return seconds if seconds is not None else self.prior_draft_cost * self.verify_time(1)
+        return self.costs.draft_time(source)
 
     def draft_probability(self, state: PlanState, source: int = 0) -> float:
         """Estimated probability that asking ``source`` yields a draft."""
@@ -521,7 +342,7 @@ class AdaptivePlanner(Planner):
         tokens = self._expected_tokens(state, gamma, source)
         drafted = gamma * self.draft_time(source) + self.verify_time(rows + gamma + 1, shared)
         p = self.draft_probability(state, source)
-        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1, shared)
+        empty = self.costs.empty_time(source) + self.verify_time(rows + 1, shared)
         return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
     def _rates(self, state: PlanState, top: int, source: int, shared: Shared = ALONE) -> list[float]:
@@ -529,7 +350,7 @@ class AdaptivePlanner(Planner):
         others, rows = shared.tokens, shared.rows
         p = self.draft_probability(state, source)
         per_token = self.draft_time(source)
-        empty = self._empty_seconds.get(source, 0.0) + self.verify_time(rows + 1, shared)
+        empty = self.costs.empty_time(source) + self.verify_time(rows + 1, shared)
         rates = [self.plain_rate(shared)]
         tokens, reach = 1.0, 1.0
         for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
@@ -566,7 +387,8 @@ class AdaptivePlanner(Planner):
         and drafting keeps looking worth it). Once measured, the unit follows the plain steps; if none come (a
         drafter that always pays) it grows stale, and the stale unit is too low as the context grows, which makes
         drafting look less worth it, not more."""
-        return not shared.rows and self._scale_provisional and self._since_plain >= self.probe_every
+        costs = self.costs
+        return not shared.rows and costs.provisional and costs.since_plain >= self.probe_every
 
     # ---- choices ---------------------------------------------------------------------------------------------
 
@@ -617,8 +439,8 @@ class AdaptivePlanner(Planner):
             if intake > self.CATCH_UP:
                 # it also took in tokens of steps it was not asked in (or the prompt): not a draft's cost, but the
                 # cost of taking in context, per token
-                spent = max(0.0, seconds - len(draft) * self.draft_time(i)) if i in self._draft_seconds else seconds
-                self._intake_seconds[i] = _smooth(self._intake_seconds.get(i), spent / intake)
+                spent = seconds - len(draft) * self.draft_time(i) if self.costs.drafting_measured(i) else seconds
+                self.costs.observe_intake(i, max(0.0, spent), intake)
                 seconds = None
             self._observe_ask(state, i, len(draft), seconds)
             asked = True
@@ -648,8 +470,8 @@ class AdaptivePlanner(Planner):
         draft of a request takes in the prompt): what it costs, at the measured seconds per token, against what
         drafting with it saves over the ``limit`` tokens left. Unmeasured costs are paid once to be measured."""
         n = state.sources[source].pending(context)
-        rate = self._intake_seconds.get(source)
-        if n <= self.CATCH_UP or rate is None or self._scale is None or source not in self._draft_seconds:
+        rate = self.costs.intake_time(source)
+        if n <= self.CATCH_UP or rate is None or self.costs.scale is None or not self.costs.drafting_measured(source):
             return True
         if state.known[source].probing:  # a probe learns the acceptance: allowed while its intake is small
             return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1, shared)
@@ -663,18 +485,14 @@ class AdaptivePlanner(Planner):
         known.asked_now = True
         timed, known.time_asks = known.time_asks, True
         known.asks.add(1.0 if drafted else 0.0)
-        if not timed or seconds is None:
-            return
-        if drafted == 0:
-            self._empty_seconds[source] = _smooth(self._empty_seconds.get(source), seconds)
-        else:
-            self._draft_seconds[source] = _smooth(self._draft_seconds.get(source), seconds / drafted)
+        if timed and seconds is not None:
+            self.costs.observe_ask(source, drafted, seconds)
 
     def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
         super().observe(state, proposal, accepted, seconds)
         drafted = len(proposal.draft)
         if seconds is not None:  # the pass fed the last token, the forced ones and the draft
-            self._observe_pass(drafted + 1 + proposal.forced, seconds)
+            self.costs.observe_pass(drafted + 1 + proposal.forced, seconds)
         for known in state.known:  # steps since each source was last asked
             known.plain_run = 0 if known.asked_now else known.plain_run + 1
             known.asked_now = False
@@ -685,28 +503,7 @@ class AdaptivePlanner(Planner):
                 break  # positions after the first rejection were not judged
 
     def observe_pass(self, rows: int, seconds: float) -> None:
-        if self._scale is None or self._scale_provisional or rows < 2:  # nothing to measure it against yet
-            self._observe_pass(rows, seconds)
-            return
-        rate = self._shared_rate(rows)
-        rate.add(_clip(seconds / self._scale, rate.value()))
-
-    def _observe_pass(self, k: int, seconds: float) -> None:
-        """A target pass over ``k`` tokens took ``seconds``."""
-        ratio = self._ratio(k)
-        self._since_plain = 0 if k == 1 else self._since_plain + 1
-        if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
-            if self._scale_provisional:  # the first 1-token pass: re-express the ratios measured so far
-                for rate in self._ratios.values():
-                    rate.total *= self._scale / seconds
-                self._scale, self._scale_provisional = seconds, False
-            else:
-                self._scale = _smooth(self._scale, seconds)
-        elif self._scale is None or self._scale_provisional:  # no 1-token pass yet: from the cost curve
-            self._scale = _smooth(self._scale, seconds / ratio)
-            self._scale_provisional = True
-        if k >= 2:
-            self._ratio_rate(k).add(_clip(seconds / self._scale, ratio))
+        self.costs.observe_shared_pass(rows, seconds)
 
 
 def make_planner(gamma: int | str | Planner, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Planner:

@@ -25,6 +25,7 @@ from specwise.constraints import (
     constrain_logits,
     max_json_bytes,
 )
+from specwise.costs import PassCosts
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
@@ -333,16 +334,28 @@ def NoDrafterFor(engine):  # noqa: N802 - reads as a drafter's name
 # ---- jump-forward: forced tokens are rows of the pass, not drafts ---------------------------------------------
 
 
-class RecordingPlanner(AdaptivePlanner):
-    """The adaptive planner, recording the size of every pass it is told of."""
+class RecordingCosts(PassCosts):
+    """The planner's cost model, recording the size of every pass it is told of."""
 
     def __init__(self) -> None:
         super().__init__()
         self.passes: list[int] = []
 
-    def _observe_pass(self, k: int, seconds: float) -> None:
+    def observe_pass(self, k: int, seconds: float) -> None:
         self.passes.append(k)
-        super()._observe_pass(k, seconds)
+        super().observe_pass(k, seconds)
+
+
+class RecordingPlanner(AdaptivePlanner):
+    """The adaptive planner on RecordingCosts (``passes``: the size of every pass it was told of)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.costs = RecordingCosts()
+
+    @property
+    def passes(self) -> list[int]:
+        return self.costs.passes
 
 
 def test_forced_tokens_are_timed_as_rows_of_their_pass_and_counted_apart(tiny_runtimes, monkeypatch):

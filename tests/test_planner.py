@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from specwise.costs import PassCosts
 from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
@@ -250,15 +251,23 @@ class Scripted(Drafter):
         return self.script(context, k) or Draft.empty()
 
 
+class SyntheticCosts(PassCosts):
+    """Fixed costs instead of wall-clock times (a toy model's passes take microseconds, so measured times are
+    mostly noise and would make the choice depend on the machine's load)."""
+
+    def observe_ask(self, source, drafted, seconds):
+        super().observe_ask(source, drafted, 1e-4 * drafted)
+
+    def observe_pass(self, k, seconds):
+        super().observe_pass(k, 0.01 * cost(k))
+
+
 class SyntheticTimes(AdaptivePlanner):
-    """The adaptive planner fed fixed costs instead of wall-clock times (a toy model's passes take microseconds,
-    so measured times are mostly noise and would make the choice depend on the machine's load)."""
+    """The adaptive planner on SyntheticCosts."""
 
-    def _observe_ask(self, state, source, drafted, seconds):
-        super()._observe_ask(state, source, drafted, 1e-4 * drafted)
-
-    def _observe_pass(self, k, seconds):
-        super()._observe_pass(k, 0.01 * cost(k))
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.costs = SyntheticCosts()
 
 
 def test_gamma_auto_with_a_perfect_cheap_draft_drafts_the_most():
@@ -326,7 +335,7 @@ def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior()
 def test_the_engine_gives_the_planner_the_cost_curve():
     curve = {1: 1.0, 2: 1.02, 3: 1.05}
     engine = Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto", cost_curve=curve)
-    assert engine.planner.prior_curve == curve
+    assert engine.planner.costs.prior_curve == curve
     assert engine.planner.verify_time(3) == pytest.approx(1.05)  # before any pass is measured
     assert Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto").planner.verify_time(3) == 1.2
 
@@ -341,7 +350,7 @@ def test_the_runtime_hands_the_saved_cost_curve_to_the_planner(tmp_path, monkeyp
     path = profile_path(tiny_dir, "cpu")
     save_profile(path, {"implementation": "NativeModel", "cost_curve": {"1": 1.0, "2": 1.01, "3": 1.3}})
     runtime = build_runtime(tiny_dir, "ngram", "auto", "cpu")
-    assert runtime.engine.planner.prior_curve == {1: 1.0, 2: 1.01, 3: 1.3}
+    assert runtime.engine.planner.costs.prior_curve == {1: 1.0, 2: 1.01, 3: 1.3}
     assert not hasattr(runtime.target.model, "cost_curve")
     assert saved_cost_curve(tiny_dir, "cpu", "HFModel") is None
     save_profile(path, {"implementation": "NativeModel", "cost_curve": {"1": 1.0, "2": -1}})
@@ -387,7 +396,7 @@ def test_the_first_ask_of_a_request_does_not_set_the_drafting_time():
     assert s.draft_time() == pytest.approx(0.002)
     s.begin(state)
     observe(s, state, 0, 0, 0.050, 0.030, asked=2)  # an empty first ask of the next request is not timed either
-    assert 0 not in s._empty_seconds and s.draft_time() == pytest.approx(0.002)
+    assert 0 not in s.costs._empty_seconds and s.draft_time() == pytest.approx(0.002)
     assert s.stop_level() < 0.5
 
 
@@ -411,16 +420,16 @@ def test_one_slow_pass_does_not_stick_in_the_estimates():
 def test_the_cost_curve_prior_never_decreases():
     """A profile measured after a short context can dip (c(2) < c(1)); as a prior it is made non-decreasing."""
     s = AdaptivePlanner(max_gamma=4, cost_curve={1: 1.0, 2: 0.98, 3: 1.22, 4: 1.19, 5: 1.40})
-    assert [s._prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]
+    assert [s.costs.prior_c(k) for k in range(1, 6)] == [1.0, 1.0, 1.22, 1.22, 1.40]
 
 
 def test_the_cost_curve_prior_goes_on_past_its_last_point():
     """A batch's pass holds more rows than the profile measured: past the curve's end the prior follows the slope
     of its second half instead of staying flat (rows past the measured ones are not free)."""
     s = AdaptivePlanner(cost_curve={1: 1.0, 2: 1.1, 4: 1.5, 8: 2.5})
-    assert s._prior_c(8) == 2.5
-    assert s._prior_c(16) == pytest.approx(2.5 + 0.25 * 8)
-    assert s._prior_c(12) < s._prior_c(16) < s._prior_c(32)
+    assert s.costs.prior_c(8) == 2.5
+    assert s.costs.prior_c(16) == pytest.approx(2.5 + 0.25 * 8)
+    assert s.costs.prior_c(12) < s.costs.prior_c(16) < s.costs.prior_c(32)
 
 
 def test_each_source_has_its_own_acceptance_and_drafting_time():
@@ -586,7 +595,7 @@ def test_shared_passes_are_measured_apart_from_passes_of_one_sequence():
     """Rows of several sequences (each reading its own cache) cost more than as many rows of one: what shared
     passes measure moves the estimate used when planning for a shared pass, not the one used alone."""
     s = AdaptivePlanner(cost_curve={1: 1.0, 2: 1.1, 3: 1.2, 4: 1.3})
-    s._observe_pass(1, 0.010)  # a plain step alone: the unit
+    s.costs.observe_pass(1, 0.010)  # a plain step alone: the unit
     alone = s.verify_time(3)
     for _ in range(30):
         s.observe_pass(3, 0.020)  # shared passes of 3 rows: twice a plain step
@@ -680,7 +689,7 @@ def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch
         proposal = s.draft(state, context, 100, params, None)
         s.observe(state, proposal, len(proposal.draft), 0.010)
         context += [0] * len(proposal.draft) + [1]  # the drafts (zeros) accepted, then the bonus token
-    assert drafter.asks >= 25 and s._intake_seconds[0] == pytest.approx(0.002, rel=0.3)
+    assert drafter.asks >= 25 and s.costs._intake_seconds[0] == pytest.approx(0.002, rel=0.3)
     asks = drafter.asks
     context += list(range(3000))  # 3,000 tokens to take in (6 s) for 10 tokens left: not worth it
     for _ in range(10):
@@ -706,7 +715,7 @@ def test_pass_costs_are_estimated_per_thread_count():
     two = pass_times(s)
     assert two[0] == pytest.approx(0.010, rel=0.05) and two[3] == pytest.approx(0.013, rel=0.05)
     s.use_threads(1)  # a new count starts from the priors, not from the other count's times
-    assert s._scale is None
+    assert s.costs.scale is None
     for _ in range(20):
         observe(s, state, 0, 0, 0.0, 0.017)
         observe(s, state, 3, 3, 0.0, 0.030)  # one thread: a steeper curve
@@ -761,4 +770,4 @@ def test_the_engine_tells_the_planner_each_pass_thread_count():
         else:
             engine.generate([1, 2, 3], SamplingParams(), max_new_tokens=12)
         assert 1 in seen and 2 in seen
-        assert set(engine.planner._by_threads) | {engine.planner._threads} == {1, 2}
+        assert set(engine.planner.costs._by_threads) | {engine.planner.costs._threads} == {1, 2}

@@ -719,7 +719,7 @@ DEFAULT_PRIORS = {"index": (1.0, 2.0), "counts": (1.0, 2.0)}  # (smooth, half) w
 
 def chained_accepted(confidence: list[float]) -> float:
     """Tokens of a draft expected to be accepted from its per-token confidences: the sum of their running products
-    (the planner's :func:`specwise.planner.expected_accepted_iid` is the same for one rate at every position)."""
+    (the planner's :func:`specwise.acceptance.expected_accepted_iid` is the same for one rate at every position)."""
     total, reach = 0.0, 1.0
     for c in confidence:
         reach *= c

@@ -1,0 +1,83 @@
+"""What a planner knows of the text: per sequence and source, how often drafts are accepted.
+
+A :class:`PlanState` is one sequence as the planner sees it: its sources (drafters) and, per source, a
+:class:`SourceRecord`: the acceptance of each draft position, how often an ask gets a draft, the first token's
+acceptance by kind of draft, and when the source was last asked. The machine's costs are the planner's own
+(``specwise/costs.py``); the choices are made in ``specwise/planner.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specwise.drafters.base import Drafter
+from specwise.estimates import Rate
+
+__all__ = ["SourceRecord", "PlanState", "sources_of", "acceptance", "expected_accepted_iid"]
+
+
+class SourceRecord:
+    """What a planner knows about one source of one sequence."""
+
+    def __init__(self, max_gamma: int, prior_weight: float, decay: float) -> None:
+        # P(position i accepted | positions < i accepted); each position's prior is the estimate before it
+        self.positions = [Rate(0.0, prior_weight, decay) for _ in range(max_gamma)]
+        self.asks = Rate(1.0, 0.5, decay)  # asks that got a draft (half a pseudo-observation of "yes")
+        self.tokens = Rate(0.5, 4.0, 0.9)  # accepted / drafted tokens this request (a fixed gamma's choice)
+        self.kinds: dict[object, Rate] = {}  # first token accepted, by Draft.kind, this request
+        self.time_asks = False  # False for a request's first ask (it also takes in the prompt: not typical)
+        self.plain_run = 0  # steps since this source was last asked
+        self.asked_now = False  # asked during the current step
+        self.probing = False  # the last choice for this source was a probe
+        self.skip = 0  # steps for which the last "not worth asking" still stands (AdaptivePlanner.REUSE)
+
+    def begin(self, carry: float) -> None:
+        self.plain_run = 0
+        self.skip = 0
+        self.time_asks = False
+        self.asked_now = False
+        self.tokens.reset()
+        self.kinds.clear()
+        first = self.positions[0].count
+        factor = min(1.0, carry / first) if first > 0 else 1.0  # carry 0: all to 0
+        for rate in self.positions:
+            rate.scale(factor)
+        if self.asks.count > 0:
+            self.asks.scale(min(1.0, carry / self.asks.count))
+
+
+@dataclass
+class PlanState:
+    """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them."""
+
+    drafter: object  # as given to the engine: a Drafter or a list of them
+    sources: list[Drafter]
+    known: list[SourceRecord] = field(default_factory=list)
+
+
+def sources_of(drafter: Drafter | Sequence[Drafter]) -> list[Drafter]:
+    """The sources of a drafter given to the engine: itself, or the drafters of a list (``ngram+head``)."""
+    sources = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
+    if not sources:
+        raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
+    return sources
+
+
+def acceptance(record: SourceRecord, prior: float) -> list[float]:
+    """Estimated P(position i accepted | positions < i accepted) for one source, i = 0 .. max_gamma - 1.
+
+    Each position's prior is the estimate of the position before it (the first's: ``prior``), so positions
+    rarely drafted so far inherit what was seen just before them (and a drafter that is always right gets to
+    draft longer).
+    """
+    out = []
+    for rate in record.positions:
+        prior = rate.value(prior)
+        out.append(prior)
+    return out
+
+
+def expected_accepted_iid(alpha: float, n: int) -> float:
+    """Accepted tokens expected of a draft of ``n`` when each is accepted with probability ``alpha``."""
+    return sum(alpha**i for i in range(1, n + 1))

@@ -1,0 +1,181 @@
+"""What the machine's target passes and drafts cost, as the adaptive planner estimates them.
+
+:class:`PassCosts` is the planner's cost model, shared by every sequence it plans for (the text's acceptance is
+per sequence: ``specwise/acceptance.py``; the choices: ``specwise/planner.py``).
+
+- A target pass over k tokens is estimated as ``scale * ratio(k)``: the scale (seconds of a 1-token pass) follows
+  the plain steps' passes, so it tracks the machine's speed and the growing context; the ratios start from the
+  cost curve c(k) (``specwise profile``) and learn from the passes over k tokens actually measured. An estimate
+  that is updated only by the choices it drives cannot get stuck on one slow measurement: a ratio moves by a
+  fraction of each observation, and every observation is clipped to [1/2, 2] times the current estimate.
+- A pass shared by several sequences (each reading its own cache) costs more than as many rows of one: its
+  ratios are measured apart and used when planning for a shared pass (:class:`Shared`).
+- The pass estimates are kept per thread count: a busy machine moves the target between two threads and one
+  (``models/threads.py``), whose passes cost differently, and a pass tried on the other count must not move the
+  estimates of the count in use.
+- Per source: seconds per drafted token, of an ask that got nothing, and per context token taken in.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from specwise.estimates import Rate, clip, smooth
+
+__all__ = ["Shared", "ALONE", "PassCosts"]
+
+
+class Shared(NamedTuple):
+    """What the other sequences put in the pass being planned: their rows, and the tokens they are expected to
+    emit (the plan then weighs the whole pass's tokens per second)."""
+
+    rows: int = 0
+    tokens: float = 0.0
+
+
+ALONE = Shared()  # a sequence alone in its pass
+
+
+class PassCosts:
+    """The cost model: estimated seconds of target passes and of drafting, learnt from measured times.
+
+    cost_curve: optional prior c(k) = time(forward of k) / time(forward of 1);
+    draft_cost: optional prior for the time of drafting one token, relative to a 1-token target pass.
+    """
+
+    RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
+    RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
+    _PASS_ESTIMATES = ("_scale", "provisional", "since_plain", "_ratios", "_shared")
+
+    def __init__(self, cost_curve: dict[int, float] | None = None, draft_cost: float = 0.0) -> None:
+        self.prior_curve = dict(cost_curve or {})
+        self.prior_draft_cost = draft_cost
+        self._scale: float | None = None
+        self.provisional = False  # True while the scale comes from passes over k > 1 tokens only
+        self.since_plain = 0  # passes since the last 1-token pass (a plain step)
+        self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
+        self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
+        self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
+        self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
+        self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
+        self._threads: int | None = None
+        self._by_threads: dict[int, tuple] = {}
+
+    # ---- configuration -----------------------------------------------------------------------------------------
+
+    def use_threads(self, threads: int | None) -> None:
+        """The target's passes run on ``threads`` threads from now on (None: unknown, nothing changes)."""
+        if threads is None or threads == self._threads:
+            return
+        if self._threads is not None:
+            self._by_threads[self._threads] = tuple(getattr(self, name) for name in self._PASS_ESTIMATES)
+            saved = self._by_threads.get(threads, (None, False, 0, {}, {}))  # a new count: from the priors
+            for name, value in zip(self._PASS_ESTIMATES, saved):
+                setattr(self, name, value)
+        self._threads = threads
+
+    def with_cost_curve(self, cost_curve: dict[int, float] | None) -> None:
+        """The target's measured c(k) as the prior of the k-token passes not estimated yet."""
+        if cost_curve:
+            self.prior_curve = dict(cost_curve)
+
+    # ---- estimates ---------------------------------------------------------------------------------------------
+
+    @property
+    def scale(self) -> float | None:
+        """Seconds of a 1-token pass (None before any pass)."""
+        return self._scale
+
+    def prior_c(self, k: int) -> float:
+        """The cost curve as a prior, made non-decreasing from c(1) = 1: a pass over more tokens never costs less
+        (a measured curve can dip, e.g. c(2) = 0.98 after a short context, where extra rows are nearly free; at
+        answer lengths they are not, and a prior below 1 would make every 2-token pass look free). Beyond the
+        curve's last point (a batch's passes hold many rows) it goes on along the slope of the curve's second
+        half, not flat: rows past the measured ones are not free."""
+        curve = self.prior_curve
+        last = max(curve) if curve else 0
+        if last >= 2 and k > last:  # beyond the measured curve: on along the slope of its second half
+            mid = max(1, last // 2)
+            slope = max(0.0, (curve[last] - curve.get(mid, 1.0)) / (last - mid))
+            return self.prior_c(last) + slope * (k - last)
+        return max([1.0] + [curve.get(j, 1.0 + 0.1 * (j - 1)) for j in range(2, k + 1)])
+
+    def _ratio_rate(self, k: int) -> Rate:
+        rate = self._ratios.get(k)
+        if rate is None:
+            rate = self._ratios[k] = Rate(self.prior_c(k), self.RATIO_PRIOR, self.RATIO_DECAY)
+        return rate
+
+    def ratio(self, k: int) -> float:
+        """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth
+        ``RATIO_PRIOR`` observations, then the measured ratios."""
+        return 1.0 if k <= 1 else self._ratio_rate(k).value()
+
+    def _shared_rate(self, k: int) -> Rate:
+        rate = self._shared.get(k)
+        if rate is None:  # starts from a pass of one sequence over as many rows
+            rate = self._shared[k] = Rate(self.ratio(k), self.RATIO_PRIOR, self.RATIO_DECAY)
+        return rate
+
+    def verify_time(self, k: int, shared: Shared = ALONE) -> float:
+        """Estimated seconds of a target pass over k tokens (relative units before anything was measured): of
+        this sequence alone, or, planning for a pass ``shared`` with other sequences, of a pass shared by several
+        sequences (each reads its own cache, so k rows of several cost more than k rows of one)."""
+        scale = 1.0 if self._scale is None else self._scale
+        if shared.rows and k >= 2:
+            return scale * self._shared_rate(k).value()
+        return scale * self.ratio(k)
+
+    def draft_time(self, source: int = 0) -> float:
+        """Estimated seconds of drafting one token with ``source``."""
+        seconds = self._draft_seconds.get(source)
+        return seconds if seconds is not None else self.prior_draft_cost * self.verify_time(1)
+
+    def drafting_measured(self, source: int) -> bool:
+        return source in self._draft_seconds
+
+    def empty_time(self, source: int) -> float:
+        """Estimated seconds of an ask of ``source`` that gets nothing (0 before one is measured)."""
+        return self._empty_seconds.get(source, 0.0)
+
+    def intake_time(self, source: int) -> float | None:
+        """Estimated seconds per context token ``source`` takes in (None before one is measured)."""
+        return self._intake_seconds.get(source)
+
+    # ---- observations ------------------------------------------------------------------------------------------
+
+    def observe_ask(self, source: int, drafted: int, seconds: float) -> None:
+        """An ask of ``source`` gave ``drafted`` tokens in ``seconds`` (a typical ask: nothing else taken in)."""
+        if drafted == 0:
+            self._empty_seconds[source] = smooth(self._empty_seconds.get(source), seconds)
+        else:
+            self._draft_seconds[source] = smooth(self._draft_seconds.get(source), seconds / drafted)
+
+    def observe_intake(self, source: int, seconds: float, tokens: int) -> None:
+        """``source`` spent ``seconds`` taking in ``tokens`` tokens of context (besides drafting)."""
+        self._intake_seconds[source] = smooth(self._intake_seconds.get(source), seconds / tokens)
+
+    def observe_pass(self, k: int, seconds: float) -> None:
+        """A target pass over ``k`` tokens of one sequence took ``seconds``."""
+        ratio = self.ratio(k)
+        self.since_plain = 0 if k == 1 else self.since_plain + 1
+        if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
+            if self.provisional:  # the first 1-token pass: re-express the ratios measured so far
+                for rate in self._ratios.values():
+                    rate.total *= self._scale / seconds
+                self._scale, self.provisional = seconds, False
+            else:
+                self._scale = smooth(self._scale, seconds)
+        elif self._scale is None or self.provisional:  # no 1-token pass yet: from the cost curve
+            self._scale = smooth(self._scale, seconds / ratio)
+            self.provisional = True
+        if k >= 2:
+            self._ratio_rate(k).add(clip(seconds / self._scale, ratio))
+
+    def observe_shared_pass(self, rows: int, seconds: float) -> None:
+        """A target pass over ``rows`` rows shared by several sequences took ``seconds``."""
+        if self._scale is None or self.provisional or rows < 2:  # nothing to measure it against yet
+            self.observe_pass(rows, seconds)
+            return
+        rate = self._shared_rate(rows)
+        rate.add(clip(seconds / self._scale, rate.value()))
