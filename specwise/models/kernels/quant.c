@@ -692,41 +692,13 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
                 }
             }
         }
-    } else if (w->kind == KIND_Q4) {
-        float lutf[16];
-        for (int i = 0; i < 16; i++) lutf[i] = (float)(i - w->offset);
-        const __m512 lut = _mm512_loadu_ps(lutf);
-        for (int b = 0; b < nb; b++) {
-            __m512 s[4], m[4];
-            for (int tt = 0; tt < TT; tt++) {
-                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, 0, si);
-                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-            }
-            for (int g = 0; g < 4; g++) {
-                __m512i v[4];
-                for (int tt = 0; tt < TT; tt++)
-                    v[tt] = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * 4 + g) * 64);
-                for (int j = 0; j < 4; j++) {
-                    const int i = 32 * b + 4 * g + j;
-                    for (int tt = 0; tt < TT; tt++) {
-                        __m512 lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j), lut);
-                        __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v[tt], 8 * j + 4), lut);
-                        lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
-                        hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
-                        for (int r = 0; r < R; r++) {
-                            acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
-                            acc1[tt][r] =
-                                _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
-                        }
-                    }
-                }
-            }
-        }
-    } else if (w->kind == KIND_Q5) { /* KIND_Q4's order, 32 values in the table */
+    } else if (w->kind == KIND_Q4 || w->kind == KIND_Q5) { /* w = table[q] * s + m, 16 or 32 values in the table */
         float lutf[32];
         for (int i = 0; i < 32; i++) lutf[i] = (float)(i - w->offset);
         const __m512 lut0 = _mm512_loadu_ps(lutf), lut1 = _mm512_loadu_ps(lutf + 16);
+        const __m512i nib = _mm512_set1_epi8(0x0F);
+        const int q5 = w->kind == KIND_Q5;
+        const size_t BB = q5 ? 320 : 256; /* bytes of a tile's block */
         for (int b = 0; b < nb; b++) {
             __m512 s[4], m[4];
             for (int tt = 0; tt < TT; tt++) {
@@ -735,9 +707,17 @@ TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ld
                 m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
             }
             for (int g = 0; g < 4; g++) {
-                __m512i vl[4], vh[4];
-                for (int tt = 0; tt < TT; tt++)
-                    q5_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 320, g, &vl[tt], &vh[tt]);
+                __m512i vl[4], vh[4]; /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
+                for (int tt = 0; tt < TT; tt++) {
+                    const uint8_t *blk = w->q + ((size_t)(t0 + tt) * nb + b) * BB;
+                    if (q5) {
+                        q5_unpack512(blk, g, &vl[tt], &vh[tt]);
+                    } else {
+                        const __m512i v = _mm512_loadu_si512(blk + g * 64);
+                        vl[tt] = _mm512_and_si512(v, nib);
+                        vh[tt] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                    }
+                }
                 for (int j = 0; j < 4; j++) {
                     const int i = 32 * b + 4 * g + j;
                     for (int tt = 0; tt < TT; tt++) {
@@ -1057,36 +1037,6 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
                 }
             }
         }
-    } else if (w->kind == KIND_Q5) { /* KIND_Q4's order (the generic branch below) on the 5-bit values */
-        const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
-        for (int b = 0; b < nb; b++) {
-            __m256 s[4], m[4];
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                s[hh] = ld_scale256(w, 0, si);
-                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
-            }
-            for (int g = 0; g < 4; g++) {
-                for (int hh = 0; hh < HT; hh++) {
-                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                    __m256i vl, vh;
-                    q5_unpack256(w->q + ((size_t)t * nb + b) * 320, g, half, &vl, &vh);
-                    for (int j = 0; j < 4; j++) {
-                        const int i = 32 * b + 4 * g + j;
-                        __m256i lo = _mm256_and_si256(_mm256_srli_epi32(vl, 8 * j), mask);
-                        __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
-                        __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
-                        __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
-                        for (int r = 0; r < R; r++) {
-                            acc0[hh][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
-                            acc1[hh][r] =
-                                _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
-                        }
-                    }
-                }
-            }
-        }
     } else if (w->kind == KIND_Q6) { /* as exact512 */
         const __m256i mask = _mm256_set1_epi32(0xFF), off = _mm256_set1_epi32(w->offset);
         for (int b = 0; b < nb; b++) {
@@ -1118,9 +1068,11 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
             }
         }
     } else {
-        const __m256i off = _mm256_set1_epi32(w->offset);
-        const int G = w->kind == KIND_Q4 ? 4 : B / 4;
-        const __m256i mask = _mm256_set1_epi32(w->kind == KIND_Q4 ? 0x0F : 0xFF);
+        const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
+        const __m256i nib = _mm256_set1_epi8(0x0F);
+        const int nibbles = w->kind == KIND_Q4 || w->kind == KIND_Q5; /* KIND_Q5: KIND_Q4's nibbles and fifth bits */
+        const int G = nibbles ? 4 : B / 4;
+        const size_t BB = w->kind == KIND_Q5 ? 320 : (size_t)G * 64; /* bytes of a tile's block */
         for (int b = 0; b < nb; b++) {
             __m256 s[4], m[4];
             for (int hh = 0; hh < HT; hh++) {
@@ -1132,13 +1084,19 @@ TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx,
             for (int g = 0; g < G; g++) {
                 for (int hh = 0; hh < HT; hh++) {
                     int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                    __m256i v = _mm256_loadu_si256(
-                        (const __m256i *)(w->q + (((size_t)t * nb + b) * G + g) * 64 + 32 * half));
+                    const uint8_t *blk = w->q + ((size_t)t * nb + b) * BB;
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * 64 + 32 * half)), vh = v;
+                    if (w->kind == KIND_Q5) { /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
+                        q5_unpack256(blk, g, half, &v, &vh);
+                    } else if (nibbles) {
+                        vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                        v = _mm256_and_si256(v, nib);
+                    }
                     for (int j = 0; j < 4; j++) {
-                        if (w->kind == KIND_Q4) {
+                        if (nibbles) {
                             const int i = 32 * b + 4 * g + j;
                             __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask);
-                            __m256i hi = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j + 4), mask);
+                            __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
                             __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
                             __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
                             for (int r = 0; r < R; r++) {
