@@ -1213,7 +1213,7 @@ TARGET_AVX2 INLINE __m256 scale256(const qmat *w, int which, size_t i, const int
     return ld_scale256(w, which, i);
 }
 
-/* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_U8), H half tiles of 8 output rows from half tile `half` (H = 2:
+/* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_Q5, KIND_U8), H half tiles of 8 output rows from half tile `half` (H = 2:
  * both halves of tile t, each activation broadcast serving both): the same integer sums and float updates.
  * KIND_Q4 adds the block's 8 byte-pair products (maddubs) in 16 bits before widening them (each at most
  * 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 2^15: exact); SIGNED (Q8_0, offset 128) takes the weights as
@@ -1239,12 +1239,23 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
             const size_t from = H == 2 ? 0 : (size_t)half * (block_bytes / 2), len = H == 2 ? block_bytes : block_bytes / 2;
             for (size_t l = 0; l < len; l += 64) _mm_prefetch(next + (size_t)b * block_bytes + from + l, _MM_HINT_T1);
         }
-        if (KIND == KIND_Q5) { /* as KIND_Q4, widened after each group: 4 products of at most 31 * 127 */
+        if (KIND == KIND_Q4 || KIND == KIND_Q5) {
+            /* a group's two byte-pair products (maddubs) added in 16 bits; KIND_Q4 keeps adding the block's 8 in 16
+             * bits before widening them (see above), KIND_Q5's (each at most 2 * 31 * 127) are widened per group */
+            __m256i s16[2][4];
             for (int h = 0; h < H; h++)
-                for (int r = 0; r < R; r++) ia[h][r] = _mm256_setzero_si256();
+                for (int r = 0; r < R; r++) s16[h][r] = ia[h][r] = _mm256_setzero_si256();
             for (int g = 0; g < 4; g++) {
                 __m256i lo[2], hi[2];
-                for (int h = 0; h < H; h++) q5_unpack256(q - 32 * half + (size_t)b * 320, g, half + h, &lo[h], &hi[h]);
+                for (int h = 0; h < H; h++) {
+                    if (KIND == KIND_Q5) {
+                        q5_unpack256(q - 32 * half + (size_t)b * 320, g, half + h, &lo[h], &hi[h]);
+                    } else {
+                        const __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 4 + g) * 64 + 32 * h));
+                        lo[h] = _mm256_and_si256(v, nib);
+                        hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    }
+                }
                 for (int r = 0; r < R; r++) {
                     int32_t x0, x1;
                     memcpy(&x0, xb + r * 32 + 4 * g, 4);
@@ -1252,34 +1263,16 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
                     const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
                     for (int h = 0; h < H; h++) {
                         const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo[h], b0), _mm256_maddubs_epi16(hi[h], b1));
-                        ia[h][r] = _mm256_add_epi32(ia[h][r], _mm256_madd_epi16(p, ones));
+                        if (KIND == KIND_Q5)
+                            ia[h][r] = _mm256_add_epi32(ia[h][r], _mm256_madd_epi16(p, ones));
+                        else
+                            s16[h][r] = _mm256_add_epi16(s16[h][r], p);
                     }
                 }
             }
-        } else if (KIND == KIND_Q4) {
-            __m256i s16[2][4];
-            for (int h = 0; h < H; h++)
-                for (int r = 0; r < R; r++) s16[h][r] = _mm256_setzero_si256();
-            for (int g = 0; g < 4; g++) {
-                __m256i lo[2], hi[2];
-                for (int h = 0; h < H; h++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + ((size_t)b * 4 + g) * 64 + 32 * h));
-                    lo[h] = _mm256_and_si256(v, nib);
-                    hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                }
-                for (int r = 0; r < R; r++) {
-                    int32_t x0, x1;
-                    memcpy(&x0, xb + r * 32 + 4 * g, 4);
-                    memcpy(&x1, xb + r * 32 + 16 + 4 * g, 4);
-                    const __m256i b0 = _mm256_set1_epi32(x0), b1 = _mm256_set1_epi32(x1);
-                    for (int h = 0; h < H; h++) {
-                        s16[h][r] = _mm256_add_epi16(s16[h][r], _mm256_maddubs_epi16(lo[h], b0));
-                        s16[h][r] = _mm256_add_epi16(s16[h][r], _mm256_maddubs_epi16(hi[h], b1));
-                    }
-                }
-            }
-            for (int h = 0; h < H; h++)
-                for (int r = 0; r < R; r++) ia[h][r] = _mm256_madd_epi16(s16[h][r], ones);
+            if (KIND == KIND_Q4)
+                for (int h = 0; h < H; h++)
+                    for (int r = 0; r < R; r++) ia[h][r] = _mm256_madd_epi16(s16[h][r], ones);
         } else {
             for (int h = 0; h < H; h++)
                 for (int r = 0; r < R; r++) ia[h][r] = _mm256_setzero_si256();
