@@ -26,7 +26,7 @@ __all__ = [
 
 DRAFTER_HELP = (
     "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else "
-    "ngram+model:SIBLING?vocab=32768 where a smaller GGUF model of the target's vocabulary is in the fetch cache, "
+    "ngram+model:SIBLING?vocab=65536 where a smaller GGUF model of the target's vocabulary is in the fetch cache, "
     "else ngram) | "
     "none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID[?vocab=N[&ranking=FILE]] (ID: default, a .gguf file, a model directory or a hub id; vocab=N: draft "

@@ -245,13 +245,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", required=True, help="the target model (a .gguf file or an ID)")
     parser.add_argument("--out", required=True, help="the ranking .npy file to write")
     parser.add_argument("--prompts", nargs="*", default=[], help="JSONL files of instruction prompts ({'prompt'})")
-    parser.add_argument("--per-file", type=int, default=100, help="prompts the target answers from each file")
+    parser.add_argument(
+        "--per-file", type=int, default=100, help="prompts the target answers from each file (0: none, only counted)"
+    )
     parser.add_argument("--texts", nargs="*", default=[], help="text files (tokenized; ranks below the answers)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8, help="answers decoded together")
     parser.add_argument("--size", type=int, default=65536, help="ids kept (the largest draft vocabulary offered)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--answers", help="keep the answers' token ids here (JSONL; a run resumes after them)")
+    parser.add_argument("--use-answers", type=int, help="rank by the first N answers only (default: all)")
     args = parser.parse_args(argv)
 
     from specwise.models import load_model
@@ -273,14 +276,23 @@ def main(argv: list[str] | None = None) -> int:
         answers = _answer_tokens(target, prompts, args.max_new_tokens, args.batch, saved, log)
     else:  # a ranking from the answers saved so far (another run may still be adding to them)
         answers = _read_answers(saved)
+    answers = answers if args.use_answers is None else answers[: args.use_answers]
     answer_counts = np.zeros(vocab, dtype=np.int64)
     for a in answers:
         answer_counts += np.bincount(np.asarray(a, dtype=np.int64), minlength=vocab)[:vocab]
-    text_counts = np.zeros(vocab, dtype=np.int64)
-    for text in [*(Path(p).read_text(errors="replace") for p in args.texts), *prompts]:
-        ids = np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
-        text_counts += np.bincount(ids, minlength=vocab)[:vocab]
-    ranking = rank_tokens([answer_counts, text_counts], vocab, sorted(eos_ids(target) or ()), args.size)
+
+    def counts(texts: Iterable[str]) -> np.ndarray:
+        total = np.zeros(vocab, dtype=np.int64)
+        for text in texts:
+            ids = np.asarray(tok(text, add_special_tokens=False)["input_ids"], dtype=np.int64)
+            total += np.bincount(ids, minlength=vocab)[:vocab]
+        return total
+
+    # every prompt of the files (what people ask: the words answers take up), then the text files
+    prompt_counts = counts(p for path in args.prompts for p in _prompts([Path(path)], 1 << 30, args.seed))
+    text_counts = counts(Path(p).read_text(errors="replace") for p in args.texts)
+    order = [answer_counts, prompt_counts, text_counts]
+    ranking = rank_tokens(order, vocab, sorted(eos_ids(target) or ()), args.size)
     write_ranking(args.out, ranking)
     seen, total = int((answer_counts > 0).sum()), int(answer_counts.sum())
     log(f"wrote {args.out}: {len(ranking):,} ids; {seen:,} distinct tokens in {total:,} answer tokens")
