@@ -418,3 +418,22 @@ def test_builder_prompts_take_the_files_in_turn_and_answers_resume(tmp_path):
     assert _read_answers(saved) == []
     saved.write_text("[1, 2]\n[3]\n[4, 5")  # a run stopped while writing its last line
     assert _read_answers(saved) == [[1, 2], [3]]
+
+
+def test_auto_gives_the_sibling_the_shipped_draft_vocabulary(tmp_path, monkeypatch):
+    """With a ranking shipped for the target's tokenizer, `auto` drafts from its first DRAFT_VOCAB_SIZE tokens."""
+    import specwise.drafters.vocab as vocab
+    from specwise.drafters.sibling import DRAFT_VOCAB_SIZE
+
+    base = _named(tiny_model(), "Tiny")
+    target = _write(tmp_path / "target.gguf", base)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    _write(folder / "sibling.gguf", _one_layer(base))
+    tokenizer = Vocab([f"t{i}" for i in range(96)])
+    monkeypatch.setattr(vocab, "SHIPPED", tmp_path / "shipped")
+    assert auto_model_spec(target, tokenizer, [folder]) == f"ngram+model:{folder / 'sibling.gguf'}"
+    (tmp_path / "shipped").mkdir()
+    write_ranking(tmp_path / "shipped" / f"{fingerprint(tokenizer)[:16]}.npy", range(96))
+    want = f"ngram+model:{folder / 'sibling.gguf'}?vocab={DRAFT_VOCAB_SIZE}"
+    assert auto_model_spec(target, tokenizer, [folder]) == want
