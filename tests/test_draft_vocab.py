@@ -437,3 +437,38 @@ def test_auto_gives_the_sibling_the_shipped_draft_vocabulary(tmp_path, monkeypat
     write_ranking(tmp_path / "shipped" / f"{fingerprint(tokenizer)[:16]}.npy", range(96))
     want = f"ngram+model:{folder / 'sibling.gguf'}?vocab={DRAFT_VOCAB_SIZE}"
     assert auto_model_spec(target, tokenizer, [folder]) == want
+
+
+class CharTokenizer(Vocab):
+    """Token id = a character's code (below 100): enough for the builder's counts."""
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        return {"input_ids": [ord(c) % 100 for c in text]}
+
+
+def test_builder_ranks_saved_answers_then_prompts_then_texts(tmp_path, monkeypatch, capsys, tiny):
+    import json
+
+    import specwise.models
+    from specwise.drafters.vocab import main
+
+    path, spec = tiny
+    loaded = Loaded(QuantizedModel(path), CharTokenizer([f"t{i}" for i in range(spec.vocab)]))
+    loaded.eos_token_ids = {2}
+    monkeypatch.setattr(specwise.models, "load_model", lambda *a, **k: loaded)
+    answers, prompts, texts = tmp_path / "a.jsonl", tmp_path / "p.jsonl", tmp_path / "t.txt"
+    answers.write_text("[7, 7, 9]\n[9, 7, 5]\n")
+    prompts.write_text(json.dumps({"prompt": "QPP"}) + "\n")  # P = 80, Q = 81
+    texts.write_text("QQQRR")  # R = 82: Q's count here only breaks ties among the prompts' tokens
+    out = tmp_path / "r.npy"
+    args = ["--target", "t", "--out", str(out), "--answers", str(answers), "--per-file", "0", "--size", "8"]
+    assert main([*args, "--prompts", str(prompts), "--texts", str(texts)]) == 0
+    assert read_ranking(out, spec.vocab).tolist() == [2, 7, 9, 5, 80, 81, 82, 0]
+    assert main([*args, "--use-answers", "1"]) == 0
+    assert read_ranking(out, spec.vocab).tolist()[:3] == [2, 7, 9]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    assert main([*args, "--prompts", str(bad)]) == 2
+    assert main(["--target", "t", "--out", str(out), "--prompts", str(tmp_path / "none.jsonl")]) == 2
+    errors = [line for line in capsys.readouterr().err.split("\n") if line.startswith("error: ")]
+    assert len(errors) == 2 and "prompt" in errors[0] and "none.jsonl" in errors[1]

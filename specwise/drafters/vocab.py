@@ -192,7 +192,8 @@ def _prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
         with open(path, encoding="utf-8") as f:  # lines end at "\n" only (a prompt may hold U+2028)
             rows = [json.loads(line)["prompt"] for line in f if line.strip()]
         picked.append([rows[i] for i in rng.permutation(len(rows))[:per_file]])
-    return [rows[i] for i in range(per_file) for rows in picked if i < len(rows)]
+    longest = max((len(rows) for rows in picked), default=0)
+    return [rows[i] for i in range(longest) for rows in picked if i < len(rows)]
 
 
 def _read_answers(path: Path | None) -> list[list[int]]:
@@ -238,6 +239,16 @@ def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m specwise.drafters.vocab``: build a ranking; a bad input is one line on stderr (exit 2)."""
+    try:
+        return _main(argv)
+    except (OSError, ValueError, KeyError) as err:  # unreadable files, bad JSON lines, prompts without "prompt"
+        what = f"a prompt line has no {err}" if isinstance(err, KeyError) else str(err).splitlines()[0]
+        print(f"error: {what}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specwise.drafters.vocab",
         description="Rank a target's vocabulary by how often the target writes each token (a draft vocabulary).",
@@ -265,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         target = load_model(args.target)
-    except (OSError, ValueError, NotImplementedError) as err:
+    except NotImplementedError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     vocab = int(target.model.vocab_size)
