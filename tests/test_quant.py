@@ -188,8 +188,8 @@ def test_dequantize_float_formats_any_finite_bits(t):
     assert np.array_equal(deq.view(np.uint32), ref.view(np.uint32))  # signed zeros too
 
 
-# bytes per weight of the re-packed tiles: quants (Q6_K in 6 bits, the 5-bit formats in 5), scales (float16 for the legacy formats; for the
-# K-quants one byte per block and float16 factors per super-block of 256), for whole tiles
+# bytes per weight of the re-packed tiles: quants (Q6_K in 6 bits, the 5-bit formats in 5), scales (float16 for
+# the legacy formats; for the K-quants one byte per block and float16 factors per super-block of 256), whole tiles
 BYTES_PER_WEIGHT = {
     T.F32: 4.0,
     T.F16: 4.0,
@@ -432,3 +432,32 @@ def test_requantized_q4_0_is_ggufs_q4_0_of_the_values(t):
     assert narrow.type_name == "Q4_0" and narrow.shape == (OUT, IN)
     want = gguf.quants.dequantize(gguf.quants.quantize(values, T.Q4_0), T.Q4_0).reshape(OUT, IN)
     assert np.array_equal(narrow.dequantize().numpy(), want)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+def test_repack_jobs_equal_tensors_repacked_one_by_one(t, tmp_path):
+    """The loader's one-call re-packing (repack_jobs: whole tensors, in slices, the file mapping's pages released
+    as they are done and read again by the next job, rows permuted) gives the tiles a tensor made from its bytes
+    has, byte for byte; bytes that do not fit are refused by name."""
+    rng = np.random.default_rng(100 + int(t))
+    out = 600
+    raw, _ = make(rng, t, out, IN)
+    perm = rng.permutation(out)
+    whole = quant.QTensor(int(t), raw.reshape(-1), out, IN, name="whole")
+    permuted = quant.QTensor(int(t), raw[perm].reshape(-1), out, IN, name="permuted")
+    path = tmp_path / "raw.bin"
+    raw.reshape(-1).tofile(path)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")  # as the loader's views of the GGUF file
+    jobs = [quant.QTensor(int(t), None, out, IN, name=f"job{i}") for i in range(2)]
+    quant.repack_jobs([(jobs[0], mapped, None), (jobs[1], mapped, perm)], release=True)
+    for job, ref in zip(jobs, (whole, permuted)):
+        for part in ("q", "s", "m", "sd", "md"):
+            a, b = getattr(job, part), getattr(ref, part)
+            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), part
+    short = quant.QTensor(int(t), None, out, IN, name="short")
+    with pytest.raises(RuntimeError, match="short"):
+        quant.repack_jobs([(short, raw.reshape(-1)[: raw.size - 1], None)])
+    bad = perm.copy()
+    bad[3] = out
+    with pytest.raises(RuntimeError, match="short"):
+        quant.repack_jobs([(short, raw.reshape(-1), bad)])

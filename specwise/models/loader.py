@@ -260,9 +260,12 @@ def _load_quantized(path: Path, name: str, precision: str, drafting: bool = Fals
     from specwise.models.quantized import QuantizedModel, TargetWeights, checked_file
 
     meta = checked_file(path)  # refuses a damaged file (GGUFError) or one it cannot run (NotImplementedError) first
-    tokenizer = gguf_tokenizer(path, meta)
+    # the tokenizer is read while the weights are re-packed (one native call on another thread)
+    model = QuantizedModel(
+        path, precision=precision, name=name, drafting=drafting, meta=meta, alongside=lambda: gguf_tokenizer(path, meta)
+    )
+    tokenizer = model.alongside
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
-    model = QuantizedModel(path, precision=precision, name=name, drafting=drafting, meta=meta)
     eos = model.eos_token_id
     loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
     _apply_profile(model, profile_device("cpu", model))

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +40,7 @@ from specwise.models.kernels.quant import (
     _mode_id,
     advise_huge_pages,
     bits_per_weight,
+    repack_jobs,
     tensor_bytes,
 )
 from specwise.models.native import rotary_tables
@@ -328,8 +331,11 @@ class QuantizedModel(Model):
         kv_cache: str = "float32",
         drafting: bool = False,
         meta: GGUFFile | None = None,
+        alongside: Callable[[], object] | None = None,
     ):
         """meta: the file as ``checked_file`` returned it (read again when not given).
+        alongside: work to do while the weights are re-packed (the loader reads the tokenizer): the re-packing is
+        one native call on another thread, which holds no Python lock; its result is kept in ``self.alongside``.
         huge_pages: keep the weights in one mapping backed by huge pages where the system allows (a pass streams
         every weight; 2 MB pages spare the page walks of 4 KB ones: 2-6% faster passes measured on the default
         model); False: ordinary allocations.
@@ -367,7 +373,7 @@ class QuantizedModel(Model):
         self.head_dim = config.head_dim
         self.eps = config.rms_norm_eps
         self.max_length = config.max_position_embeddings
-        self._load_weights(meta)
+        self._load_weights(meta, alongside)
         self.governor = ThreadGovernor()  # shared by the sequences (passes of one model take turns)
         self.vocab_size = self.lm_head.shape[0]
         self._inv_freq = self._inverse_frequencies(meta, config.rope_theta)
@@ -400,7 +406,11 @@ class QuantizedModel(Model):
         requantize = narrow and _narrowed(info.type)
         arena = None if requantize else self._arena
         label = name if part is None else f"{name}[{first}:{first + out}]"
-        if rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
+        if self._jobs is not None and not requantize:  # re-packed later, with the others, in one native call
+            tensor = QTensor(info.type, None, out, n_in, name=label, arena=arena)
+            view = meta.raw(name)[first * tensor.row_bytes : (first + out) * tensor.row_bytes]
+            self._jobs.append((tensor, view, rows))
+        elif rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
             raw = np.asarray(meta.read(name, first, out)).reshape(out, -1)[rows]
             tensor = QTensor(info.type, raw, out, n_in, name=label, arena=arena)
         else:
@@ -454,9 +464,12 @@ class QuantizedModel(Model):
             size += tensor_bytes(GGML_Q4_0, e.shape[0], e.shape[1]) + 5 * Arena.ALIGN
         return size
 
-    def _load_weights(self, meta: GGUFFile) -> None:
+    def _load_weights(self, meta: GGUFFile, alongside: Callable[[], object] | None = None) -> None:
         c = self.config
         self._arena = Arena(self._arena_bytes(meta)) if self.huge_pages else None
+        # the matrices the file's formats give as they are: re-packed together once all are laid out (a draft
+        # model's narrowed ones are re-packed, then re-quantized, one at a time)
+        self._jobs: list | None = [] if not self.drafting else None
         llama = c.family.permuted_qk
         q_rows = _unpermute_rows(c.num_attention_heads * c.head_dim, c.num_attention_heads) if llama else None
         k_rows = _unpermute_rows(c.num_key_value_heads * c.head_dim, c.num_key_value_heads) if llama else None
@@ -491,6 +504,7 @@ class QuantizedModel(Model):
                 self.qkv_biases.append(bias)
             else:
                 self.qkv_biases.append(None)
+        self._repack(alongside)
         self.intermediate = self.layers[0][4].shape[0]
         self._stack = DecoderStack(
             self.layers,
@@ -506,6 +520,31 @@ class QuantizedModel(Model):
         self._head_struct = (QMat * 1)(self.lm_head.struct)
         self._lib = self._stack._lib
         self._x = torch.empty((MAX_ROWS, self.hidden), dtype=torch.float32)  # a decoding step's rows (forward)
+
+    def _repack(self, alongside: Callable[[], object] | None) -> None:
+        """Re-pack the matrices laid out so far in one native call, on another thread while ``alongside`` runs
+        (its result in ``self.alongside``); the file's pages are handed back as they are done."""
+        jobs, self._jobs = self._jobs or [], None
+        self.alongside = None
+        if alongside is None:
+            repack_jobs(jobs, release=True)
+            return
+        failure: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                repack_jobs(jobs, release=True)
+            except BaseException as err:  # re-raised on the loading thread
+                failure.append(err)
+
+        thread = threading.Thread(target=work, name="specwise-repack", daemon=True)
+        thread.start()
+        try:
+            self.alongside = alongside()
+        finally:
+            thread.join()
+        if failure:
+            raise failure[0]
 
     def _variant(self, norms: dict[str, list[torch.Tensor]]) -> LayerVariant | None:
         """What this family's layers do beyond Llama's (None: nothing)."""

@@ -29,6 +29,9 @@
  * processed together when there are few rows, only to give the core independent work; that changes no
  * arithmetic. The portable, AVX2 and AVX-512 paths follow the same order, so they agree bit for bit.
  */
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE /* madvise under -std=c11 */
+#endif
 #include "specwise.h"
 
 #include <math.h>
@@ -37,6 +40,10 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -369,6 +376,62 @@ int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, i
         if (ok) scratch_free(&w);
     }
     return failed ? SW_ENOMEM : SW_OK;
+}
+
+/* The whole pages of [p, p + bytes) handed back to the system (a read-only file mapping's: they leave the process's
+ * resident memory and are read again from the page cache if touched). */
+static void release_pages(const uint8_t *p, int64_t bytes) {
+#if defined(__unix__) || defined(__APPLE__)
+    const long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0 || bytes <= 0) return;
+    const uintptr_t lo = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    const uintptr_t hi = ((uintptr_t)p + (uintptr_t)bytes) & ~((uintptr_t)page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED);
+#else
+    (void)p;
+    (void)bytes;
+#endif
+}
+
+/* Re-pack whole tensors, one after another, in one call (a loader can do other work meanwhile, e.g. read the
+ * tokenizer, without this call waiting for it between tensors). A tensor without a permutation goes in slices of
+ * about 8 MB, each slice's pages released after it when asked; a permuted one row by row, every row index checked
+ * first. Returns SW_OK, or the first job's failure (SW_EARG: a size, shape or row that does not fit; SW_ENOMEM),
+ * its index in *failed (-1 when none). */
+int specwise_q_repack_jobs(const qjob *jobs, int64_t n, int64_t *failed) {
+    if (failed) *failed = -1;
+    if (n < 0 || (n && !jobs)) return SW_EARG;
+    for (int64_t j = 0; j < n; j++) {
+        const qjob *job = jobs + j;
+        int kind, B, off, has_m, half, rb, rbytes, sub, st = SW_OK;
+        if (specwise_q_layout(job->dst.type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub) || !job->raw ||
+            job->dst.in < 1 || job->dst.in % rb || job->dst.out < 1 || job->raw_bytes < 0) {
+            st = SW_EARG;
+        } else {
+            const int64_t row_bytes = job->dst.in / rb * rbytes, out = job->dst.out;
+            if (job->rows) {
+                for (int64_t o = 0; o < out && st == SW_OK; o++)
+                    if (job->rows[o] < 0 || job->rows[o] >= job->raw_bytes / row_bytes) st = SW_EARG;
+                for (int64_t o = 0; o < out && st == SW_OK; o++)
+                    st = specwise_q_repack(&job->dst, job->raw + job->rows[o] * row_bytes, row_bytes, o, 1);
+                if (st == SW_OK && job->release) release_pages(job->raw, job->raw_bytes);
+            } else {
+                const int64_t step = (((int64_t)8 << 20) / row_bytes + QTILE) / QTILE * QTILE; /* whole tiles */
+                if (job->raw_bytes / row_bytes < out) st = SW_EARG;
+                for (int64_t first = 0; first < out && st == SW_OK; first += step) {
+                    const int64_t count = out - first < step ? out - first : step;
+                    const uint8_t *slice = job->raw + first * row_bytes;
+                    st = specwise_q_repack(&job->dst, slice, count * row_bytes, first, count);
+                    if (st == SW_OK && job->release) release_pages(slice, count * row_bytes);
+                }
+            }
+        }
+        if (st != SW_OK) {
+            if (failed) *failed = j;
+            return st;
+        }
+    }
+    return SW_OK;
 }
 
 /* Bytes of the tiles of q, s and m, and of the K-quants' factors sd and md, for a tensor of this type and shape.

@@ -61,6 +61,19 @@ typedef struct {
     int64_t q_bytes, s_bytes, m_bytes, sd_bytes, md_bytes; /* what each buffer holds */
 } qpack;
 
+/* One tensor to re-pack whole (specwise_q_repack_jobs): its tiles, and its raw blocks, row-major, raw_bytes of
+ * them (e.g. a read-only mapping of the file); rows: NULL, or for each output row the row of raw it is (a
+ * permutation, dst.out entries); release: 1 to hand raw's whole pages back once re-packed, for a read-only file
+ * mapping only (its pages then leave the process's resident memory as the load goes on, and are read again from
+ * the file if touched; anonymous memory would read back as zeros). */
+typedef struct {
+    qpack dst;
+    const uint8_t *raw;
+    int64_t raw_bytes;
+    const int64_t *rows;
+    int32_t release;
+} qjob;
+
 /* What a decoder layer does beyond the Llama layer (specwise_qllama_rows; NULL: the Llama layer). Every array has
  * one entry per layer. */
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };

@@ -31,6 +31,7 @@ __all__ = [
     "MODES",
     "ISAS",
     "QTensor",
+    "repack_jobs",
     "q_gemm",
     "isa",
     "set_isa",
@@ -75,6 +76,18 @@ class QPack(ctypes.Structure):
     ]
 
 
+class QJob(ctypes.Structure):
+    """The C ``qjob`` of quant.h: one tensor for specwise_q_repack_jobs."""
+
+    _fields_ = [
+        ("dst", QPack),
+        ("raw", ctypes.c_void_p),
+        ("raw_bytes", ctypes.c_int64),
+        ("rows", ctypes.c_void_p),
+        ("release", ctypes.c_int32),
+    ]
+
+
 class QMat(ctypes.Structure):
     """The C ``qmat`` of quant.h."""
 
@@ -105,6 +118,7 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 8, i),
         "specwise_q_sizes": ([i, i64, i64] + [ctypes.POINTER(i64)] * 5, i),
         "specwise_q_repack": ([p, p, i64, i64, i64], i),
+        "specwise_q_repack_jobs": ([p, i64, ctypes.POINTER(i64)], i),
         "specwise_q_gemm": ([p, i, p, p, p, i, i, i], i),
         "specwise_q_row": ([p, i64, p], i),
         "specwise_q_gather": ([p, p, i64, p], i),
@@ -176,7 +190,8 @@ class QTensor:
 
     def __init__(self, ggml_type: int, raw, out: int, in_features: int, name: str = "", arena=None) -> None:
         """raw: the tensor's bytes (row-major blocks), or a function ``(first_row, rows) -> bytes of those rows``
-        that lets a large tensor be read a slice at a time."""
+        that lets a large tensor be read a slice at a time, or None: the tiles are allocated and left for
+        :func:`repack_jobs` (``self.pack`` says where they go)."""
         lib = _lib()
         self.name = name or "tensor"
         if ggml_type not in _TYPES:
@@ -211,8 +226,9 @@ class QTensor:
             ggml_type, out, in_features, *(_ptr(b) for b in (self.q, self.s, self.m, self.sd, self.md)),
             *(0 if b is None else b.numel() for b in (self.q, self.s, self.m, self.sd, self.md)),
         )  # fmt: skip
+        self.pack, self.row_bytes = pack, row_bytes
         step = out if read is None else max(16, (8 << 20) // max(1, row_bytes) // 16 * 16)  # slices of ~8 MB
-        for first in range(0, out, step):
+        for first in range(0, out if raw is not None else 0, step):
             count = min(step, out - first)
             chunk = read(first, count) if read is not None else raw
             data = np.ascontiguousarray(np.asarray(chunk, dtype=np.uint8).reshape(-1))
@@ -295,6 +311,32 @@ class QTensor:
 
     def __repr__(self) -> str:
         return f"QTensor({self.name}, {self.type_name}, {list(self.shape)}, {self.nbytes / 1e6:.1f} MB)"
+
+
+def repack_jobs(jobs: list[tuple[QTensor, np.ndarray, np.ndarray | None]], release: bool = False) -> None:
+    """Re-pack tensors made with ``raw=None`` in one native call, which holds no Python lock meanwhile (another
+    thread can do Python work, e.g. read the tokenizer). Each job: the tensor, its raw blocks (row-major, e.g. a
+    view of the mapped file), and None or the permutation of its rows (output row i is raw row ``rows[i]``).
+    release: hand the raw views' pages back as they are done: only for views of a read-only file mapping, whose
+    pages are read again from the file if touched (anonymous memory would read back as zeros)."""
+    keep = []  # the arrays the C structs point into stay alive through the call
+    table = (QJob * max(1, len(jobs)))()
+    for i, (tensor, raw, rows) in enumerate(jobs):
+        raw = np.ascontiguousarray(np.asarray(raw, dtype=np.uint8).reshape(-1))
+        rows_ptr = None
+        if rows is not None:
+            rows = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1))
+            if rows.size != tensor.shape[0]:
+                raise ValueError(f"{tensor.name}: {rows.size} row indices for {tensor.shape[0]} rows")
+            rows_ptr = rows.ctypes.data
+        keep.append((raw, rows))
+        table[i] = QJob(tensor.pack, raw.ctypes.data, raw.size, rows_ptr, int(release))
+    failed = ctypes.c_int64(-1)
+    status = _lib().specwise_q_repack_jobs(table, len(jobs), ctypes.byref(failed))
+    if status != SW_OK:
+        tensor = jobs[failed.value][0] if 0 <= failed.value < len(jobs) else None
+        what = f"{tensor.name}: re-packing {tensor.type_name}" if tensor is not None else "re-packing"
+        raise RuntimeError(f"{what} failed (status {status}): its bytes do not fit its shape")
 
 
 def _layout(ggml_type: int) -> tuple[int, int, int, int, int, int, int, int]:

@@ -47,6 +47,8 @@ int specwise_q_sizes(int type, int64_t out, int64_t in, int64_t *q_bytes, int64_
                      int64_t *sd_bytes, int64_t *md_bytes);
 /* Re-pack rows first .. first + count - 1 of a GGUF tensor's raw blocks into the tiles dst describes. */
 int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count);
+/* Re-pack every tensor of jobs[0 .. n - 1] in one call (no caller code between them); *failed: the first job refused. */
+int specwise_q_repack_jobs(const qjob *jobs, int64_t n, int64_t *failed);
 /* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias) in `mode` (MODE_EXACT or MODE_Q8). */
 int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
                     int threads);
