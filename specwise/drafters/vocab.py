@@ -8,7 +8,7 @@ the target verifies every drafted token with its full p; a token outside the sub
 A **ranking** is the target's vocabulary ordered by how often the target writes each token, most frequent first
 (the first N ids are the draft vocabulary of size N). It is an ``.npy`` file of token ids (uint32, int32 or int64),
 read without unpickling and checked against the target's vocabulary (range, uniqueness, size). Rankings shipped
-with specwise live in ``specwise/drafters/vocabs/<fingerprint>.npy``, named by the fingerprint of the tokenizer
+with specwise live in ``specwise/shipped/vocabs/<fingerprint>.npy``, named by the fingerprint of the tokenizer
 they rank (:func:`fingerprint`). ``python -m specwise.drafters.vocab`` builds one from the target's own answers to
 instruction prompts and from text corpora (never from benchmark questions).
 """
@@ -36,7 +36,7 @@ __all__ = [
     "write_ranking",
 ]
 
-SHIPPED = Path(__file__).resolve().parent / "vocabs"
+SHIPPED = Path(__file__).resolve().parent.parent / "shipped" / "vocabs"
 _DTYPES = (np.dtype("<u4"), np.dtype("<i4"), np.dtype("<i8"))
 REBUILD = "build one with `python -m specwise.drafters.vocab --target TARGET --out FILE`"
 
