@@ -594,7 +594,7 @@ class QuantizedModel(Model):
     def restrict_output(self, ids) -> None:
         """Keep only rows ``ids`` (distinct token ids) of the output layer, in that order: every pass's logits are
         then ``[rows, len(ids)]``, column j the logit of token ``ids[j]``, equal to the full layer's (a draft model's
-        draft vocabulary, ``specwise.drafters.vocab``). The rows' blocks are read from the file, re-packed (and
+        draft vocabulary, ``specwise.drafters.vocab``). The rows' blocks are re-packed from the file's mapping (and
         re-quantized as ``drafting`` re-quantizes the layer). Call before ``sequence()``."""
         meta = GGUFFile(self.path)
         name = "output.weight" if "output.weight" in meta.tensors else "token_embd.weight"
@@ -603,18 +603,8 @@ class QuantizedModel(Model):
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if not ids.size or int(ids.min()) < 0 or int(ids.max()) >= rows or np.unique(ids).size != ids.size:
             raise ValueError(f"{self.path.name}: output rows must be distinct token ids in [0, {rows})")
-        row_bytes = info.nbytes // rows
-        raw = np.empty((ids.size, row_bytes), dtype=np.uint8)
-        order = np.argsort(ids)
-        wanted = ids[order]
-        step = max(1, (16 << 20) // row_bytes)  # the file read a slice of ~16 MB at a time
-        for first in range(0, rows, step):
-            lo, hi = np.searchsorted(wanted, [first, first + step])
-            if hi > lo:
-                count = min(step, rows - first)
-                block = meta.read(name, first, count).reshape(count, row_bytes)
-                raw[order[lo:hi]] = block[wanted[lo:hi] - first]
-        head = QTensor(info.type, raw.reshape(-1), ids.size, n_in, name=f"{name}[{ids.size} rows]")
+        head = QTensor(info.type, None, ids.size, n_in, name=f"{name}[{ids.size} rows]")
+        repack_jobs([(head, meta.raw(name), ids)], release=True)  # row j is the file's row ids[j]
         if self.drafting and _narrowed(info.type):
             head = head.requantized_q4_0()
         self.lm_head, self.tied = head, False

@@ -339,25 +339,24 @@ static void repack_row(const qpack *dst, const uint8_t *src, int o, row_scratch 
     }
 }
 
-/* Re-pack rows first .. first + count - 1 of a GGUF tensor (raw: those rows' blocks, row-major, raw_bytes of them)
- * into the tiles of the whole tensor that dst describes (zeroed by the caller), so that a large tensor can be read
- * and re-packed a slice at a time. Every size is checked before anything is written: the shape against the layout's
- * limits, each buffer's bytes against what specwise_q_sizes gives, the rows against the tensor and raw_bytes
- * against the rows. The tiles are shared out between threads. Returns SW_OK, SW_EARG for an unsupported type, a
- * shape or a buffer that does not fit, or SW_ENOMEM. */
-int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count) {
+/* The bytes of one row of dst's raw blocks, once every buffer of dst is checked against the layout (0: refused). */
+static int64_t checked_row_bytes(const qpack *dst) {
     int kind, B, off, has_m, half, rb, rbytes, sub;
     int64_t need[5];
-    if (!dst || !raw || specwise_q_sizes(dst->type, dst->out, dst->in, &need[0], &need[1], &need[2], &need[3],
-                                         &need[4]))
-        return SW_EARG;
+    if (!dst || specwise_q_sizes(dst->type, dst->out, dst->in, &need[0], &need[1], &need[2], &need[3], &need[4]))
+        return 0;
     const int64_t have[5] = {dst->q_bytes, dst->s_bytes, dst->m_bytes, dst->sd_bytes, dst->md_bytes};
     const void *const bufs[5] = {dst->q, dst->s, dst->m, dst->sd, dst->md};
     for (int i = 0; i < 5; i++)
-        if (need[i] > 0 && (!bufs[i] || have[i] < need[i])) return SW_EARG;
+        if (need[i] > 0 && (!bufs[i] || have[i] < need[i])) return 0;
     specwise_q_layout(dst->type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub);
-    const int64_t row_bytes = dst->in / rb * rbytes;
-    if (first < 0 || count < 0 || first > dst->out - count || raw_bytes / row_bytes < count) return SW_EARG;
+    return dst->in / rb * rbytes;
+}
+
+/* Rows first .. first + count - 1 of a checked dst from raw: row o is raw's row o - first, or rows[o] when a
+ * permutation is given (checked by the caller). The tiles are shared out between threads. */
+static int repack_rows(const qpack *dst, const uint8_t *raw, int64_t row_bytes, int64_t first, int64_t count,
+                       const int64_t *rows) {
     if (count == 0) return SW_OK;
     const int64_t t_first = first / QTILE, t_end = (first + count - 1) / QTILE + 1;
     int failed = 0;
@@ -371,11 +370,25 @@ int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, i
             if (!ok) continue; /* every thread meets the loop; one without scratch only reports it */
             const int64_t lo = t * QTILE > first ? t * QTILE : first;
             const int64_t hi = (t + 1) * QTILE < first + count ? (t + 1) * QTILE : first + count;
-            for (int64_t o = lo; o < hi; o++) repack_row(dst, raw + (o - first) * row_bytes, (int)o, &w);
+            for (int64_t o = lo; o < hi; o++)
+                repack_row(dst, raw + (rows ? rows[o] : o - first) * row_bytes, (int)o, &w);
         }
         if (ok) scratch_free(&w);
     }
     return failed ? SW_ENOMEM : SW_OK;
+}
+
+/* Re-pack rows first .. first + count - 1 of a GGUF tensor (raw: those rows' blocks, row-major, raw_bytes of them)
+ * into the tiles of the whole tensor that dst describes (zeroed by the caller), so that a large tensor can be read
+ * and re-packed a slice at a time. Every size is checked before anything is written: the shape against the layout's
+ * limits, each buffer's bytes against what specwise_q_sizes gives, the rows against the tensor and raw_bytes
+ * against the rows. The tiles are shared out between threads. Returns SW_OK, SW_EARG for an unsupported type, a
+ * shape or a buffer that does not fit, or SW_ENOMEM. */
+int specwise_q_repack(const qpack *dst, const uint8_t *raw, int64_t raw_bytes, int64_t first, int64_t count) {
+    const int64_t row_bytes = checked_row_bytes(dst);
+    if (!row_bytes || !raw || first < 0 || count < 0 || first > dst->out - count || raw_bytes / row_bytes < count)
+        return SW_EARG;
+    return repack_rows(dst, raw, row_bytes, first, count, NULL);
 }
 
 /* The whole pages of [p, p + bytes) handed back to the system (a read-only file mapping's: they leave the process's
@@ -403,27 +416,21 @@ int specwise_q_repack_jobs(const qjob *jobs, int64_t n, int64_t *failed) {
     if (n < 0 || (n && !jobs)) return SW_EARG;
     for (int64_t j = 0; j < n; j++) {
         const qjob *job = jobs + j;
-        int kind, B, off, has_m, half, rb, rbytes, sub, st = SW_OK;
-        if (specwise_q_layout(job->dst.type, &kind, &B, &off, &has_m, &half, &rb, &rbytes, &sub) || !job->raw ||
-            job->dst.in < 1 || job->dst.in % rb || job->dst.out < 1 || job->raw_bytes < 0) {
-            st = SW_EARG;
-        } else {
-            const int64_t row_bytes = job->dst.in / rb * rbytes, out = job->dst.out;
-            if (job->rows) {
-                for (int64_t o = 0; o < out && st == SW_OK; o++)
-                    if (job->rows[o] < 0 || job->rows[o] >= job->raw_bytes / row_bytes) st = SW_EARG;
-                for (int64_t o = 0; o < out && st == SW_OK; o++)
-                    st = specwise_q_repack(&job->dst, job->raw + job->rows[o] * row_bytes, row_bytes, o, 1);
-                if (st == SW_OK && job->release) release_pages(job->raw, job->raw_bytes);
-            } else {
-                const int64_t step = (((int64_t)8 << 20) / row_bytes + QTILE) / QTILE * QTILE; /* whole tiles */
-                if (job->raw_bytes / row_bytes < out) st = SW_EARG;
-                for (int64_t first = 0; first < out && st == SW_OK; first += step) {
-                    const int64_t count = out - first < step ? out - first : step;
-                    const uint8_t *slice = job->raw + first * row_bytes;
-                    st = specwise_q_repack(&job->dst, slice, count * row_bytes, first, count);
-                    if (st == SW_OK && job->release) release_pages(slice, count * row_bytes);
-                }
+        const int64_t row_bytes = checked_row_bytes(&job->dst), out = job->dst.out;
+        int st = row_bytes && job->raw && job->raw_bytes >= 0 ? SW_OK : SW_EARG;
+        if (st == SW_OK && job->rows) {
+            for (int64_t o = 0; o < out && st == SW_OK; o++)
+                if (job->rows[o] < 0 || job->rows[o] >= job->raw_bytes / row_bytes) st = SW_EARG;
+            if (st == SW_OK) st = repack_rows(&job->dst, job->raw, row_bytes, 0, out, job->rows);
+            if (st == SW_OK && job->release) release_pages(job->raw, job->raw_bytes);
+        } else if (st == SW_OK) {
+            const int64_t step = (((int64_t)8 << 20) / row_bytes + QTILE) / QTILE * QTILE; /* whole tiles */
+            if (job->raw_bytes / row_bytes < out) st = SW_EARG;
+            for (int64_t first = 0; first < out && st == SW_OK; first += step) {
+                const int64_t count = out - first < step ? out - first : step;
+                const uint8_t *slice = job->raw + first * row_bytes;
+                st = repack_rows(&job->dst, slice, row_bytes, first, count, NULL);
+                if (st == SW_OK && job->release) release_pages(slice, count * row_bytes);
             }
         }
         if (st != SW_OK) {
