@@ -105,6 +105,22 @@ def api_key(args: argparse.Namespace) -> str | None:
     return os.environ.get(API_KEY_ENV) or None
 
 
+def serving_app(runtime, options, key: str | None):
+    """The server's app for ``runtime`` with the serving options of ``specwise serve`` (``options``: its parsed
+    arguments, or anything with the same attributes), shared by one server and the replicas of ``--ray``."""
+    from specwise.server.app import create_app
+
+    return create_app(
+        runtime,
+        model_name=options.served_model_name,
+        max_queue=options.max_queue,
+        default_max_tokens=options.default_max_tokens,
+        max_batch=options.max_batch,
+        max_body_bytes=options.max_body_bytes,
+        api_key=key,
+    )
+
+
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -140,7 +156,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specwise.runtime import build_runtime
-    from specwise.server.app import create_app
     from specwise.server.auth import exposure_warning
 
     if args.threads is not None:
@@ -149,15 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     key = api_key(args)
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
-    app = create_app(
-        runtime,
-        model_name=args.served_model_name,
-        max_queue=args.max_queue,
-        default_max_tokens=args.default_max_tokens,
-        max_batch=args.max_batch,
-        max_body_bytes=args.max_body_bytes,
-        api_key=key,
-    )
+    app = serving_app(runtime, args, key)
     state = app.state.server
     print(
         f"specwise: serving {state.model_name!r} ({type(runtime.engine.target).__name__}, drafter "

@@ -172,7 +172,7 @@ class SpecwiseEngine:
         from ray import serve
 
         from specwise.runtime import build_runtime
-        from specwise.server.app import create_app
+        from specwise.server.cli import serving_app
 
         ray = import_ray()
         opts = ClusterOptions(**options)
@@ -182,15 +182,7 @@ class SpecwiseEngine:
         self.node = ray.get_runtime_context().get_node_id()
         _check_target_here(opts.target)
         runtime = build_runtime(opts.target, opts.drafter, opts.gamma, opts.device, opts.impl, opts.precision)
-        self.app = create_app(
-            runtime,
-            model_name=opts.served_model_name,
-            max_queue=opts.max_queue,
-            default_max_tokens=opts.default_max_tokens,
-            max_batch=opts.max_batch,
-            max_body_bytes=opts.max_body_bytes,
-            api_key=opts.api_key,
-        )
+        self.app = serving_app(runtime, opts, opts.api_key)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the generation worker
         log.info("specwise replica %s: %d threads, node %s", self.replica, self.threads, self.node)
