@@ -406,16 +406,12 @@ class QuantizedModel(Model):
         requantize = narrow and _narrowed(info.type)
         arena = None if requantize else self._arena
         label = name if part is None else f"{name}[{first}:{first + out}]"
+        tensor = QTensor(info.type, None, out, n_in, name=label, arena=arena)
+        job = (tensor, meta.raw(name)[first * tensor.row_bytes : (first + out) * tensor.row_bytes], rows)
         if self._jobs is not None and not requantize:  # re-packed later, with the others, in one native call
-            tensor = QTensor(info.type, None, out, n_in, name=label, arena=arena)
-            view = meta.raw(name)[first * tensor.row_bytes : (first + out) * tensor.row_bytes]
-            self._jobs.append((tensor, view, rows))
-        elif rows is not None:  # a permutation of the rows (Llama's Q and K): read whole
-            raw = np.asarray(meta.read(name, first, out)).reshape(out, -1)[rows]
-            tensor = QTensor(info.type, raw, out, n_in, name=label, arena=arena)
-        else:
-            read = lambda at, count: meta.read(name, first + at, count)  # noqa: E731
-            tensor = QTensor(info.type, read, out, n_in, name=label, arena=arena)
+            self._jobs.append(job)
+            return tensor
+        repack_jobs([job], release=True)
         return tensor.requantized_q4_0(self._arena) if requantize else tensor
 
     def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
