@@ -336,28 +336,6 @@ class GGUFFile:
         info = self.tensors[name]
         return self._data[info.offset : info.offset + info.nbytes]
 
-    def read(self, name: str, first_row: int = 0, rows: int | None = None) -> np.ndarray:
-        """A copy of the bytes of tensor ``name`` (or of ``rows`` of its rows from ``first_row``), read with a plain
-        file read: unlike the mapped view, the pages read do not stay in the process's resident memory."""
-        info = self.tensors[name]
-        n_rows = info.shape[0] if len(info.shape) > 1 else 1
-        row_bytes = info.nbytes // n_rows
-        rows = n_rows - first_row if rows is None else rows
-        if not (first_row >= 0 and rows >= 0 and first_row + rows <= n_rows):
-            raise ValueError(f"{name}: rows {first_row} .. {first_row + rows} outside [0, {n_rows})")
-        size = rows * row_bytes
-        out = np.empty(size, dtype=np.uint8)
-        with open(self.path, "rb", buffering=0) as f:
-            f.seek(info.offset + first_row * row_bytes)
-            view = memoryview(out)
-            done = 0
-            while done < size:
-                n = f.readinto(view[done:])
-                if not n:
-                    raise GGUFError(f"{self.path}: the file ends inside tensor {name}")
-                done += n
-        return out
-
     def floats(self, name: str) -> np.ndarray:
         """A float32 copy of a small F32 / F16 / BF16 tensor (norms, biases)."""
         info = self.tensors[name]
