@@ -1,4 +1,4 @@
-"""The Llama family (Llama, Qwen2) decoded straight from a GGUF file's own block formats.
+"""The native architectures (llama, qwen2, qwen3, phi3, gemma3) decoded straight from a GGUF file's own block formats.
 
 The weights stay in the file's formats (re-packed at load time into the kernels' tiles, about the file's size in
 memory; nothing is converted or cached on disk) and every pass runs in native code: all decoder layers in one
