@@ -316,6 +316,22 @@ def test_q8_greedy_agrees_with_hugging_face(arch):
     assert same[decisive].double().mean().item() >= 0.98, same[decisive].double().mean().item()
 
 
+@pytest.mark.parametrize("precision", ["exact", "q8"])
+def test_instruction_paths_agree_on_every_architecture(arch, precision):
+    """Each architecture's whole pass (its activation, norms and attention variant included) gives the same bits on
+    the portable, AVX2 and AVX-512 paths."""
+    path = arch.q8 if precision == "q8" else arch.f32
+    best = quant.set_isa(None)
+    try:
+        quant.set_isa("portable")
+        want = in_passes(native(path, precision, arch.case.required), arch.ids)
+        for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
+            quant.set_isa(name)
+            assert torch.equal(in_passes(native(path, precision, arch.case.required), arch.ids), want), name
+    finally:
+        quant.set_isa(None)
+
+
 def test_hf_fallback_matches_hugging_face(arch, monkeypatch, tmp_path):
     if arch.name in FALLBACK_REFUSES:
         with pytest.raises(NotImplementedError, match=FALLBACK_REFUSES[arch.name]):
