@@ -30,7 +30,7 @@ def main() -> int:
     ap.add_argument("--out", default="benchmarks/results/head_cost.json")
     args = ap.parse_args()
     loaded = load_model("default")
-    head = make_drafter("head", loaded).head
+    head = make_drafter("head", loaded)[0].head
     target = loaded.model
 
     def variant(name: str) -> HeadDrafter:

@@ -41,7 +41,7 @@ def main() -> int:
     args = ap.parse_args()
 
     loaded = load_model("default", device="cpu")
-    head = make_drafter("head", loaded, device="cpu").head
+    head = make_drafter("head", loaded, device="cpu")[0].head
     prompts = passage_prompts(corpus_files(Path(args.corpus_dir)), args.prompts, seed=args.seed, words=args.words)
     configs = []
     for spec in args.windows:

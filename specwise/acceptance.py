@@ -8,13 +8,12 @@ acceptance by kind of draft, and when the source was last asked. The machine's c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from specwise.drafters.base import Drafter
 from specwise.estimates import Rate
 
-__all__ = ["SourceRecord", "PlanState", "sources_of", "acceptance", "expected_accepted_iid"]
+__all__ = ["SourceRecord", "PlanState", "acceptance", "expected_accepted_iid"]
 
 
 class SourceRecord:
@@ -51,17 +50,8 @@ class SourceRecord:
 class PlanState:
     """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them."""
 
-    drafter: object  # as given to the engine: a Drafter or a list of them
     sources: list[Drafter]
     known: list[SourceRecord] = field(default_factory=list)
-
-
-def sources_of(drafter: Drafter | Sequence[Drafter]) -> list[Drafter]:
-    """The sources of a drafter given to the engine: itself, or the drafters of a list (``ngram+head``)."""
-    sources = list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
-    if not sources:
-        raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
-    return sources
 
 
 def acceptance(record: SourceRecord, prior: float) -> list[float]:

@@ -27,7 +27,7 @@ import torch
 
 from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run
 from specwise.models.base import Model
-from specwise.planner import PlanState, sources_of
+from specwise.planner import PlanState
 from specwise.sampling import SamplingParams
 
 __all__ = ["BatchEngine", "BatchStep", "Request"]
@@ -74,7 +74,7 @@ class BatchStep:
 
 
 class BatchEngine:
-    """Steps up to ``max_batch`` requests together on ``engine``'s target, drafter(s) and planner.
+    """Steps up to ``max_batch`` requests together on ``engine``'s target, drafters and planner.
 
     max_batch: sequences that share a pass; more requests wait (``waiting``) and join as slots free.
     prefill_chunk: prompt tokens a joining request feeds per step (longer prompts take several steps), so that
@@ -140,11 +140,11 @@ class BatchEngine:
     def _new_slot(self) -> _Slot:
         engine = self.engine
         if not self._slots:  # the engine's own sequence and drafters serve the first slot
-            target, drafter = engine.target, engine.drafter
+            target, drafters = engine.target, engine.drafters
         else:
             target = engine.target.sequence()
-            drafter = _fork(engine.drafter, target)
-        slot = _Slot(target, engine.planner.new_state(drafter))
+            drafters = [d.fork(target) for d in engine.drafters]
+        slot = _Slot(target, engine.planner.new_state(drafters))
         self._slots.append(slot)
         return slot
 
@@ -300,10 +300,3 @@ class BatchEngine:
             for rid, event in step.events:
                 out[rid].append(event)
         return [out[rid] for rid in ids]
-
-
-def _fork(drafter, target: Model):
-    """The engine's drafter (one, or a list of sources) for another sequence of the target."""
-    sources = sources_of(drafter)
-    forks = [d.fork(target) for d in sources]
-    return forks if isinstance(drafter, (list, tuple)) else forks[0]

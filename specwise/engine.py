@@ -10,7 +10,7 @@ the step is a plain decoding step, so the baseline runs through the same code.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +20,7 @@ from specwise.drafters.base import Draft, Drafter
 from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
-from specwise.planner import Planner, PlanState, Proposal, make_planner, sources_of
+from specwise.planner import Planner, PlanState, Proposal, make_planner
 from specwise.rejection import verify
 from specwise.sampling import SamplingParams, log_probs
 
@@ -219,7 +219,7 @@ class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
     drafter: a Drafter, or a list of them (several sources: each step the planner drafts with the one expected to
-        give the most tokens per second); None decodes plainly.
+        give the most tokens per second); None decodes plainly. Kept as ``drafters``, always a list.
     gamma: tokens drafted per step (0 gives plain decoding), ``"auto"`` for the adaptive planner, or a Planner.
     cost_curve: the relative cost c(k) of target passes over k tokens that `specwise profile` measured, the
         adaptive planner's prior (None: a default curve, then what it measures).
@@ -230,7 +230,7 @@ class Engine:
     def __init__(
         self,
         target: Model,
-        drafter: Drafter | list[Drafter] | None = None,
+        drafter: Drafter | Sequence[Drafter] | None = None,
         gamma: int | str | Planner = 4,
         tokenizer=None,
         eos_token_ids: Iterable[int] | None = None,
@@ -238,16 +238,11 @@ class Engine:
     ) -> None:
         self.planner = make_planner(gamma, cost_curve=cost_curve)
         self.target = target
-        self.drafter = drafter if drafter is not None else NoDrafter(target.device)
+        self.drafters = _as_sources(drafter, target)
         self.gamma = self.planner.gamma
         self.tokenizer = tokenizer
         self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
         self._state: PlanState | None = None  # the planner's view of the sequence (kept from request to request)
-
-    @property
-    def drafters(self) -> list[Drafter]:
-        """The planner's sources: the drafter, or the drafters of a list."""
-        return sources_of(self.drafter)
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
@@ -289,8 +284,8 @@ class Engine:
     ) -> Iterator[GenerationEvent]:
         """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats
         (``logprobs``: also each emitted token's log-probability)."""
-        if self._state is None or self._state.drafter is not self.drafter:
-            self._state = self.planner.new_state(self.drafter)
+        if self._state is None or not _same(self._state.sources, self.drafters):
+            self._state = self.planner.new_state(self.drafters)
         run = self.start(self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs)
         prefill = run.prefill_tokens()
         if prefill:
@@ -491,3 +486,15 @@ def token_logprobs(
         for row, (vs, ix) in enumerate(zip(values.tolist(), indices.tolist())):
             alternatives[row] = [(i, v) for i, v in zip(ix, vs) if v != float("-inf")]
     return [TokenLogprob(t, c, a) for t, c, a in zip(tokens, chosen, alternatives)]
+
+
+def _as_sources(drafter: Drafter | Sequence[Drafter] | None, target: Model) -> list[Drafter]:
+    """The engine's sources from what its caller gave: None is plain decoding, one drafter is a list of one."""
+    if drafter is None:
+        return [NoDrafter(target.device)]
+    return list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
+
+
+def _same(a: list[Drafter], b: list[Drafter]) -> bool:
+    """Whether two lists hold the same drafters (the same objects) in the same order."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))

@@ -48,12 +48,11 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid, sources_of
+from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid
 from specwise.costs import ALONE, PassCosts, Shared
 from specwise.drafters.base import Draft, Drafter
 from specwise.estimates import Rate
@@ -67,7 +66,6 @@ __all__ = [
     "FixedPlanner",
     "AdaptivePlanner",
     "make_planner",
-    "sources_of",
     "Shared",
     "ALONE",
 ]
@@ -108,11 +106,13 @@ class Planner(ABC):
         """The target's passes run on ``threads`` threads from now on (None: unknown): what a pass costs is
         estimated apart for each thread count (a planner that does not estimate costs ignores it)."""
 
-    def new_state(self, drafter: Drafter | Sequence[Drafter]) -> PlanState:
-        """The state of a new sequence drafted by ``drafter`` (one, or a list: several sources)."""
-        sources = sources_of(drafter)
+    def new_state(self, drafters: list[Drafter]) -> PlanState:
+        """The state of a new sequence drafted by ``drafters`` (its sources: one drafter is a list of one)."""
+        if not drafters:
+            raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
+        sources = list(drafters)
         known = [SourceRecord(self.max_gamma, self.prior_weight, self.decay) for _ in sources]
-        return PlanState(drafter, sources, known)
+        return PlanState(sources, known)
 
     def begin(self, state: PlanState) -> None:
         """A new request on ``state``'s sequence: what describes the text is kept as a prior worth at most

@@ -151,7 +151,7 @@ def test_planner_drafts_less_when_the_batch_makes_the_pass_dear():
     pass that seven other sequences fill, the same sequence drafts less."""
     steep = {k: 1.0 + 0.02 * (k - 1) if k <= 6 else 1.0 + 0.5 * (k - 1) for k in range(1, 80)}
     planner = AdaptivePlanner(cost_curve=steep, prior=0.8)
-    state = planner.new_state(Always())
+    state = planner.new_state([Always()])
     planner.begin(state)
     alone = len(planner.draft(state, [1, 2], 16, GREEDY, None).draft)
     full = len(planner.draft(state, [1, 2], 16, GREEDY, None, batch=(7, 7.0)).draft)

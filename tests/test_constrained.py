@@ -305,8 +305,8 @@ def test_greedy_speculative_equals_plain_on_the_default_model():
     """The default model with the default drafter and with prompt lookup, extraction-style prompts."""
     runtime = build_runtime("default", "auto")
     engine = runtime.engine
-    default = engine.drafter
-    drafters = {"plain": None, "default": default, "ngram": NgramDrafter()}
+    default = engine.drafters
+    drafters = {"plain": None, "default": default, "ngram": [NgramDrafter()]}
     prompts = [
         ("Extract the person as JSON: Maria Lopez, 34, lives in Madrid and likes chess.", "flat"),
         ("Give the colour and size of a big blue box as JSON.", "enum"),
@@ -316,9 +316,9 @@ def test_greedy_speculative_equals_plain_on_the_default_model():
         params = SamplingParams(constraint=JsonSchema(SCHEMAS[shape]))
         out = {}
         for name, drafter in drafters.items():
-            engine.drafter = drafter if drafter is not None else NoDrafterFor(engine)
+            engine.drafters = drafter if drafter is not None else [NoDrafterFor(engine)]
             out[name] = _generate(runtime, text, params, 120)
-        engine.drafter = default
+        engine.drafters = default
         assert out["default"].token_ids == out["plain"].token_ids, text
         assert out["ngram"].token_ids == out["plain"].token_ids, text
         if out["plain"].finish_reason == "stop":

@@ -302,14 +302,14 @@ def test_make_drafter_with_a_draft_vocabulary(tiny, tmp_path, monkeypatch):
     ranking = tmp_path / "rank.npy"
     write_ranking(ranking, subset(spec.vocab, 30, seed=2))
     target = Loaded(QuantizedModel(path))
-    drafter = make_drafter(f"model:{path}?vocab=20&ranking={ranking}", target)
+    [drafter] = make_drafter(f"model:{path}?vocab=20&ranking={ranking}", target)
     want = np.sort(np.load(ranking)[:20])
     assert drafter.vocab_ids.tolist() == want.tolist()
     assert drafter.model.vocab_size == 20 and drafter.vocab_size == spec.vocab
     prompt = sequence(spec, 16, seed=4)
     plain = greedy(Engine(target.model, NoDrafter()), prompt).token_ids
     assert greedy(Engine(target.model, [NgramDrafter(), drafter], gamma="auto"), prompt).token_ids == plain
-    whole = make_drafter(f"model:{path}?ranking={ranking}", target)
+    [whole] = make_drafter(f"model:{path}?ranking={ranking}", target)
     assert whole.model.vocab_size == 30
     with pytest.raises(ValueError, match="vocab='x'"):
         make_drafter(f"model:{path}?vocab=x&ranking={ranking}", target)

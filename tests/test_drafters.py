@@ -124,9 +124,10 @@ def test_vocabulary_string_mismatch_names_the_token():
 
 
 def test_make_drafter_specs_and_errors():
-    assert isinstance(make_drafter("none", None), NoDrafter)
-    assert make_drafter("ngram:5", None).max_ngram == 5
-    assert make_drafter("ngram:4:2", None).min_ngram == 2
+    [none] = make_drafter("none", None)  # one drafter: a list of one
+    assert isinstance(none, NoDrafter)
+    assert make_drafter("ngram:5", None)[0].max_ngram == 5
+    assert make_drafter("ngram:4:2", None)[0].min_ngram == 2
     with pytest.raises(ValueError, match="unknown drafter"):
         make_drafter("magic", None)
     with pytest.raises(ValueError, match="ngram takes integers"):
@@ -248,7 +249,7 @@ def test_a_draft_model_with_a_narrower_padded_output_layer_drafts_for_the_wider_
     padded.table[..., 16:] = float("-inf")  # padding rows: never written
     target = Loaded(padded, Tok(14))
     monkeypatch.setattr(loader, "load_model", lambda *a, **kw: Loaded(ToyModel.random(16, seed=2), Tok(14)))
-    drafter = make_drafter("model:toy", target)
+    [drafter] = make_drafter("model:toy", target)
     assert drafter.vocab_size == 20 and drafter.vocab_ids.tolist() == list(range(16))
     params = SamplingParams(temperature=0.8)
     draft = drafter.propose([1, 2, 3], 3, params, torch.Generator().manual_seed(0))

@@ -307,7 +307,7 @@ def test_save_load_and_make_drafter(tmp_path):
     for (name, a), b in zip(head.state_dict().items(), loaded.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
     target = LoadedModel(NativeModel(hf, name="tiny"), None, "tiny", hf)
-    drafter = make_drafter(f"head:{tmp_path / 'h'}", target)
+    [drafter] = make_drafter(f"head:{tmp_path / 'h'}", target)
     assert isinstance(drafter, HeadDrafter)
     ref = Engine(NativeModel(hf), None, gamma=0).generate([3, 4], max_new_tokens=10, eos_token_ids=[]).token_ids
     out = Engine(target.model, drafter, gamma=3).generate([3, 4], max_new_tokens=10, eos_token_ids=[]).token_ids

@@ -473,7 +473,7 @@ def test_fixed_gamma_asks_for_gamma_tokens_within_the_limit():
     calls = []
     drafter = Scripted("s", lambda context, k: calls.append(k) or draft_of(k))
     p = FixedPlanner(4)
-    state = p.new_state(drafter)
+    state = p.new_state([drafter])
     assert len(p.draft(state, [1], 10, GREEDY, None).draft) == 4
     assert len(p.draft(state, [1], 2, GREEDY, None).draft) == 2
     assert calls == [4, 2]
@@ -530,7 +530,7 @@ def test_a_draft_is_cut_where_its_confidence_falls_below_the_stop_level():
     confident = Draft(torch.tensor([5, 6, 7, 8]), confidence=[0.9, 0.8, 0.5, 0.9])
     drafter = Scripted("c", lambda c, k: confident)
     p = FixedPlanner(4, stop=0.5)
-    state = p.new_state(drafter)
+    state = p.new_state([drafter])
     assert p.draft(state, [1], 10, GREEDY, None).draft.tokens.tolist() == [5, 6]  # 0.9 * 0.8 * 0.5 < 0.5
     assert FixedPlanner(4).draft(state, [1], 10, GREEDY, None).draft is confident  # stop 0: never cut
     sure = FixedPlanner(4, stop=0.95)
@@ -544,7 +544,7 @@ def test_prompt_lookup_is_held_back_by_the_measured_acceptance_of_its_match_leng
     record is still drafted; each request starts again from the prior."""
     d = NgramDrafter(max_ngram=3)
     p = FixedPlanner(4, stop=0.3)
-    state = p.new_state(d)
+    state = p.new_state([d])
     p.begin(state)
     one = [7, 1, 2, 8, 2]  # suffix [2] matches (one token), [8, 2] and [1, 8, 2] do not
     three = [4, 5, 6, 9, 4, 5, 6]  # suffix [4, 5, 6] matches
@@ -585,7 +585,7 @@ def test_the_adaptive_planner_passes_its_stop_level_to_the_drafter():
 
     p = AdaptivePlanner(max_gamma=4)
     state = start(p)
-    state = p.new_state(Listening())
+    state = p.new_state([Listening()])
     p.begin(state)
     p.draft(state, [1], 8, GREEDY, None)
     assert seen == [pytest.approx(p.stop_level())] and 0 < seen[0] < 1

@@ -638,5 +638,5 @@ def test_a_model_drafter_is_loaded_narrowed(tiny, monkeypatch):
 
     monkeypatch.setattr(loader, "load_model", fake_load)
     target = type("Loaded", (), {"model": QuantizedModel(path), "tokenizer": None})()
-    drafter = make_drafter(f"model:{path}", target)
+    [drafter] = make_drafter(f"model:{path}", target)
     assert seen["drafting"] is True and drafter.model.drafting

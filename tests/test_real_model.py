@@ -66,7 +66,8 @@ def shipped_head(smollm):
     from specwise.drafters import make_drafter, resolve_drafter_spec
 
     assert resolve_drafter_spec("auto", smollm) == "suffix"  # the default drafter: the shipped index
-    return make_drafter("head", smollm)
+    [head] = make_drafter("head", smollm)
+    return head
 
 
 def test_shipped_index_is_exact_and_accepted_on_the_default_model(smollm):

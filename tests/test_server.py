@@ -124,8 +124,9 @@ def live_server(app, **config) -> Iterator[str]:
 
 def throttled_runtime(tiny_server_dir) -> tuple[Runtime, ThrottledDrafter]:
     runtime = build_runtime(tiny_server_dir, "ngram", 4, "cpu")
-    drafter = ThrottledDrafter(runtime.engine.drafter)
-    runtime.engine.drafter = drafter
+    [inner] = runtime.engine.drafters
+    drafter = ThrottledDrafter(inner)
+    runtime.engine.drafters = [drafter]
     return runtime, drafter
 
 

@@ -326,11 +326,11 @@ def test_make_drafter_knows_suffix(tmp_path, tiny_target):
 
     target = tiny_loaded(tiny_target.model, "tiny-target")
     SuffixIndex.from_sequences(SEQS, info={"target": index_identity(target)}).save(tmp_path / "idx")
-    drafter = make_drafter(f"suffix:{tmp_path / 'idx'}", target)
+    [drafter] = make_drafter(f"suffix:{tmp_path / 'idx'}", target)
     assert isinstance(drafter, SuffixDrafter) and len(drafter.index) == sum(map(len, SEQS))
     both = make_drafter(f"ngram+suffix:{tmp_path / 'idx'}", target)
     assert [d.name for d in both] == ["ngram", "suffix"]
-    assert make_drafter("suffix", target).index is None  # nothing shipped for this target
+    assert make_drafter("suffix", target)[0].index is None  # nothing shipped for this target
 
 
 # ---- exactness through the engine -------------------------------------------------------------------------------

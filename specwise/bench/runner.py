@@ -277,7 +277,8 @@ def build_runners(
 def _hf_runner(config: BenchConfig, module, counter: PassCounter, pad: int, drafters: dict) -> HFRunner:
     if config.method == HF_GENERATE:
         return HFRunner(module, counter, pad)
-    drafter = drafters[config.drafter]
+    sources = drafters[config.drafter]
+    drafter = sources[0] if len(sources) == 1 else None  # Hugging Face's runners take one drafter
     if config.drafter.partition(":")[0] == "ngram":
         return HFRunner(module, counter, pad, gamma=config.gamma, lookup_ngram=drafter.max_ngram)
     assistant = hf_module(getattr(drafter, "model", None), f"draft model of {config.drafter!r}")

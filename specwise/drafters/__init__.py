@@ -80,9 +80,9 @@ def make_drafter(
     dtype=None,
     impl: str = "auto",
     precision: str | None = None,
-) -> Drafter | list[Drafter]:
-    """Build a drafter from its CLI spec for ``target`` (a LoadedModel); ``A+B`` gives a list of drafters, the
-    sources among which the engine's planner chooses each step.
+) -> list[Drafter]:
+    """Build the drafters of a CLI spec for ``target`` (a LoadedModel): the sources among which the engine's
+    planner chooses each step, always a list (one drafter is a list of one; ``A+B`` gives two).
 
     precision: how a draft model from a GGUF file is evaluated (``q8`` or ``exact``; None: the default).
     """
@@ -96,10 +96,14 @@ def build_drafter(
     dtype=None,
     impl: str = "auto",
     precision: str | None = None,
-) -> Drafter | list[Drafter]:
-    """make_drafter for a spec already resolved (``resolve_drafter_spec``: no ``auto`` left in it)."""
-    if "+" in spec:
-        return [build_drafter(part, target, device, dtype, impl, precision) for part in spec.split("+")]
+) -> list[Drafter]:
+    """make_drafter for a spec already resolved (``resolve_drafter_spec``: no ``auto`` left in it): one drafter
+    per ``+``-separated part, in order."""
+    return [_build_one(part, target, device, dtype, impl, precision) for part in spec.split("+")]
+
+
+def _build_one(spec: str, target, device, dtype, impl: str, precision: str | None) -> Drafter:
+    """One drafter of a spec without ``+``."""
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
