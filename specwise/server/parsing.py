@@ -1,0 +1,145 @@
+"""A request's parts as the engine takes them: the model checked, the prompt encoded (on the encoder's thread),
+the sampling settings and constraint checked, the token budget against the context, and a JobSpec per choice (choice
+i seeded ``seed + i``). Every problem is an :class:`~specwise.server.errors.APIError` naming its parameter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from specwise.sampling import SamplingParams
+from specwise.server.errors import APIError
+from specwise.server.protocol import SEED_MAX, ChatMessage, SamplingRequest
+from specwise.server.worker import JobSpec
+
+if TYPE_CHECKING:
+    from specwise.server.app import ServerState
+
+__all__ = [
+    "check_model",
+    "choice_seed",
+    "choice_specs",
+    "encode_chat",
+    "encode_completion",
+    "job_spec",
+    "sampling_params",
+]
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+UNKNOWN_CONTEXT_MAX_TOKENS = 256  # chat's default budget when the model's context size is unknown
+
+
+def check_model(state: ServerState, model: str) -> None:
+    if model != state.model_name:
+        raise APIError(
+            400,
+            f"The model '{model}' does not exist: this server serves '{state.model_name}' (see GET /v1/models)",
+            param="model",
+            code="model_not_found",
+        )
+
+
+def encode_chat(state: ServerState, messages: list[ChatMessage]) -> list[int]:
+    """The conversation's token ids (on the encoder's thread)."""
+    try:
+        return state.encoder.chat([m.template_dict() for m in messages])
+    except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
+        raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
+
+
+def encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -> list[int]:
+    """The prompt's token ids, checked against the vocabulary (on the encoder's thread)."""
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "batches of prompts are not supported: send one prompt per request", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return state.encoder.text(prompt)
+    vocab = state.runtime.engine.target.vocab_size
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise APIError(400, f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+    return list(prompt)
+
+
+def sampling_params(body: SamplingRequest) -> SamplingParams:
+    """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables)."""
+    top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
+    constraint = _constraint(body)
+    try:
+        return SamplingParams(
+            temperature=1.0 if body.temperature is None else float(body.temperature),
+            top_k=top_k,
+            top_p=1.0 if body.top_p is None else float(body.top_p),
+            min_p=0.0 if body.min_p is None else float(body.min_p),
+            seed=body.seed,
+            constraint=constraint,
+        )
+    except ValueError as err:
+        raise APIError(400, str(err), param=str(err).split(" ", 1)[0]) from err
+
+
+def _constraint(body: SamplingRequest):
+    """The request's constraint (response_format, grammar or regex), checked: a 400 naming the problem."""
+    try:
+        found = body.constraint()
+    except ValueError as err:
+        raise APIError(400, str(err), param="response_format") from err
+    if found is None:
+        return None
+    constraint, param = found
+    try:
+        constraint.check()
+    except ValueError as err:
+        raise APIError(400, str(err), param=param) from err
+    return constraint
+
+
+def job_spec(
+    state: ServerState,
+    body: SamplingRequest,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    endpoint: str,
+    max_tokens_param: str = "max_tokens",
+) -> JobSpec:
+    prompt_param = "messages" if endpoint == "chat" else "prompt"
+    if not prompt_ids:
+        raise APIError(400, "the prompt is empty: give at least one token", param=prompt_param)
+    context, n = state.context, len(prompt_ids)
+    if context is not None and n >= context:
+        message = f"the prompt has {n} tokens but the model's context is {context}: shorten the prompt"
+        raise APIError(400, message, param=prompt_param, code="context_length_exceeded")
+    room = None if context is None else context - n
+    params = sampling_params(body)
+    if max_tokens is None:
+        # a constrained completion gets the rest of the context, as chat does, so that its grammar can finish
+        short = endpoint == "completions" and params.constraint is None
+        default = COMPLETION_DEFAULT_MAX_TOKENS if short else room or UNKNOWN_CONTEXT_MAX_TOKENS
+        max_tokens = state.default_max_tokens or default
+        max_tokens = max_tokens if room is None else min(max_tokens, room)
+    elif room is not None and max_tokens > room:
+        message = (
+            f"{max_tokens_param} is {max_tokens} but the model's context is {context} tokens and the prompt "
+            f"takes {n}: ask for at most {room}"
+        )
+        raise APIError(400, message, param=max_tokens_param, code="context_length_exceeded")
+    eos = [] if body.ignore_eos else None
+    options = body.logprob_options()
+    return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request seeded ``seed``: ``seed + index`` (past the largest seed, it
+    wraps around modulo 2**64); None stays None (each choice draws its own)."""
+    if seed is None:
+        return None
+    seed += index
+    return seed - 2**64 if seed > SEED_MAX else seed
+
+
+def choice_specs(spec: JobSpec, n: int) -> list[JobSpec]:
+    """The JobSpecs of a request's ``n`` choices: ``spec`` with choice i's seed."""
+    if n == 1:
+        return [spec]
+    return [replace(spec, params=replace(spec.params, seed=choice_seed(spec.params.seed, i))) for i in range(n)]

@@ -1,0 +1,111 @@
+"""A request's answer from the events of its choices: a JSON body (:func:`collect`) or server-sent events
+(:func:`sse`, a chunk per target pass and choice), with the usage of all the choices (:class:`Tally`); the event
+stream cancels its jobs however it ends (:class:`JobStreamingResponse`)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from specwise.extras import missing_extra
+
+try:
+    from fastapi.responses import StreamingResponse
+except ModuleNotFoundError as err:
+    raise missing_extra(err, "server", "specwise's server") from err
+
+from specwise.metrics import SpecStats
+from specwise.server.errors import as_api_error
+from specwise.server.protocol import Choice, ResponseFormat, usage
+from specwise.server.worker import ClientDisconnected, JobGroup
+
+if TYPE_CHECKING:
+    from specwise.server.app import ServerState
+
+__all__ = ["JobStreamingResponse", "Tally", "collect", "sse"]
+
+
+class Tally:
+    """A response's choices as their events come in: texts, log-probabilities, finish reasons, and the usage of
+    them all (completion tokens and speculative statistics summed over the choices, the prompt counted once)."""
+
+    def __init__(self, state: ServerState, n: int, prompt_tokens: int, logprobs: bool) -> None:
+        self.state, self.n, self.prompt_tokens = state, n, prompt_tokens
+        self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.logprobs = [[] if logprobs else None for _ in range(n)]
+        self.finish: list[str | None] = [None] * n
+        self.stats = SpecStats()
+
+    def add(self, index: int, event) -> None:
+        """Take choice ``index``'s next event."""
+        self.texts[index].append(event.text)
+        if self.logprobs[index] is not None:
+            self.logprobs[index].extend(event.logprobs or [])
+        if event.finish_reason is not None:
+            self.finish[index] = event.finish_reason
+            self.stats.merge(event.stats)
+
+    @property
+    def done(self) -> bool:
+        """Whether every choice has finished."""
+        return all(reason is not None for reason in self.finish)
+
+    def usage(self) -> dict:
+        stats = self.stats
+        stats.prompt_tokens = self.prompt_tokens
+        return usage(stats, self.state.runtime.drafter_spec, self.state.runtime.engine.gamma, self.prompt_tokens)
+
+    def choices(self) -> list[Choice]:
+        return [Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i]) for i in range(self.n)]
+
+
+async def collect(tally: Tally, fmt: ResponseFormat, first: tuple, events) -> dict:
+    tally.add(*first)
+    async for index, event in events:
+        tally.add(index, event)
+    return fmt.response(tally.choices(), tally.usage())
+
+
+async def sse(tally: Tally, fmt: ResponseFormat, pair: tuple, events, include_usage: bool):
+    """Server-sent events: a chunk per target pass and choice with new text (or log-probabilities), a chunk
+    ending each choice (the last with the usage), the usage chunk if asked for, then [DONE]."""
+    for chunk in fmt.first_chunks(tally.n):
+        yield _data(chunk)
+    try:
+        while True:
+            index, event = pair
+            tally.add(index, event)
+            if event.text or event.logprobs:
+                yield _data(fmt.text_chunk(index, event.text, event.logprobs))
+            if event.finish_reason is not None:
+                stats = tally.usage() if tally.done else None
+                yield _data(fmt.final_chunk(index, event.finish_reason, stats))
+                if tally.done:
+                    if include_usage:
+                        yield _data(fmt.usage_chunk(stats))
+                    break
+            pair = await anext(events)
+    except ClientDisconnected:
+        return
+    except Exception as err:  # after the headers: the error goes in the stream, as OpenAI does
+        yield _data(as_api_error(err).body())
+    yield "data: [DONE]\n\n"
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class JobStreamingResponse(StreamingResponse):
+    """An event stream that cancels its job (a Job or a JobGroup) however it ends (finished, client gone, server
+    stopping)."""
+
+    def __init__(self, job: JobGroup, content) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.job = job
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
