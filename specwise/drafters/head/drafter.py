@@ -37,6 +37,37 @@ from specwise.sampling import SamplingParams, probs_from_logits, sample
 __all__ = ["HeadDrafter"]
 
 
+def _linear(weight: torch.Tensor, half: bool) -> Linear:
+    weight = weight.detach()
+    return Linear(weight.half().contiguous() if half else weight.float())
+
+
+def _vector(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().float().contiguous()
+
+
+def _quantized_weights(head: EagleHead) -> tuple:
+    """(fc, layer, output rows) of ``head`` on the quantized kernels, in Q8_0."""
+    c = head.config
+    fc = quantize_rows(head.fc.weight, "head.fc")
+    layer = QuantizedHeadLayer(
+        c.hidden_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.rms_eps,
+        head.attn_norm,
+        head.qkv.weight,
+        head.o.weight,
+        head.mlp_norm,
+        head.gate_up.weight,
+        head.down.weight,
+    )
+    output = quantize_rows(head.output_row_block, "head.output", (head.vocab_ids.numel(), c.hidden_size))
+    return fc, layer, output
+
+
 class HeadDrafter(Drafter):
     """Drafts with an :class:`EagleHead` from the target's features.
 
@@ -84,46 +115,12 @@ class HeadDrafter(Drafter):
         # where they are float32), the norms, and the output layer's draft-vocabulary rows (gathered in the
         # products' dtype, read on demand from a quantized target). The embedding is the target's.
         with torch.no_grad():
-
-            def linear(weight: torch.Tensor) -> Linear:
-                weight = weight.detach()
-                return Linear(weight.half().contiguous() if half else weight.float())
-
-            def vector(weight: torch.Tensor) -> torch.Tensor:
-                return weight.detach().float().contiguous()
-
             if quantized and torch.device(self.device).type == "cpu" and head_quantization_available():
-                c = head.config
-                self._q = (
-                    quantize_rows(head.fc.weight, "head.fc"),
-                    QuantizedHeadLayer(
-                        c.hidden_size,
-                        c.num_heads,
-                        c.num_kv_heads,
-                        c.head_dim,
-                        c.intermediate_size,
-                        c.rms_eps,
-                        head.attn_norm,
-                        head.qkv.weight,
-                        head.o.weight,
-                        head.mlp_norm,
-                        head.gate_up.weight,
-                        head.down.weight,
-                    ),
-                    quantize_rows(head.output_row_block, "head.output", (head.vocab_ids.numel(), c.hidden_size)),
-                )
+                self._q = _quantized_weights(head)
             else:
-                self._fc = linear(head.fc.weight)
-                self._qkv = linear(head.qkv.weight)
-                self._o = linear(head.o.weight)
-                self._gate_up = linear(head.gate_up.weight)
-                self._down = linear(head.down.weight)
-                self._layer = LayerWeights(
-                    vector(head.attn_norm), self._qkv, self._o, vector(head.mlp_norm), self._gate_up, self._down
-                )
-                self._lm = Linear(head.output_rows(torch.float16 if half else None))
-            self._feature_norm, self._embed_norm = vector(head.feature_norm), vector(head.embed_norm)
-            self._out_norm = vector(head.out_norm)
+                self._keep_weights(head, half)
+            self._feature_norm, self._embed_norm = _vector(head.feature_norm), _vector(head.embed_norm)
+            self._out_norm = _vector(head.out_norm)
         self._embed = head.embed  # [vocab, d], the target's
         self._inv_freq = head.inv_freq.detach().float()
         self._memo = None  # (address of the last predicted feature, argmax, its probability, logits) of that step
@@ -146,6 +143,18 @@ class HeadDrafter(Drafter):
     def quantized(self) -> bool:
         """Whether the products run on the quantized kernels."""
         return self._q is not None
+
+    def _keep_weights(self, head: EagleHead, half: bool) -> None:
+        """The weights of the products off the quantized kernels: float16 copies (``half``) or float32 ones."""
+        self._fc = _linear(head.fc.weight, half)
+        self._qkv = _linear(head.qkv.weight, half)
+        self._o = _linear(head.o.weight, half)
+        self._gate_up = _linear(head.gate_up.weight, half)
+        self._down = _linear(head.down.weight, half)
+        self._layer = LayerWeights(
+            _vector(head.attn_norm), self._qkv, self._o, _vector(head.mlp_norm), self._gate_up, self._down
+        )
+        self._lm = Linear(head.output_rows(torch.float16 if half else None))
 
     def _fused_setup(self) -> LayerKernel | None:
         """The native layer kernel over the head's decoder layer (None where unavailable)."""
