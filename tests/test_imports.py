@@ -3,6 +3,7 @@ parts (server, plots) alone; where one is missing, the command that needs it say
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import subprocess
@@ -76,6 +77,85 @@ def import_alone(modules: list[str], forbidden: list[str] = ()) -> dict[str, str
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _module_file(name: str) -> Path:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def _run_at_import(body: list[ast.stmt]):
+    """The statements of ``body`` that run when the module is imported: not inside functions, nor under
+    ``if TYPE_CHECKING:``."""
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from _run_at_import(node.orelse)
+            continue
+        yield node
+        for name in ("body", "orelse", "finalbody", "handlers", "cases"):
+            inner = getattr(node, name, None)
+            if isinstance(inner, list):
+                yield from _run_at_import(inner)
+
+
+def imported_at_import_time(name: str, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that module ``name`` imports when it is imported (``from P import X`` counts P,
+    and P.X where X is a module)."""
+    path = _module_file(name)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _run_at_import(ast.parse(path.read_text(encoding="utf-8")).body):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1 packages
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` (module -> the modules it imports) as ``[a, b, ..., a]``, or None when it has none."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in path:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in done:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        if node not in done:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return None
+
+
+def test_modules_import_no_cycle():
+    """No module imports, when imported, one that imports it back (through any chain): the graph of the imports
+    that run at import time (not those inside functions) is acyclic."""
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+    modules = set(all_modules())
+    graph = {name: imported_at_import_time(name, modules) for name in modules}
+    assert {"specwise.planner", "specwise.drafters.base"} <= graph["specwise.engine"]  # the graph finds imports
+    assert "specwise.drafters.suffix.index" in graph["specwise.drafters.suffix.load"]
+    cycle = import_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 needs_fork = pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="the import check forks")
