@@ -30,7 +30,7 @@ setup(
                     "suffix.c",
                 )
             ],
-            depends=[f"{KERNELS}/{name}" for name in ("quant.h", "quant_internal.h", "specwise.h")],
+            depends=[f"{KERNELS}/{name}" for name in ("quant.h", "quant_internal.h", "quant_simd.inc", "specwise.h")],
             extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-fno-math-errno"],
             extra_link_args=["-fopenmp"],
             libraries=["m"],

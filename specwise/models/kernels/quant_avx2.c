@@ -8,68 +8,8 @@
 #include "quant_internal.h"
 
 #ifdef SPECWISE_X86
-TARGET_AVX2 static int hsum256_epi32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-}
-
-TARGET_AVX2 void quantize_rows_256(const float *x, int k, int in, acts *a) {
-    const int nb = in / 32;
-    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
-    const __m256i hi = _mm256_set1_epi32(127), lo = _mm256_set1_epi32(-127);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for (int r = 0; r < k; r++) {
-        const float *xr = x + (size_t)r * in;
-        for (int b = 0; b < nb; b++) {
-            __m256 v[4];
-            __m256 m = _mm256_setzero_ps();
-            for (int j = 0; j < 4; j++) {
-                v[j] = _mm256_loadu_ps(xr + 32 * b + 8 * j);
-                m = _mm256_max_ps(_mm256_and_ps(v[j], sign), m);
-            }
-            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
-            const float amax = _mm_cvtss_f32(m4);
-            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            const __m256 vid = _mm256_set1_ps(id);
-            __m256i q[4];
-            for (int j = 0; j < 4; j++) {
-                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], vid));
-                q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], hi), lo);
-            }
-            /* packs work within 128-bit lanes: the permutation puts the 32 bytes back in order */
-            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-            _mm256_storeu_si256((__m256i *)(a->qx + (size_t)r * in + 32 * b), _mm256_permutevar8x32_epi32(p, order));
-            const int s0 = hsum256_epi32(_mm256_add_epi32(q[0], q[1])), s1 = hsum256_epi32(_mm256_add_epi32(q[2], q[3]));
-            a->dx[(size_t)r * nb + b] = d;
-            a->isum[(size_t)r * 2 * nb + 2 * b] = s0;
-            a->isum[(size_t)r * 2 * nb + 2 * b + 1] = s1;
-            a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
-        }
-    }
-}
-
 /* ---- AVX2 + FMA ------------------------------------------------------------------------------------------------ */
 /* Half tiles of 8 rows: half h of tile t holds lanes 8h .. 8h + 7, at byte 32h of each 64-byte group. */
-
-/* scale_at for the 8 lanes of a half tile (i a multiple of 8) */
-TARGET_AVX2 INLINE __m256 ld_scale256(const qmat *w, int which, size_t i) {
-    const void *p = which ? w->m : w->s;
-    if (w->sub) {
-        const void *f = which ? w->md : w->sd;
-        const size_t fi = factor_index(w, i);
-        const __m256 d = w->half ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)f + fi)))
-                                 : _mm256_loadu_ps((const float *)f + fi);
-        const __m128i b = _mm_loadl_epi64((const __m128i *)((const int8_t *)p + i));
-        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-        return _mm256_mul_ps(d, sc);
-    }
-    if (w->half) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-    return _mm256_loadu_ps((const float *)p + i);
-}
 
 /* q6_unpack512 for half tile `half` */
 TARGET_AVX2 INLINE void q6_unpack256(const uint8_t *base, int half, __m256i v[4]) {
@@ -115,120 +55,103 @@ TARGET_AVX2 INLINE void store256(float *y, __m256 v, int n) {
     }
 }
 
-/* HT half tiles from half tile h0 (= 2 t + half); rows valid in the tile of the last: n. */
-TARGET_AVX2 INLINE void exact256(const qmat *w, int h0, const float *x, int ldx, float *y, int ldy, int n,
-                                 const int HT, const int R) {
-    __m256 acc0[4][4], acc1[4][4];
-    for (int hh = 0; hh < HT; hh++)
-        for (int r = 0; r < R; r++) acc0[hh][r] = acc1[hh][r] = _mm256_setzero_ps();
-    const int B = w->block, nb = w->in / B;
-    if (w->kind == KIND_F32) {
-        const float *wt = (const float *)w->q;
-        for (int i = 0; i < w->in; i += 32) {
-            for (int e = 0; e < 16; e++) {
-                for (int hh = 0; hh < HT; hh++) {
-                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                    __m256 lo = _mm256_loadu_ps(wt + ((size_t)t * w->in + i + e) * QTILE + 8 * half);
-                    __m256 hi = _mm256_loadu_ps(wt + ((size_t)t * w->in + i + 16 + e) * QTILE + 8 * half);
+/* ---- the shared kernels (quant_simd.inc) over 256-bit vectors: a unit is half a tile --------------------- */
+
+TARGET_AVX2 INLINE int hsum256_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+TARGET_AVX2 INLINE float hmax256(__m256 m) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    return _mm_cvtss_f32(m4);
+}
+
+/* 32 int8 from the int32 of q[0 .. 3]: packs work within 128-bit lanes, the permutation puts the bytes back in order */
+TARGET_AVX2 INLINE void store_q256(int8_t *dst, const __m256i q[4]) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    _mm256_storeu_si256((__m256i *)dst, _mm256_permutevar8x32_epi32(p, order));
+}
+
+#define QV_BITS 256
+#define QV_LANES 8
+#define QV_MAXR 4
+#define QV_TARGET TARGET_AVX2
+#define VF __m256
+#define VI __m256i
+#define VF_ZERO() _mm256_setzero_ps()
+#define VF_LOAD(p) _mm256_loadu_ps(p)
+#define VF_SET1(v) _mm256_set1_ps(v)
+#define VF_ADD(a, b) _mm256_add_ps(a, b)
+#define VF_MUL(a, b) _mm256_mul_ps(a, b)
+#define VF_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VF_MAX(a, b) _mm256_max_ps(a, b)
+#define VF_AND(a, b) _mm256_and_ps(a, b)
+#define VF_F16(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define VF_I8(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VF_OF_VI(v) _mm256_cvtepi32_ps(v)
+#define VF_BITS(v) _mm256_castsi256_ps(v)
+#define VF_HMAX(v) hmax256(v)
+#define VI_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define VI_SET1(v) _mm256_set1_epi32(v)
+#define VI_ADD(a, b) _mm256_add_epi32(a, b)
+#define VI_SUB(a, b) _mm256_sub_epi32(a, b)
+#define VI_AND(a, b) _mm256_and_si256(a, b)
+#define VI_SRLI(v, n) _mm256_srli_epi32(v, n)
+#define VI_MIN(a, b) _mm256_min_epi32(a, b)
+#define VI_MAX(a, b) _mm256_max_epi32(a, b)
+#define VI_ROUND(v) _mm256_cvtps_epi32(v)
+#define VI_HSUM(v) hsum256_epi32(v)
+#define QV_STORE_Q(dst, q) store_q256(dst, q)
+#define QV_STORE(p, v, n) store256(p, v, n)
+#define QV_Q6_UNPACK(base, part, v) q6_unpack256(base, part, v)
+#include "quant_simd.inc"
+
+/* KIND_Q4 and KIND_Q5 for exact256 (quant_simd.inc): each byte converted to float (AVX2 has no permutation of two
+ * registers for exact512's table: the same values) */
+TARGET_AVX2 INLINE void exact_nibbles256(const qmat *w, int h0, const float *x, int ldx, __m256 acc0[4][4],
+                                         __m256 acc1[4][4], const int HT, const int R) {
+    const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
+    const __m256i nib = _mm256_set1_epi8(0x0F);
+    const int nb = w->in / 32;
+    const size_t BB = w->kind == KIND_Q5 ? 320 : 256; /* bytes of a tile's block */
+    for (int b = 0; b < nb; b++) {
+        __m256 s[4], m[4];
+        for (int hh = 0; hh < HT; hh++) {
+            int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+            size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+            s[hh] = ld_scale256(w, 0, si);
+            m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
+        }
+        for (int g = 0; g < 4; g++) {
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                const uint8_t *blk = w->q + ((size_t)t * nb + b) * BB;
+                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * 64 + 32 * half)), vh = v;
+                if (w->kind == KIND_Q5) { /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
+                    q5_unpack256(blk, g, half, &v, &vh);
+                } else {
+                    vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+                    v = _mm256_and_si256(v, nib);
+                }
+                for (int j = 0; j < 4; j++) {
+                    const int i = 32 * b + 4 * g + j;
+                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
+                    __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
+                    __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
                     for (int r = 0; r < R; r++) {
-                        acc0[hh][r] = _mm256_fmadd_ps(lo, _mm256_set1_ps(x[(size_t)r * ldx + i + e]), acc0[hh][r]);
-                        acc1[hh][r] =
-                            _mm256_fmadd_ps(hi, _mm256_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[hh][r]);
+                        acc0[hh][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
+                        acc1[hh][r] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
                     }
                 }
             }
         }
-    } else if (w->kind == KIND_Q6) { /* as exact512 */
-        const __m256i mask = _mm256_set1_epi32(0xFF), off = _mm256_set1_epi32(w->offset);
-        for (int b = 0; b < nb; b++) {
-            __m256 s[4], m[4];
-            __m256i v[4][4];
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                s[hh] = ld_scale256(w, 0, si);
-                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
-                q6_unpack256(w->q + ((size_t)t * nb + b) * 192, half, v[hh]);
-            }
-            for (int g = 0; g < 4; g++) {
-                for (int hh = 0; hh < HT; hh++) {
-                    for (int j = 0; j < 4; j++) {
-                        const int i = 16 * b + 4 * g + j, second = (i & 31) >= 16;
-                        __m256i qj = _mm256_srli_epi32(v[hh][g], 8 * j); /* byte j (the top one needs no mask) */
-                        __m256i qi = _mm256_sub_epi32(j == 3 ? qj : _mm256_and_si256(qj, mask), off);
-                        __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qi), s[hh], m[hh]);
-                        for (int r = 0; r < R; r++) {
-                            __m256 xv = _mm256_set1_ps(x[(size_t)r * ldx + i]);
-                            if (second)
-                                acc1[hh][r] = _mm256_fmadd_ps(wv, xv, acc1[hh][r]);
-                            else
-                                acc0[hh][r] = _mm256_fmadd_ps(wv, xv, acc0[hh][r]);
-                        }
-                    }
-                }
-            }
-        }
-    } else {
-        const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
-        const __m256i nib = _mm256_set1_epi8(0x0F);
-        const int nibbles = w->kind == KIND_Q4 || w->kind == KIND_Q5; /* KIND_Q5: KIND_Q4's nibbles and fifth bits */
-        const int G = nibbles ? 4 : B / 4;
-        const size_t BB = w->kind == KIND_Q5 ? 320 : (size_t)G * 64; /* bytes of a tile's block */
-        for (int b = 0; b < nb; b++) {
-            __m256 s[4], m[4];
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-                s[hh] = ld_scale256(w, 0, si);
-                m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
-            }
-            for (int g = 0; g < G; g++) {
-                for (int hh = 0; hh < HT; hh++) {
-                    int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                    const uint8_t *blk = w->q + ((size_t)t * nb + b) * BB;
-                    __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * 64 + 32 * half)), vh = v;
-                    if (w->kind == KIND_Q5) { /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
-                        q5_unpack256(blk, g, half, &v, &vh);
-                    } else if (nibbles) {
-                        vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                        v = _mm256_and_si256(v, nib);
-                    }
-                    for (int j = 0; j < 4; j++) {
-                        if (nibbles) {
-                            const int i = 32 * b + 4 * g + j;
-                            __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask);
-                            __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
-                            __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
-                            __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
-                            for (int r = 0; r < R; r++) {
-                                acc0[hh][r] =
-                                    _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
-                                acc1[hh][r] =
-                                    _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
-                            }
-                        } else {
-                            const int i = B * b + 4 * g + j, second = (i & 31) >= 16;
-                            __m256i qi = _mm256_sub_epi32(_mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask), off);
-                            __m256 wv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(qi), s[hh], m[hh]);
-                            for (int r = 0; r < R; r++) {
-                                __m256 xv = _mm256_set1_ps(x[(size_t)r * ldx + i]);
-                                if (second)
-                                    acc1[hh][r] = _mm256_fmadd_ps(wv, xv, acc1[hh][r]);
-                                else
-                                    acc0[hh][r] = _mm256_fmadd_ps(wv, xv, acc0[hh][r]);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    for (int hh = 0; hh < HT; hh++) {
-        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
-        int valid = last ? n - 8 * half : 8;
-        for (int r = 0; r < R; r++)
-            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half,
-                     _mm256_add_ps(acc0[hh][r], acc1[hh][r]), valid);
     }
 }
 
@@ -475,7 +398,6 @@ TARGET_AVX2 void run256_q8il(const qmat *w, int t, const int8_t *qx, const float
                    y + (size_t)r0 * ldy + 8 * half, ldy, n - 8 * half, rr, H);
     }
 }
-
 
 TARGET_AVX2 void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
                                float *y, int ldy, int R, int n) {

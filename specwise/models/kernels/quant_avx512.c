@@ -7,50 +7,6 @@
 #include "quant_internal.h"
 
 #ifdef SPECWISE_X86
-TARGET_AVX512 void quantize_rows_512(const float *x, int k, int in, acts *a) {
-    const int nb = in / 32;
-    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7FFFFFFF));
-    const __m512i hi = _mm512_set1_epi32(127), lo = _mm512_set1_epi32(-127);
-    for (int r = 0; r < k; r++) {
-        const float *xr = x + (size_t)r * in;
-        for (int b = 0; b < nb; b++) {
-            const __m512 v0 = _mm512_loadu_ps(xr + 32 * b), v1 = _mm512_loadu_ps(xr + 32 * b + 16);
-            /* max(v, acc) keeps acc where v is NaN, as the portable loop's comparison does */
-            __m512 m = _mm512_max_ps(_mm512_and_ps(v0, sign), _mm512_setzero_ps());
-            m = _mm512_max_ps(_mm512_and_ps(v1, sign), m);
-            const float amax = _mm512_reduce_max_ps(m);
-            const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            const __m512 vid = _mm512_set1_ps(id);
-            __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid)), q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
-            q0 = _mm512_max_epi32(_mm512_min_epi32(q0, hi), lo);
-            q1 = _mm512_max_epi32(_mm512_min_epi32(q1, hi), lo);
-            int8_t *qr = a->qx + (size_t)r * in + 32 * b;
-            _mm_storeu_si128((__m128i *)qr, _mm512_cvtepi32_epi8(q0));
-            _mm_storeu_si128((__m128i *)(qr + 16), _mm512_cvtepi32_epi8(q1));
-            const int s0 = _mm512_reduce_add_epi32(q0), s1 = _mm512_reduce_add_epi32(q1);
-            a->dx[(size_t)r * nb + b] = d;
-            a->isum[(size_t)r * 2 * nb + 2 * b] = s0;
-            a->isum[(size_t)r * 2 * nb + 2 * b + 1] = s1;
-            a->dsum[(size_t)r * nb + b] = d * (float)(s0 + s1);
-        }
-    }
-}
-
-/* scale_at for the 16 lanes of a tile (i a multiple of 16) */
-TARGET_AVX512 INLINE __m512 ld_scale512(const qmat *w, int which, size_t i) {
-    const void *p = which ? w->m : w->s;
-    if (w->sub) {
-        const void *f = which ? w->md : w->sd;
-        const size_t fi = factor_index(w, i);
-        const __m512 d = w->half ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)f + fi)))
-                                 : _mm512_loadu_ps((const float *)f + fi);
-        const __m128i b = _mm_loadu_si128((const __m128i *)((const int8_t *)p + i));
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
-        return _mm512_mul_ps(d, sc);
-    }
-    if (w->half) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i)));
-    return _mm512_loadu_ps((const float *)p + i);
-}
 
 /* KIND_Q6: the 4 groups of q (as KIND_U8 holds them) of the block whose 3 stored groups start at `base` */
 TARGET_AVX512 INLINE void q6_unpack512(const uint8_t *base, __m512i v[4]) {
@@ -85,132 +41,92 @@ TARGET_AVX512 INLINE void store512(float *y, __m512 v, int n) {
         _mm512_mask_storeu_ps(y, (__mmask16)((1u << n) - 1), v);
 }
 
-/* TT tiles from t0 (the last may hold n < 16 rows), R rows of x. */
-TARGET_AVX512 INLINE void exact512(const qmat *w, int t0, const float *x, int ldx, float *y, int ldy, int n,
-                                   const int TT, const int R) {
-    __m512 acc0[4][8], acc1[4][8];
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++) acc0[tt][r] = acc1[tt][r] = _mm512_setzero_ps();
-    const int B = w->block, nb = w->in / B;
-    if (w->kind == KIND_F32) {
-        const float *wt = (const float *)w->q;
-        for (int i = 0; i < w->in; i += 32) {
-            for (int e = 0; e < 16; e++) {
+/* ---- the shared kernels (quant_simd.inc) over 512-bit vectors: a unit is a whole tile ---------------------- */
+
+#define QV_BITS 512
+#define QV_LANES 16
+#define QV_MAXR 8
+#define QV_TARGET TARGET_AVX512
+#define VF __m512
+#define VI __m512i
+#define VF_ZERO() _mm512_setzero_ps()
+#define VF_LOAD(p) _mm512_loadu_ps(p)
+#define VF_SET1(v) _mm512_set1_ps(v)
+#define VF_ADD(a, b) _mm512_add_ps(a, b)
+#define VF_MUL(a, b) _mm512_mul_ps(a, b)
+#define VF_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VF_MAX(a, b) _mm512_max_ps(a, b)
+#define VF_AND(a, b) _mm512_and_ps(a, b)
+#define VF_F16(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define VF_I8(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VF_OF_VI(v) _mm512_cvtepi32_ps(v)
+#define VF_BITS(v) _mm512_castsi512_ps(v)
+#define VF_HMAX(v) _mm512_reduce_max_ps(v)
+#define VI_LOAD(p) _mm512_loadu_si512(p)
+#define VI_SET1(v) _mm512_set1_epi32(v)
+#define VI_ADD(a, b) _mm512_add_epi32(a, b)
+#define VI_SUB(a, b) _mm512_sub_epi32(a, b)
+#define VI_AND(a, b) _mm512_and_si512(a, b)
+#define VI_SRLI(v, n) _mm512_srli_epi32(v, n)
+#define VI_MIN(a, b) _mm512_min_epi32(a, b)
+#define VI_MAX(a, b) _mm512_max_epi32(a, b)
+#define VI_ROUND(v) _mm512_cvtps_epi32(v)
+#define VI_HSUM(v) _mm512_reduce_add_epi32(v)
+#define QV_STORE_Q(dst, q)                                                                                             \
+    do {                                                                                                               \
+        _mm_storeu_si128((__m128i *)(dst), _mm512_cvtepi32_epi8((q)[0]));                                              \
+        _mm_storeu_si128((__m128i *)((dst) + 16), _mm512_cvtepi32_epi8((q)[1]));                                       \
+    } while (0)
+#define QV_STORE(p, v, n) store512(p, v, n)
+#define QV_Q6_UNPACK(base, part, v) q6_unpack512(base, v)
+#include "quant_simd.inc"
+
+/* KIND_Q4 and KIND_Q5 for exact512 (quant_simd.inc): w = table[q] * s + m, 16 or 32 values in the table, looked
+ * up with a permutation of two registers (AVX2 has none and converts each byte instead: the same values) */
+TARGET_AVX512 INLINE void exact_nibbles512(const qmat *w, int t0, const float *x, int ldx, __m512 acc0[4][8],
+                                           __m512 acc1[4][8], const int TT, const int R) {
+    const int nb = w->in / 32;
+    float lutf[32];
+    for (int i = 0; i < 32; i++) lutf[i] = (float)(i - w->offset);
+    const __m512 lut0 = _mm512_loadu_ps(lutf), lut1 = _mm512_loadu_ps(lutf + 16);
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const int q5 = w->kind == KIND_Q5;
+    const size_t BB = q5 ? 320 : 256; /* bytes of a tile's block */
+    for (int b = 0; b < nb; b++) {
+        __m512 s[4], m[4];
+        for (int tt = 0; tt < TT; tt++) {
+            size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
+            s[tt] = ld_scale512(w, 0, si);
+            m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+        }
+        for (int g = 0; g < 4; g++) {
+            __m512i vl[4], vh[4]; /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
+            for (int tt = 0; tt < TT; tt++) {
+                const uint8_t *blk = w->q + ((size_t)(t0 + tt) * nb + b) * BB;
+                if (q5) {
+                    q5_unpack512(blk, g, &vl[tt], &vh[tt]);
+                } else {
+                    const __m512i v = _mm512_loadu_si512(blk + g * 64);
+                    vl[tt] = _mm512_and_si512(v, nib);
+                    vh[tt] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+                }
+            }
+            for (int j = 0; j < 4; j++) {
+                const int i = 32 * b + 4 * g + j;
                 for (int tt = 0; tt < TT; tt++) {
-                    __m512 lo = _mm512_loadu_ps(wt + ((size_t)(t0 + tt) * w->in + i + e) * QTILE);
-                    __m512 hi = _mm512_loadu_ps(wt + ((size_t)(t0 + tt) * w->in + i + 16 + e) * QTILE);
+                    __m512 lo = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vl[tt], 8 * j), lut1);
+                    __m512 hi = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vh[tt], 8 * j), lut1);
+                    lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
+                    hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
                     for (int r = 0; r < R; r++) {
-                        acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i + e]), acc0[tt][r]);
+                        acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
                         acc1[tt][r] =
-                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16 + e]), acc1[tt][r]);
-                    }
-                }
-            }
-        }
-    } else if (w->kind == KIND_Q4 || w->kind == KIND_Q5) { /* w = table[q] * s + m, 16 or 32 values in the table */
-        float lutf[32];
-        for (int i = 0; i < 32; i++) lutf[i] = (float)(i - w->offset);
-        const __m512 lut0 = _mm512_loadu_ps(lutf), lut1 = _mm512_loadu_ps(lutf + 16);
-        const __m512i nib = _mm512_set1_epi8(0x0F);
-        const int q5 = w->kind == KIND_Q5;
-        const size_t BB = q5 ? 320 : 256; /* bytes of a tile's block */
-        for (int b = 0; b < nb; b++) {
-            __m512 s[4], m[4];
-            for (int tt = 0; tt < TT; tt++) {
-                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, 0, si);
-                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-            }
-            for (int g = 0; g < 4; g++) {
-                __m512i vl[4], vh[4]; /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
-                for (int tt = 0; tt < TT; tt++) {
-                    const uint8_t *blk = w->q + ((size_t)(t0 + tt) * nb + b) * BB;
-                    if (q5) {
-                        q5_unpack512(blk, g, &vl[tt], &vh[tt]);
-                    } else {
-                        const __m512i v = _mm512_loadu_si512(blk + g * 64);
-                        vl[tt] = _mm512_and_si512(v, nib);
-                        vh[tt] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                    }
-                }
-                for (int j = 0; j < 4; j++) {
-                    const int i = 32 * b + 4 * g + j;
-                    for (int tt = 0; tt < TT; tt++) {
-                        __m512 lo = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vl[tt], 8 * j), lut1);
-                        __m512 hi = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vh[tt], 8 * j), lut1);
-                        lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
-                        hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
-                        for (int r = 0; r < R; r++) {
-                            acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
-                            acc1[tt][r] =
-                                _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
-                        }
-                    }
-                }
-            }
-        }
-    } else if (w->kind == KIND_Q6) { /* KIND_U8's order of operations, on the unpacked groups */
-        const __m512i mask = _mm512_set1_epi32(0xFF), off = _mm512_set1_epi32(w->offset);
-        for (int b = 0; b < nb; b++) {
-            __m512 s[4], m[4];
-            __m512i v[4][4];
-            for (int tt = 0; tt < TT; tt++) {
-                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, 0, si);
-                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-                q6_unpack512(w->q + ((size_t)(t0 + tt) * nb + b) * 192, v[tt]);
-            }
-            for (int g = 0; g < 4; g++) {
-                for (int tt = 0; tt < TT; tt++) {
-                    for (int j = 0; j < 4; j++) {
-                        const int i = 16 * b + 4 * g + j, second = (i & 31) >= 16;
-                        __m512i qj = _mm512_srli_epi32(v[tt][g], 8 * j); /* byte j (the top one needs no mask) */
-                        __m512i qi = _mm512_sub_epi32(j == 3 ? qj : _mm512_and_si512(qj, mask), off);
-                        __m512 wv = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s[tt], m[tt]);
-                        for (int r = 0; r < R; r++) {
-                            __m512 xv = _mm512_set1_ps(x[(size_t)r * ldx + i]);
-                            if (second)
-                                acc1[tt][r] = _mm512_fmadd_ps(wv, xv, acc1[tt][r]);
-                            else
-                                acc0[tt][r] = _mm512_fmadd_ps(wv, xv, acc0[tt][r]);
-                        }
-                    }
-                }
-            }
-        }
-    } else {
-        const __m512i mask = _mm512_set1_epi32(0xFF), off = _mm512_set1_epi32(w->offset);
-        const int G = B / 4;
-        for (int b = 0; b < nb; b++) {
-            __m512 s[4], m[4];
-            for (int tt = 0; tt < TT; tt++) {
-                size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-                s[tt] = ld_scale512(w, 0, si);
-                m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-            }
-            for (int g = 0; g < G; g++) {
-                for (int tt = 0; tt < TT; tt++) {
-                    __m512i v = _mm512_loadu_si512(w->q + (((size_t)(t0 + tt) * nb + b) * G + g) * 64);
-                    for (int j = 0; j < 4; j++) {
-                        const int i = B * b + 4 * g + j, second = (i & 31) >= 16;
-                        __m512i qi = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(v, 8 * j), mask), off);
-                        __m512 wv = _mm512_fmadd_ps(_mm512_cvtepi32_ps(qi), s[tt], m[tt]);
-                        for (int r = 0; r < R; r++) {
-                            __m512 xv = _mm512_set1_ps(x[(size_t)r * ldx + i]);
-                            if (second)
-                                acc1[tt][r] = _mm512_fmadd_ps(wv, xv, acc1[tt][r]);
-                            else
-                                acc0[tt][r] = _mm512_fmadd_ps(wv, xv, acc0[tt][r]);
-                        }
+                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
                     }
                 }
             }
         }
     }
-    for (int tt = 0; tt < TT; tt++)
-        for (int r = 0; r < R; r++)
-            store512(y + (size_t)r * ldy + (size_t)tt * QTILE, _mm512_add_ps(acc0[tt][r], acc1[tt][r]),
-                     tt == TT - 1 ? n : QTILE);
 }
 
 /* vpdpbusd with its 4 activation bytes broadcast from memory ({1to16}): one instruction instead of a broadcast
