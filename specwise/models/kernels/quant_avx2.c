@@ -239,6 +239,9 @@ TARGET_AVX2 INLINE __m256 scale256(const qmat *w, int which, size_t i, const int
 
 /* q8il_512 for AVX2 (blocks of 32: KIND_Q4, KIND_Q5, KIND_U8), H half tiles of 8 output rows from half tile `half` (H = 2:
  * both halves of tile t, each activation broadcast serving both): the same integer sums and float updates.
+ * Written apart from q8il_512, not from quant_simd.inc: without VNNI the byte products go through maddubs with
+ * 16-bit partial sums, grouped differently (and over both half tiles at once); integer sums are exact in any order, so
+ * the results are the same.
  * KIND_Q4 adds the block's 8 byte-pair products (maddubs) in 16 bits before widening them (each at most
  * 2 * 15 * 127 = 3810 in magnitude, 8 of them 30480 < 2^15: exact); SIGNED (Q8_0, offset 128) takes the weights as
  * signed bytes (q ^ 0x80 = q - 128), multiplied through their magnitude and sign (at most 2 * 128 * 127 per pair: no
@@ -353,6 +356,8 @@ TARGET_AVX2 INLINE void q8il_256(const qmat *w, int t, int half, const int8_t *q
             default: q8il_256(w, t, half, qx, dx, ds, corr, RS, y, ldy, valid, KIND, HASM, CORR, SIGNED, 4, 1, SF); break; \
         }                                                                                                          \
     }
+typedef void (*q8il256_fn)(const qmat *, int, int, const int8_t *, const float *, const float *, const int32_t *, int,
+                           float *, int, int, int, int);
 #define Q8IL256_RUN(NAME, KIND, HASM, CORR, SIGNED)                                                             \
     TARGET_AVX2 __attribute__((noinline)) static void NAME(const qmat *w, int t, int half, const int8_t *qx,     \
                                                            const float *dx, const float *ds, const int32_t *corr, \
@@ -379,18 +384,8 @@ Q8IL256_RUN(q8il256_q5c, KIND_Q5, 0, 1, 0)
 /* q8il_256 for tile t (n valid rows) and R rows interleaved per block (R <= 8), four rows at a time (the tile stays
  * in L1 between them): up to three rows over both half tiles at once where both hold rows (three spill a few
  * accumulators, still cheaper than broadcasting every activation twice), four one half tile after the other */
-TARGET_AVX2 void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
-                                    const int32_t *corr, float *y, int ldy, int n, int R) {
-    void (*kernel)(const qmat *, int, int, const int8_t *, const float *, const float *, const int32_t *, int, float *,
-                   int, int, int, int);
-    if (w->kind == KIND_Q4)
-        kernel = w->has_m ? q8il256_q4m : (w->offset ? q8il256_q4c : q8il256_q4);
-    else if (w->kind == KIND_Q5)
-        kernel = w->has_m ? q8il256_q5m : (w->offset ? q8il256_q5c : q8il256_q5);
-    else if (w->offset == 128)
-        kernel = q8il256_u8s;
-    else
-        kernel = w->has_m ? q8il256_u8m : (w->offset ? q8il256_u8c : q8il256_u8);
+TARGET_AVX2 INLINE void run256_q8il(q8il256_fn kernel, const qmat *w, int t, const int8_t *qx, const float *dx,
+                                    const float *ds, const int32_t *corr, float *y, int ldy, int n, int R) {
     for (int r0 = 0; r0 < R; r0 += 4) {
         const int rr = R - r0 < 4 ? R - r0 : 4, H = rr <= 3 && n > 8 ? 2 : 1;
         for (int half = 0; half < 2 && 8 * half < n; half += H)
@@ -399,7 +394,25 @@ TARGET_AVX2 void run256_q8il(const qmat *w, int t, const int8_t *qx, const float
     }
 }
 
-TARGET_AVX2 void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
+/* the table's q8il_fn of each kernel */
+#define Q8IL256_ROWS(NAME)                                                                                         \
+    TARGET_AVX2 static void NAME##_rows(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,  \
+                                        const int32_t *corr, float *y, int ldy, int n, int R) {                    \
+        run256_q8il(NAME, w, t, qx, dx, ds, corr, y, ldy, n, R);                                                   \
+    }
+Q8IL256_ROWS(q8il256_q4)
+Q8IL256_ROWS(q8il256_q4m)
+Q8IL256_ROWS(q8il256_q4c)
+Q8IL256_ROWS(q8il256_u8m)
+Q8IL256_ROWS(q8il256_u8c)
+Q8IL256_ROWS(q8il256_u8s)
+Q8IL256_ROWS(q8il256_u8)
+Q8IL256_ROWS(q8il256_q5)
+Q8IL256_ROWS(q8il256_q5m)
+Q8IL256_ROWS(q8il256_q5c)
+#undef Q8IL256_ROWS
+
+TARGET_AVX2 static void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
                                float *y, int ldy, int R, int n) {
     /* TT tiles = 2 TT half tiles; grouped by 4, 2 or 1 by the number of rows */
     const int q8 = mode == MODE_Q8 && w->kind != KIND_F32;
@@ -427,4 +440,37 @@ TARGET_AVX2 void run256(const qmat *w, int t0, int TT, const float *x, int ldx, 
         h += step;
     }
 }
+
+/* run256 over up to 8 rows, four at a time */
+TARGET_AVX2 static void tiles256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
+                                 float *y, int ldy, int R, int n) {
+    for (int s = 0; s < R; s += 4) {
+        acts as = *a;
+        if (mode == MODE_Q8 && a->qx) { /* the activations of rows s.. ([row][w->in] and [row][w->in / 32]) */
+            const size_t nb = (size_t)w->in / 32;
+            as.qx += (size_t)s * w->in;
+            as.dx += (size_t)s * nb;
+            as.dsum += (size_t)s * nb;
+            as.isum += (size_t)s * nb * 2;
+        }
+        run256(w, t0, TT, x + (size_t)s * ldx, ldx, &as, mode, y + (size_t)s * ldy, ldy, R - s < 4 ? R - s : 4, n);
+    }
+}
+
+const qkernels qk_avx2 = {
+    .isa = ISA_AVX2,
+    .quantize = quantize_rows_256,
+    .tiles = tiles256,
+    .q8il =
+        {
+            [KIND_Q4] = {[Q8IL_PLAIN] = q8il256_q4_rows, [Q8IL_M] = q8il256_q4m_rows, [Q8IL_C] = q8il256_q4c_rows},
+            [KIND_U8] = {[Q8IL_PLAIN] = q8il256_u8_rows, [Q8IL_M] = q8il256_u8m_rows, [Q8IL_C] = q8il256_u8c_rows,
+                         [Q8IL_S] = q8il256_u8s_rows},
+            [KIND_Q5] = {[Q8IL_PLAIN] = q8il256_q5_rows, [Q8IL_M] = q8il256_q5m_rows, [Q8IL_C] = q8il256_q5c_rows},
+            /* KIND_Q6 (blocks of 16): q8q6_256, through run256 */
+        },
+    .tiles_for = {{0, 4, 2, 1, 1, 1, 1, 1, 1}, {0, 4, 2, 1, 1, 1, 1, 1, 1}},
+    .row_max = logits_max_avx2,
+    .find = logits_find_avx2,
+};
 #endif /* SPECWISE_X86 */

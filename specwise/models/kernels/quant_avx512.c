@@ -1,6 +1,7 @@
 /*
  * The AVX-512 (with VNNI) path: MODE_Q8's activations, the exact products (exact512, run512) and MODE_Q8's
- * interleaved products (q8il_512, run512_q8il), in the reference order of operations (quant_internal.h).
+ * interleaved products (q8il_512), in the reference order of operations (quant_internal.h); its table of kernels
+ * (qk_avx512).
  */
 #include "specwise.h"
 
@@ -239,20 +240,6 @@ Q8IL_RUN(q8il_q5m, KIND_Q5, 1, 0)
 Q8IL_RUN(q8il_q5c, KIND_Q5, 0, 1)
 #undef Q8IL_RUN
 
-/* q8il_512 for a tile of w (blocks of 32; corr: offset * sum(qx) per block and row when w has an offset) */
-TARGET_AVX512 void run512_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
-                                      const int32_t *corr, float *y, int ldy, int n, int R) {
-    const int c = w->offset != 0;
-    if (w->kind == KIND_Q6)
-        q8il_q6c(w, t, qx, dx, ds, corr, y, ldy, n, R);
-    else if (w->kind == KIND_Q4)
-        (w->has_m ? q8il_q4m : (c ? q8il_q4c : q8il_q4))(w, t, qx, dx, ds, corr, y, ldy, n, R);
-    else if (w->kind == KIND_Q5)
-        (w->has_m ? q8il_q5m : (c ? q8il_q5c : q8il_q5))(w, t, qx, dx, ds, corr, y, ldy, n, R);
-    else
-        (w->has_m ? q8il_u8m : (c ? q8il_u8c : q8il_u8))(w, t, qx, dx, ds, corr, y, ldy, n, R);
-}
-
 /* All (tiles, rows) shapes the driver asks for: TT tiles at once (see tiles_for), R <= 8 rows. */
 #define SHAPES(CALL)                                                                              \
     switch (TT * 16 + R) {                                                                        \
@@ -274,11 +261,30 @@ TARGET_AVX512 void run512_q8il(const qmat *w, int t, const int8_t *qx, const flo
         default: CALL(1, 8); break;                                                               \
     }
 
-/* exact (float32 activations) on AVX-512; q8 runs in run512_q8il */
-TARGET_AVX512 void run512(const qmat *w, int t0, int TT, const float *x, int ldx, float *y, int ldy, int R,
-                                 int n) {
+/* exact (float32 activations) on AVX-512 (q8: the interleaved kernels, for every quantized kind) */
+TARGET_AVX512 static void run512(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
+                                 float *y, int ldy, int R, int n) {
+    (void)a;
+    (void)mode;
 #define EXACT(T, RR) exact512(w, t0, x, ldx, y, ldy, n, T, RR)
     SHAPES(EXACT)
 #undef EXACT
 }
+
+const qkernels qk_avx512 = {
+    .isa = ISA_AVX512,
+    .quantize = quantize_rows_512,
+    .tiles = run512,
+    .q8il =
+        {
+            [KIND_Q4] = {[Q8IL_PLAIN] = q8il_q4, [Q8IL_M] = q8il_q4m, [Q8IL_C] = q8il_q4c},
+            [KIND_U8] = {[Q8IL_PLAIN] = q8il_u8, [Q8IL_M] = q8il_u8m, [Q8IL_C] = q8il_u8c},
+            [KIND_Q6] = {[Q8IL_C] = q8il_q6c}, /* Q6_K: offset 32, no m */
+            [KIND_Q5] = {[Q8IL_PLAIN] = q8il_q5, [Q8IL_M] = q8il_q5m, [Q8IL_C] = q8il_q5c},
+        },
+    /* q8: several integer accumulators per row instead of several tiles */
+    .tiles_for = {{0, 2, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 1, 1, 1, 1, 1, 1, 1}},
+    .row_max = logits_max_avx2,
+    .find = logits_find_avx2,
+};
 #endif /* SPECWISE_X86 */

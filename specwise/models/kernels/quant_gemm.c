@@ -25,49 +25,49 @@ static int detected_isa(void) {
     return ISA_PORTABLE;
 }
 
-static int g_isa = -1;
+/* The kernels of each path, by ISA_* (a path this build lacks falls back to the portable one). */
+static const qkernels *kernels_of(int isa) {
+#ifdef SPECWISE_X86
+    if (isa == ISA_AVX512) return &qk_avx512;
+    if (isa == ISA_AVX2) return &qk_avx2;
+#endif
+    (void)isa;
+    return &qk_portable;
+}
+
+/* The kernels in use: chosen once, at first use or by specwise_q_set_isa, and then only read. */
+static const qkernels *g_kern = NULL;
+
+const qkernels *q_kernels(void) {
+    if (!g_kern) g_kern = kernels_of(detected_isa());
+    return g_kern;
+}
 
 /* The best instruction path this CPU supports. */
 int specwise_q_isa_supported(void) { return detected_isa(); }
 
 /* The path in use (the best supported unless lowered by specwise_q_set_isa). */
-int specwise_q_isa(void) {
-    if (g_isa < 0) g_isa = detected_isa();
-    return g_isa;
-}
+int specwise_q_isa(void) { return q_kernels()->isa; }
 
 /* Use `isa` (clamped to what the CPU supports); returns the path now in use. */
 int specwise_q_set_isa(int isa) {
-    int best = detected_isa();
-    g_isa = isa < 0 ? best : (isa > best ? best : isa);
-    return g_isa;
+    const int best = detected_isa();
+    g_kern = kernels_of(isa < 0 ? best : (isa > best ? best : isa));
+    return g_kern->isa;
 }
 
-static void quantize_rows(const float *x, int k, int in, acts *a, int isa) {
-#ifdef SPECWISE_X86
-    if (isa == ISA_AVX512) {
-        quantize_rows_512(x, k, in, a);
-        return;
-    }
-    if (isa == ISA_AVX2) {
-        quantize_rows_256(x, k, in, a);
-        return;
-    }
-#endif
-    (void)isa;
-    quantize_rows_portable(x, k, in, a);
-}
-
-/* Tiles processed together for R rows: enough independent accumulators to hide the latency of the FMAs. */
-static inline int tiles_for(int R, int isa, int q8) {
-    if (isa == ISA_AVX512) return q8 ? 1 : (R == 1 ? 2 : 1); /* q8: several integer accumulators per row instead */
-    return R == 1 ? 4 : (R == 2 ? 2 : 1);
-}
-
-/* The weights the interleaved q8 kernels take: every quantized kind on AVX-512 (run512_q8il), the blocks of 32
- * on AVX2 (run256_q8il; KIND_Q6 there stays with q8q6_256) */
-static inline int il_takes(const qmat *w, int isa) {
-    return w->kind != KIND_F32 && (isa == ISA_AVX512 || (isa == ISA_AVX2 && w->block == 32));
+/* The interleaved MODE_Q8 kernel of w on the path K (NULL: none, w goes through K->tiles) and in *variant which of
+ * its kernels it is (Q8IL_C: it subtracts the offset correction). */
+static q8il_fn q8il_of(const qkernels *K, const qmat *w, int *variant) {
+    int v = Q8IL_PLAIN;
+    if (w->offset == 128 && K->q8il[w->kind][Q8IL_S])
+        v = Q8IL_S;
+    else if (w->has_m)
+        v = Q8IL_M;
+    else if (w->offset)
+        v = Q8IL_C;
+    *variant = v;
+    return K->q8il[w->kind][v];
 }
 
 /* Whether a qmat describes tiles the kernels can read: a known kind with its block, a shape in range. */
@@ -87,30 +87,34 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
     for (int p = 0; p < nparts; p++)
         if (!qmat_ok(&parts[p]) || parts[p].in != parts[0].in) return SW_EARG;
     if (k == 0) return SW_OK;
-    const int in = parts[0].in, isa = specwise_q_isa();
-    int ldy = 0, tiles = 0, need_q8 = 0;
-    int first_tile[9], col[9];
+    const int in = parts[0].in;
+    const qkernels *K = q_kernels();
+    int ldy = 0, tiles = 0, need_q8 = 0, il = 0;
+    int first_tile[9], col[9], variant[8];
+    q8il_fn q8il[8]; /* each part's interleaved MODE_Q8 kernel, or NULL */
     for (int p = 0; p < nparts && p < 8; p++) {
         first_tile[p] = tiles;
         col[p] = ldy;
         tiles += (parts[p].out + QTILE - 1) / QTILE;
         ldy += parts[p].out;
-        need_q8 |= mode == MODE_Q8 && parts[p].kind != KIND_F32;
+        const int pq8 = mode == MODE_Q8 && parts[p].kind != KIND_F32;
+        need_q8 |= pq8;
+        q8il[p] = pq8 ? q8il_of(K, parts + p, &variant[p]) : NULL;
+        il |= q8il[p] != NULL;
     }
     first_tile[nparts] = tiles;
     acts a = {x, in, NULL, NULL, NULL, NULL};
     void *mem = NULL;
     const int RMAX = 8;
-    /* q8 on AVX-512 and AVX2 (run512_q8il, run256_q8il): the activations interleaved per group of RMAX rows, and each distinct
+    /* the interleaved q8 kernels (il): the activations interleaved per group of RMAX rows, and each distinct
      * (offset, block) of the parts' offset corrections offset * sum(qx) per weight block and row */
-    const int il = need_q8 && (isa == ISA_AVX512 || isa == ISA_AVX2);
     int ncorr = 0, coff[8], cblk[8];
     const int32_t *corr[8] = {NULL};
     int8_t *qxi = NULL;
     float *dxi = NULL, *dsi = NULL;
     if (il)
         for (int p = 0; p < nparts && p < 8; p++) {
-            if (!il_takes(parts + p, isa) || !parts[p].offset || (isa == ISA_AVX2 && parts[p].offset == 128)) continue;
+            if (!q8il[p] || variant[p] != Q8IL_C) continue;
             int c = 0;
             while (c < ncorr && (coff[c] != parts[p].offset || cblk[c] != parts[p].block)) c++;
             if (c == ncorr) {
@@ -127,7 +131,7 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
         a.dsum = a.dx + (size_t)k * nb;
         a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
         a.qx = (int8_t *)(a.isum + (size_t)k * nb * 2);
-        quantize_rows(x, k, in, &a, isa);
+        K->quantize(x, k, in, &a);
         if (il) {
             dxi = (float *)((char *)mem + ((plain + 63) & ~(size_t)63));
             dsi = dxi + (size_t)k * nb;
@@ -155,7 +159,7 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
             }
             for (int p = 0; p < nparts && p < 8; p++)
                 for (int c = 0; c < ncorr; c++)
-                    if (il_takes(parts + p, isa) && parts[p].offset == coff[c] && parts[p].block == cblk[c])
+                    if (q8il[p] && variant[p] == Q8IL_C && parts[p].offset == coff[c] && parts[p].block == cblk[c])
                         corr[p] = ci + (size_t)c * k * nb * 2;
         }
     }
@@ -174,7 +178,7 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
             const int lt = t - first_tile[p], ptiles = first_tile[p + 1] - first_tile[p];
             const int avail = (hi < first_tile[p + 1] ? hi : first_tile[p + 1]) - t;
             const int pq8 = mode == MODE_Q8 && w->kind != KIND_F32;
-            int chunk = tiles_for(k < RMAX ? k : RMAX, isa, pq8);
+            int chunk = K->tiles_for[pq8][k < RMAX ? k : RMAX];
             while (chunk > avail) chunk /= 2;
             for (int r0 = 0; r0 < k; r0 += RMAX) {
                 const int R = k - r0 < RMAX ? k - r0 : RMAX;
@@ -187,51 +191,25 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
                     ar.dsum = a.dsum + (size_t)r0 * nb;
                     ar.isum = a.isum + (size_t)r0 * nb * 2;
                 }
-#ifdef SPECWISE_X86
-                if (il && pq8 && il_takes(w, isa)) {
+                if (q8il[p]) {
                     const size_t nb = (size_t)in / 32, nbw = (size_t)in / w->block;
                     for (int c = 0; c < chunk; c++) {
                         const int t0 = lt + c;
                         const int n = (t0 + 1 == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
                         const int32_t *cr = corr[p] ? corr[p] + (size_t)r0 * nbw : NULL;
                         float *yt = y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE;
-                        if (isa == ISA_AVX512)
-                            run512_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb, cr,
-                                        yt, ldy, n, R);
-                        else
-                            run256_q8il(w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb, cr,
-                                        yt, ldy, n, R);
+                        q8il[p](w, t0, qxi + (size_t)r0 * in, dxi + (size_t)r0 * nb, dsi + (size_t)r0 * nb, cr, yt, ldy,
+                                n, R);
                     }
                     continue;
                 }
-#endif
                 for (int c = 0; c < chunk;) {
-                    int TT = tiles_for(R, isa, pq8);
+                    int TT = K->tiles_for[pq8][R];
                     while (TT > chunk - c) TT /= 2;
                     const int t0 = lt + c;
                     const int n = (t0 + TT == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
                     float *yt = y + (size_t)r0 * ldy + col[p] + (size_t)t0 * QTILE;
-#ifdef SPECWISE_X86
-                    if (isa == ISA_AVX512)
-                        run512(w, t0, TT, xr, in, yt, ldy, R, n);
-                    else if (isa == ISA_AVX2)
-                        for (int s = 0; s < R; s += 4) { /* run256 takes up to four rows */
-                            acts as = ar;
-                            if (need_q8) {
-                                const size_t nb = (size_t)in / 32;
-                                as.qx += (size_t)s * in;
-                                as.dx += (size_t)s * nb;
-                                as.dsum += (size_t)s * nb;
-                                as.isum += (size_t)s * nb * 2;
-                            }
-                            run256(w, t0, TT, xr + (size_t)s * in, in, &as, mode, yt + (size_t)s * ldy, ldy,
-                                   R - s < 4 ? R - s : 4, n);
-                        }
-                    else
-#endif
-                        for (int tt = 0; tt < TT; tt++)
-                            tile_portable(w, t0 + tt, xr, in, &ar, mode, yt + (size_t)tt * QTILE, ldy, R,
-                                          tt == TT - 1 ? n : QTILE);
+                    K->tiles(w, t0, TT, xr, in, &ar, mode, yt, ldy, R, n);
                     c += TT;
                 }
             }

@@ -104,24 +104,48 @@ static inline int q_at(const qmat *w, int t, int b, int e, int L) {
     return w->q[(((size_t)t * nb + b) * (w->block / 4) + g) * 64 + (size_t)L * 4 + j];
 }
 
-/* ---- the kernels (quant_portable.c, quant_avx512.c, quant_avx2.c) ------------------------------------------- */
+/* ---- one instruction path's kernels (quant_portable.c, quant_avx2.c, quant_avx512.c) ---------------------- */
 
-/* Per block of 32 of each of k rows of x: the int8 activations, their scales and sums (see quant_portable.c). */
-SW_HIDDEN void quantize_rows_portable(const float *x, int k, int in, acts *a);
-/* Output rows of tile t (n of them valid) for R rows of x, in the reference order of operations. */
-SW_HIDDEN void tile_portable(const qmat *w, int t, const float *x, int ldx, const acts *a, int mode, float *y,
-                             int ldy, int R, int n);
+/* MODE_Q8's activations of k rows of x: per block of 32, the int8 values, their scale and sums (quant_portable.c) */
+typedef void (*quantize_fn)(const float *x, int k, int in, acts *a);
+/* TT tiles from t0 (the last holding n valid rows) for R <= 8 rows of x: the exact products, and MODE_Q8 for the
+ * weights without an interleaved kernel (a: their activations) */
+typedef void (*tiles_fn)(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode, float *y,
+                         int ldy, int R, int n);
+/* MODE_Q8 for tile t (n valid rows) and R <= 8 rows whose activations are interleaved per block of 32 (qx
+ * [block][row][32], dx and ds [block][row]; corr [weight block][row]: offset * sum(qx) over the weight's block) */
+typedef void (*q8il_fn)(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds, const int32_t *corr,
+                        float *y, int ldy, int n, int R);
+/* The interleaved kernels of one kind: plain, with m, with the offset correction corr, signed bytes (offset 128
+ * taken as signed weights, no correction). */
+enum { Q8IL_PLAIN = 0, Q8IL_M = 1, Q8IL_C = 2, Q8IL_S = 3, Q8IL_VARIANTS = 4 };
+
+/* Everything the driver and the logits scan call, for one instruction path, chosen once (q_kernels): the kernels
+ * per tile kind, in the spirit of a table of type traits. */
+typedef struct {
+    int isa;                                /* ISA_* */
+    quantize_fn quantize;                   /* MODE_Q8's activations */
+    tiles_fn tiles;                         /* see tiles_fn */
+    q8il_fn q8il[KIND_Q5 + 1][Q8IL_VARIANTS]; /* per kind and variant; NULL where the path has none (then: tiles) */
+    unsigned char tiles_for[2][9];          /* tiles per call [MODE_Q8 with quantized weights][rows 1..8]: enough
+                                             * independent accumulators to hide the latency of the FMAs */
+    float (*row_max)(const float *x, int n, int *nan); /* logits.c: the largest non-NaN value, *nan = 1 if any */
+    int (*find)(const float *x, int n, float v);      /* logits.c: the first index of v (n when none) */
+} qkernels;
+
+SW_HIDDEN extern const qkernels qk_portable;
 #ifdef SPECWISE_X86
-TARGET_AVX512 SW_HIDDEN void quantize_rows_512(const float *x, int k, int in, acts *a);
-TARGET_AVX512 SW_HIDDEN void run512_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
-                                         const int32_t *corr, float *y, int ldy, int n, int R);
-TARGET_AVX512 SW_HIDDEN void run512(const qmat *w, int t0, int TT, const float *x, int ldx, float *y, int ldy, int R,
-                                    int n);
-TARGET_AVX2 SW_HIDDEN void quantize_rows_256(const float *x, int k, int in, acts *a);
-TARGET_AVX2 SW_HIDDEN void run256_q8il(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
-                                       const int32_t *corr, float *y, int ldy, int n, int R);
-TARGET_AVX2 SW_HIDDEN void run256(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode,
-                                  float *y, int ldy, int R, int n);
+SW_HIDDEN extern const qkernels qk_avx2, qk_avx512;
+#endif
+/* The kernels of the path in use (quant_gemm.c; chosen with the path: first use or specwise_q_set_isa). */
+SW_HIDDEN const qkernels *q_kernels(void);
+
+/* The logits scan's kernels (logits.c) */
+SW_HIDDEN float logits_max_portable(const float *x, int n, int *nan);
+SW_HIDDEN int logits_find_portable(const float *x, int n, float v);
+#ifdef SPECWISE_X86
+TARGET_AVX2 SW_HIDDEN float logits_max_avx2(const float *x, int n, int *nan);
+TARGET_AVX2 SW_HIDDEN int logits_find_avx2(const float *x, int n, float v);
 #endif
 
 #endif

@@ -9,7 +9,7 @@
 /* Per block of 32: d = max |x| / 127, q = round-half-even(x / d) clamped to +-127, and the sums of q over each half
  * block. The portable loop is the reference; the vector ones compute the same numbers (a max and integer sums in any
  * order, the same float product and rounding per value). */
-void quantize_rows_portable(const float *x, int k, int in, acts *a) {
+static void quantize_rows_portable(const float *x, int k, int in, acts *a) {
     const int nb = in / 32;
     for (int r = 0; r < k; r++) {
         const float *xr = x + (size_t)r * in;
@@ -37,7 +37,7 @@ void quantize_rows_portable(const float *x, int k, int in, acts *a) {
 }
 
 
-void tile_portable(const qmat *w, int t, const float *x, int ldx, const acts *a, int mode, float *y,
+static void tile_portable(const qmat *w, int t, const float *x, int ldx, const acts *a, int mode, float *y,
                           int ldy, int R, int n) {
     const int B = w->block, nb = w->in / B;
     for (int r = 0; r < R; r++) {
@@ -86,3 +86,17 @@ void tile_portable(const qmat *w, int t, const float *x, int ldx, const acts *a,
     }
 }
 
+static void tiles_portable(const qmat *w, int t0, int TT, const float *x, int ldx, const acts *a, int mode, float *y,
+                           int ldy, int R, int n) {
+    for (int tt = 0; tt < TT; tt++)
+        tile_portable(w, t0 + tt, x, ldx, a, mode, y + (size_t)tt * QTILE, ldy, R, tt == TT - 1 ? n : QTILE);
+}
+
+const qkernels qk_portable = {
+    .isa = ISA_PORTABLE,
+    .quantize = quantize_rows_portable,
+    .tiles = tiles_portable,
+    .tiles_for = {{0, 4, 2, 1, 1, 1, 1, 1, 1}, {0, 4, 2, 1, 1, 1, 1, 1, 1}},
+    .row_max = logits_max_portable,
+    .find = logits_find_portable,
+};
