@@ -112,48 +112,6 @@ TARGET_AVX2 INLINE void store_q256(int8_t *dst, const __m256i q[4]) {
 #define QV_Q6_UNPACK(base, part, v) q6_unpack256(base, part, v)
 #include "quant_simd.inc"
 
-/* KIND_Q4 and KIND_Q5 for exact256 (quant_simd.inc): each byte converted to float (AVX2 has no permutation of two
- * registers for exact512's table: the same values) */
-TARGET_AVX2 INLINE void exact_nibbles256(const qmat *w, int h0, const float *x, int ldx, __m256 acc0[4][4],
-                                         __m256 acc1[4][4], const int HT, const int R) {
-    const __m256i off = _mm256_set1_epi32(w->offset), mask = _mm256_set1_epi32(0xFF);
-    const __m256i nib = _mm256_set1_epi8(0x0F);
-    const int nb = w->in / 32;
-    const size_t BB = w->kind == KIND_Q5 ? 320 : 256; /* bytes of a tile's block */
-    for (int b = 0; b < nb; b++) {
-        __m256 s[4], m[4];
-        for (int hh = 0; hh < HT; hh++) {
-            int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-            size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
-            s[hh] = ld_scale256(w, 0, si);
-            m[hh] = w->has_m ? ld_scale256(w, 1, si) : _mm256_setzero_ps();
-        }
-        for (int g = 0; g < 4; g++) {
-            for (int hh = 0; hh < HT; hh++) {
-                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
-                const uint8_t *blk = w->q + ((size_t)t * nb + b) * BB;
-                __m256i v = _mm256_loadu_si256((const __m256i *)(blk + (size_t)g * 64 + 32 * half)), vh = v;
-                if (w->kind == KIND_Q5) { /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
-                    q5_unpack256(blk, g, half, &v, &vh);
-                } else {
-                    vh = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-                    v = _mm256_and_si256(v, nib);
-                }
-                for (int j = 0; j < 4; j++) {
-                    const int i = 32 * b + 4 * g + j;
-                    __m256i lo = _mm256_and_si256(_mm256_srli_epi32(v, 8 * j), mask);
-                    __m256i hi = _mm256_and_si256(_mm256_srli_epi32(vh, 8 * j), mask);
-                    __m256 wl = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(lo, off)), s[hh], m[hh]);
-                    __m256 wh = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(hi, off)), s[hh], m[hh]);
-                    for (int r = 0; r < R; r++) {
-                        acc0[hh][r] = _mm256_fmadd_ps(wl, _mm256_set1_ps(x[(size_t)r * ldx + i]), acc0[hh][r]);
-                        acc1[hh][r] = _mm256_fmadd_ps(wh, _mm256_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[hh][r]);
-                    }
-                }
-            }
-        }
-    }
-}
 
 TARGET_AVX2 INLINE __m256i dot4_256(__m256i wq, __m256i xb, int signed_w) {
     /* per 32-bit lane: sum of 4 products of bytes; wq unsigned (or signed when signed_w), xb signed */

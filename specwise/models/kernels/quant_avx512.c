@@ -82,53 +82,6 @@ TARGET_AVX512 INLINE void store512(float *y, __m512 v, int n) {
 #define QV_Q6_UNPACK(base, part, v) q6_unpack512(base, v)
 #include "quant_simd.inc"
 
-/* KIND_Q4 and KIND_Q5 for exact512 (quant_simd.inc): w = table[q] * s + m, 16 or 32 values in the table, looked
- * up with a permutation of two registers (AVX2 has none and converts each byte instead: the same values) */
-TARGET_AVX512 INLINE void exact_nibbles512(const qmat *w, int t0, const float *x, int ldx, __m512 acc0[4][8],
-                                           __m512 acc1[4][8], const int TT, const int R) {
-    const int nb = w->in / 32;
-    float lutf[32];
-    for (int i = 0; i < 32; i++) lutf[i] = (float)(i - w->offset);
-    const __m512 lut0 = _mm512_loadu_ps(lutf), lut1 = _mm512_loadu_ps(lutf + 16);
-    const __m512i nib = _mm512_set1_epi8(0x0F);
-    const int q5 = w->kind == KIND_Q5;
-    const size_t BB = q5 ? 320 : 256; /* bytes of a tile's block */
-    for (int b = 0; b < nb; b++) {
-        __m512 s[4], m[4];
-        for (int tt = 0; tt < TT; tt++) {
-            size_t si = ((size_t)(t0 + tt) * nb + b) * QTILE;
-            s[tt] = ld_scale512(w, 0, si);
-            m[tt] = w->has_m ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
-        }
-        for (int g = 0; g < 4; g++) {
-            __m512i vl[4], vh[4]; /* the values of inputs 4g + j and 16 + 4g + j, one byte each */
-            for (int tt = 0; tt < TT; tt++) {
-                const uint8_t *blk = w->q + ((size_t)(t0 + tt) * nb + b) * BB;
-                if (q5) {
-                    q5_unpack512(blk, g, &vl[tt], &vh[tt]);
-                } else {
-                    const __m512i v = _mm512_loadu_si512(blk + g * 64);
-                    vl[tt] = _mm512_and_si512(v, nib);
-                    vh[tt] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-                }
-            }
-            for (int j = 0; j < 4; j++) {
-                const int i = 32 * b + 4 * g + j;
-                for (int tt = 0; tt < TT; tt++) {
-                    __m512 lo = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vl[tt], 8 * j), lut1);
-                    __m512 hi = _mm512_permutex2var_ps(lut0, _mm512_srli_epi32(vh[tt], 8 * j), lut1);
-                    lo = _mm512_fmadd_ps(lo, s[tt], m[tt]);
-                    hi = _mm512_fmadd_ps(hi, s[tt], m[tt]);
-                    for (int r = 0; r < R; r++) {
-                        acc0[tt][r] = _mm512_fmadd_ps(lo, _mm512_set1_ps(x[(size_t)r * ldx + i]), acc0[tt][r]);
-                        acc1[tt][r] =
-                            _mm512_fmadd_ps(hi, _mm512_set1_ps(x[(size_t)r * ldx + i + 16]), acc1[tt][r]);
-                    }
-                }
-            }
-        }
-    }
-}
 
 /* vpdpbusd with its 4 activation bytes broadcast from memory ({1to16}): one instruction instead of a broadcast
  * and a product (GCC does not fold the broadcast by itself) */
