@@ -15,9 +15,22 @@ setup(
             "specwise.models.kernels._native",
             sources=[
                 f"{KERNELS}/{name}"
-                for name in ("module.c", "smallgemm.c", "llama.c", "quant.c", "qllama.c", "sample.c", "suffix.c")
+                for name in (
+                    "module.c",
+                    "smallgemm.c",
+                    "llama.c",
+                    "quant_repack.c",
+                    "quant_gemm.c",
+                    "quant_portable.c",
+                    "quant_avx2.c",
+                    "quant_avx512.c",
+                    "logits.c",
+                    "qllama.c",
+                    "sample.c",
+                    "suffix.c",
+                )
             ],
-            depends=[f"{KERNELS}/quant.h", f"{KERNELS}/specwise.h"],
+            depends=[f"{KERNELS}/{name}" for name in ("quant.h", "quant_internal.h", "quant_simd.inc", "specwise.h")],
             extra_compile_args=["-O3", "-std=c11", "-fopenmp", "-fno-math-errno"],
             extra_link_args=["-fopenmp"],
             libraries=["m"],

@@ -13,7 +13,7 @@
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
  * Everything here is plain C compiled for several instruction sets (target_clones picks one at load time); the
- * products are quant.c's. A row's result depends only on its own inputs and position, never on k.
+ * products are quant_gemm.c's. A row's result depends only on its own inputs and position, never on k.
  */
 #include <math.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 /*
- * Quantized weights in specwise's tiled layout, and the multi-row products over them (quant.c).
+ * Quantized weights in specwise's tiled layout, and the multi-row products over them (quant_*.c).
  *
  * Every GGUF block format is re-packed at load time into one of five kinds, in tiles of 16 output rows (one
  * vector lane per output row, so no horizontal sums):
@@ -91,7 +91,7 @@ typedef struct {
 
 /* The exported functions are declared in specwise.h. */
 
-/* float16 to float32, exactly (shared by quant.c and qllama.c) */
+/* float16 to float32, exactly (shared by the quant_*.c files and qllama.c) */
 static inline float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
     if (exp == 0) {

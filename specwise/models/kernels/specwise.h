@@ -31,7 +31,7 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
                           float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
                           int start, float *scratch, float *scores, int threads, int half);
 
-/* ---- quantized weights and products (quant.c) ---- */
+/* ---- quantized weights and products (quant_repack.c, quant_gemm.c; the logits scan: logits.c) ---- */
 
 /* The best instruction path this CPU supports (ISA_*). */
 int specwise_q_isa_supported(void);
