@@ -144,6 +144,26 @@ class _ReplicaSide:
         await self.messages.put(message)
 
 
+def _pending(first, queue: asyncio.Queue, done) -> tuple[list[dict], bool]:
+    """``first`` and every message already queued behind it, as one batch for the caller, consecutive body parts
+    joined into one (each item a stream sends through Ray costs far more than its bytes: while the caller is slower
+    than the app, a batch carries several tokens' events); and whether ``done`` came."""
+    batch: list[dict] = []
+    message = first
+    while True:
+        if message is done:
+            return batch, True
+        last = batch[-1] if batch else None
+        if last is not None and last["type"] == message["type"] == "http.response.body" and last.get("more_body"):
+            batch[-1] = message | {"body": last.get("body", b"") + message.get("body", b"")}
+        else:
+            batch.append(message)
+        try:
+            message = queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return batch, False
+
+
 def _scope(request: dict) -> dict:
     """The ASGI scope of a forwarded request (see ``_forwarded``)."""
     return {
@@ -188,7 +208,8 @@ class SpecwiseEngine:
         log.info("specwise replica %s: %d threads, node %s", self.replica, self.threads, self.node)
 
     async def handle(self, request: dict):
-        """Run one HTTP request through the app; yields its ASGI response messages (start, then body parts)."""
+        """Run one HTTP request through the app; yields its ASGI response messages (start, then body parts) in
+        batches (lists): whatever the app has sent since the caller took the last one (see ``_pending``)."""
         side = _ReplicaSide(request["body"], self.replica)
         done = object()
 
@@ -200,8 +221,11 @@ class SpecwiseEngine:
 
         task = asyncio.create_task(run())
         try:
-            while (message := await side.messages.get()) is not done:
-                yield message
+            finished = False
+            while not finished:
+                batch, finished = _pending(await side.messages.get(), side.messages, done)
+                if batch:
+                    yield batch
             await task  # its error, if the app let one through
         finally:
             side.gone.set()  # the caller has gone, or the response is complete: a stream ends, its job is cancelled
@@ -281,16 +305,18 @@ class SpecwiseGateway:
             started = event_stream = False
             try:
                 start = None
-                async for message in self.engine.handle.remote(request):
-                    if message["type"] == "http.response.start":
-                        start = message  # held until the body begins: a failure before then is retried
-                        continue
-                    if start is not None:
-                        if attempt:
-                            start = start | {"headers": [*start["headers"], (RETRIES_HEADER.encode(), b"%d" % attempt)]}
-                        await send(start)
-                        start, started, event_stream = None, True, _is_event_stream(start)
-                    await send(message)
+                async for batch in self.engine.handle.remote(request):
+                    for message in batch:
+                        if message["type"] == "http.response.start":
+                            start = message  # held until the body begins: a failure before then is retried
+                            continue
+                        if start is not None:
+                            if attempt:
+                                retried = (RETRIES_HEADER.encode(), b"%d" % attempt)
+                                start = start | {"headers": [*start["headers"], retried]}
+                            await send(start)
+                            start, started, event_stream = None, True, _is_event_stream(start)
+                        await send(message)
                 return
             except self.replica_failed as err:  # the replica's process or node went away
                 if started:
