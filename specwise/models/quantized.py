@@ -29,12 +29,11 @@ import torch
 from specwise.models.base import Model
 from specwise.models.gguf_check import check_tensors, meta_float, meta_int
 from specwise.models.gguf_file import GGUFError, GGUFFile
+from specwise.models.kernels.layers import DecoderStack, LayerVariant, model_struct
 from specwise.models.kernels.quant import (
     GGML_Q4_0,
     MAX_ROWS,
     Arena,
-    DecoderStack,
-    LayerVariant,
     QMat,
     QTensor,
     _mode_id,
@@ -513,7 +512,7 @@ class QuantizedModel(Model):
             c.rms_norm_eps,
             variant=self._variant(norms),
         )
-        self._head_struct = (QMat * 1)(self.lm_head.struct)
+        self._set_head(self.lm_head)
         self._lib = self._stack._lib
         self._x = torch.empty((MAX_ROWS, self.hidden), dtype=torch.float32)  # a decoding step's rows (forward)
 
@@ -604,8 +603,14 @@ class QuantizedModel(Model):
         if self.drafting and _narrowed(info.type):
             head = head.requantized_q4_0()
         self.lm_head, self.tied = head, False
-        self._head_struct = (QMat * 1)(head.struct)
+        self._set_head(head)
         self.vocab_size = ids.size
+
+    def _set_head(self, head: QTensor) -> None:
+        """The output layer as the native calls take it: a one-element QMat array, and the single-sequence pass's
+        ``qmodel`` (embedding, final norm, output layer), filled once here rather than at every pass."""
+        self._head_struct = (QMat * 1)(head.struct)
+        self._model_struct, self._model_keep = model_struct(self.embed, self.final_norm, self.eps, self._head_struct)
 
     @property
     def weight_bytes(self) -> int:
@@ -698,12 +703,14 @@ class QuantizedModel(Model):
         ids = tokens if tokens.dtype == torch.int64 and tokens.is_contiguous() else tokens.to(torch.int64).contiguous()
         cos, sin = self._tables(start + k)
         logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
-        features = self._features.data_ptr() + 4 * start * self.hidden if self.keep_features else None
+        features, room = None, 0
+        if self.keep_features:
+            features, room = self._features.data_ptr() + 4 * start * self.hidden, (self._capacity - start) * self.hidden
         threads = self.governor.threads(k)
         began = time.perf_counter()
         self._stack.forward_one(
-            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self.embed,
-            self.final_norm, self.eps, keep, features, self._head_struct, logits, self._rotary.get("local"), threads,
+            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self._model_struct, keep,
+            features, room, logits, self._rotary.get("local"), threads,
         )  # fmt: skip
         self.governor.record(threads, k, time.perf_counter() - began)
         self._length = start + k
