@@ -12,6 +12,10 @@
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
+ * The entry points take their arguments in the structs of specwise.h (the shape, the weights, a pass's rows, the
+ * work buffers, the run options), every count and size 64-bit, and check them against each other before anything
+ * is written (layers_check, rows_check).
+ *
  * Everything here is plain C compiled for several instruction sets (target_clones picks one at load time); the
  * products are quant.c's. A row's result depends only on its own inputs and position, never on k.
  */
