@@ -1,7 +1,8 @@
 """In-process A/B of the decoder layers between builds of the native library: one call of the layer kernel
 (``specwise_qllama_rows``: products, attention, norms) over k rows after a context of C tokens, the builds timed
 alternately in one process, and their outputs compared bit for bit. Where kernel_ab.py times the weight products
-alone, this one sees attention over the cache grow with the context.
+alone, this one sees attention over the cache grow with the context. Both builds must take the layer kernel's
+arguments as this checkout passes them (the structs of specwise.h).
 
     git worktree add /tmp/base <commit> && (cd /tmp/base && python setup.py build_ext --inplace)
     python benchmarks/layers_ab.py --libs /tmp/base/specwise/models/kernels/_native*.so \\

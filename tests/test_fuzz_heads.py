@@ -298,7 +298,7 @@ def test_the_native_step_checks_its_buffers(good, hf):
         emb = torch.zeros(2, 32)
         with pytest.raises(ValueError, match="native step got"):
             caches, tables = (drafter.k_cache, drafter.v_cache), (drafter._cos, drafter._sin)
-            layer.step(emb, emb, drafter._capacity, *caches, *tables, (emb[0], emb[0], emb[0]), drafter._q[0])
+            layer.step(emb, emb, drafter._capacity, *caches, *tables, drafter._ends)
 
 
 # ---- valid heads ------------------------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ class HeadDrafter(Drafter):
         if self._q is not None:  # each step in native calls (QuantizedHeadLayer.step)
             self._backend, self._fused = "quantized", None
             self._out_struct = (QMat * 1)(self._q[2].struct)  # the output layer, as the native step takes it
+            norms = (self._feature_norm, self._embed_norm, self._out_norm)
+            self._ends = self._q[1].ends(norms, self._q[0])  # the norms and fc around the layer, filled once
         else:
             self._backend = "kernel" if self._lm.kernel_ok else "torch"
             self._fused = self._fused_setup()
@@ -226,10 +228,8 @@ class HeadDrafter(Drafter):
             self._grow(max(2 * self._capacity, start + n))
         if self._q is not None:
             emb = self._embedding(next_tokens)
-            fc, layer, _ = self._q
-            norms = (self._feature_norm, self._embed_norm, self._out_norm)
-            pred, best, top, logits = layer.step(
-                features, emb, start, self.k_cache, self.v_cache, self._cos, self._sin, norms, fc, self._out_struct,
+            pred, best, top, logits = self._q[1].step(
+                features, emb, start, self.k_cache, self.v_cache, self._cos, self._sin, self._ends, self._out_struct,
                 confidence,
             )  # fmt: skip
             self._memo = (pred.data_ptr() + 4 * (n - 1) * c.hidden_size, best, top, logits)

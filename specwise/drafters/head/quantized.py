@@ -10,13 +10,15 @@ the q a draft was drawn from), so the head's own numerics are free to change; it
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from specwise.models.kernels.quant import DecoderStack, QTensor, quantized_available
+from specwise.models.kernels.layers import DecoderStack, QHead, QLogits, QRun, QStep, QWork, addr
+from specwise.models.kernels.quant import QTensor, quantized_available
 
-__all__ = ["QuantizedHeadLayer", "quantize_rows", "head_quantization_available"]
+__all__ = ["QuantizedHeadLayer", "HeadEnds", "quantize_rows", "head_quantization_available"]
 
 GGML_Q8_0 = 8
 
@@ -53,6 +55,15 @@ def quantize_rows(weight, name: str = "", shape: tuple[int, int] | None = None) 
         return np.concatenate(pieces)
 
     return QTensor(GGML_Q8_0, rows, out, n_in, name=name)
+
+
+@dataclass
+class HeadEnds:
+    """The head's weights around its layer as the native step takes them (``qhead``), and the tensors its pointers
+    point into (kept alive beside it)."""
+
+    struct: QHead
+    keep: tuple
 
 
 class QuantizedHeadLayer:
@@ -99,12 +110,28 @@ class QuantizedHeadLayer:
         )
         # the native step's buffers: its fused input and x for STEP_ROWS rows, then the layer kernel's scratch
         # (which, once the layer has run, also holds a copy of the logits)
-        rows = self.STEP_ROWS
-        layer = self._stack._lib.specwise_qllama_scratch_floats(hidden, n_heads, n_kv, head_dim, intermediate, rows)
-        self._inputs_floats, self._layer_floats = 3 * rows * hidden, int(layer)
+        self._lib = self._stack._lib
+        self._layer_floats = int(self._lib.specwise_qllama_scratch_floats(addr(self._stack.shape), self.STEP_ROWS))
+        self._inputs_floats = 3 * self.STEP_ROWS * hidden
         self._scratch = torch.empty(0, dtype=torch.float32)
         self._scores = torch.empty(0, dtype=torch.float32)
         self._best, self._top = (ctypes.c_int64 * 1)(), (ctypes.c_float * 1)()
+        # the structs of a step (specwise.h), filled once; a call sets the fields that change
+        self._work, self._run, self._step, self._out = QWork(), QRun(1, 1), QStep(), QLogits()  # mode 1: q8
+        self._out.best = addr(self._best)
+        self._addrs = (addr(self._stack.shape), addr(self._stack.weights))
+        self._work_addrs = (addr(self._step), addr(self._work), addr(self._run), addr(self._out))
+
+    def ends(self, norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor], fc: QTensor) -> HeadEnds:
+        """The head's weights around this layer (the feature, embedding and out norms, float32 ``[hidden]``, and
+        ``fc`` ``[hidden, 2 hidden]``) as :meth:`step` takes them: built once per drafter."""
+        if fc.shape != (self.hidden, 2 * self.hidden):
+            raise ValueError(f"the head's fc is {list(fc.shape)}, expected [{self.hidden}, {2 * self.hidden}]")
+        for t in norms:
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.numel() != self.hidden:
+                raise ValueError(f"the head's norms must be contiguous float32 [{self.hidden}]")
+        return HeadEnds(QHead(norms[0].data_ptr(), norms[1].data_ptr(), addr(fc.struct), norms[2].data_ptr()),
+                        (norms, fc))  # fmt: skip
 
     @property
     def nbytes(self) -> int:
@@ -146,70 +173,50 @@ class QuantizedHeadLayer:
         v_cache: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        norms: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-        fc: QTensor,
+        ends: HeadEnds,
         output=None,
         confidence: bool = False,
     ) -> tuple[torch.Tensor, int | None, float | None, torch.Tensor | None]:
         """The head's whole step in native calls of up to ``STEP_ROWS`` positions (``specwise_head_step``): the
         fused input of ``features`` and ``emb`` ``[n, hidden]`` (float32) under the feature and embedding norms,
-        ``fc``, this layer at positions ``start ..`` of the caches ``[kv_heads, capacity, head_dim]``, the out norm.
-        Returns (predicted features ``[n, hidden]``, then for the last row with ``output`` (a one-element QMat
-        array): the argmax over the output layer, its softmax probability when ``confidence``, and the logits)."""
-        lib = self._stack._lib
+        ``fc`` (both in ``ends``, see :meth:`ends`), this layer at positions ``start ..`` of the caches
+        ``[kv_heads, capacity, head_dim]``, the out norm. Returns (predicted features ``[n, hidden]``, then for the
+        last row with ``output`` (a one-element QMat array): the argmax over the output layer, its softmax
+        probability when ``confidence``, and the logits)."""
         self._check_step(features, emb, start, k_cache, v_cache, cos, sin)
         n, hidden = features.shape
         pred = torch.empty((n, hidden), dtype=torch.float32)
+        work, step, out = self._work, self._step, self._out
         need = self.n_heads * min(n, self.STEP_ROWS) * (start + n)
         if self._scores.numel() < need:
             self._scores = torch.empty(max(need, 4096), dtype=torch.float32)
+            work.scores, work.scores_floats = self._scores.data_ptr(), self._scores.numel()
         size = self._inputs_floats + max(self._layer_floats, output[0].out if output is not None else 0)
         if self._scratch.numel() < size:
             self._scratch = torch.empty(size, dtype=torch.float32)
+            work.scratch, work.scratch_floats = self._scratch.data_ptr(), self._scratch.numel()
         if features.dtype != torch.float32 or not features.is_contiguous():
             features = features.float().contiguous()
         if emb.dtype != torch.float32 or not emb.is_contiguous():
             emb = emb.float().contiguous()
         logits = None
-        feature_norm, embed_norm, out_norm = norms
+        self._run.threads = torch.get_num_threads()
+        step.k_cache, step.v_cache, step.cap = k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1]
+        step.cos, step.sin, step.table_rows = cos.data_ptr(), sin.data_ptr(), cos.shape[0]
         f_at, e_at, p_at, row = features.data_ptr(), emb.data_ptr(), pred.data_ptr(), 4 * hidden
+        head = ctypes.addressof(ends.struct)
         for lo in range(0, n, self.STEP_ROWS):
             hi = min(n, lo + self.STEP_ROWS)
             last = hi == n and output is not None
+            step.features, step.emb, step.pred = f_at + lo * row, e_at + lo * row, p_at + lo * row
+            step.n, step.start = hi - lo, start + lo
             if last:
                 logits = torch.empty(output[0].out, dtype=torch.float32)
-            status = lib.specwise_head_step(
-                self.hidden,
-                self.n_heads,
-                self.n_kv,
-                self.head_dim,
-                self.intermediate,
-                self.eps,
-                self._stack._attn[0],
-                self._stack._weights,
-                self._stack._mlp[0],
-                k_cache.data_ptr(),
-                v_cache.data_ptr(),
-                k_cache.shape[1],
-                start + lo,
-                cos.data_ptr(),
-                sin.data_ptr(),
-                f_at + lo * row,
-                e_at + lo * row,
-                hi - lo,
-                feature_norm.data_ptr(),
-                embed_norm.data_ptr(),
-                ctypes.byref(fc.struct),
-                out_norm.data_ptr(),
-                p_at + lo * row,
-                self._scratch.data_ptr(),
-                self._scores.data_ptr(),
-                torch.get_num_threads(),
-                ctypes.cast(output, ctypes.c_void_p) if last else None,
-                logits.data_ptr() if last else None,
-                self._best if last else None,
-                self._top if last and confidence else None,
-            )
+                out.out_w, out.logits, out.logits_floats = ctypes.addressof(output), logits.data_ptr(), logits.numel()
+                out.top_prob = addr(self._top) if confidence else None
+            else:
+                out.out_w = None
+            status = self._lib.specwise_head_step(*self._addrs, head, *self._work_addrs)
             if status != 0:
                 raise RuntimeError(f"the head's native step failed (status {status})")
         if output is None:

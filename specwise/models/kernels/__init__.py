@@ -160,7 +160,12 @@ class LayerKernel:
             (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items]) for items in weights
         ]
         self._half = int(half)
-        size = lib.specwise_qllama_scratch_floats(*shape, self.MAX_ROWS)  # the same layout (specwise.h)
+        from specwise.models.kernels.layers import QShape
+
+        dims = QShape(len(weights[0]), *shape, eps)
+        size = lib.specwise_qllama_scratch_floats(ctypes.byref(dims), self.MAX_ROWS)  # the same layout (specwise.h)
+        if size < 0:
+            raise ValueError(f"the float32 layer kernel does not take the shape {shape}")
         self._scratch = torch.empty(int(size), dtype=torch.float32)
         self._scores = torch.empty(0, dtype=torch.float32)
 

@@ -12,6 +12,10 @@
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   weights  7 per layer: q, k, v, o, gate, up, down
  *
+ * The entry points take their arguments in the structs of specwise.h (the shape, the weights, a pass's rows, the
+ * work buffers, the run options), every count and size 64-bit, and check them against each other before anything
+ * is written (layers_check, rows_check).
+ *
  * Everything here is plain C compiled for several instruction sets (target_clones picks one at load time); the
  * products are quant_gemm.c's. A row's result depends only on its own inputs and position, never on k.
  */
@@ -533,55 +537,115 @@ void specwise_qllama_timings(int enable, double *out) {
         }                                            \
     } while (0)
 
-size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k) {
-    size_t qkv = (size_t)(n_heads + 2 * n_kv) * head_dim;
-    return (size_t)k * (2 * (size_t)hidden + qkv + (size_t)n_heads * head_dim + 3 * (size_t)inter);
+/* a * b, or -1 when either is negative or the product does not fit in 64 bits */
+static int64_t mul64(int64_t a, int64_t b) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return -1;
+    return r;
 }
 
-/* Whether the layers' arguments fit together: a shape with heads in whole groups and an even head width, every
- * layer's seven matrices of the shapes it gives (q, k, v, o, gate, up, down, in tiles the kernels read), and every
- * row's position inside its cache. */
-static int rows_fit(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, const qmat *weights,
-                    const int *cap, const int *pos, int k) {
-    if (n_layers < 1 || hidden < 32 || n_heads < 1 || n_kv < 1 || n_heads % n_kv || head_dim < 2 || head_dim % 2 ||
-        inter < 1 || k < 0 || !weights || (k && (!cap || !pos)))
-        return 0;
-    const int q = n_heads * head_dim, kv = n_kv * head_dim;
-    const int outs[7] = {q, kv, kv, hidden, inter, inter, hidden}, ins[7] = {hidden, hidden, hidden, q, hidden,
-                                                                             hidden, inter};
-    for (int l = 0; l < n_layers; l++)
-        for (int j = 0; j < 7; j++) {
-            const qmat *w = weights + (size_t)7 * l + j;
-            if (w->out != outs[j] || w->in != ins[j] || !w->q) return 0;
-        }
-    for (int r = 0; r < k; r++)
-        if (pos[r] < 0 || pos[r] >= cap[r]) return 0;
-    return 1;
+/* a + b of two results of mul64, or -1 when either is -1 or the sum does not fit */
+static int64_t add64(int64_t a, int64_t b) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_add_overflow(a, b, &r)) return -1;
+    return r;
 }
 
-/* The layers over k rows, each with its own cache and position: row r is at position pos[r] of the sequence
- * whose caches start at k_rows[r] / v_rows[r] ([layers, n_kv, cap[r], hd]); it attends to positions 0 .. pos[r] of
- * that cache (kv_half: the caches hold float16, written rounded to nearest even, read back exactly). The rows of one
- * sequence come in order of position, and a row's earlier positions are in its cache
- * or among the rows before it in this pass: one pass scores several sequences' rows (a batch, ragged) and a row's
- * result is the same as in a pass of its own. scores: at least n_heads * k * max(pos + 1) floats.
- * Returns 0 on success, 1 when head_dim is too large, 5 when the shape, a weight or a row's position does not fit
- * (checked before anything is written: see rows_fit). */
-int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                         const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
-                         const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
-                         const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                         float *scores, int threads, int mode, int kv_half, const qarch *arch) {
-    if (head_dim > 512) return 1;
-    if (!rows_fit(n_layers, hidden, n_heads, n_kv, head_dim, inter, weights, cap, pos, k)) return 5;
-    if (arch && (arch->act < ACT_SILU || arch->act > ACT_GELU_TANH)) return 5;
+int64_t specwise_qllama_scratch_floats(const qshape *shape, int64_t rows) {
+    if (!shape || rows < 0 || rows > QL_MAX_ROWS) return -1;
+    const int64_t dims[5] = {shape->hidden, shape->heads, shape->kv_heads, shape->head_dim, shape->inter};
+    for (int i = 0; i < 5; i++)
+        if (dims[i] < 1 || dims[i] > QMAX_DIM) return -1;
+    const int64_t qkv = mul64(add64(shape->heads, mul64(2, shape->kv_heads)), shape->head_dim);
+    const int64_t per_row = add64(add64(mul64(2, shape->hidden), qkv),
+                                  add64(mul64(shape->heads, shape->head_dim), mul64(3, shape->inter)));
+    return mul64(rows, per_row);
+}
+
+/* Whether a matrix is there, with `in` inputs (and `out` outputs when out > 0): its tiles' own checks are quant.c's */
+static int mat_fits(const qmat *w, int64_t out, int64_t in) {
+    return w && w->q && w->out >= 1 && w->in == in && (out <= 0 || w->out == out);
+}
+
+/* Whether the model's shape and weights fit together: a shape with heads in whole groups and an even head width
+ * (every width inside what the tiles index), and every layer's norms and seven matrices of the shapes it gives
+ * (q, k, v, o, gate, up, down, in tiles the kernels read). Returns 0, or QL_EHEAD / QL_EFIT. */
+static int layers_check(const qshape *shape, const qlayers *layers) {
+    if (!shape || !layers) return QL_EFIT;
+    if (shape->head_dim > 512) return QL_EHEAD;
+    if (specwise_qllama_scratch_floats(shape, 1) < 0 || shape->layers < 1 || shape->layers > QMAX_DIM ||
+        shape->hidden < 32 || shape->heads % shape->kv_heads || shape->head_dim < 2 || shape->head_dim % 2 ||
+        (shape->heads + 2 * shape->kv_heads) * shape->head_dim > QMAX_DIM)
+        return QL_EFIT;
+    if (!layers->weights || !layers->attn_norm || !layers->mlp_norm || layers->n_weights != 7 * shape->layers)
+        return QL_EFIT;
+    const qarch *arch = layers->arch;
+    if (arch && (arch->act < ACT_SILU || arch->act > ACT_GELU_TANH)) return QL_EFIT;
+    const int64_t hidden = shape->hidden, q = shape->heads * shape->head_dim, kv = shape->kv_heads * shape->head_dim;
+    const int64_t outs[7] = {q, kv, kv, hidden, shape->inter, shape->inter, hidden};
+    const int64_t ins[7] = {hidden, hidden, hidden, q, hidden, hidden, shape->inter};
+    for (int64_t l = 0; l < shape->layers; l++) {
+        if (!layers->attn_norm[l] || !layers->mlp_norm[l]) return QL_EFIT;
+        for (int j = 0; j < 7; j++)
+            if (!mat_fits(layers->weights + 7 * l + j, outs[j], ins[j])) return QL_EFIT;
+    }
+    return QL_OK;
+}
+
+/* Whether a pass's rows, work buffers and options fit the (checked) shape: every row's cache there and its
+ * position inside it and inside the rotary tables, and x, scratch and scores large enough. Returns 0, or QL_EFIT,
+ * QL_EWORK, QL_EBUFFER. */
+static int rows_check(const qshape *shape, const qrows *rows, const qwork *work, const qrun *run) {
+    if (!rows || !work || !run) return QL_EFIT;
+    if (rows->rows < 0 || rows->rows > QL_MAX_ROWS || run->threads < 1 || run->threads > 4096 ||
+        (run->mode != MODE_EXACT && run->mode != MODE_Q8) || (rows->kv_half != 0 && rows->kv_half != 1))
+        return QL_EFIT;
+    const int64_t k = rows->rows;
+    if (k == 0) return QL_OK;
+    if (!rows->x || !rows->k_rows || !rows->v_rows || !rows->cap || !rows->pos || !rows->cos || !rows->sin ||
+        !rows->cos_local != !rows->sin_local || !work->scratch || !work->scores)
+        return QL_EFIT;
+    int64_t end = 0;
+    for (int64_t r = 0; r < k; r++) {
+        if (!rows->k_rows[r] || !rows->v_rows[r] || rows->cap[r] < 1 || rows->cap[r] > QMAX_DIM || rows->pos[r] < 0 ||
+            rows->pos[r] >= rows->cap[r])
+            return QL_EFIT;
+        end = rows->pos[r] + 1 > end ? rows->pos[r] + 1 : end;
+    }
+    if (end > rows->table_rows) return QL_EBUFFER;
+    if (rows->x_floats < k * shape->hidden) return QL_EBUFFER;
+    const int64_t scores = mul64(mul64(shape->heads, k), end);
+    if (work->scratch_floats < specwise_qllama_scratch_floats(shape, k) || scores < 0 || work->scores_floats < scores)
+        return QL_EWORK;
+    return QL_OK;
+}
+
+/* The layers over a pass's rows, each with its own cache and position: row r is at position pos[r] of the
+ * sequence whose caches start at k_rows[r] / v_rows[r] ([layers, n_kv, cap[r], hd]); it attends to positions
+ * 0 .. pos[r] of that cache (kv_half: the caches hold float16, written rounded to nearest even, read back exactly).
+ * The rows of one sequence come in order of position, and a row's earlier positions are in its cache or among the
+ * rows before it in this pass: one pass scores several sequences' rows (a batch, ragged) and a row's result is the
+ * same as in a pass of its own. The arguments are checked (layers_check, rows_check). */
+static void layers_run(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
+                       const qrun *run) {
+    const int n_layers = (int)shape->layers, hidden = (int)shape->hidden, n_kv = (int)shape->kv_heads;
+    const int inter = (int)shape->inter, k = (int)rows->rows, threads = (int)run->threads, mode = run->mode;
+    const int kv_half = rows->kv_half;
+    const float eps = shape->eps;
+    const float *const *attn_norm = layers->attn_norm, *const *qkv_b = layers->qkv_bias;
+    const float *const *mlp_norm = layers->mlp_norm;
+    const qmat *weights = layers->weights;
+    float *const *k_rows = rows->k_rows, *const *v_rows = rows->v_rows;
+    const int64_t *cap = rows->cap, *pos = rows->pos;
+    const float *cos_t = rows->cos, *sin_t = rows->sin;
+    float *x = rows->x, *scratch = work->scratch, *scores = work->scores;
     const qarch llama = {0};
-    const qarch *a = arch ? arch : &llama;
+    const qarch *a = layers->arch ? layers->arch : &llama;
     const int isa = specwise_q_isa();
-    const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
+    const int hd = (int)shape->head_dim, nq = (int)shape->heads, group = nq / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
     int end = 0;
-    for (int r = 0; r < k; r++) end = pos[r] + 1 > end ? pos[r] + 1 : end;
+    for (int r = 0; r < k; r++) end = (int)pos[r] + 1 > end ? (int)pos[r] + 1 : end;
     const float scale = a->attn_scale > 0.0f ? a->attn_scale : 1.0f / sqrtf((float)hd);
     float *h = scratch;                      /* [k, hidden] */
     float *tmp = h + (size_t)k * hidden;     /* [k, hidden] */
@@ -595,17 +659,17 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         const qmat *w = weights + (size_t)7 * l;
         rms_norm_rows(x, attn_norm[l], h, k, hidden, eps);
         MARK(PART_REST);
-        specwise_q_gemm(w, 3, h, qkv_b[l], qkv, k, mode, threads);
+        specwise_q_gemm(w, 3, h, qkv_b ? qkv_b[l] : NULL, qkv, k, mode, threads);
         MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
-            const int p = pos[r];
+            const int p = (int)pos[r];
             const size_t layer = (size_t)l * n_kv * cap[r] * hd;
             float *kc = k_rows[r] + layer, *vc = v_rows[r] + layer;
             uint16_t *kh = (uint16_t *)k_rows[r] + layer, *vh = (uint16_t *)v_rows[r] + layer;
             float *row = qkv + (size_t)r * n_qkv;
-            const int local = a->window && a->window[l] > 0 && a->cos_local;
-            const float *c = (local ? a->cos_local : cos_t) + (size_t)p * hd;
-            const float *s = (local ? a->sin_local : sin_t) + (size_t)p * hd;
+            const int local = a->window && a->window[l] > 0 && rows->cos_local;
+            const float *c = (local ? rows->cos_local : cos_t) + (size_t)p * hd;
+            const float *s = (local ? rows->sin_local : sin_t) + (size_t)p * hd;
             for (int j = 0; a->q_norm && j < nq; j++)
                 rms_norm_rows(row + (size_t)j * hd, a->q_norm[l], row + (size_t)j * hd, 1, hd, eps);
             for (int j = nq; a->k_norm && j < nq + n_kv; j++)
@@ -639,7 +703,7 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
             for (int t = lo; t < hi;) {
                 const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group;
                 const int window = a->window ? a->window[l] : 0;
-                const int first = window > 0 && pos[r] + 1 > window ? pos[r] + 1 - window : 0, len = pos[r] + 1 - first;
+                const int p = (int)pos[r], first = window > 0 && p + 1 > window ? p + 1 - window : 0, len = p + 1 - first;
                 int nh = 1;
 #ifdef HAVE_JOINT
                 if (isa >= ISA_AVX2 && hd == 64) {
@@ -739,7 +803,17 @@ int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int he
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
     MARK(PART_REST);
-    return 0;
+}
+
+/* The layers over a pass's rows (layers_run). Returns 0, or a status of specwise.h (1, 5, 6, 7), checked before
+ * anything is written. */
+int specwise_qllama_rows(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
+                         const qrun *run) {
+    int status = layers_check(shape, layers);
+    if (status == QL_OK) status = rows_check(shape, rows, work, run);
+    if (status != QL_OK) return status;
+    if (rows->rows > 0) layers_run(shape, layers, rows, work, run);
+    return QL_OK;
 }
 
 /* The RMS norm of k rows of n (the layers' own): the final norm of both the single-sequence pass below and a batch's
@@ -749,79 +823,111 @@ void specwise_rms_norm_rows(const float *x, const float *w, float *y, int k, int
 }
 
 /* One sequence's whole pass in one call, so that nothing of the interpreter's runs between its parts (after the
- * weights have gone through the caches, every interpreted operation starts cold): the embedding rows of ids[0 .. k
- * - 1] into x, the layers (specwise_qllama_rows, same arguments), the final norm (of every row into features[k][hidden]
- * when features is not NULL, else of the last `keep` rows only) and the output layer over the last `keep` rows into
- * logits[keep][head->out]. Returns 0, 1 when head_dim is too large, 2 when an id is outside the embedding (or it is
- * not a readable matrix), 4 when the output layer is not. */
-int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                            const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
-                            const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
-                            const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                            float *scores, int threads, int mode, int kv_half, const qarch *arch, const qmat *embed,
-                            const int64_t *ids, const float *final_norm, float final_eps, int keep, float *features,
-                            const qmat *head, float *logits) {
-    if (specwise_q_gather(embed, ids, k, x) != SW_OK) return 2;
+ * weights have gone through the caches, every interpreted operation starts cold): the embedding rows of the pass's
+ * ids into rows->x, the layers (specwise_qllama_rows), the final norm (of every row into pass->features when it is
+ * not NULL, else of the last `keep` rows only) and the output layer over the last `keep` rows into
+ * pass->logits [keep][head->out]. Returns 0, or a status of specwise.h: 1, 5, 6, 7 as specwise_qllama_rows (and 5
+ * for an embedding of another width or a keep outside 0 .. rows, 7 for features or logits smaller than they
+ * need), 2 when an id is outside the embedding (or it is not a readable matrix), 4 when the output layer is not;
+ * all but 4 are found before anything is written. */
+int specwise_qllama_forward(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
+                            const qrun *run, const qmodel *model, const qpass *pass) {
+    int status = layers_check(shape, layers);
+    if (status == QL_OK) status = rows_check(shape, rows, work, run);
+    if (status != QL_OK) return status;
+    if (!model || !pass || !model->final_norm || !mat_fits(model->embed, 0, shape->hidden)) return QL_EFIT;
+    const int64_t k = rows->rows, keep = pass->keep, hidden = shape->hidden;
+    if (keep < 0 || keep > k || (k && !pass->ids)) return QL_EFIT;
+    if (keep > 0 && !mat_fits(model->head, 0, hidden)) return QL_EOUTPUT;
+    if (pass->features && pass->features_floats < k * hidden) return QL_EBUFFER;
+    if (keep > 0 && (!pass->logits || pass->logits_floats / keep < model->head->out)) return QL_EBUFFER;
+    if (k == 0) return QL_OK;
+    float *x = rows->x, *scratch = work->scratch;
+    if (specwise_q_gather(model->embed, pass->ids, k, x) != SW_OK) return QL_EIDS;
+    const qarch *arch = layers->arch;
     if (arch && arch->embed_scale != 0.0f && arch->embed_scale != 1.0f)
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] *= arch->embed_scale;
-    const int status = specwise_qllama_rows(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, weights,
-                                            qkv_b, mlp_norm, k_rows, v_rows, cap, pos, cos_t, sin_t, x, k, scratch,
-                                            scores, threads, mode, kv_half, arch);
-    if (status != 0) return status;
+    layers_run(shape, layers, rows, work, run);
     const float *h = scratch; /* the layers' scratch is free again */
-    if (features) {
-        rms_norm_rows(x, final_norm, features, k, hidden, final_eps);
-        h = features + (size_t)(k - keep) * hidden;
+    if (pass->features) {
+        rms_norm_rows(x, model->final_norm, pass->features, (int)k, (int)hidden, model->final_eps);
+        h = pass->features + (size_t)(k - keep) * hidden;
     } else if (keep > 0) {
-        rms_norm_rows(x + (size_t)(k - keep) * hidden, final_norm, scratch, keep, hidden, final_eps);
+        rms_norm_rows(x + (size_t)(k - keep) * hidden, model->final_norm, scratch, (int)keep, (int)hidden,
+                      model->final_eps);
     }
-    if (keep > 0 && specwise_q_gemm(head, 1, h, NULL, logits, keep, mode, threads) != SW_OK) return 4;
-    return 0;
+    if (keep > 0 &&
+        specwise_q_gemm(model->head, 1, h, NULL, pass->logits, (int)keep, run->mode, (int)run->threads) != SW_OK)
+        return QL_EOUTPUT;
+    return QL_OK;
 }
 
+/* Rows of one head step, and the floats of its scratch ahead of the layer kernel's: the fused input [64][2 hidden]
+ * and x [64][hidden]. */
+#define HEAD_ROWS 64
+#define HEAD_INPUTS(hidden) ((int64_t)3 * HEAD_ROWS * (hidden))
+
 /* One call of a draft head (one decoder layer over the target's features, specwise/drafters/head): for n <= 64
- * positions at start .. start + n - 1 of its cache ([n_kv][cap][hd], float32), the fused input [feature norm(f_r),
- * embed norm(e_r)] -> fc -> the layer -> out norm, written to pred[n][hidden]; with out_w, also the output layer over
- * the last row into logits[out_w->out], its argmax into *best and, when top_prob is not NULL, the softmax's largest
- * probability there (1 / sum of exp(l - max)). scratch: the layer kernel's scratch for 64 rows plus 3 * 64 * hidden
- * floats (and at least out_w->out); scores: n_heads * n * (start + n) floats. Returns 0; 1 when head_dim is too
- * large, 2 when n is outside 1..64, 3 when the logits hold a NaN, 5 when the shapes or positions do not fit. */
-int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps, const float *attn_norm,
-                       const qmat *weights, const float *mlp_norm, float *k_cache, float *v_cache, int cap, int start,
-                       const float *cos_t, const float *sin_t, const float *features, const float *emb, int n,
-                       const float *feature_norm, const float *embed_norm, const qmat *fc, const float *out_norm,
-                       float *pred, float *scratch, float *scores, int threads, const qmat *out_w, float *logits,
-                       int64_t *best, float *top_prob) {
-    if (n <= 0 || n > 64) return 2;
-    if (!fc || fc->out != hidden || fc->in != 2 * hidden || start < 0 || cap < 1 || start > cap - n) return 5;
-    float *fused = scratch, *x = fused + (size_t)64 * 2 * hidden, *layer_scratch = x + (size_t)64 * hidden;
-    for (int r = 0; r < n; r++) {
-        rms_norm_rows(features + (size_t)r * hidden, feature_norm, fused + (size_t)r * 2 * hidden, 1, hidden, eps);
-        rms_norm_rows(emb + (size_t)r * hidden, embed_norm, fused + (size_t)r * 2 * hidden + hidden, 1, hidden, eps);
+ * positions at start .. start + n - 1 of its cache ([kv_heads][cap][head_dim], float32), the fused input
+ * [feature norm(f_r), embed norm(e_r)] -> fc -> the layer -> out norm, written to step->pred [n][hidden]; with
+ * out->out_w, also the output layer over the last row into out->logits [out_w->out], its argmax into *best and,
+ * when top_prob is not NULL, the softmax's largest probability there (1 / sum of exp(l - max)). shape: one layer;
+ * work->scratch: HEAD_INPUTS(hidden) floats plus the layer kernel's scratch for n rows (and at least out_w->out
+ * with top_prob); scores: heads * n * (start + n) floats. Returns 0; 1 when head_dim is too large, 2 when n is
+ * outside 1..64, 3 when the logits hold a NaN, 5 when the shapes, pointers or positions do not fit, 6 when the
+ * scratch or scores are too small, 7 when the logits or the rotary tables are; all but 3 found before anything is
+ * written. */
+int specwise_head_step(const qshape *shape, const qlayers *layer, const qhead *head, const qstep *step,
+                       const qwork *work, const qrun *run, const qlogits *out) {
+    if (!step || !head || !work || !run) return QL_EFIT;
+    const int64_t n = step->n;
+    if (n <= 0 || n > HEAD_ROWS) return QL_EIDS;
+    int status = layers_check(shape, layer);
+    if (status != QL_OK) return status;
+    const int64_t hidden = shape->hidden;
+    if (shape->layers != 1 || !mat_fits(head->fc, hidden, 2 * hidden) || !head->feature_norm || !head->embed_norm ||
+        !head->out_norm || !step->features || !step->emb || !step->pred || !step->k_cache || !step->v_cache)
+        return QL_EFIT;
+    if (step->start < 0 || step->cap < 1 || step->cap > QMAX_DIM || step->start > step->cap - n) return QL_EFIT;
+    const qmat *out_w = out ? out->out_w : NULL;
+    if (out_w && (!mat_fits(out_w, 0, hidden) || !out->best)) return QL_EFIT;
+    if (out_w && (!out->logits || out->logits_floats < out_w->out)) return QL_EBUFFER;
+    if (work->scratch_floats < HEAD_INPUTS(hidden) || !work->scratch) return QL_EWORK;
+    float *fused = work->scratch, *x = fused + (size_t)HEAD_ROWS * 2 * hidden;
+    float *layer_scratch = x + (size_t)HEAD_ROWS * hidden;
+    const int64_t layer_floats = work->scratch_floats - HEAD_INPUTS(hidden);
+    if (out_w && out->top_prob && layer_floats < out_w->out) return QL_EWORK;
+    float *k_rows[HEAD_ROWS], *v_rows[HEAD_ROWS];
+    int64_t caps[HEAD_ROWS], pos[HEAD_ROWS];
+    for (int64_t r = 0; r < n; r++) {
+        k_rows[r] = step->k_cache;
+        v_rows[r] = step->v_cache;
+        caps[r] = step->cap;
+        pos[r] = step->start + r;
     }
-    specwise_q_gemm(fc, 1, fused, NULL, x, n, MODE_Q8, threads);
-    float *k_rows[64], *v_rows[64];
-    int caps[64], pos[64];
+    const qrows rows = {x, HEAD_ROWS * hidden, n, k_rows, v_rows, caps, pos, step->cos, step->sin, NULL, NULL,
+                        step->table_rows, 0};
+    const qwork inner = {layer_scratch, layer_floats, work->scores, work->scores_floats};
+    status = rows_check(shape, &rows, &inner, run);
+    if (status != QL_OK) return status;
+    const int hd = (int)hidden, threads = (int)run->threads;
     for (int r = 0; r < n; r++) {
-        k_rows[r] = k_cache;
-        v_rows[r] = v_cache;
-        caps[r] = cap;
-        pos[r] = start + r;
+        rms_norm_rows(step->features + (size_t)r * hd, head->feature_norm, fused + (size_t)r * 2 * hd, 1, hd,
+                      shape->eps);
+        rms_norm_rows(step->emb + (size_t)r * hd, head->embed_norm, fused + (size_t)r * 2 * hd + hd, 1, hd,
+                      shape->eps);
     }
-    const float *qkv_b = NULL;
-    const int status = specwise_qllama_rows(1, hidden, n_heads, n_kv, head_dim, inter, eps, &attn_norm, weights, &qkv_b,
-                                            &mlp_norm, k_rows, v_rows, caps, pos, cos_t, sin_t, x, n, layer_scratch,
-                                            scores, threads, MODE_Q8, 0, NULL);
-    if (status != 0) return status;
-    rms_norm_rows(x, out_norm, pred, n, hidden, eps);
-    if (!out_w) return 0;
+    specwise_q_gemm(head->fc, 1, fused, NULL, x, (int)n, run->mode, threads);
+    layers_run(shape, layer, &rows, &inner, run);
+    rms_norm_rows(x, head->out_norm, step->pred, (int)n, hd, shape->eps);
+    if (!out_w) return QL_OK;
     const int V = out_w->out;
-    specwise_q_gemm(out_w, 1, pred + (size_t)(n - 1) * hidden, NULL, logits, 1, MODE_Q8, threads);
-    if (specwise_logits_scan(logits, 1, V, best) & 1) return 3; /* NaN */
-    if (top_prob) { /* exp(l - max) summed over a copy (the scores' own loop); exp(0) = 1 is the top's share */
+    specwise_q_gemm(out_w, 1, step->pred + (size_t)(n - 1) * hd, NULL, out->logits, 1, run->mode, threads);
+    if (specwise_logits_scan(out->logits, 1, V, out->best) & 1) return QL_ENAN;
+    if (out->top_prob) { /* exp(l - max) summed over a copy (the scores' own loop); exp(0) = 1 is the top's share */
         float *e = layer_scratch;
-        memcpy(e, logits, (size_t)V * sizeof(float));
-        *top_prob = 1.0f / softmax_unnormalised(e, V, specwise_q_isa());
+        memcpy(e, out->logits, (size_t)V * sizeof(float));
+        *out->top_prob = 1.0f / softmax_unnormalised(e, V, specwise_q_isa());
     }
-    return 0;
+    return QL_OK;
 }

@@ -75,7 +75,7 @@ typedef struct {
 } qjob;
 
 /* What a decoder layer does beyond the Llama layer (specwise_qllama_rows; NULL: the Llama layer). Every array has
- * one entry per layer. */
+ * one entry per layer; the windowed layers' rotary tables come with a pass's rows (qrows of specwise.h). */
 enum { ACT_SILU = 0, ACT_GELU_TANH = 1 };
 typedef struct {
     const float *const *q_norm;         /* RMS norm of each query head [head_dim] before rotary (Qwen3, Gemma 3), or NULL */
@@ -83,7 +83,6 @@ typedef struct {
     const float *const *post_attn_norm; /* RMS norm of the attention's output before the residual (Gemma 3), or NULL */
     const float *const *post_mlp_norm;  /* the same for the feed-forward's output, or NULL */
     const int *window;                  /* sliding window: position p attends to p - window < j <= p (0: all), or NULL */
-    const float *cos_local, *sin_local; /* rotary tables of the windowed layers (their own base), or NULL: cos_t */
     float attn_scale;                   /* the scores' scale (0: 1 / sqrt(head_dim)) */
     float embed_scale;                  /* embedding rows times this in specwise_qllama_forward (0: 1) */
     int act;                            /* ACT_SILU (SwiGLU) or ACT_GELU_TANH (GeGLU) */

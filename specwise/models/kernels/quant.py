@@ -1,4 +1,4 @@
-"""Quantized GGUF weights for the native kernels (``quant.c``, ``qllama.c``).
+"""Quantized GGUF weights for the native kernels (``quant.c``; the decoder layers over them: ``layers.py``).
 
 A :class:`QTensor` holds one GGUF matrix ``[out, in]`` re-packed at load time from the file's own block format
 into the kernels' tiles (16 output rows per tile; 4-bit, 8-bit or float32 values with the file's scales, the
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,7 +37,6 @@ __all__ = [
     "supported_types",
     "quantized_available",
     "QMat",
-    "DecoderStack",
     "MAX_ROWS",
 ]
 
@@ -110,7 +108,7 @@ class QMat(ctypes.Structure):
 
 def declare(lib: ctypes.CDLL) -> None:
     """Argument types of the quantized kernels' functions (called once when the library loads)."""
-    i, p, sz, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int64
+    i, p, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
     table = {
         "specwise_q_isa": ([], i),
         "specwise_q_isa_supported": ([], i),
@@ -128,18 +126,13 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
         "specwise_probs_portable": ([i], None),
         "specwise_sample": ([p, i, i, p, p], i),
-        "specwise_qllama_scratch_floats": ([i] * 6, sz),
+        # the layer kernels take pointers to the structs of layers.py (qshape, qlayers, qrows, qwork, qrun, ...)
+        "specwise_qllama_scratch_floats": ([p, i64], i64),
         "specwise_qllama_timings": ([i, p], None),
-        "specwise_qllama_rows": ([i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i, p], i),
-        "specwise_qllama_forward": (
-            [i] * 6 + [ctypes.c_float] + [p] * 11 + [i, p, p, i, i, i, p] + [p, p, p, ctypes.c_float, i, p, p, p],
-            i,
-        ),
+        "specwise_qllama_rows": ([p] * 5, i),
+        "specwise_qllama_forward": ([p] * 7, i),
         "specwise_rms_norm_rows": ([p, p, p, i, i, ctypes.c_float], None),
-        "specwise_head_step": (
-            [i] * 5 + [ctypes.c_float] + [p] * 5 + [i, i] + [p] * 4 + [i] + [p] * 7 + [i] + [p] * 4,
-            i,
-        ),
+        "specwise_head_step": ([p] * 7, i),
     }
     for name, (args, res) in table.items():
         fn = getattr(lib, name)
@@ -366,21 +359,6 @@ def _check(status: int, what: str) -> None:
         raise ValueError(f"{what}: the native kernels refused their arguments (status {status})")
 
 
-_LAYER_ERRORS = {
-    1: "a head width over 512",
-    2: "a row id outside the embedding",
-    3: "NaN logits",
-    4: "an output layer the kernels cannot read",
-    5: "a shape, weight or row position that does not fit the others",
-}
-
-
-def _layer_status(status: int) -> None:
-    """Raise for a status of the layer kernel (specwise_qllama_rows / _forward / specwise_head_step)."""
-    if status != 0:
-        raise ValueError(f"the quantized layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
-
-
 def _sizes(ggml_type: int, out: int, in_features: int) -> tuple[int, int, int, int, int]:
     """Bytes of a QTensor's tiles q and s, m, sd, md as the kernels lay them out (0: the part is absent)."""
     sizes = [ctypes.c_int64() for _ in range(5)]
@@ -488,233 +466,3 @@ def q_gemm(
     )
     _check(status, "q_gemm")
     return y
-
-
-class QArch(ctypes.Structure):
-    """The C ``qarch`` of quant.h: what the layers do beyond the Llama layer."""
-
-    _fields_ = [
-        ("q_norm", ctypes.c_void_p),
-        ("k_norm", ctypes.c_void_p),
-        ("post_attn_norm", ctypes.c_void_p),
-        ("post_mlp_norm", ctypes.c_void_p),
-        ("window", ctypes.c_void_p),
-        ("cos_local", ctypes.c_void_p),
-        ("sin_local", ctypes.c_void_p),
-        ("attn_scale", ctypes.c_float),
-        ("embed_scale", ctypes.c_float),
-        ("act", ctypes.c_int),
-    ]
-
-
-@dataclass
-class LayerVariant:
-    """What a family's decoder layers do beyond Llama's (quant.h's ``qarch``); every list has one entry per layer.
-
-    q_norms, k_norms: RMS norms of each query / key head ``[head_dim]`` before rotary (Qwen3, Gemma 3);
-    post_attn_norms, post_mlp_norms: RMS norms of the attention's and the feed-forward's outputs before their
-    residuals (Gemma 3); windows: each layer's sliding window (0: attends to every position), whose layers use the
-    rotary tables passed as ``local``; attn_scale: the scores' scale (0: 1 / sqrt(head_dim)); embed_scale: the
-    embedding rows' factor (0: none); gelu: GeGLU with tanh GELU instead of SwiGLU."""
-
-    q_norms: list[torch.Tensor] | None = None
-    k_norms: list[torch.Tensor] | None = None
-    post_attn_norms: list[torch.Tensor] | None = None
-    post_mlp_norms: list[torch.Tensor] | None = None
-    windows: list[int] | None = None
-    attn_scale: float = 0.0
-    embed_scale: float = 0.0
-    gelu: bool = False
-
-    def struct(self, n_layers: int) -> tuple[QArch, list]:
-        """The C struct, and the arrays its pointers point into (to be kept alive beside it)."""
-        keep: list = []
-
-        def pointers(tensors):
-            if tensors is None:
-                return None
-            if len(tensors) != n_layers:
-                raise ValueError(f"a layer variant needs one entry per layer ({n_layers}), got {len(tensors)}")
-            array = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in tensors])
-            keep.append(array)
-            return ctypes.cast(array, ctypes.c_void_p)
-
-        windows = None
-        if self.windows is not None:
-            array = (ctypes.c_int * n_layers)(*self.windows)
-            keep.append(array)
-            windows = ctypes.cast(array, ctypes.c_void_p)
-        arch = QArch(
-            pointers(self.q_norms), pointers(self.k_norms), pointers(self.post_attn_norms),
-            pointers(self.post_mlp_norms), windows, None, None, self.attn_scale, self.embed_scale, int(self.gelu),
-        )  # fmt: skip
-        return arch, keep
-
-
-class DecoderStack:
-    """Llama-family decoder layers over QTensors, run by one native call per pass (``qllama.c``).
-
-    layers: per layer the seven weights q, k, v, o, gate, up, down; attn_norms, mlp_norms: float32 ``[hidden]``
-    per layer; qkv_biases: per layer float32 ``[q + k + v outputs]`` or None. The caller owns the caches and the
-    rotary tables; :meth:`run` takes, per row, the sequence's caches and the row's position, so one pass can
-    score several sequences' rows (a batch) and a row's result is the same in any pass. The caches are float32, or
-    float16 (``run`` sees their dtype): keys and values rounded to float16 as they are written, as llama.cpp keeps
-    them by default, which halves what attention reads.
-    """
-
-    def __init__(
-        self,
-        layers,
-        attn_norms,
-        mlp_norms,
-        qkv_biases,
-        n_heads: int,
-        n_kv: int,
-        head_dim: int,
-        eps: float,
-        variant: LayerVariant | None = None,
-    ):
-        """variant: what the layers do beyond Llama's (None: the Llama layer)."""
-        self._lib = _lib()
-        self.variant = variant
-        self._arch, self._arch_keep = variant.struct(len(layers)) if variant is not None else (None, [])
-        self.n_layers = len(layers)
-        self.hidden = layers[0][0].shape[1]
-        self.intermediate = layers[0][4].shape[0]
-        self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, float(eps)
-        self._keep = (layers, attn_norms, mlp_norms, qkv_biases)  # the pointers below point into these
-        flat = [w.struct for layer in layers for w in layer]
-        self._weights = (QMat * len(flat))(*flat)
-        self._attn = (ctypes.c_void_p * len(attn_norms))(*[t.data_ptr() for t in attn_norms])
-        self._mlp = (ctypes.c_void_p * len(mlp_norms))(*[t.data_ptr() for t in mlp_norms])
-        self._bias = (ctypes.c_void_p * len(qkv_biases))(*[0 if b is None else b.data_ptr() for b in qkv_biases])
-        size = self._lib.specwise_qllama_scratch_floats(
-            self.hidden, n_heads, n_kv, head_dim, self.intermediate, MAX_ROWS
-        )
-        self._scratch = torch.empty(int(size), dtype=torch.float32)
-        self._scores = torch.empty(0, dtype=torch.float32)
-
-    def forward_one(
-        self,
-        x: torch.Tensor,
-        ids: torch.Tensor,
-        cache: tuple[torch.Tensor, torch.Tensor],
-        start: int,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mode: str,
-        embed: QTensor,
-        final_norm: torch.Tensor,
-        final_eps: float,
-        keep: int,
-        features: int | None,
-        head,
-        logits: torch.Tensor,
-        local: tuple[torch.Tensor, torch.Tensor] | None = None,
-        threads: int | None = None,
-    ) -> None:
-        """One sequence's whole pass in one native call (``specwise_qllama_forward``): the embedding rows of
-        ``ids`` (int64, contiguous, at most ``MAX_ROWS``), the layers at positions ``start ..`` of ``cache``, the
-        final norm (of every row into the float32 buffer at address ``features`` when given, else of the last
-        ``keep``), and the output layer ``head`` (a one-element QMat array) into ``logits`` ``[keep, out]``.
-        x: scratch ``[>= k, hidden]``. The numbers are those of :meth:`run` followed by the same norm and
-        output layer (what a batch's pass computes)."""
-        k = ids.numel()
-        k_cache, v_cache = cache
-        args = self._layer_args(
-            [k_cache.data_ptr()] * k, [v_cache.data_ptr()] * k, [k_cache.shape[2]] * k, list(range(start, start + k)),
-            cos, sin, x.data_ptr(), threads or torch.get_num_threads(), mode, k_cache.dtype == torch.float16, local,
-        )  # fmt: skip
-        status = self._lib.specwise_qllama_forward(
-            *args,
-            ctypes.byref(embed.struct),
-            ids.data_ptr(),
-            final_norm.data_ptr(),
-            final_eps,
-            keep,
-            features,
-            ctypes.cast(head, ctypes.c_void_p),
-            logits.data_ptr(),
-        )
-        if status == 2:
-            raise IndexError(f"{embed.name}: row ids outside [0, {embed.shape[0]})")
-        _layer_status(status)
-
-    def _layer_args(self, k_rows, v_rows, caps, positions, cos, sin, x_ptr, threads, mode, kv_half, local) -> tuple:
-        """The arguments of ``specwise_qllama_rows`` (the first ones of ``specwise_qllama_forward``) for the rows
-        whose caches, capacities and positions are given per row; the scores' buffer grown to fit them.
-        local: the rotary tables of the windowed layers, where they have their own."""
-        n = len(positions)
-        if self._arch is not None:
-            self._arch.cos_local = None if local is None else local[0].data_ptr()
-            self._arch.sin_local = None if local is None else local[1].data_ptr()
-        need = self.n_heads * n * (max(positions) + 1)
-        if self._scores.numel() < need:
-            self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
-        return (
-            self.n_layers,
-            self.hidden,
-            self.n_heads,
-            self.n_kv,
-            self.head_dim,
-            self.intermediate,
-            self.eps,
-            self._attn,
-            self._weights,
-            self._bias,
-            self._mlp,
-            (ctypes.c_void_p * n)(*k_rows),
-            (ctypes.c_void_p * n)(*v_rows),
-            (ctypes.c_int * n)(*caps),
-            (ctypes.c_int * n)(*positions),
-            cos.data_ptr(),
-            sin.data_ptr(),
-            x_ptr,
-            n,
-            self._scratch.data_ptr(),
-            self._scores.data_ptr(),
-            threads,
-            _mode_id(mode),
-            int(kv_half),
-            None if self._arch is None else ctypes.byref(self._arch),
-        )
-
-    def run(
-        self,
-        x: torch.Tensor,
-        caches: list[tuple[torch.Tensor, torch.Tensor]],
-        positions: list[int],
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mode: str,
-        threads: int | None = None,
-        local: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> None:
-        """The layers on x ``[k, hidden]`` (float32, contiguous, updated in place).
-
-        caches: per row, (k_cache, v_cache) ``[layers, n_kv, capacity, head_dim]`` of the row's sequence;
-        positions: per row, its position there (a sequence's rows in order; its earlier positions cached or
-        among the rows before). cos, sin: ``[>= max position + 1, head_dim]``.
-        """
-        k = x.shape[0]
-        if len(caches) != k or len(positions) != k:
-            raise ValueError(f"{k} rows need {k} caches and positions, got {len(caches)} and {len(positions)}")
-        threads = threads or torch.get_num_threads()
-        if len({c[0].dtype for c in caches} | {c[1].dtype for c in caches}) > 1:
-            raise ValueError("the caches of one pass must all be float32 or all float16")
-        for lo in range(0, k, MAX_ROWS):
-            hi = min(k, lo + MAX_ROWS)
-            args = self._layer_args(
-                [caches[r][0].data_ptr() for r in range(lo, hi)],
-                [caches[r][1].data_ptr() for r in range(lo, hi)],
-                [caches[r][0].shape[2] for r in range(lo, hi)],
-                positions[lo:hi],
-                cos,
-                sin,
-                x[lo:hi].data_ptr(),
-                threads,
-                mode,
-                caches[lo][0].dtype == torch.float16,
-                local,
-            )
-            _layer_status(self._lib.specwise_qllama_rows(*args))

@@ -65,34 +65,136 @@ int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
 
 /* ---- quantized decoder layers (qllama.c) ---- */
 
+/* The layer kernels take their arguments in structs: what is fixed for a model (its shape and weights, filled once
+ * at load) apart from what changes with each call (a pass's rows, the work buffers, the run options). Every count
+ * and size is 64-bit, and every entry point checks them against each other before it touches memory.
+ *
+ * Status codes of specwise_qllama_rows, specwise_qllama_forward and specwise_head_step (0: success):
+ *   1  head_dim over 512
+ *   2  a row id outside the embedding, or it is not a readable matrix (forward); n outside 1..64 (head step)
+ *   3  NaN logits (head step)
+ *   4  an output layer the kernels cannot read (forward)
+ *   5  a shape, count, weight, pointer or row position that does not fit the others
+ *   6  a work buffer (scratch, scores) smaller than the call needs
+ *   7  a buffer of the call's own (x, features, logits, the rotary tables) smaller than the call needs */
+enum { QL_OK = 0, QL_EHEAD = 1, QL_EIDS = 2, QL_ENAN = 3, QL_EOUTPUT = 4, QL_EFIT = 5, QL_EWORK = 6, QL_EBUFFER = 7 };
+
+/* The most rows of one call of the layer kernels (Python passes up to 64). */
+#define QL_MAX_ROWS 1024
+
+/* The shape of a stack of decoder layers. */
+typedef struct {
+    int64_t layers;   /* decoder layers, >= 1 */
+    int64_t hidden;   /* the residual stream's width, >= 32 */
+    int64_t heads;    /* query heads, a multiple of kv_heads */
+    int64_t kv_heads; /* key-value heads, >= 1 */
+    int64_t head_dim; /* a head's width: even, 2 .. 512 */
+    int64_t inter;    /* the feed-forward's width */
+    float eps;        /* the RMS norms' epsilon */
+} qshape;
+
+/* The layers' weights; each array has one entry per layer. */
+typedef struct {
+    const float *const *attn_norm; /* [hidden] each */
+    const qmat *weights;           /* 7 per layer: q, k, v, o, gate, up, down */
+    int64_t n_weights;             /* entries of weights: 7 * layers */
+    const float *const *qkv_bias;  /* the q, k, v outputs' bias (NULL: none) each, or NULL: no layer has one */
+    const float *const *mlp_norm;  /* [hidden] each */
+    const qarch *arch;             /* what the layers do beyond the Llama layer, or NULL */
+} qlayers;
+
+/* A pass's rows: row r is at position pos[r] of the sequence whose caches ([layers, kv_heads, cap[r], head_dim])
+ * start at k_rows[r] and v_rows[r]. */
+typedef struct {
+    float *x;                           /* [rows, hidden]: the residual stream, updated in place */
+    int64_t x_floats;                   /* floats at x */
+    int64_t rows;                       /* 0 .. QL_MAX_ROWS */
+    float *const *k_rows;               /* [rows] */
+    float *const *v_rows;               /* [rows] */
+    const int64_t *cap;                 /* [rows]: positions the row's caches hold, 1 .. 2^30 */
+    const int64_t *pos;                 /* [rows]: 0 .. cap[r] - 1, and below table_rows */
+    const float *cos, *sin;             /* rotary tables [table_rows, head_dim], the rotate-half sign in sin */
+    const float *cos_local, *sin_local; /* those of the windowed layers (their own base; table_rows too), or NULL */
+    int64_t table_rows;                 /* positions the rotary tables hold */
+    int32_t kv_half;                    /* the caches hold float16 (1) or float32 (0) */
+} qrows;
+
+/* The work buffers, with the floats each holds. */
+typedef struct {
+    float *scratch;         /* at least specwise_qllama_scratch_floats(shape, rows) (the head step: see there) */
+    int64_t scratch_floats;
+    float *scores;          /* at least heads * rows * (the largest position + 1) */
+    int64_t scores_floats;
+} qwork;
+
+/* How a call runs. */
+typedef struct {
+    int64_t threads; /* OpenMP threads, 1 .. 4096 */
+    int32_t mode;    /* MODE_EXACT or MODE_Q8 */
+} qrun;
+
+/* A model's weights outside its layers (specwise_qllama_forward). */
+typedef struct {
+    const qmat *embed;      /* [vocab, hidden] */
+    const float *final_norm; /* [hidden] */
+    float final_eps;
+    const qmat *head;       /* the output layer [out, hidden] */
+} qmodel;
+
+/* One sequence's pass: its tokens and what it returns. */
+typedef struct {
+    const int64_t *ids;      /* [rows]: the tokens */
+    int64_t keep;            /* logits of the last keep rows, 0 .. rows */
+    float *features;         /* NULL, or [rows, hidden]: every row's final norm */
+    int64_t features_floats; /* floats at features */
+    float *logits;           /* [keep, head->out] */
+    int64_t logits_floats;   /* floats at logits */
+} qpass;
+
+/* The head drafter's weights around its layer (specwise_head_step). */
+typedef struct {
+    const float *feature_norm, *embed_norm; /* [hidden] each: the norms of the fused input's two halves */
+    const qmat *fc;                         /* [hidden, 2 hidden]: the fused input's projection */
+    const float *out_norm;                  /* [hidden] */
+} qhead;
+
+/* One step of the head: n positions at start .. start + n - 1 of its cache. */
+typedef struct {
+    const float *features, *emb; /* [n, hidden] each: the target's features, the tokens' embeddings */
+    int64_t n;                   /* 1 .. 64 */
+    float *k_cache, *v_cache;    /* [kv_heads, cap, head_dim], float32 */
+    int64_t cap, start;          /* start + n <= cap */
+    const float *cos, *sin;      /* [table_rows, head_dim] */
+    int64_t table_rows;          /* at least start + n */
+    float *pred;                 /* [n, hidden]: the predicted features */
+} qstep;
+
+/* The output layer over a step's last row. */
+typedef struct {
+    const qmat *out_w;     /* [out, hidden], or NULL: none (and the rest unused) */
+    float *logits;         /* [out_w->out] */
+    int64_t logits_floats; /* floats at logits */
+    int64_t *best;         /* the logits' argmax */
+    float *top_prob;       /* NULL, or the softmax's largest probability */
+} qlogits;
+
 /* Enable (1) or disable (0) the layers' timings; copies the sums so far into out[3] (if not NULL). */
 void specwise_qllama_timings(int enable, double *out);
-/* Floats of scratch the decoder layers need for k rows: specwise_qllama_rows's and specwise_llama_layers's (both
- * carve h, tmp, qkv, attn, gate/up and act from it alike; built on every platform). */
-size_t specwise_qllama_scratch_floats(int hidden, int n_heads, int n_kv, int head_dim, int inter, int k);
-/* The decoder layers over k rows, each with its own cache and position (a ragged batch). */
-int specwise_qllama_rows(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                         const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
-                         const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
-                         const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                         float *scores, int threads, int mode, int kv_half, const qarch *arch);
+/* Floats of scratch the decoder layers need for `rows` rows: specwise_qllama_rows's and specwise_llama_layers's
+ * (both carve h, tmp, qkv, attn, gate/up and act from it alike; built on every platform); -1 for a shape or a
+ * row count out of range. */
+int64_t specwise_qllama_scratch_floats(const qshape *shape, int64_t rows);
+/* The decoder layers over a pass's rows, each with its own cache and position (a ragged batch). */
+int specwise_qllama_rows(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
+                         const qrun *run);
 /* The RMS norm of k rows of n (the layers' own, also the final norm of a batch's pass). */
 void specwise_rms_norm_rows(const float *x, const float *w, float *y, int k, int n, float eps);
-/* One sequence's whole pass: embedding rows, the layers (specwise_qllama_rows's arguments), final norm, output layer. */
-int specwise_qllama_forward(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                            const float *const *attn_norm, const qmat *weights, const float *const *qkv_b,
-                            const float *const *mlp_norm, float *const *k_rows, float *const *v_rows, const int *cap,
-                            const int *pos, const float *cos_t, const float *sin_t, float *x, int k, float *scratch,
-                            float *scores, int threads, int mode, int kv_half, const qarch *arch, const qmat *embed,
-                            const int64_t *ids, const float *final_norm, float final_eps, int keep, float *features,
-                            const qmat *head, float *logits);
+/* One sequence's whole pass: embedding rows, the layers (specwise_qllama_rows's), final norm, output layer. */
+int specwise_qllama_forward(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
+                            const qrun *run, const qmodel *model, const qpass *pass);
 /* The head drafter's step over n positions: fused input, its layer, out norm, and optionally the output layer. */
-int specwise_head_step(int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps, const float *attn_norm,
-                       const qmat *weights, const float *mlp_norm, float *k_cache, float *v_cache, int cap, int start,
-                       const float *cos_t, const float *sin_t, const float *features, const float *emb, int n,
-                       const float *feature_norm, const float *embed_norm, const qmat *fc, const float *out_norm,
-                       float *pred, float *scratch, float *scores, int threads, const qmat *out_w, float *logits,
-                       int64_t *best, float *top_prob);
+int specwise_head_step(const qshape *shape, const qlayers *layer, const qhead *head, const qstep *step,
+                       const qwork *work, const qrun *run, const qlogits *out);
 
 /* ---- sampling (sample.c) ---- */
 

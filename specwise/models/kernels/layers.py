@@ -1,0 +1,413 @@
+"""The quantized decoder layers' native calls (``qllama.c``): the ctypes mirrors of their argument structs
+(``specwise.h``: qshape, qlayers, qrows, qwork, qrun, qmodel, qpass, qhead, qstep, qlogits; quant.h's qarch) and
+:class:`DecoderStack`, which fills them.
+
+What is fixed for a model (its shape and weights) is filled once when the stack is built; a call sets only its
+rows' fields, so a pass's interpreted cost does not grow with the number of arguments. Every count and size is
+64-bit, and the C side checks them against each other before it touches memory (the statuses in ``specwise.h``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from specwise.models.kernels.quant import MAX_ROWS, QMat, QTensor, _lib, _mode_id
+
+__all__ = [
+    "DecoderStack",
+    "LayerVariant",
+    "QArch",
+    "QShape",
+    "QLayers",
+    "QRows",
+    "QWork",
+    "QRun",
+    "QModel",
+    "QPass",
+    "QHead",
+    "QStep",
+    "QLogits",
+    "layer_status",
+]
+
+_p, _i64, _i32, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
+
+
+class QArch(ctypes.Structure):
+    """The C ``qarch`` of quant.h: what the layers do beyond the Llama layer."""
+
+    _fields_ = [
+        ("q_norm", _p),
+        ("k_norm", _p),
+        ("post_attn_norm", _p),
+        ("post_mlp_norm", _p),
+        ("window", _p),
+        ("attn_scale", _f),
+        ("embed_scale", _f),
+        ("act", ctypes.c_int),
+    ]
+
+
+class QShape(ctypes.Structure):
+    """The C ``qshape``: the shape of a stack of decoder layers."""
+
+    _fields_ = [
+        ("layers", _i64),
+        ("hidden", _i64),
+        ("heads", _i64),
+        ("kv_heads", _i64),
+        ("head_dim", _i64),
+        ("inter", _i64),
+        ("eps", _f),
+    ]
+
+
+class QLayers(ctypes.Structure):
+    """The C ``qlayers``: the layers' norms, matrices (7 per layer), biases and variant."""
+
+    _fields_ = [
+        ("attn_norm", _p),
+        ("weights", _p),
+        ("n_weights", _i64),
+        ("qkv_bias", _p),
+        ("mlp_norm", _p),
+        ("arch", _p),
+    ]
+
+
+class QRows(ctypes.Structure):
+    """The C ``qrows``: a pass's rows, their caches, capacities and positions, and the rotary tables."""
+
+    _fields_ = [
+        ("x", _p),
+        ("x_floats", _i64),
+        ("rows", _i64),
+        ("k_rows", _p),
+        ("v_rows", _p),
+        ("cap", _p),
+        ("pos", _p),
+        ("cos", _p),
+        ("sin", _p),
+        ("cos_local", _p),
+        ("sin_local", _p),
+        ("table_rows", _i64),
+        ("kv_half", _i32),
+    ]
+
+
+class QWork(ctypes.Structure):
+    """The C ``qwork``: the scratch and scores buffers with the floats each holds."""
+
+    _fields_ = [("scratch", _p), ("scratch_floats", _i64), ("scores", _p), ("scores_floats", _i64)]
+
+
+class QRun(ctypes.Structure):
+    """The C ``qrun``: threads and mode of a call."""
+
+    _fields_ = [("threads", _i64), ("mode", _i32)]
+
+
+class QModel(ctypes.Structure):
+    """The C ``qmodel``: a model's embedding, final norm and output layer."""
+
+    _fields_ = [("embed", _p), ("final_norm", _p), ("final_eps", _f), ("head", _p)]
+
+
+class QPass(ctypes.Structure):
+    """The C ``qpass``: one sequence's tokens, and where its features and logits go."""
+
+    _fields_ = [
+        ("ids", _p),
+        ("keep", _i64),
+        ("features", _p),
+        ("features_floats", _i64),
+        ("logits", _p),
+        ("logits_floats", _i64),
+    ]
+
+
+class QHead(ctypes.Structure):
+    """The C ``qhead``: the head drafter's norms and input projection around its layer."""
+
+    _fields_ = [("feature_norm", _p), ("embed_norm", _p), ("fc", _p), ("out_norm", _p)]
+
+
+class QStep(ctypes.Structure):
+    """The C ``qstep``: one step of the head over n positions of its cache."""
+
+    _fields_ = [
+        ("features", _p),
+        ("emb", _p),
+        ("n", _i64),
+        ("k_cache", _p),
+        ("v_cache", _p),
+        ("cap", _i64),
+        ("start", _i64),
+        ("cos", _p),
+        ("sin", _p),
+        ("table_rows", _i64),
+        ("pred", _p),
+    ]
+
+
+class QLogits(ctypes.Structure):
+    """The C ``qlogits``: the output layer over a head step's last row, and where its results go."""
+
+    _fields_ = [("out_w", _p), ("logits", _p), ("logits_floats", _i64), ("best", _p), ("top_prob", _p)]
+
+
+_LAYER_ERRORS = {
+    1: "a head width over 512",
+    2: "a row id outside the embedding",
+    3: "NaN logits",
+    4: "an output layer the kernels cannot read",
+    5: "a shape, weight or row position that does not fit the others",
+    6: "a scratch or scores buffer smaller than the call needs",
+    7: "an x, features, logits buffer or rotary table smaller than the call needs",
+}
+
+
+def layer_status(status: int) -> None:
+    """Raise for a status of the layer kernel (specwise_qllama_rows / _forward / specwise_head_step)."""
+    if status != 0:
+        raise ValueError(f"the quantized layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
+
+
+def addr(struct: ctypes.Structure) -> int:
+    """The address of a ctypes struct, as the kernels' pointer arguments take it (the struct must stay alive)."""
+    return ctypes.addressof(struct)
+
+
+@dataclass
+class LayerVariant:
+    """What a family's decoder layers do beyond Llama's (quant.h's ``qarch``); every list has one entry per layer.
+
+    q_norms, k_norms: RMS norms of each query / key head ``[head_dim]`` before rotary (Qwen3, Gemma 3);
+    post_attn_norms, post_mlp_norms: RMS norms of the attention's and the feed-forward's outputs before their
+    residuals (Gemma 3); windows: each layer's sliding window (0: attends to every position), whose layers use the
+    rotary tables passed as ``local``; attn_scale: the scores' scale (0: 1 / sqrt(head_dim)); embed_scale: the
+    embedding rows' factor (0: none); gelu: GeGLU with tanh GELU instead of SwiGLU."""
+
+    q_norms: list[torch.Tensor] | None = None
+    k_norms: list[torch.Tensor] | None = None
+    post_attn_norms: list[torch.Tensor] | None = None
+    post_mlp_norms: list[torch.Tensor] | None = None
+    windows: list[int] | None = None
+    attn_scale: float = 0.0
+    embed_scale: float = 0.0
+    gelu: bool = False
+
+    def struct(self, n_layers: int) -> tuple[QArch, list]:
+        """The C struct, and the arrays its pointers point into (to be kept alive beside it)."""
+        keep: list = []
+
+        def pointers(tensors):
+            if tensors is None:
+                return None
+            if len(tensors) != n_layers:
+                raise ValueError(f"a layer variant needs one entry per layer ({n_layers}), got {len(tensors)}")
+            array = (ctypes.c_void_p * n_layers)(*[t.data_ptr() for t in tensors])
+            keep.append(array)
+            return ctypes.cast(array, ctypes.c_void_p)
+
+        windows = None
+        if self.windows is not None:
+            array = (ctypes.c_int * n_layers)(*self.windows)
+            keep.append(array)
+            windows = ctypes.cast(array, ctypes.c_void_p)
+        arch = QArch(
+            pointers(self.q_norms), pointers(self.k_norms), pointers(self.post_attn_norms),
+            pointers(self.post_mlp_norms), windows, self.attn_scale, self.embed_scale, int(self.gelu),
+        )  # fmt: skip
+        return arch, keep
+
+
+def model_struct(embed: QTensor, final_norm: torch.Tensor, final_eps: float, head) -> tuple[QModel, tuple]:
+    """The ``qmodel`` of a model's embedding, final norm and output layer (a one-element QMat array), and what
+    its pointers point into (to be kept alive beside it)."""
+    struct = QModel(addr(embed.struct), final_norm.data_ptr(), final_eps, ctypes.addressof(head))
+    return struct, (embed, final_norm, head)
+
+
+class DecoderStack:
+    """Llama-family decoder layers over QTensors, run by one native call per pass (``qllama.c``).
+
+    layers: per layer the seven weights q, k, v, o, gate, up, down; attn_norms, mlp_norms: float32 ``[hidden]``
+    per layer; qkv_biases: per layer float32 ``[q + k + v outputs]`` or None. The caller owns the caches and the
+    rotary tables; :meth:`run` takes, per row, the sequence's caches and the row's position, so one pass can
+    score several sequences' rows (a batch) and a row's result is the same in any pass. The caches are float32, or
+    float16 (``run`` sees their dtype): keys and values rounded to float16 as they are written, as llama.cpp keeps
+    them by default, which halves what attention reads.
+
+    The shape and weights structs (``shape``, ``weights``) are filled here once; each call fills the rows struct
+    and the per-row arrays it points to (room for ``MAX_ROWS``), and the work and run structs where they change.
+    """
+
+    def __init__(
+        self,
+        layers,
+        attn_norms,
+        mlp_norms,
+        qkv_biases,
+        n_heads: int,
+        n_kv: int,
+        head_dim: int,
+        eps: float,
+        variant: LayerVariant | None = None,
+    ):
+        """variant: what the layers do beyond Llama's (None: the Llama layer)."""
+        self._lib = _lib()
+        self.variant = variant
+        self._arch, self._arch_keep = variant.struct(len(layers)) if variant is not None else (None, [])
+        self.n_layers = len(layers)
+        self.hidden = layers[0][0].shape[1]
+        self.intermediate = layers[0][4].shape[0]
+        self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, float(eps)
+        self._keep = (layers, attn_norms, mlp_norms, qkv_biases)  # the pointers below point into these
+        flat = [w.struct for layer in layers for w in layer]
+        self._weights = (QMat * len(flat))(*flat)
+        self._attn = (ctypes.c_void_p * len(attn_norms))(*[t.data_ptr() for t in attn_norms])
+        self._mlp = (ctypes.c_void_p * len(mlp_norms))(*[t.data_ptr() for t in mlp_norms])
+        self._bias = (ctypes.c_void_p * len(qkv_biases))(*[0 if b is None else b.data_ptr() for b in qkv_biases])
+        self.shape = QShape(self.n_layers, self.hidden, n_heads, n_kv, head_dim, self.intermediate, self.eps)
+        self.weights = QLayers(
+            addr(self._attn), addr(self._weights), len(flat), addr(self._bias), addr(self._mlp),
+            None if self._arch is None else addr(self._arch),
+        )  # fmt: skip
+        size = self._lib.specwise_qllama_scratch_floats(addr(self.shape), MAX_ROWS)
+        if size < 0:
+            raise ValueError(f"a decoder stack of shape {self.describe()} is not one the native kernels take")
+        self._scratch = torch.empty(int(size), dtype=torch.float32)
+        self._scores = torch.empty(0, dtype=torch.float32)
+        self.work = QWork(self._scratch.data_ptr(), self._scratch.numel(), None, 0)
+        self.options = QRun(1, 0)
+        # the rows of a call: their caches, capacities and positions (room for MAX_ROWS)
+        self._k_rows, self._v_rows = (ctypes.c_void_p * MAX_ROWS)(), (ctypes.c_void_p * MAX_ROWS)()
+        self._caps, self._pos = (ctypes.c_int64 * MAX_ROWS)(), (ctypes.c_int64 * MAX_ROWS)()
+        self.rows = QRows()
+        self.rows.k_rows, self.rows.v_rows = addr(self._k_rows), addr(self._v_rows)
+        self.rows.cap, self.rows.pos = addr(self._caps), addr(self._pos)
+        self.pass_ = QPass()
+        self._held = (None, None, None, 0)  # the caches and x the row arrays hold, for how many rows
+        self._tables = (None, None)  # the rotary tables the rows struct points to (cos, local)
+        self._addrs = tuple(addr(s) for s in (self.shape, self.weights, self.rows, self.work, self.options))
+        self._pass_addr = addr(self.pass_)
+
+    def describe(self) -> str:
+        return (
+            f"{self.n_layers} layers, hidden {self.hidden}, {self.n_heads} heads of {self.head_dim} "
+            f"({self.n_kv} key-value), intermediate {self.intermediate}"
+        )
+
+    def forward_one(
+        self,
+        x: torch.Tensor,
+        ids: torch.Tensor,
+        cache: tuple[torch.Tensor, torch.Tensor],
+        start: int,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mode: str,
+        model: QModel,
+        keep: int,
+        features: int | None,
+        features_floats: int,
+        logits: torch.Tensor,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
+        threads: int | None = None,
+    ) -> None:
+        """One sequence's whole pass in one native call (``specwise_qllama_forward``): the embedding rows of
+        ``ids`` (int64, contiguous, at most ``MAX_ROWS``), the layers at positions ``start ..`` of ``cache``, the
+        final norm (of every row into the float32 buffer at address ``features``, ``features_floats`` floats,
+        when given, else of the last ``keep``), and the output layer of ``model`` (its ``qmodel``, see
+        :func:`model_struct`) into ``logits`` ``[keep, out]``. x: scratch ``[>= k, hidden]``. The numbers are
+        those of :meth:`run` followed by the same norm and output layer (what a batch's pass computes)."""
+        k = ids.numel()
+        k_cache, v_cache = cache
+        rows = self.rows
+        if k > MAX_ROWS:
+            raise ValueError(f"a pass of one call takes at most {MAX_ROWS} rows, got {k}")
+        if k_cache is not self._held[0] or v_cache is not self._held[1] or x is not self._held[2] or k > self._held[3]:
+            # the rows' caches and x, as the last call of this sequence left them (filled again only when they change)
+            self._k_rows[:k] = [k_cache.data_ptr()] * k
+            self._v_rows[:k] = [v_cache.data_ptr()] * k
+            self._caps[:k] = [k_cache.shape[2]] * k
+            rows.x, rows.x_floats, rows.kv_half = x.data_ptr(), x.numel(), k_cache.dtype == torch.float16
+            self._held = (k_cache, v_cache, x, k)
+        if k == 1:
+            self._pos[0] = start
+        else:
+            self._pos[:k] = range(start, start + k)
+        rows.rows = k
+        if cos is not self._tables[0] or local is not self._tables[1]:
+            self._set_tables(cos, sin, local)
+        if self.n_heads * k * (start + k) > self.work.scores_floats:
+            self._grow_scores(self.n_heads * k * (start + k))
+        self.options.threads, self.options.mode = threads or torch.get_num_threads(), _mode_id(mode)
+        p = self.pass_
+        p.ids, p.keep, p.features, p.features_floats = ids.data_ptr(), keep, features, features_floats
+        p.logits, p.logits_floats = logits.data_ptr(), logits.numel()
+        status = self._lib.specwise_qllama_forward(*self._addrs, ctypes.addressof(model), self._pass_addr)
+        if status == 2:
+            raise IndexError(f"row ids outside the embedding (its {QMat.from_address(model.embed).out} rows)")
+        layer_status(status)
+
+    def _set_tables(self, cos: torch.Tensor, sin: torch.Tensor, local) -> None:
+        """The rows' rotary tables (local: the windowed layers' own, of as many rows, or None)."""
+        rows = self.rows
+        rows.cos, rows.sin, rows.table_rows = cos.data_ptr(), sin.data_ptr(), cos.shape[0]
+        if local is None:
+            rows.cos_local = rows.sin_local = None
+        else:
+            rows.cos_local, rows.sin_local = local[0].data_ptr(), local[1].data_ptr()
+        self._tables = (cos, local)
+
+    def _grow_scores(self, need: int) -> None:
+        """The scores' buffer grown to ``need`` floats at least."""
+        self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
+        self.work.scores, self.work.scores_floats = self._scores.data_ptr(), self._scores.numel()
+
+    def run(
+        self,
+        x: torch.Tensor,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        positions: list[int],
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mode: str,
+        threads: int | None = None,
+        local: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
+        """The layers on x ``[k, hidden]`` (float32, contiguous, updated in place).
+
+        caches: per row, (k_cache, v_cache) ``[layers, n_kv, capacity, head_dim]`` of the row's sequence;
+        positions: per row, its position there (a sequence's rows in order; its earlier positions cached or
+        among the rows before). cos, sin: ``[>= max position + 1, head_dim]``.
+        """
+        k = x.shape[0]
+        if len(caches) != k or len(positions) != k:
+            raise ValueError(f"{k} rows need {k} caches and positions, got {len(caches)} and {len(positions)}")
+        if len({c[0].dtype for c in caches} | {c[1].dtype for c in caches}) > 1:
+            raise ValueError("the caches of one pass must all be float32 or all float16")
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.numel() != k * self.hidden:
+            raise ValueError(f"x must be a contiguous float32 [{k}, {self.hidden}] tensor")
+        self.options.threads, self.options.mode = threads or torch.get_num_threads(), _mode_id(mode)
+        rows = self.rows
+        for lo in range(0, k, MAX_ROWS):
+            hi = min(k, lo + MAX_ROWS)
+            n = hi - lo
+            self._k_rows[:n] = [caches[r][0].data_ptr() for r in range(lo, hi)]
+            self._v_rows[:n] = [caches[r][1].data_ptr() for r in range(lo, hi)]
+            self._caps[:n] = [caches[r][0].shape[2] for r in range(lo, hi)]
+            self._pos[:n] = positions[lo:hi]
+            rows.x, rows.x_floats, rows.rows = x[lo:hi].data_ptr(), n * self.hidden, n
+            rows.kv_half = caches[lo][0].dtype == torch.float16
+            self._held = (None, None, None, 0)  # the arrays no longer hold one sequence's rows
+            self._set_tables(cos, sin, local)
+            need = self.n_heads * n * (max(positions[lo:hi]) + 1)
+            if need > self.work.scores_floats:
+                self._grow_scores(need)
+            layer_status(self._lib.specwise_qllama_rows(*self._addrs))
