@@ -35,15 +35,6 @@ def test_nothing_known_gives_empty_facts(monkeypatch):
     assert isinstance(machine.cpu_name(), str)
 
 
-def test_the_float_kernels_follow_the_machine_flags(monkeypatch):
-    from specwise.models import kernels
-
-    fake(monkeypatch, "flags\t: fpu avx2 fma\n")  # no f16c
-    assert not kernels._cpu_ok()
-    fake(monkeypatch, "flags\t: fpu avx2 fma f16c\n")
-    assert kernels._cpu_ok() == (kernels._lib is None or hasattr(kernels._lib, "specwise_small_gemm"))
-
-
 def test_this_machine_is_read_once():
     machine.cpuinfo.cache_clear()
     first = machine.cpuinfo()

@@ -172,6 +172,43 @@ def test_unsupported_architecture_falls_back_to_hf(tmp_path):
         load_model(str(tmp_path / "gpt2"), impl="fast")
 
 
+def test_the_float_kernels_refuse_below_the_avx2_path():
+    """The float kernels have AVX2 code only: they follow the library's one choice of path (quant.set_isa, never the
+    CPU's flags read again), and below AVX2 each entry point returns SW_EISA without writing; Python then uses torch,
+    and a model built on the kernels says why it cannot run."""
+    from specwise.models.kernels import quant
+
+    lib = kernels.native_library()
+    if lib is None or not hasattr(lib, "specwise_small_gemm"):
+        pytest.skip(f"float kernels not built: {kernels.kernel_error()}")
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g)
+    best = quant.set_isa(None)
+    try:
+        native = NativeModel(tiny_llama(seed=5)) if best != "portable" else None
+        quant.set_isa("portable")
+        assert not kernels.small_gemm_available()
+        with pytest.raises(RuntimeError, match="below AVX2"):
+            kernels.small_gemm(x, w)
+        y = torch.full((3, 24), 7.0)
+        for fn, weight in ((lib.specwise_small_gemm, w), (lib.specwise_small_gemm_f16, w.half())):
+            assert fn(x.data_ptr(), weight.data_ptr(), None, y.data_ptr(), 3, 40, 24, 1) == -4  # SW_EISA
+        assert torch.equal(y, torch.full((3, 24), 7.0))
+        args = [1, 32, 4, 2, 8, 48, 1e-5] + [None] * 10 + [16, None, None, None, 1, 0, None, None, 1, 0]
+        assert lib.specwise_llama_layers(*args) == -4  # checked before any pointer is read
+        assert NativeModel(tiny_llama(seed=5)).kernel_usable is False  # built now: torch's products
+        if native is not None:
+            native.set_gemm(default="kernel")
+            with pytest.raises(RuntimeError, match="below AVX2"):
+                logits(native, [3, 14, 15])
+        for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
+            quant.set_isa(name)
+            assert kernels.small_gemm_available()
+            torch.testing.assert_close(kernels.small_gemm(x, w), x @ w.T, atol=1e-4, rtol=1e-4)
+    finally:
+        quant.set_isa(None)
+
+
 @pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 32])
 @pytest.mark.parametrize(("n_out", "n_in"), [(96, 64), (7, 9), (5, 3), (130, 576)])

@@ -512,19 +512,27 @@ def test_native_probs_keep_ties_and_the_top_token():
 
 
 def test_native_probs_are_the_same_on_every_path_and_for_any_row_count():
-    s, lib = _native()
+    """Every instruction path the CPU runs (the library's one choice, quant.set_isa) gives the same bits, and a row's
+    probabilities do not depend on the rows beside it; widths around the loops' lanes and chunks, and a vocabulary's."""
+    from specwise.models.kernels import quant
+
+    _native()
     g = torch.Generator().manual_seed(5)
-    logits = torch.randn(5, 5003, generator=g) * 3
-    for params in NATIVE_SETTINGS:
-        together = probs_from_logits(logits, params)
-        for r in range(5):
-            assert torch.equal(probs_from_logits(logits[r : r + 1], params)[0], together[r])
-        lib.specwise_probs_portable(1)
-        try:
-            portable = probs_from_logits(logits, params)
-        finally:
-            lib.specwise_probs_portable(0)
-        assert torch.equal(portable, together), params
+    best = quant.set_isa(None)
+    try:
+        for n in (5003, 7, 256, 49152):
+            logits = torch.randn(5, n, generator=g) * 3
+            quant.set_isa("portable")
+            want = [probs_from_logits(logits, params) for params in NATIVE_SETTINGS]
+            for r in range(5):
+                for params, together in zip(NATIVE_SETTINGS, want):
+                    assert torch.equal(probs_from_logits(logits[r : r + 1], params)[0], together[r])
+            for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
+                assert quant.set_isa(name) == name
+                for params, together in zip(NATIVE_SETTINGS, want):
+                    assert torch.equal(probs_from_logits(logits, params), together), (name, n, params)
+    finally:
+        quant.set_isa(None)
 
 
 def test_native_sample_draws_what_the_torch_path_draws():

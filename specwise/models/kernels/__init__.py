@@ -1,11 +1,11 @@
 """specwise's native kernels, compiled by ``pip install`` (``setup.py``) into one shared library loaded here.
 
 ``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``layer_kernel`` runs the
-decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). They are used only where they
-were built and the CPU has AVX2 and FMA; everything else falls back to torch. The quantized kernels (``quant.c``,
-``qllama.c``, wrapped by :mod:`specwise.models.kernels.quant`) choose AVX-512, AVX2 or portable code at run
-time. ``SPECWISE_NO_KERNELS=1`` disables them all; ``SPECWISE_NATIVE_LIB=path`` loads another build of them (the
-sanitizer build of ``make sanitize``).
+decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). Every kernel of the library runs
+on one instruction path, chosen at run time by the library (AVX-512, AVX2 or portable: the best the CPU supports,
+or the one :func:`specwise.models.kernels.quant.set_isa` sets); the float kernels have AVX2 code only and refuse
+below that path, where everything falls back to torch. ``SPECWISE_NO_KERNELS=1`` disables them all;
+``SPECWISE_NATIVE_LIB=path`` loads another build of them (the sanitizer build of ``make sanitize``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 
 import torch
-
-from specwise.machine import has_flags
 
 __all__ = [
     "small_gemm",
@@ -34,11 +32,16 @@ _error: str | None = None
 _tried = False
 
 
-def _cpu_ok() -> bool:
-    """The float kernels (smallgemm.c, llama.c) need AVX2, FMA and F16C; the quantized ones choose their own path."""
-    if _lib is not None and not hasattr(_lib, "specwise_small_gemm"):
-        return False
-    return has_flags("avx2", "fma", "f16c")
+# the library's instruction paths (quant.h ISA_*) and the status of a float kernel refused below ISA_AVX2 (SW_EISA)
+_ISA_AVX2 = 1
+_EISA = -4
+
+
+def _float_kernels_run() -> bool:
+    """Whether the float kernels (smallgemm.c, llama.c: AVX2, FMA and F16C code only) run: built (x86-64) and the
+    library's instruction path in use at least AVX2 (the library's own choice; never read from the CPU here)."""
+    lib = _load()
+    return lib is not None and hasattr(lib, "specwise_small_gemm") and lib.specwise_q_isa() >= _ISA_AVX2
 
 
 def library_path() -> Path | None:
@@ -62,10 +65,10 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     if not hasattr(lib, "specwise_small_gemm"):  # not x86-64: only the quantized kernels (portable path) exist
         return lib
     fn = lib.specwise_small_gemm
-    fn.restype = None
+    fn.restype = ctypes.c_int
     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     half = lib.specwise_small_gemm_f16
-    half.restype = None
+    half.restype = ctypes.c_int
     half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
     layers = lib.specwise_llama_layers
     layers.restype = ctypes.c_int
@@ -100,8 +103,8 @@ def native_library() -> ctypes.CDLL | None:
 
 
 def small_gemm_available() -> bool:
-    """True when the float kernel is built and usable on this CPU (AVX2, FMA, F16C)."""
-    return _load() is not None and _cpu_ok()
+    """True when the float kernel is built and runs on the instruction path in use (AVX2 or AVX-512)."""
+    return _load() is not None and _float_kernels_run()
 
 
 def kernel_error() -> str | None:
@@ -114,8 +117,8 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """``x @ weight.T (+ bias)`` for float32 CPU tensors; x ``[k, in]``, weight ``[out, in]`` contiguous, float32
     or float16 (read as float16, computed in float32: half the memory traffic, for drafters)."""
     lib = _load()
-    if lib is None or not _cpu_ok():
-        raise RuntimeError(f"small_gemm is unavailable: {_error or 'the CPU lacks AVX2/FMA/F16C'}")
+    if lib is None or not _float_kernels_run():
+        raise RuntimeError(f"small_gemm is unavailable: {_error or _below_avx2()}")
     x = x.contiguous()
     k, n_in = x.shape
     n_out = weight.shape[0]
@@ -128,7 +131,7 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         )
     y = torch.empty((k, n_out), dtype=torch.float32)
     fn = lib.specwise_small_gemm_f16 if weight.dtype == torch.float16 else lib.specwise_small_gemm
-    fn(
+    status = fn(
         x.data_ptr(),
         weight.data_ptr(),
         bias.data_ptr() if bias is not None else None,
@@ -138,7 +141,13 @@ def small_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
         n_out,
         torch.get_num_threads(),
     )
+    if status != 0:  # SW_EISA: the path was lowered since the check above
+        raise RuntimeError(f"small_gemm is unavailable: {_below_avx2()}")
     return y
+
+
+def _below_avx2() -> str:
+    return "the instruction path in use is below AVX2 (the float kernels have AVX2 code only)"
 
 
 class LayerKernel:
@@ -204,6 +213,8 @@ class LayerKernel:
             torch.get_num_threads(),
             self._half,
         )
+        if status == _EISA:
+            raise RuntimeError(f"the native layer kernel is unavailable: {_below_avx2()}")
         if status != 0:
             raise RuntimeError(f"the native layer kernel failed (status {status})")
 
@@ -229,7 +240,7 @@ def layer_kernel(
     them: kernels unavailable, head_dim > 512, heads not a multiple of kv_heads, or weights of other dtypes or not
     contiguous."""
     lib = _load()
-    if lib is None or not _cpu_ok() or head_dim > 512 or heads % kv_heads:
+    if lib is None or not _float_kernels_run() or head_dim > 512 or heads % kv_heads:
         return None
     products = [*qkv, *o, *gate_up, *down]
     dtype = products[0].dtype

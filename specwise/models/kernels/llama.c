@@ -13,19 +13,20 @@
  *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
  *   scratch  specwise_qllama_scratch_floats(...) floats (qllama.c): the quantized layers carve theirs alike
  * Row r is at position start + r and attends causally.
+ *
+ * AVX2, FMA and F16C only (each function carries the target attribute): the entry point runs on the library's one
+ * choice of path (specwise_q_isa) and refuses with SW_EISA, writing nothing, below AVX2.
  */
 #if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
-#pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 #include "specwise.h"
 
+#include "quant_internal.h" /* the target attributes */
+
 /* The products read float32 weights, or float16 ones (half != 0: a drafter's copies, half the memory traffic). */
-static inline void gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
+TARGET_AVX2 static inline void gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
                         int threads, int half) {
     if (half)
         specwise_small_gemm_f16(x, (const uint16_t *)w, bias, y, k, in, out, threads);
@@ -33,7 +34,7 @@ static inline void gemm(const float *x, const float *w, const float *bias, float
         specwise_small_gemm(x, w, bias, y, k, in, out, threads);
 }
 
-static void rms_norm(const float *x, const float *w, float *y, int k, int n, float eps) {
+TARGET_AVX2 static void rms_norm(const float *x, const float *w, float *y, int k, int n, float eps) {
     for (int r = 0; r < k; r++) {
         const float *xr = x + (size_t)r * n;
         float *yr = y + (size_t)r * n;
@@ -44,7 +45,7 @@ static void rms_norm(const float *x, const float *w, float *y, int k, int n, flo
     }
 }
 
-static inline float dot(const float *a, const float *b, int n) {
+TARGET_AVX2 static inline float dot(const float *a, const float *b, int n) {
     int i = 0;
     float s = 0.0f;
     if (n >= 8) {
@@ -60,21 +61,20 @@ static inline float dot(const float *a, const float *b, int n) {
 }
 
 /* Rotate-half rotary embedding of one head in place: y[d] = x[d] cos[d] + x[(d + hd/2) % hd] sin[d]. */
-static inline void rotary(float *v, const float *c, const float *s, int hd) {
+TARGET_AVX2 static inline void rotary(float *v, const float *c, const float *s, int hd) {
     float tmp[512];
     int half = hd / 2;
     memcpy(tmp, v, (size_t)hd * sizeof(float));
     for (int d = 0; d < hd; d++) v[d] = tmp[d] * c[d] + tmp[(d + half) % hd] * s[d];
 }
 
-/* Returns 0 on success, 1 when head_dim is too large for the rotary buffer. */
-int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                          const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
-                          const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
-                          const float *const *gate_up_w, const float *const *down_w, float *k_cache,
-                          float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads, int half) {
-    if (head_dim > 512) return 1;
+TARGET_AVX2 static void layers_avx2(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter,
+                                    float eps, const float *const *attn_norm, const float *const *qkv_w,
+                                    const float *const *qkv_b, const float *const *o_w, const float *const *o_b,
+                                    const float *const *mlp_norm, const float *const *gate_up_w,
+                                    const float *const *down_w, float *k_cache, float *v_cache, int capacity,
+                                    const float *cos_t, const float *sin_t, float *x, int k, int start,
+                                    float *scratch, float *scores, int threads, int half) {
     const int hd = head_dim, nq = n_heads, group = n_heads / n_kv;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd, end = start + k;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -137,6 +137,20 @@ int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int h
         gemm(act, down_w[l], NULL, tmp, k, inter, hidden, threads, half);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
+}
+
+/* Returns 0 on success, 1 when head_dim is too large for the rotary buffer, SW_EISA below the AVX2 path. */
+int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
+                          const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
+                          const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
+                          const float *const *gate_up_w, const float *const *down_w, float *k_cache,
+                          float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
+                          int start, float *scratch, float *scores, int threads, int half) {
+    if (head_dim > 512) return 1;
+    if (specwise_q_isa() < ISA_AVX2) return SW_EISA;
+    layers_avx2(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, qkv_w, qkv_b, o_w, o_b, mlp_norm,
+                gate_up_w, down_w, k_cache, v_cache, capacity, cos_t, sin_t, x, k, start, scratch, scores, threads,
+                half);
     return 0;
 }
 #endif /* __x86_64__ */

@@ -45,8 +45,9 @@ typedef struct {
     const void *md;    /* the same for m: -dmin (m = (-dmin) * mn = -(dmin * mn)), or NULL */
 } qmat;
 
-/* Status codes of the entry points that check their arguments (0 is success). */
-enum { SW_OK = 0, SW_EARG = -1, SW_ENOMEM = -2, SW_ERANGE = -3 };
+/* Status codes of the entry points that check their arguments (0 is success); SW_EISA: the instruction path in use
+ * lacks what the kernel needs (the float32 kernels: AVX2, see specwise_q_set_isa), nothing written. */
+enum { SW_OK = 0, SW_EARG = -1, SW_ENOMEM = -2, SW_ERANGE = -3, SW_EISA = -4 };
 
 /* The largest output rows or inputs of one matrix: the tiles index rows and inputs with int. */
 #define QMAX_DIM ((int64_t)1 << 30)

@@ -124,7 +124,6 @@ def declare(lib: ctypes.CDLL) -> None:
         "specwise_q_requantize_q4_0": ([p, i64, i64, p, i64], i),
         "specwise_logits_scan": ([p, i, i, p], i),
         "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
-        "specwise_probs_portable": ([i], None),
         "specwise_sample": ([p, i, i, p, p], i),
         # the layer kernels take pointers to the structs of layers.py (qshape, qlayers, qrows, qwork, qrun, ...)
         "specwise_qllama_scratch_floats": ([p, i64], i64),

@@ -1,7 +1,9 @@
 /*
  * What the quantized kernels' files share (quant_repack.c, quant_gemm.c, quant_portable.c, quant_avx2.c,
  * quant_avx512.c, logits.c): the x86 target attributes, the activations of MODE_Q8, the scale and value readers of
- * the tiles, and the prototypes of the kernels the driver calls. Nothing here is exported (SW_HIDDEN).
+ * the tiles, and the prototypes of the kernels the driver calls. Nothing here is exported (SW_HIDDEN). The other
+ * kernel files (qllama.c, attention.c, sample.c, smallgemm.c, llama.c) include it for the target attributes: every
+ * kernel takes its path from the one choice made here (q_kernels, specwise_q_isa; lowered by specwise_q_set_isa).
  *
  * Multi-row products over quantized weights: y[k][out] = x[k][in] . W^T for the few rows (k = 1..32) of decoding
  * and verification, reading each weight block once per pass and applying it to every row.

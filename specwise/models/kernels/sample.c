@@ -4,23 +4,18 @@
  * The torch version runs a chain of tensor operations (and sorts for top-k / top-p), several milliseconds a step
  * over 49,152 or 151,936 logits; here each row is read a few times in cache. Every sum runs over eight fixed
  * lanes and exp is one polynomial written with explicit fmaf, so the result does not depend on the instruction
- * path the compiler picks for a clone (ISO C: no contraction of a * b + c), nor on how many rows share a call.
+ * path (ISO C: no contraction of a * b + c), nor on how many rows share a call. The path is the library's one choice
+ * (specwise_q_isa: the best the CPU supports, or what specwise_q_set_isa set): each loop is compiled once per path
+ * with that path's target attribute, and AVX2 and AVX-512 also scale and exponentiate with AVX2 intrinsics.
  * Top-k keeps the values at least as large as the k-th largest (ties kept); top-p keeps the most likely tokens
  * while the mass ranked before them is below top_p, and every token as likely as the least likely kept one.
  */
 
-#include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "specwise.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
+#include "quant_internal.h" /* the target attributes */
 
 #define LANES 8
 
@@ -47,7 +42,7 @@ static inline float exp_neg(float x) {
 }
 
 /* y = x / t (x / 1 is x); returns whether a +inf appeared (an overflow of the division). */
-CLONES static int scale_row(const float *x, int n, float t, float *y) {
+INLINE int scale_row(const float *x, int n, float t, float *y) {
     int inf = 0;
     for (int i = 0; i < n; i++) {
         y[i] = x[i] / t;
@@ -56,7 +51,7 @@ CLONES static int scale_row(const float *x, int n, float t, float *y) {
     return inf;
 }
 
-CLONES static float row_max(const float *y, int n) {
+INLINE float row_max(const float *y, int n) {
     float m[LANES];
     for (int l = 0; l < LANES; l++) m[l] = -INFINITY;
     int i = 0;
@@ -82,7 +77,7 @@ static inline void flush(float s[LANES], double *total) {
 }
 
 /* y = exp(y - max); returns their sum */
-CLONES static double exp_row(float *y, int n, float max) {
+INLINE double exp_row(float *y, int n, float max) {
     float s[LANES] = {0};
     double total = 0.0;
     int i = 0;
@@ -101,13 +96,10 @@ CLONES static double exp_row(float *y, int n, float max) {
     return total;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define HAVE_AVX2_PATH 1
-#define T_AVX2 __attribute__((target("avx2,fma")))
+#ifdef SPECWISE_X86
 
 /* exp_neg on eight lanes: the same operations in the same order (fma is fmaf, the rounding is nearbyintf's) */
-T_AVX2 static inline __m256 exp_neg8(__m256 x) {
+TARGET_AVX2 static inline __m256 exp_neg8(__m256 x) {
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GT_OQ);
     const __m256 j = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -126,7 +118,7 @@ T_AVX2 static inline __m256 exp_neg8(__m256 x) {
     return _mm256_and_ps(p, keep);
 }
 
-T_AVX2 static double exp_row_avx2(float *y, int n, float max) {
+TARGET_AVX2 static double exp_row_avx2(float *y, int n, float max) {
     __m256 s = _mm256_setzero_ps();
     const __m256 m = _mm256_set1_ps(max);
     double total = 0.0;
@@ -151,7 +143,7 @@ T_AVX2 static double exp_row_avx2(float *y, int n, float max) {
     return total;
 }
 
-T_AVX2 static float scale_max_avx2(const float *x, int n, float t, float *y, int *inf) {
+TARGET_AVX2 static float scale_max_avx2(const float *x, int n, float t, float *y, int *inf) {
     const __m256 tv = _mm256_set1_ps(t), pinf = _mm256_set1_ps(INFINITY);
     __m256 m = _mm256_set1_ps(-INFINITY), bad = _mm256_setzero_ps();
     int i = 0;
@@ -173,18 +165,9 @@ T_AVX2 static float scale_max_avx2(const float *x, int n, float t, float *y, int
     for (int l = 0; l < LANES; l++) best = lanes[l] > best ? lanes[l] : best;
     return best;
 }
-
-static int avx2_ok(void) {
-    static int ok = -1;
-    if (ok < 0) {
-        __builtin_cpu_init();
-        ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    }
-    return ok;
-}
 #endif
 
-CLONES static double sum_row(const float *y, int n) {
+INLINE double sum_row(const float *y, int n) {
     float s[LANES] = {0};
     double total = 0.0;
     int i = 0;
@@ -197,13 +180,65 @@ CLONES static double sum_row(const float *y, int n) {
     return total;
 }
 
-CLONES static void divide_row(float *y, int n, float d) {
+INLINE void divide_row(float *y, int n, float d) {
     for (int i = 0; i < n; i++) y[i] = y[i] / d;
 }
 
 /* y[i] = 0 where y[i] < threshold (value is -INFINITY or 0 per caller) */
-CLONES static void drop_below(float *y, int n, float threshold, float value) {
+INLINE void drop_below(float *y, int n, float threshold, float value) {
     for (int i = 0; i < n; i++) y[i] = y[i] < threshold ? value : y[i];
+}
+
+/* One path's loops over a row: scale by 1 / t with the row's max (*inf = 1 when a +inf appears), exp(y - max) with
+ * the sum, max, sum, divide, drop below a threshold. */
+typedef struct {
+    float (*scale_max)(const float *x, int n, float t, float *y, int *inf);
+    double (*exp_row)(float *y, int n, float max);
+    float (*row_max)(const float *y, int n);
+    double (*sum_row)(const float *y, int n);
+    void (*divide_row)(float *y, int n, float d);
+    void (*drop_below)(float *y, int n, float threshold, float value);
+} row_loops;
+
+/* The loops above compiled for one path (TARGET: its attribute) */
+#define ROW_LOOPS(SUFFIX, TARGET)                                                                                \
+    TARGET static float row_max##SUFFIX(const float *y, int n) { return row_max(y, n); }                        \
+    TARGET static double sum_row##SUFFIX(const float *y, int n) { return sum_row(y, n); }                       \
+    TARGET static void divide_row##SUFFIX(float *y, int n, float d) { divide_row(y, n, d); }                     \
+    TARGET static void drop_below##SUFFIX(float *y, int n, float threshold, float value) {                       \
+        drop_below(y, n, threshold, value);                                                                      \
+    }
+ROW_LOOPS(_portable, )
+#ifdef SPECWISE_X86
+ROW_LOOPS(_avx2, TARGET_AVX2)
+ROW_LOOPS(_avx512, TARGET_AVX512)
+#endif
+#undef ROW_LOOPS
+
+static float scale_max_portable(const float *x, int n, float t, float *y, int *inf) {
+    *inf = scale_row(x, n, t, y);
+    return row_max(y, n);
+}
+
+static double exp_row_portable(float *y, int n, float max) { return exp_row(y, n, max); }
+
+static const row_loops ROWS_PORTABLE = {scale_max_portable, exp_row_portable, row_max_portable, sum_row_portable,
+                                        divide_row_portable, drop_below_portable};
+#ifdef SPECWISE_X86
+static const row_loops ROWS_AVX2 = {scale_max_avx2, exp_row_avx2, row_max_avx2, sum_row_avx2, divide_row_avx2,
+                                    drop_below_avx2};
+static const row_loops ROWS_AVX512 = {scale_max_avx2, exp_row_avx2, row_max_avx512, sum_row_avx512,
+                                      divide_row_avx512, drop_below_avx512};
+#endif
+
+/* The loops of the path in use */
+static const row_loops *row_loops_in_use(void) {
+#ifdef SPECWISE_X86
+    const int isa = specwise_q_isa();
+    if (isa >= ISA_AVX512) return &ROWS_AVX512;
+    if (isa >= ISA_AVX2) return &ROWS_AVX2;
+#endif
+    return &ROWS_PORTABLE;
 }
 
 /* The k-th largest of y[0 .. n - 1] (1 <= k < n): a min-heap of the k largest seen. */
@@ -306,11 +341,6 @@ static float top_p_threshold(const float *p, int n, double top_p, double *mass, 
     return threshold;
 }
 
-static int portable_only = 0;
-
-/* Use the portable loops only (1) or the best the CPU has (0): tests compare the two, which agree bit for bit. */
-void specwise_probs_portable(int on) { portable_only = on; }
-
 /* Probabilities [rows][n] under temperature t (> 0), top_k (0: off), top_p (1: off), min_p (0: off).
  * Returns 0, 1 when dividing by the temperature overflows to +inf, 2 when out of memory. */
 int specwise_probs(const float *logits, int rows, int n, float t, int top_k, double top_p, float min_p, float *out) {
@@ -325,39 +355,26 @@ int specwise_probs(const float *logits, int rows, int n, float t, int top_k, dou
         free(heap); free(members); free(mass);
         return 2;
     }
+    const row_loops *K = row_loops_in_use();
     int status = 0;
     for (int r = 0; r < rows && !status; r++) {
         const float *x = logits + (size_t)r * n;
         float *y = out + (size_t)r * n;
         int inf = 0;
-        float max;
-#ifdef HAVE_AVX2_PATH
-        const int fast = avx2_ok() && portable_only == 0;
-        if (fast)
-            max = scale_max_avx2(x, n, t, y, &inf);
-        else
-#endif
-        {
-            inf = scale_row(x, n, t, y);
-            max = row_max(y, n);
-        }
+        const float max = K->scale_max(x, n, t, y, &inf);
         if (inf) {
             status = 1;
             break;
         }
-        if (heap) drop_below(y, n, kth_largest(y, n, top_k, heap), -INFINITY); /* the largest stays: max holds */
-#ifdef HAVE_AVX2_PATH
-        const double total = fast ? exp_row_avx2(y, n, max) : exp_row(y, n, max);
-#else
-        const double total = exp_row(y, n, max);
-#endif
-        divide_row(y, n, (float)total);
+        if (heap) K->drop_below(y, n, kth_largest(y, n, top_k, heap), -INFINITY); /* the largest stays: max holds */
+        const double total = K->exp_row(y, n, max);
+        K->divide_row(y, n, (float)total);
         if (members) {
             const float threshold = top_p_threshold(y, n, top_p, mass, members);
-            drop_below(y, n, threshold, 0.0f);
+            K->drop_below(y, n, threshold, 0.0f);
         }
-        if (min_p > 0.0f) drop_below(y, n, min_p * row_max(y, n), 0.0f);
-        if (members || min_p > 0.0f) divide_row(y, n, (float)sum_row(y, n));
+        if (min_p > 0.0f) K->drop_below(y, n, min_p * K->row_max(y, n), 0.0f);
+        if (members || min_p > 0.0f) K->divide_row(y, n, (float)K->sum_row(y, n));
     }
     free(heap); free(members); free(mass);
     return status;

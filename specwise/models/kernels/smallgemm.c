@@ -5,17 +5,18 @@
  * development machine MKL and OpenBLAS took 2-2.5x longer for 5 rows than for 1, although the weight (the
  * only large operand) is read once either way. This kernel streams each tile of 4 weight rows once from memory
  * and applies it to up to 3 rows of x at a time from cache, so the cost of k rows stays close to the cost of
- * reading the weight. AVX2 + FMA; the Python side checks the CPU before loading it.
+ * reading the weight. AVX2, FMA and F16C only (each function carries the target attribute): the entry points run
+ * on the library's one choice of path (specwise_q_isa) and refuse with SW_EISA, writing nothing, below AVX2.
  */
 #if defined(__x86_64__) /* AVX2 + FMA intrinsics: x86-64 only; elsewhere the float kernels are absent */
-#pragma GCC target("avx2,fma,f16c")
-#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "specwise.h"
 
-static inline float hsum(__m256 v) {
+#include "quant_internal.h" /* the target attributes */
+
+TARGET_AVX2 static inline float hsum(__m256 v) {
     __m128 lo = _mm256_castps256_ps128(v);
     __m128 hi = _mm256_extractf128_ps(v, 1);
     lo = _mm_add_ps(lo, hi);
@@ -27,7 +28,7 @@ static inline float hsum(__m256 v) {
 }
 
 /* Four weight rows against R rows of x (R = 1..3): x loaded once per chunk, each weight vector used R times. */
-static inline void block4(const float *x, size_t ldx, const float *w0, int in, float *y, size_t ldy, int R) {
+TARGET_AVX2 static inline void block4(const float *x, size_t ldx, const float *w0, int in, float *y, size_t ldy, int R) {
     __m256 acc[4][3];
     for (int j = 0; j < 4; j++)
         for (int r = 0; r < R; r++) acc[j][r] = _mm256_setzero_ps();
@@ -51,7 +52,7 @@ static inline void block4(const float *x, size_t ldx, const float *w0, int in, f
 }
 
 /* One weight row against R rows of x (the last row when out is odd). */
-static inline void block1(const float *x, size_t ldx, const float *w0, int in, float *y, size_t ldy, int R) {
+TARGET_AVX2 static inline void block1(const float *x, size_t ldx, const float *w0, int in, float *y, size_t ldy, int R) {
     for (int r = 0; r < R; r++) {
         __m256 a = _mm256_setzero_ps();
         int c = 0;
@@ -64,7 +65,7 @@ static inline void block1(const float *x, size_t ldx, const float *w0, int in, f
 
 /* One weight row against R rows of x (R <= 6), two accumulators per row over 16-float steps: each thread reads
  * the weight as one contiguous stream. Faster than the 4-row tiles while the x block stays in L1. */
-static inline void row_block(const float *x, size_t ldx, const float *w, int in, float *y, size_t ldy, int R) {
+TARGET_AVX2 static inline void row_block(const float *x, size_t ldx, const float *w, int in, float *y, size_t ldy, int R) {
     __m256 a[6], b[6];
     for (int r = 0; r < R; r++) { a[r] = _mm256_setzero_ps(); b[r] = _mm256_setzero_ps(); }
     int c = 0;
@@ -86,7 +87,7 @@ static inline void row_block(const float *x, size_t ldx, const float *w, int in,
     }
 }
 /* Output rows o .. o + n - 1 (n <= 4) for all k rows of x. */
-static inline void rows(const float *x, const float *w, float *y, int k, int in, int out, int o, int n) {
+TARGET_AVX2 static inline void rows(const float *x, const float *w, float *y, int k, int in, int out, int o, int n) {
     const float *w0 = w + (size_t)o * in;
     for (int r0 = 0; r0 < k; r0 += 3) {
         int R = k - r0 < 3 ? k - r0 : 3;
@@ -105,8 +106,8 @@ static inline void rows(const float *x, const float *w, float *y, int k, int in,
 }
 
 /* x: [k, in] row-major; w: [out, in] row-major; bias: [out] or NULL; y: [k, out] row-major. */
-void specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
-                         int threads) {
+TARGET_AVX2 static void small_gemm_avx2(const float *x, const float *w, const float *bias, float *y, int k, int in,
+                                        int out, int threads) {
     if ((size_t)in * (k < 6 ? k : 6) * sizeof(float) <= 16384) {  /* the x block fits in L1: stream row by row */
 #pragma omp parallel for num_threads(threads) schedule(static)
         for (int o = 0; o < out; o++) {
@@ -137,7 +138,7 @@ void specwise_small_gemm(const float *x, const float *w, const float *bias, floa
 }
 
 /* As row_block, with a float16 weight row converted to float32 as it is read (F16C): half the bytes to stream. */
-static inline void row_block_h(const float *x, size_t ldx, const uint16_t *w, int in, float *y, size_t ldy, int R) {
+TARGET_AVX2 static inline void row_block_h(const float *x, size_t ldx, const uint16_t *w, int in, float *y, size_t ldy, int R) {
     __m256 a[6], b[6];
     for (int r = 0; r < R; r++) { a[r] = _mm256_setzero_ps(); b[r] = _mm256_setzero_ps(); }
     int c = 0;
@@ -161,8 +162,8 @@ static inline void row_block_h(const float *x, size_t ldx, const uint16_t *w, in
 }
 
 /* y = x . w^T (+ bias) with w stored as float16 [out][in]; x, bias and y float32 (layouts as above). */
-void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
-                             int threads) {
+TARGET_AVX2 static void small_gemm_f16_avx2(const float *x, const uint16_t *w, const float *bias, float *y, int k,
+                                            int in, int out, int threads) {
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int o = 0; o < out; o++) {
         const uint16_t *wo = w + (size_t)o * in;
@@ -184,5 +185,19 @@ void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bia
         for (int r = 0; r < k; r++)
             for (int o = 0; o < out; o++) y[(size_t)r * out + o] += bias[o];
     }
+}
+/* The entry points: the products on the AVX2 path or above, else SW_EISA. */
+int specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
+                        int threads) {
+    if (specwise_q_isa() < ISA_AVX2) return SW_EISA;
+    small_gemm_avx2(x, w, bias, y, k, in, out, threads);
+    return SW_OK;
+}
+
+int specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
+                            int threads) {
+    if (specwise_q_isa() < ISA_AVX2) return SW_EISA;
+    small_gemm_f16_avx2(x, w, bias, y, k, in, out, threads);
+    return SW_OK;
 }
 #endif /* __x86_64__ */

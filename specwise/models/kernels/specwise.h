@@ -15,15 +15,17 @@
 
 #include "quant.h" /* qmat, qpack, qarch */
 
-/* ---- float32 kernels (smallgemm.c, llama.c; built on x86-64 only, need AVX2, FMA and F16C) ---- */
+/* ---- float32 kernels (smallgemm.c, llama.c; built on x86-64 only; AVX2, FMA and F16C only: each returns SW_EISA,
+ * writing nothing, while the instruction path in use (specwise_q_isa) is below ISA_AVX2) ---- */
 
-/* y[k][out] = x[k][in] . w[out][in]^T (+ bias[out], or NULL), float32 weights. */
-void specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
-                         int threads);
+/* y[k][out] = x[k][in] . w[out][in]^T (+ bias[out], or NULL), float32 weights; 0 or SW_EISA. */
+int specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
+                        int threads);
 /* The same with w stored as float16. */
-void specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
-                             int threads);
-/* The float32 decoder layers of a Llama-family model over k rows at positions start.. (0, or 1: head_dim > 512). */
+int specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
+                            int threads);
+/* The float32 decoder layers of a Llama-family model over k rows at positions start.. (0; 1: head_dim > 512;
+ * SW_EISA). */
 int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
                           const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
                           const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
@@ -198,8 +200,6 @@ int specwise_head_step(const qshape *shape, const qlayers *layer, const qhead *h
 
 /* ---- sampling (sample.c) ---- */
 
-/* Use the portable loops only (1) or the best the CPU has (0). */
-void specwise_probs_portable(int on);
 /* Probabilities [rows][n] under temperature t, top_k (0: off), top_p (1: off), min_p (0: off). */
 int specwise_probs(const float *logits, int rows, int n, float t, int top_k, double top_p, float min_p, float *out);
 /* Each row's inverse-CDF draw of its probabilities with uniform u[row]. */

@@ -1,0 +1,62 @@
+/*
+ * What the quantized decoder layers' two files share (qllama.c: the layer loop, the entry points and their checks;
+ * attention.c: the attention over the caches). Nothing here is exported (SW_HIDDEN).
+ */
+#ifndef SPECWISE_QLLAMA_INTERNAL_H
+#define SPECWISE_QLLAMA_INTERNAL_H
+
+#include "quant_internal.h" /* specwise.h, the target attributes, SW_HIDDEN */
+
+/* e^x to about 2 ulp (Cody-Waite reduction, degree-7 Taylor polynomial on [-ln2/2, ln2/2]); 0 below -87. The
+ * vector versions below compute the same operations lane by lane. */
+static inline float exp_approx(float x) {
+    const float c = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float n = floorf(fmaf(c, 1.44269504088896341f, 0.5f));
+    float r = fmaf(n, -0.693145751953125f, c);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    p = fmaf(p, r, 1.0f);
+    union {
+        int32_t i;
+        float f;
+    } scale = {((int32_t)n + 127) << 23};
+    return x < -87.0f ? 0.0f : p * scale.f;
+}
+
+#ifdef SPECWISE_X86
+/* exp_approx on eight lanes */
+TARGET_AVX2 static inline __m256 exp256(__m256 x) {
+    const __m256 c = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), c);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+    __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    return _mm256_andnot_ps(low, y);
+}
+#endif
+
+/* Scores to unnormalised probabilities in place (e^(s - max)); returns their sum (eight partial sums, added
+ * pairwise). isa: the path in use (ISA_*). */
+SW_HIDDEN float softmax_unnormalised(float *sc, int len, int isa);
+
+/* Causal attention of layer l for every row of a pass (see attention.c). */
+SW_HIDDEN void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale,
+                               const float *qkv, float *attn, float *scores, int end, int threads, int isa);
+
+#endif
