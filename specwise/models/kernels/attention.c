@@ -369,13 +369,8 @@ void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int win
      * AVX-512 with heads of 64, up to three of its heads that share a key-value head and a row read them once */
 #pragma omp parallel num_threads(threads)
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-#else
-        const int tid = 0, nth = 1;
-#endif
-        const int total = nq * k, lo = (int)((long long)total * tid / nth);
-        const int hi = (int)((long long)total * (tid + 1) / nth);
+        int lo, hi;
+        thread_share(nq * k, &lo, &hi);
         for (int t = lo; t < hi;) {
             const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group;
             const int p = (int)pos[r], first = window > 0 && p + 1 > window ? p + 1 - window : 0, len = p + 1 - first;

@@ -165,12 +165,8 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
     }
 #pragma omp parallel num_threads(threads)
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-#else
-        const int tid = 0, nth = 1;
-#endif
-        const int lo = (int)((long long)tiles * tid / nth), hi = (int)((long long)tiles * (tid + 1) / nth);
+        int lo, hi;
+        thread_share(tiles, &lo, &hi);
         int p = 0;
         for (int t = lo; t < hi;) {
             while (t >= first_tile[p + 1]) p++;

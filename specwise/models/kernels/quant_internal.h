@@ -54,6 +54,20 @@
 /* a function shared between the kernels' files, not exported by the library */
 #define SW_HIDDEN __attribute__((visibility("hidden")))
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+/* Inside a parallel region: this thread's contiguous share [*lo, *hi) of `total` tasks (static, in thread order). */
+INLINE void thread_share(int total, int *lo, int *hi) {
+#ifdef _OPENMP
+    const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+    const int tid = 0, nth = 1;
+#endif
+    *lo = (int)((long long)total * tid / nth);
+    *hi = (int)((long long)total * (tid + 1) / nth);
+}
+
 /* ---- activations for MODE_Q8 ------------------------------------------------------------------------------ */
 
 typedef struct {
