@@ -1,6 +1,8 @@
 """What Ray costs: `specwise serve --ray` (2 replicas x 1 thread) against two plain `specwise serve` processes
 (1 thread each, the clients split between them), and optionally one plain server with 2 threads, on this machine;
-then, with --kill, a replica killed under load.
+then, with --kill, a replica killed under load. Each measured load also records where the cores went (CPU seconds
+per process over the load's wall time, by role: replicas, gateway, Ray's proxy, controller, raylet and GCS, plain
+servers, this process's clients).
 
 Every configuration runs alone in its turn (started, warmed up, measured, stopped), interleaved over --rounds, so
 that an idle Ray cluster does not slow the plain servers nor the other way round. Each measured level sends the
@@ -144,6 +146,51 @@ async def warm_up(urls: list[str], model: str, args: argparse.Namespace) -> None
             await asyncio.gather(*(one_request(api, model, "Hello.", args) for _ in range(args.clients)))
 
 
+# ------------------------------------------------------------------------------------------- where the CPU goes
+
+ROLES = (  # (role, a part of the process's command line that names it), first match wins
+    ("replica", "SpecwiseEngine"),
+    ("gateway", "SpecwiseGateway"),
+    ("Ray HTTP proxy", "ProxyActor"),
+    ("Ray controller", "ServeController"),
+    ("Ray raylet", "raylet"),
+    ("Ray GCS", "gcs_server"),
+    ("plain server", "specwise serve"),
+    ("plain server", "specwise.server"),
+)
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """Every process's (command line, CPU seconds so far), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        found[int(entry)] = (cmd, (int(fields[11]) + int(fields[12])) / tick)
+    return found
+
+
+def cpu_split(before: dict, after: dict, wall: float) -> dict[str, float]:
+    """Cores used per role over ``wall`` seconds (this process's clients as "clients", the rest as "other")."""
+    me = os.getpid()
+    split: dict[str, float] = {}
+    for pid, (cmd, seconds) in after.items():
+        used = seconds - before.get(pid, (cmd, 0.0))[1]
+        if used <= 0:
+            continue
+        role = "clients" if pid == me else next((r for r, part in ROLES if part in cmd), "other")
+        split[role] = split.get(role, 0.0) + used / wall
+    return dict(sorted(split.items(), key=lambda kv: -kv[1]))
+
+
 # ---------------------------------------------------------------------------------------------------- servers
 
 
@@ -280,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
             with start() as server:
                 kinds[name] = server["kind"]
                 asyncio.run(warm_up(server["urls"], server["model"], args))
+                before = cpu_seconds()
                 done = asyncio.run(run_load(server["urls"], server["model"], args, args.requests))
+                done["cores_used"] = cpu_split(before, cpu_seconds(), done["wall_seconds"])
             rounds[name].append(done)
             print(f"round {index + 1}, {name}: {done['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
     answers = {name: [{r["prompt"]: r["text"] for r in rnd["requests"]} for rnd in rs] for name, rs in rounds.items()}
@@ -295,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             "kind": kinds[name],
             "tokens_per_second_median": statistics.median(r["tokens_per_second"] for r in rs),
             "tokens_per_second": [r["tokens_per_second"] for r in rs],
+            "cores_used_median": {
+                role: statistics.median(r["cores_used"].get(role, 0.0) for r in rs)
+                for role in {role for r in rs for role in r["cores_used"]}
+            },
         }
         for name, rs in rounds.items()
     }
@@ -330,6 +383,9 @@ def _table(result: dict) -> str:
     for s in result["summary"].values():
         per = ", ".join(f"{x:.1f}" for x in s["tokens_per_second"])
         rows.append(f"| {s['kind']} | {s['tokens_per_second_median']:.1f} | {per} |")
+    for s in result["summary"].values():
+        used = ", ".join(f"{role} {cores:.2f}" for role, cores in sorted(s["cores_used_median"].items()))
+        rows.append(f"cores used, {s['kind']}: {used}")
     rows.append(f"\nRay / two plain servers: {result['ray_over_two_plain']['median']:.3f} (median of rounds)")
     rows.append(f"answers equal: {result['answers_equal']}; errors: {len(result['errors'])}")
     if "kill" in result:
