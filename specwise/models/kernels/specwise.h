@@ -247,9 +247,35 @@ int specwise_suffix_abi(void);
 /* The longest match of the context's end in the text, and the range [*lo, *hi) of its occurrences in sa. */
 int64_t specwise_suffix_match(const uint32_t *text, int64_t n, const int32_t *sa, int64_t m, const uint32_t *ctx,
                               int64_t plen, int64_t min_len, int64_t *lo, int64_t *hi);
-/* Draft up to k tokens from the most frequent continuations of a match, with their confidences and counts. */
-int64_t specwise_suffix_draft(const uint32_t *text, int64_t n, const int32_t *sa, int64_t m, int64_t lo, int64_t hi,
-                              int64_t depth, int64_t max_depth, int64_t k, double stop, double smooth, double half,
-                              int64_t scan, int32_t *tokens, float *conf, int64_t *counts);
+/* A suffix index in memory: n token ids (sequences each followed by 0xFFFFFFFF) and the m positions of its suffix
+ * array (m <= n, m < 2^31). */
+typedef struct {
+    const uint32_t *text; /* [n] */
+    int64_t n;
+    const int32_t *sa; /* [m] */
+    int64_t m;
+} sfxindex;
+
+/* How a draft continues a match. */
+typedef struct {
+    int64_t depth;             /* the match's length, 0 .. n */
+    int64_t max_depth;         /* the longest pattern a draft grows to (the depth the suffix array is sorted by) */
+    int64_t k;                 /* the most tokens to draft, 0 .. the outputs' capacity */
+    double stop, smooth, half; /* the product of confidences to stay above; the confidences' prior */
+    int64_t scan;              /* continuations counted exactly in ranges up to this size, else sampled; >= 1 */
+} sfxdraft;
+
+/* Where a draft goes. */
+typedef struct {
+    int32_t *tokens;  /* [capacity] */
+    float *conf;      /* [capacity] */
+    int64_t *counts;  /* [2 capacity] */
+    int64_t capacity; /* the tokens the outputs hold */
+} sfxout;
+
+/* Draft up to opts->k tokens from the most frequent continuations of a match (its occurrences sa[lo .. hi)), with
+ * their confidences and counts; the number drafted, or -1 for arguments out of bounds. */
+int64_t specwise_suffix_draft(const sfxindex *index, int64_t lo, int64_t hi, const sfxdraft *opts,
+                              const sfxout *out);
 
 #endif
