@@ -4,6 +4,7 @@ out of bounds themselves; a valid index (the shipped one, a built one) loads and
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import random
@@ -22,6 +23,7 @@ from specwise.drafters.suffix import (
     make_suffix_drafter,
     shipped_index_dir,
 )
+from specwise.drafters.suffix.index import SfxDraft, SfxIndex, SfxOut
 
 VOCAB = 100
 UNPICKLED: list[str] = []  # what a pickled object's reconstruction would record, were it ever run
@@ -437,12 +439,18 @@ def native_match(lib, text, sa, context, min_len=1, n=None, m=None):
     return length, tuple(span.tolist())
 
 
-def native_draft(lib, text, sa, lo, hi, depth, k=4, n=None, m=None, scan=32):
+def native_draft(lib, text, sa, lo, hi, depth, k=4, n=None, m=None, scan=32, capacity=None, structs=()):
+    """specwise_suffix_draft's return value and tokens, sizes as given (default: the arrays'); ``structs``: those
+    of "index", "opts", "out" passed as NULL."""
     out = (np.zeros(max(k, 1), np.int32), np.zeros(max(k, 1), np.float32), np.zeros(2 * max(k, 1), np.int64))
     n = len(text) if n is None else n
     m = len(sa) if m is None else m
-    args = (ptr(text), n, ptr(sa), m, lo, hi, depth, 64, k, 0.0, 1.0, 2.0, scan, *(ptr(a) for a in out))
-    return lib.specwise_suffix_draft(*args), out[0]
+    index = SfxIndex(ptr(text), n, ptr(sa), m)
+    opts = SfxDraft(depth, 64, k, 0.0, 1.0, 2.0, scan)
+    outs = SfxOut(*(ptr(a) for a in out), max(k, 1) if capacity is None else capacity)
+    args = [None if name in structs else ctypes.addressof(s) for name, s in (("index", index), ("opts", opts),
+                                                                             ("out", outs))]  # fmt: skip
+    return lib.specwise_suffix_draft(args[0], lo, hi, args[1], args[2]), out[0]
 
 
 def test_native_search_refuses_entries_outside_the_text(lib):
@@ -470,6 +478,13 @@ def test_native_search_refuses_sizes_and_ranges_out_of_bounds(lib):
     assert native_draft(lib, text, sa, 1, 3, 2, k=-1)[0] == -1
     assert native_draft(lib, text, sa, 1, 3, 2, scan=0)[0] == -1
     assert native_draft(lib, text, sa, 1, 3, 2, m=m, n=m - 1)[0] == -1
+    before = native_draft(lib, text, sa, 1, 3, 2, k=1)
+    assert before[0] == 1
+    assert native_draft(lib, text, sa, 1, 3, 2, k=2, capacity=1)[0] == -1  # more tokens than the outputs hold
+    assert native_draft(lib, text, sa, 1, 3, 2, k=0, capacity=0)[0] == 0
+    for missing in ("index", "opts", "out"):
+        result, tokens = native_draft(lib, text, sa, 1, 3, 2, structs=(missing,))
+        assert result == -1 and not tokens.any(), missing  # refused, nothing written
 
 
 def test_native_search_stops_at_the_end_of_a_text_without_a_separator(lib):

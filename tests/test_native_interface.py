@@ -294,6 +294,8 @@ def test_every_structure_matches_its_c_struct():
     structs = parse_structs(TYPES.read_text()) | parse_structs(HEADER.read_text())
     ours = package_structures()
     layer_structs = {"QShape", "QLayers", "QRows", "QWork", "QRun", "QModel", "QPass", "QHead", "QStep", "QLogits"}
+    layer_structs |= {"FLayers", "FRows"}  # the float32 layers' (specwise_llama_layers)
+    layer_structs |= {"SfxIndex", "SfxDraft", "SfxOut"}  # the suffix draft's (specwise_suffix_draft)
     assert {"QMat", "QPack", "QJob", "QArch"} | layer_structs <= set(ours)  # the scan finds them
     unbound = sorted(set(structs) - {name.lower() for name in ours})
     assert not unbound, f"C structs with no ctypes Structure in the package: {unbound}"

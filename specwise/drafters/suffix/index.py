@@ -23,6 +23,9 @@ __all__ = [
     "IndexFileError",
     "IndexNotFoundError",
     "IndexTargetMismatchError",
+    "SfxDraft",
+    "SfxIndex",
+    "SfxOut",
     "SuffixIndex",
     "build_suffix_array",
     "confidence",
@@ -34,7 +37,7 @@ SEP = 0xFFFFFFFF  # separator after each sequence in memory (uint32); 0xFFFF in 
 DEPTH = 64  # suffixes are sorted by their first DEPTH tokens: matches and drafts together stay within it
 LEAD = 8  # prompt tokens kept before each answer, so that the answer's first tokens have a context to match
 SCAN = 32  # continuations counted exactly in ranges up to this size; larger ranges are sampled this many times
-SUFFIX_ABI = 2  # the native entry points' signatures (kernels/suffix.c's SUFFIX_ABI)
+SUFFIX_ABI = 3  # the native entry points' signatures (kernels/suffix.c's SUFFIX_ABI)
 
 REBUILD = "rebuild the index with `specwise index --target MODEL --out DIR`"
 DEFAULT_PRIORS = {"index": (1.0, 2.0), "counts": (1.0, 2.0)}  # (smooth, half) where an index has no calibration
@@ -84,6 +87,33 @@ def build_suffix_array(text: np.ndarray, depth: int = DEPTH) -> np.ndarray:
     return order[text[order] != SEP].astype(np.int32)
 
 
+class SfxIndex(ctypes.Structure):
+    """The C ``sfxindex`` of ``specwise.h``: an index's text and suffix array with their lengths."""
+
+    _fields_ = [("text", ctypes.c_void_p), ("n", ctypes.c_int64), ("sa", ctypes.c_void_p), ("m", ctypes.c_int64)]
+
+
+class SfxDraft(ctypes.Structure):
+    """The C ``sfxdraft``: how a draft continues a match."""
+
+    _fields_ = [
+        ("depth", ctypes.c_int64),
+        ("max_depth", ctypes.c_int64),
+        ("k", ctypes.c_int64),
+        ("stop", ctypes.c_double),
+        ("smooth", ctypes.c_double),
+        ("half", ctypes.c_double),
+        ("scan", ctypes.c_int64),
+    ]
+
+
+class SfxOut(ctypes.Structure):
+    """The C ``sfxout``: a draft's tokens, confidences and counts, and the tokens they hold."""
+
+    _fields_ = [("tokens", ctypes.c_void_p), ("conf", ctypes.c_void_p), ("counts", ctypes.c_void_p),
+                ("capacity", ctypes.c_int64)]  # fmt: skip
+
+
 def _native():
     """The search functions of the native library, declared on first use (None without the library)."""
     from specwise.models.kernels import native_library
@@ -96,12 +126,12 @@ def _native():
         lib.specwise_suffix_abi.restype = ctypes.c_int
         if lib.specwise_suffix_abi() != SUFFIX_ABI:  # a library built from other sources: the Python reference
             return None
-        p, i64, d = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
         # (text, n, sa, m, ctx, plen, min_len, lo, hi) -> match length, or -1 for arguments out of bounds
         lib.specwise_suffix_match.argtypes = [p, i64, p, i64, p, i64, i64, p, p]
         lib.specwise_suffix_match.restype = i64
-        # (text, n, sa, m, lo, hi, depth, max_depth, k, stop, smooth, half, scan, tokens, conf, counts) -> drafted
-        lib.specwise_suffix_draft.argtypes = [p, i64, p, i64, i64, i64, i64, i64, i64, d, d, d, i64, p, p, p]
+        # (sfxindex *, lo, hi, sfxdraft *, sfxout *) -> drafted, or -1 for arguments out of bounds
+        lib.specwise_suffix_draft.argtypes = [p, i64, i64, p, p]
         lib.specwise_suffix_draft.restype = i64
         lib._suffix_declared = True
     return lib
@@ -128,7 +158,13 @@ class SuffixIndex:
         self._out = (np.empty(0, np.int32), np.empty(0, np.float32), np.empty(0, np.int64))
         self._ptr = (self.text.ctypes.data, self.sa.ctypes.data, self._range.ctypes.data, self._range.ctypes.data + 8)
         self._sizes = (len(self.text), len(self.sa))
-        self._ctx_ptr = self._out_ptr = None
+        self._ctx_ptr = None
+        # the draft's structs: the index filled once, the outputs when they grow, the options per call
+        self._index = SfxIndex(self._ptr[0], len(self.text), self._ptr[1], len(self.sa))
+        self._draft_opts = SfxDraft(scan=SCAN)
+        self._draft_out = SfxOut()
+        self._draft_ptrs = (ctypes.addressof(self._index), ctypes.addressof(self._draft_opts),
+                            ctypes.addressof(self._draft_out))  # fmt: skip
 
     @classmethod
     def from_sequences(cls, sequences, depth: int = DEPTH, info: dict | None = None, native: bool = True):
@@ -183,13 +219,14 @@ class SuffixIndex:
             return self._draft_py(match, k, stop, smooth, half)
         if len(self._out[0]) < k:
             self._out = (np.empty(k, np.int32), np.empty(k, np.float32), np.empty(2 * k, np.int64))
-            self._out_ptr = tuple(a.ctypes.data for a in self._out)
+            self._draft_out.tokens, self._draft_out.conf, self._draft_out.counts = (a.ctypes.data for a in self._out)
+            self._draft_out.capacity = k
         tokens, conf, counts = self._out
-        text, sa = self._ptr[:2]
-        n = self._lib.specwise_suffix_draft(
-            text, self._sizes[0], sa, self._sizes[1], lo, hi, length, self.depth, k, stop, smooth, half, SCAN,
-            *self._out_ptr,
-        )  # fmt: skip
+        opts = self._draft_opts
+        opts.depth, opts.max_depth, opts.k = length, self.depth, k
+        opts.stop, opts.smooth, opts.half = stop, smooth, half
+        index, opts_ptr, out_ptr = self._draft_ptrs
+        n = self._lib.specwise_suffix_draft(index, lo, hi, opts_ptr, out_ptr)
         if n < 0:
             self._refused()
         pairs = counts[: 2 * n].tolist()

@@ -70,10 +70,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     half = lib.specwise_small_gemm_f16
     half.restype = ctypes.c_int
     half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    layers = lib.specwise_llama_layers
+    layers = lib.specwise_llama_layers  # (qshape *, flayers *, frows *, qwork *, qrun *): see layers.py
     layers.restype = ctypes.c_int
-    layers.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float] + [ctypes.c_void_p] * 10 + [ctypes.c_int]
-    layers.argtypes += [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int] * 2
+    layers.argtypes = [ctypes.c_void_p] * 5
     return lib
 
 
@@ -153,30 +152,41 @@ def _below_avx2() -> str:
 class LayerKernel:
     """Llama-family decoder layers run by ``specwise_llama_layers`` (``llama.c``) on up to ``MAX_ROWS`` rows.
 
-    Holds the addresses of the layers' weights (and references that keep them alive), the scratch space and the
-    attention-score buffer; built by :func:`layer_kernel`. The product weights are float32, or float16 (a drafter's
-    copies); norms, biases, caches, rotary tables and x are float32.
+    Holds the structs of the call (``specwise.h``: the shape and the weights' tables, filled once; the rows, work
+    buffers and run options, whose fields each call sets), the weights (kept alive: the kernel reads them by
+    address), the scratch space and the attention-score buffer; built by :func:`layer_kernel`. The product weights
+    are float32, or float16 (a drafter's copies); norms, biases, caches, rotary tables and x are float32.
     """
 
     MAX_ROWS = 32
 
     def __init__(self, lib, shape: tuple[int, int, int, int, int], eps: float, weights: list[list], half: bool):
+        from specwise.models.kernels.layers import FLayers, FRows, QRun, QShape, QWork
+
         self._lib = lib
         self._shape = shape  # hidden, heads, kv_heads, head_dim, intermediate
-        self._eps = eps
         self._weights = weights  # per kind, per layer: kept alive, the kernel reads them by address
+        n_layers = len(weights[0])
+        # one table of addresses per kind (a bias table of all None is passed as NULL: no layer has one)
         self._tables = [
-            (ctypes.c_void_p * len(items))(*[0 if t is None else t.data_ptr() for t in items]) for items in weights
+            None
+            if all(t is None for t in items)
+            else (ctypes.c_void_p * n_layers)(*[0 if t is None else t.data_ptr() for t in items])
+            for items in weights
         ]
-        self._half = int(half)
-        from specwise.models.kernels.layers import QShape
-
-        dims = QShape(len(weights[0]), *shape, eps)
-        size = lib.specwise_qllama_scratch_floats(ctypes.byref(dims), self.MAX_ROWS)  # the same layout (specwise.h)
+        tables = [None if t is None else ctypes.addressof(t) for t in self._tables]
+        self._dims = QShape(n_layers, *shape, eps)
+        self._layers = FLayers(n_layers, *tables, int(half))
+        size = lib.specwise_qllama_scratch_floats(ctypes.byref(self._dims), self.MAX_ROWS)  # the same layout
         if size < 0:
             raise ValueError(f"the float32 layer kernel does not take the shape {shape}")
         self._scratch = torch.empty(int(size), dtype=torch.float32)
         self._scores = torch.empty(0, dtype=torch.float32)
+        self._rows = FRows()
+        self._work = QWork(self._scratch.data_ptr(), int(size), None, 0)
+        self._run = QRun(1, 0)  # MODE_EXACT
+        self._addresses = [ctypes.addressof(s) for s in (self._dims, self._layers, self._rows, self._work, self._run)]
+        self._cache_floats = n_layers * shape[2] * shape[3]  # per position of the caches
 
     def run(
         self,
@@ -189,34 +199,33 @@ class LayerKernel:
         sin,
     ) -> None:
         """All layers on x ``[k, hidden]`` (contiguous, updated in place) at positions ``start ..``; writes the
-        caches ``[layers, kv_heads, capacity, head_dim]``. cos and sin: ``[capacity, head_dim]`` tables."""
+        caches ``[layers, kv_heads, capacity, head_dim]``. cos and sin: ``[positions, head_dim]`` tables (any
+        shape of that many floats)."""
         k = x.shape[0]
-        heads = self._shape[1]
+        heads, head_dim = self._shape[1], self._shape[3]
+        cache = self._cache_floats * capacity
+        if k_cache.numel() < cache or v_cache.numel() < cache or cos.numel() != sin.numel():
+            raise ValueError(
+                f"the layer kernel's caches hold {k_cache.numel()} and {v_cache.numel()} floats and its rotary tables "
+                f"{cos.numel()} and {sin.numel()}: {capacity} positions need {cache} floats each, tables alike"
+            )
         need = heads * k * (start + k)
         if self._scores.numel() < need:
             self._scores = torch.empty(max(need, 2 * self._scores.numel()), dtype=torch.float32)
-        status = self._lib.specwise_llama_layers(
-            len(self._weights[0]),
-            *self._shape,
-            self._eps,
-            *self._tables,
-            k_cache.data_ptr(),
-            v_cache.data_ptr(),
-            capacity,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            x.data_ptr(),
-            k,
-            start,
-            self._scratch.data_ptr(),
-            self._scores.data_ptr(),
-            torch.get_num_threads(),
-            self._half,
-        )
+            self._work.scores, self._work.scores_floats = self._scores.data_ptr(), self._scores.numel()
+        rows = self._rows
+        rows.x, rows.x_floats, rows.rows, rows.start = x.data_ptr(), x.numel(), k, start
+        rows.k_cache, rows.v_cache, rows.cap = k_cache.data_ptr(), v_cache.data_ptr(), capacity
+        rows.cos, rows.sin, rows.table_rows = cos.data_ptr(), sin.data_ptr(), cos.numel() // head_dim
+        self._run.threads = torch.get_num_threads()
+        status = self._lib.specwise_llama_layers(*self._addresses)
         if status == _EISA:
             raise RuntimeError(f"the native layer kernel is unavailable: {_below_avx2()}")
         if status != 0:
-            raise RuntimeError(f"the native layer kernel failed (status {status})")
+            from specwise.models.kernels.layers import _LAYER_ERRORS
+
+            reason = _LAYER_ERRORS.get(status, f"its call ({status})")
+            raise RuntimeError(f"the native layer kernel refused {reason} (status {status})")
 
 
 def layer_kernel(

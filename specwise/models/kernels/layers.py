@@ -1,6 +1,6 @@
-"""The quantized decoder layers' native calls (``qllama.c``): the ctypes mirrors of their argument structs
-(``specwise.h``: qshape, qlayers, qrows, qwork, qrun, qmodel, qpass, qhead, qstep, qlogits; quant.h's qarch) and
-:class:`DecoderStack`, which fills them.
+"""The decoder layers' native calls (``qllama.c``, and ``llama.c``'s float32 layers): the ctypes mirrors of their
+argument structs (``specwise.h``: qshape, qlayers, qrows, qwork, qrun, qmodel, qpass, qhead, qstep, qlogits, and the
+float32 layers' flayers, frows; quant.h's qarch) and :class:`DecoderStack`, which fills the quantized ones.
 
 What is fixed for a model (its shape and weights) is filled once when the stack is built; a call sets only its
 rows' fields, so a pass's interpreted cost does not grow with the number of arguments. Every count and size is
@@ -30,6 +30,8 @@ __all__ = [
     "QHead",
     "QStep",
     "QLogits",
+    "FLayers",
+    "FRows",
     "layer_status",
 ]
 
@@ -157,6 +159,40 @@ class QLogits(ctypes.Structure):
     """The C ``qlogits``: the output layer over a head step's last row, and where its results go."""
 
     _fields_ = [("out_w", _p), ("logits", _p), ("logits_floats", _i64), ("best", _p), ("top_prob", _p)]
+
+
+class FLayers(ctypes.Structure):
+    """The C ``flayers``: the float32 layers' weights (one table of addresses per kind, one entry per layer)."""
+
+    _fields_ = [
+        ("entries", _i64),
+        ("attn_norm", _p),
+        ("qkv_w", _p),
+        ("qkv_b", _p),
+        ("o_w", _p),
+        ("o_b", _p),
+        ("mlp_norm", _p),
+        ("gate_up_w", _p),
+        ("down_w", _p),
+        ("half", _i32),
+    ]
+
+
+class FRows(ctypes.Structure):
+    """The C ``frows``: one sequence's rows for the float32 layers, its caches and the rotary tables."""
+
+    _fields_ = [
+        ("x", _p),
+        ("x_floats", _i64),
+        ("rows", _i64),
+        ("start", _i64),
+        ("k_cache", _p),
+        ("v_cache", _p),
+        ("cap", _i64),
+        ("cos", _p),
+        ("sin", _p),
+        ("table_rows", _i64),
+    ]
 
 
 _LAYER_ERRORS = {

@@ -10,9 +10,13 @@
  * Layouts (float32 unless said otherwise, row-major, contiguous; the four product weights may be float16):
  *   x        [k, hidden]                     the residual stream, updated in place
  *   k_cache  [layers, n_kv, capacity, hd]    rows start .. start + k - 1 are written
- *   cos, sin [capacity, hd]                  rotary tables with the rotate-half sign folded into sin
+ *   cos, sin [table_rows, hd]                rotary tables with the rotate-half sign folded into sin
  *   scratch  specwise_qllama_scratch_floats(...) floats (qllama.c): the quantized layers carve theirs alike
  * Row r is at position start + r and attends causally.
+ *
+ * The entry point takes its arguments in structs (specwise.h: the quantized layers' qshape, qwork and qrun, and
+ * flayers, frows), every count and size 64-bit, and checks them against each other before anything is written
+ * (float_layers_check, float_rows_check), with the quantized layers' statuses.
  *
  * AVX2, FMA and F16C only (each function carries the target attribute): the entry point runs on the library's one
  * choice of path (specwise_q_isa) and refuses with SW_EISA, writing nothing, below AVX2.
@@ -89,7 +93,7 @@ TARGET_AVX2 static void layers_avx2(int n_layers, int hidden, int n_heads, int n
         float *kc = k_cache + (size_t)l * n_kv * capacity * hd;
         float *vc = v_cache + (size_t)l * n_kv * capacity * hd;
         rms_norm(x, attn_norm[l], h, k, hidden, eps);
-        gemm(h, qkv_w[l], qkv_b[l], qkv, k, hidden, n_qkv, threads, half);
+        gemm(h, qkv_w[l], qkv_b ? qkv_b[l] : NULL, qkv, k, hidden, n_qkv, threads, half);
         for (int r = 0; r < k; r++) {
             int pos = start + r, slot = pos;
             float *row = qkv + (size_t)r * n_qkv;
@@ -125,7 +129,7 @@ TARGET_AVX2 static void layers_avx2(int n_layers, int hidden, int n_heads, int n
             const float inv = 1.0f / sum;
             for (int d = 0; d < hd; d++) out[d] *= inv;
         }
-        gemm(attn, o_w[l], o_b[l], tmp, k, n_attn, hidden, threads, half);
+        gemm(attn, o_w[l], o_b ? o_b[l] : NULL, tmp, k, n_attn, hidden, threads, half);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
         rms_norm(x, mlp_norm[l], h, k, hidden, eps);
         gemm(h, gate_up_w[l], NULL, gu, k, hidden, 2 * inter, threads, half);
@@ -139,18 +143,73 @@ TARGET_AVX2 static void layers_avx2(int n_layers, int hidden, int n_heads, int n
     }
 }
 
-/* Returns 0 on success, 1 when head_dim is too large for the rotary buffer, SW_EISA below the AVX2 path. */
-int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                          const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
-                          const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
-                          const float *const *gate_up_w, const float *const *down_w, float *k_cache,
-                          float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads, int half) {
-    if (head_dim > 512) return 1;
+/* a * b, or -1 when either is negative or the product does not fit in 64 bits */
+static int64_t mul64(int64_t a, int64_t b) {
+    int64_t r;
+    if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) return -1;
+    return r;
+}
+
+/* Whether the shape and the weights fit together: every width inside what the kernels index with an int, heads in
+ * whole groups, an even head width, and every layer's norms and product weights there. Returns 0, or QL_EHEAD /
+ * QL_EFIT. */
+static int float_layers_check(const qshape *shape, const flayers *layers) {
+    if (!shape || !layers) return QL_EFIT;
+    if (shape->head_dim > 512) return QL_EHEAD;
+    if (specwise_qllama_scratch_floats(shape, 1) < 0 || shape->layers < 1 || shape->layers > QMAX_DIM ||
+        shape->heads % shape->kv_heads || shape->head_dim < 2 || shape->head_dim % 2 ||
+        (shape->heads + 2 * shape->kv_heads) * shape->head_dim > QMAX_DIM || 2 * shape->inter > QMAX_DIM)
+        return QL_EFIT;
+    if (layers->entries != shape->layers || (layers->half != 0 && layers->half != 1) || !layers->attn_norm ||
+        !layers->qkv_w || !layers->o_w || !layers->mlp_norm || !layers->gate_up_w || !layers->down_w)
+        return QL_EFIT;
+    for (int64_t l = 0; l < shape->layers; l++)
+        if (!layers->attn_norm[l] || !layers->qkv_w[l] || !layers->o_w[l] || !layers->mlp_norm[l] ||
+            !layers->gate_up_w[l] || !layers->down_w[l])
+            return QL_EFIT;
+    return QL_OK;
+}
+
+/* Whether one sequence's rows, the work buffers and the options fit the (checked) shape: positions start ..
+ * start + rows - 1 inside the caches and the rotary tables, and x, scratch and scores large enough. Returns 0, or
+ * QL_EFIT, QL_EWORK, QL_EBUFFER. */
+static int float_rows_check(const qshape *shape, const frows *rows, const qwork *work, const qrun *run) {
+    if (!rows || !work || !run) return QL_EFIT;
+    if (rows->rows < 0 || rows->rows > QL_MAX_ROWS || run->threads < 1 || run->threads > 4096 ||
+        run->mode != MODE_EXACT)
+        return QL_EFIT;
+    const int64_t k = rows->rows;
+    if (k == 0) return QL_OK;
+    if (!rows->x || !rows->k_cache || !rows->v_cache || !rows->cos || !rows->sin || !work->scratch || !work->scores)
+        return QL_EFIT;
+    if (rows->cap < 1 || rows->cap > QMAX_DIM || rows->start < 0 || rows->start > rows->cap - k) return QL_EFIT;
+    const int64_t cache = mul64(mul64(mul64(shape->layers, shape->kv_heads), rows->cap), shape->head_dim);
+    const int64_t pairs = mul64(shape->heads, k); /* the attention's (head, row) pairs, counted with an int */
+    if (cache < 0 || pairs < 0 || pairs > INT32_MAX) return QL_EFIT;
+    const int64_t end = rows->start + k;
+    if (rows->table_rows < end) return QL_EBUFFER;
+    if (rows->x_floats < k * shape->hidden) return QL_EBUFFER;
+    const int64_t scores = mul64(pairs, end);
+    if (work->scratch_floats < specwise_qllama_scratch_floats(shape, k) || scores < 0 || work->scores_floats < scores)
+        return QL_EWORK;
+    return QL_OK;
+}
+
+/* The layers over one sequence's rows (layers_avx2). Returns 0, or a status of specwise.h (1, 5, 6, 7, SW_EISA),
+ * checked before anything is written. */
+int specwise_llama_layers(const qshape *shape, const flayers *layers, const frows *rows, const qwork *work,
+                          const qrun *run) {
     if (specwise_q_isa() < ISA_AVX2) return SW_EISA;
-    layers_avx2(n_layers, hidden, n_heads, n_kv, head_dim, inter, eps, attn_norm, qkv_w, qkv_b, o_w, o_b, mlp_norm,
-                gate_up_w, down_w, k_cache, v_cache, capacity, cos_t, sin_t, x, k, start, scratch, scores, threads,
-                half);
-    return 0;
+    int status = float_layers_check(shape, layers);
+    if (status == QL_OK) status = float_rows_check(shape, rows, work, run);
+    if (status != QL_OK) return status;
+    if (rows->rows == 0) return QL_OK;
+    /* every value below fits in an int: the checks above bound each by 2^30, and the (head, row) pairs too */
+    layers_avx2((int)shape->layers, (int)shape->hidden, (int)shape->heads, (int)shape->kv_heads,
+                (int)shape->head_dim, (int)shape->inter, shape->eps, layers->attn_norm, layers->qkv_w, layers->qkv_b,
+                layers->o_w, layers->o_b, layers->mlp_norm, layers->gate_up_w, layers->down_w, rows->k_cache,
+                rows->v_cache, (int)rows->cap, rows->cos, rows->sin, rows->x, (int)rows->rows, (int)rows->start,
+                work->scratch, work->scores, (int)run->threads, layers->half);
+    return QL_OK;
 }
 #endif /* __x86_64__ */

@@ -24,14 +24,7 @@ int specwise_small_gemm(const float *x, const float *w, const float *bias, float
 /* The same with w stored as float16. */
 int specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
                             int threads);
-/* The float32 decoder layers of a Llama-family model over k rows at positions start.. (0; 1: head_dim > 512;
- * SW_EISA). */
-int specwise_llama_layers(int n_layers, int hidden, int n_heads, int n_kv, int head_dim, int inter, float eps,
-                          const float *const *attn_norm, const float *const *qkv_w, const float *const *qkv_b,
-                          const float *const *o_w, const float *const *o_b, const float *const *mlp_norm,
-                          const float *const *gate_up_w, const float *const *down_w, float *k_cache,
-                          float *v_cache, int capacity, const float *cos_t, const float *sin_t, float *x, int k,
-                          int start, float *scratch, float *scores, int threads, int half);
+/* The float32 decoder layers (specwise_llama_layers) are declared with the quantized layers' structs below. */
 
 /* ---- quantized weights and products (quant_repack.c, quant_gemm.c; the logits scan: logits.c) ---- */
 
@@ -135,6 +128,48 @@ typedef struct {
     int32_t mode;    /* MODE_EXACT or MODE_Q8 */
 } qrun;
 
+/* The float32 decoder layers (specwise_llama_layers, llama.c) take the quantized layers' qshape, qwork and qrun
+ * (run->mode MODE_EXACT: they have no other), their weights in an flayers and one sequence's rows in an frows.
+ * Every size is checked before anything is written; the statuses (0: success):
+ *   1        head_dim over 512
+ *   5        a shape, count, weight, pointer or position that does not fit the others (start + rows over the
+ *            caches' capacity, a null pointer, threads outside 1 .. 4096, a mode other than MODE_EXACT)
+ *   6        a work buffer (scratch, scores) smaller than the call needs
+ *   7        x or the rotary tables smaller than the call needs
+ *   SW_EISA  the instruction path in use is below ISA_AVX2 (checked first, before any pointer is read) */
+
+/* The float32 layers' weights; each table has one entry per layer. The four products' weights are float32, or
+ * float16 with half (a drafter's copies, half the memory traffic); norms and biases are float32. */
+typedef struct {
+    int64_t entries;               /* entries of each table: shape->layers */
+    const float *const *attn_norm; /* [hidden] each */
+    const float *const *qkv_w;     /* [(heads + 2 kv_heads) head_dim, hidden] each: q, k and v fused */
+    const float *const *qkv_b;     /* [(heads + 2 kv_heads) head_dim] each (NULL: none), or NULL: no layer has one */
+    const float *const *o_w;       /* [hidden, heads head_dim] each */
+    const float *const *o_b;       /* [hidden] each (NULL: none), or NULL: no layer has one */
+    const float *const *mlp_norm;  /* [hidden] each */
+    const float *const *gate_up_w; /* [2 inter, hidden] each: gate and up fused */
+    const float *const *down_w;    /* [hidden, inter] each */
+    int32_t half;                  /* the products' weights are float16 (1) or float32 (0) */
+} flayers;
+
+/* One sequence's rows: row r is at position start + r of the caches and attends causally to 0 .. start + r. */
+typedef struct {
+    float *x;                 /* [rows, hidden]: the residual stream, updated in place */
+    int64_t x_floats;         /* floats at x */
+    int64_t rows;             /* 0 .. QL_MAX_ROWS */
+    int64_t start;            /* the first row's position, >= 0 */
+    float *k_cache, *v_cache; /* [layers, kv_heads, cap, head_dim] each: start .. start + rows - 1 are written */
+    int64_t cap;              /* positions the caches hold, 1 .. 2^30, at least start + rows */
+    const float *cos, *sin;   /* rotary tables [table_rows, head_dim], the rotate-half sign folded into sin */
+    int64_t table_rows;       /* positions the rotary tables hold, at least start + rows */
+} frows;
+
+/* The float32 decoder layers of a Llama-family model over one sequence's rows at positions start.. (the structs
+ * and statuses: see flayers and frows above; the status codes are the quantized layers' QL_*, and SW_EISA). */
+int specwise_llama_layers(const qshape *shape, const flayers *layers, const frows *rows, const qwork *work,
+                          const qrun *run);
+
 /* A model's weights outside its layers (specwise_qllama_forward). */
 typedef struct {
     const qmat *embed;      /* [vocab, hidden] */
@@ -212,9 +247,35 @@ int specwise_suffix_abi(void);
 /* The longest match of the context's end in the text, and the range [*lo, *hi) of its occurrences in sa. */
 int64_t specwise_suffix_match(const uint32_t *text, int64_t n, const int32_t *sa, int64_t m, const uint32_t *ctx,
                               int64_t plen, int64_t min_len, int64_t *lo, int64_t *hi);
-/* Draft up to k tokens from the most frequent continuations of a match, with their confidences and counts. */
-int64_t specwise_suffix_draft(const uint32_t *text, int64_t n, const int32_t *sa, int64_t m, int64_t lo, int64_t hi,
-                              int64_t depth, int64_t max_depth, int64_t k, double stop, double smooth, double half,
-                              int64_t scan, int32_t *tokens, float *conf, int64_t *counts);
+/* A suffix index in memory: n token ids (sequences each followed by 0xFFFFFFFF) and the m positions of its suffix
+ * array (m <= n, m < 2^31). */
+typedef struct {
+    const uint32_t *text; /* [n] */
+    int64_t n;
+    const int32_t *sa; /* [m] */
+    int64_t m;
+} sfxindex;
+
+/* How a draft continues a match. */
+typedef struct {
+    int64_t depth;             /* the match's length, 0 .. n */
+    int64_t max_depth;         /* the longest pattern a draft grows to (the depth the suffix array is sorted by) */
+    int64_t k;                 /* the most tokens to draft, 0 .. the outputs' capacity */
+    double stop, smooth, half; /* the product of confidences to stay above; the confidences' prior */
+    int64_t scan;              /* continuations counted exactly in ranges up to this size, else sampled; >= 1 */
+} sfxdraft;
+
+/* Where a draft goes. */
+typedef struct {
+    int32_t *tokens;  /* [capacity] */
+    float *conf;      /* [capacity] */
+    int64_t *counts;  /* [2 capacity] */
+    int64_t capacity; /* the tokens the outputs hold */
+} sfxout;
+
+/* Draft up to opts->k tokens from the most frequent continuations of a match (its occurrences sa[lo .. hi)), with
+ * their confidences and counts; the number drafted, or -1 for arguments out of bounds. */
+int64_t specwise_suffix_draft(const sfxindex *index, int64_t lo, int64_t hi, const sfxdraft *opts,
+                              const sfxout *out);
 
 #endif

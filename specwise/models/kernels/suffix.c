@@ -15,7 +15,7 @@
 
 #define SEP 0xFFFFFFFFu
 #define SUFFIX_BAD (-1)
-#define SUFFIX_ABI 2 /* the entry points' signatures: the Python binding checks it before declaring them */
+#define SUFFIX_ABI 3 /* the entry points' signatures: the Python binding checks it before declaring them */
 
 int specwise_suffix_abi(void) { return SUFFIX_ABI; }
 
@@ -152,24 +152,32 @@ static int mode_at(const uint32_t *text, int64_t n, const int32_t *sa, int64_t d
     return 0;
 }
 
-/* Draft up to k tokens following a match of `depth` tokens whose occurrences are sa[lo..hi): each token is the
- * most frequent continuation of the pattern so far, which then grows by it (the range narrows to its occurrences).
- * conf[i] = (count(token | pattern) + smooth * prior) / (count(pattern) + smooth), with the prior
+/* Draft up to opts->k tokens following a match of opts->depth tokens whose occurrences are sa[lo..hi): each token
+ * is the most frequent continuation of the pattern so far, which then grows by it (the range narrows to its
+ * occurrences). conf[i] = (count(token | pattern) + smooth * prior) / (count(pattern) + smooth), with the prior
  * L / (L + half) of a pattern of L tokens (a longer match is more often followed the same way);
- * counts[2i], counts[2i + 1] = count(token | pattern), count(pattern). Stops at k tokens, at
- * `max_depth`, when the most frequent continuation is the end of a sequence, or before a token that would bring
- * the product of confidences below `stop`. Returns the number of tokens drafted (tokens and conf hold k, counts
- * 2k), or SUFFIX_BAD: sizes out of bounds (m > n, m >= 2^31, [lo, hi) not within [0, m), depth > n, scan < 1) or
- * an sa entry outside the text. */
-int64_t specwise_suffix_draft(const uint32_t *text, int64_t n, const int32_t *sa, int64_t m, int64_t lo, int64_t hi,
-                              int64_t depth, int64_t max_depth, int64_t k, double stop, double smooth, double half,
-                              int64_t scan, int32_t *tokens, float *conf, int64_t *counts) {
+ * counts[2i], counts[2i + 1] = count(token | pattern), count(pattern). Stops at k tokens, at `max_depth`, when the
+ * most frequent continuation is the end of a sequence, or before a token that would bring the product of
+ * confidences below `stop`. Returns the number of tokens drafted, or SUFFIX_BAD: a struct missing, sizes out of
+ * bounds (m > n, m >= 2^31, [lo, hi) not within [0, m), depth > n, scan < 1, k over the outputs' capacity) or an
+ * sa entry outside the text. */
+int64_t specwise_suffix_draft(const sfxindex *index, int64_t lo, int64_t hi, const sfxdraft *opts,
+                              const sfxout *out) {
+    if (!index || !opts || !out) return SUFFIX_BAD;
+    const uint32_t *text = index->text;
+    const int32_t *sa = index->sa;
+    const int64_t n = index->n, m = index->m, k = opts->k, scan = opts->scan, max_depth = opts->max_depth;
+    const double stop = opts->stop, smooth = opts->smooth, half = opts->half;
+    int64_t depth = opts->depth;
     if (n < 0 || m < 0 || m > n || m > INT32_MAX || lo < 0 || lo > hi || hi > m) return SUFFIX_BAD;
-    if (depth < 0 || depth > n || k < 0 || scan < 1 || scan > INT32_MAX) return SUFFIX_BAD;
-    if ((hi > lo && (!text || !sa)) || (k > 0 && (!tokens || !conf || !counts))) return SUFFIX_BAD;
+    if (depth < 0 || depth > n || k < 0 || k > out->capacity || scan < 1 || scan > INT32_MAX) return SUFFIX_BAD;
+    if ((hi > lo && (!text || !sa)) || (k > 0 && (!out->tokens || !out->conf || !out->counts))) return SUFFIX_BAD;
+    int32_t *tokens = out->tokens;
+    float *conf = out->conf;
+    int64_t *counts = out->counts;
     double reach = 1.0;
-    int64_t out = 0;
-    while (out < k && depth < max_depth && hi > lo) {
+    int64_t drafted = 0;
+    while (drafted < k && depth < max_depth && hi > lo) {
         uint32_t t;
         if (mode_at(text, n, sa, depth, lo, hi, scan, &t) < 0) return SUFFIX_BAD;
         if (t == SEP) break;
@@ -179,12 +187,12 @@ int64_t specwise_suffix_draft(const uint32_t *text, int64_t n, const int32_t *sa
         double q = ((double)(b - a) + smooth * prior) / ((double)(hi - lo) + smooth);
         if (reach * q < stop) break;
         reach *= q;
-        tokens[out] = (int32_t)t;
-        conf[out] = (float)q;
-        counts[2 * out] = b - a;
-        counts[2 * out + 1] = hi - lo;
-        out++;
+        tokens[drafted] = (int32_t)t;
+        conf[drafted] = (float)q;
+        counts[2 * drafted] = b - a;
+        counts[2 * drafted + 1] = hi - lo;
+        drafted++;
         lo = a, hi = b, depth++;
     }
-    return out;
+    return drafted;
 }
