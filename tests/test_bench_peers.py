@@ -449,3 +449,34 @@ def test_the_llama_cpp_peer_is_greedy_on_a_gguf_file(tmp_path, monkeypatch, tiny
     monkeypatch.setattr(llamacpp, "find_llama_cpp", lambda: tmp_path)
     with pytest.raises(ValueError, match="needs a GGUF target"):
         runner.run_bench(runner.BenchSettings(target=str(tmp_path), llama_cpp=""), prompts, loaded=tiny_target)
+
+
+def _fake_peer(folder: Path, name: str, body: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    program = folder / name
+    program.write_text(f"#!/bin/sh\n{body}\n")
+    program.chmod(0o755)
+
+
+def test_a_crashing_peer_is_named_with_the_fix(tmp_path, monkeypatch):
+    """llama.cpp killed by a signal (as its AMX product does on some virtual machines): one line naming llama.cpp's
+    program, the signal and the AMX-off rebuild, as a user error (not specwise's internal error)."""
+    from specwise.bench import llamacpp
+    from specwise.cli import USER_ERRORS
+
+    _fake_peer(tmp_path, "llama-bench", 'echo "ggml_backend_amx_mul_mat" >&2; kill -SEGV $$')
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(tmp_path))
+    with pytest.raises(llamacpp.LlamaCppFailed) as err:
+        llamacpp.llama_bench(tmp_path / "m.gguf", n_gen=8)
+    text = str(err.value)
+    assert "llama-bench" in text and "SIGSEGV" in text and "AMX" in text and "ggml_backend_amx_mul_mat" in text
+    assert "\n" not in text and isinstance(err.value, USER_ERRORS)
+
+
+def test_a_failing_peer_says_its_status(tmp_path, monkeypatch):
+    from specwise.bench import llamacpp
+
+    _fake_peer(tmp_path, "llama-completion", 'echo "error: unknown model" >&2; exit 3')
+    monkeypatch.setenv(llamacpp.ENV_VAR, str(tmp_path))
+    with pytest.raises(llamacpp.LlamaCppFailed, match=r"exited with status 3; its last output: error: unknown model"):
+        llamacpp.completion_decode(tmp_path / "m.gguf", "Hello", n_predict=4)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import tempfile
@@ -59,6 +60,29 @@ _GREEDY_FIELDS: dict[str, Any] = {
     "frequency_penalty": 0.0,
     "dry_multiplier": 0.0,
 }
+
+
+class LlamaCppFailed(OSError):
+    """A llama.cpp program exited with an error or was killed: llama.cpp's failure, reported in one line."""
+
+
+def _failed(name: str, proc: subprocess.CompletedProcess) -> LlamaCppFailed:
+    """The error for ``name``'s run ``proc``: its exit status or signal, its last words, and what to do."""
+    last = [line.strip() for line in (proc.stderr or "").splitlines() if line.strip()]
+    said = f"; its last output: {last[-1][:300]}" if last else ""
+    if proc.returncode < 0:
+        try:
+            how = f"was killed by {signal.Signals(-proc.returncode).name}"
+        except ValueError:
+            how = f"was killed by signal {-proc.returncode}"
+        hint = (
+            " (a crash of llama.cpp, not of specwise: a build with GGML_NATIVE=ON on a CPU with AMX crashes in its "
+            "AMX matrix product on some virtual machines; rebuild it with AMX off as docs/FIGURES.md shows and point "
+            f"${ENV_VAR} at it, or leave llama.cpp out of the run)"
+        )
+    else:
+        how, hint = f"exited with status {proc.returncode}", ""
+    return LlamaCppFailed(f"llama.cpp's {name} ({llama_binary(name)}) {how}{hint}{said}")
 
 
 def find_llama_cpp() -> Path | None:
@@ -169,7 +193,7 @@ def llama_bench(
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama-bench failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}")
+        raise _failed("llama-bench", proc)
     records = [summarize_bench_record(r) for r in parse_llama_bench_json(proc.stdout)]
     if not records:
         raise RuntimeError(f"llama-bench returned no results: {' '.join(cmd)}")
@@ -219,7 +243,7 @@ def completion_decode(
     finally:
         os.unlink(prompt_file)
     if proc.returncode != 0:
-        raise RuntimeError(f"llama-completion failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        raise _failed("llama-completion", proc)
     found = list(_EVAL.finditer(proc.stderr))
     if not found:
         raise RuntimeError(f"no eval time in llama-completion's report:\n{proc.stderr[-2000:]}")
