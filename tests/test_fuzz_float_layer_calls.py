@@ -20,18 +20,13 @@ from specwise.models import NativeModel, kernels
 if not kernels.small_gemm_available():
     pytest.skip(f"the float kernels are unavailable: {kernels.kernel_error()}", allow_module_level=True)
 
+from struct_calls import copy_struct, edited, pointers, same_bytes  # noqa: E402
+
 from specwise.models.kernels.layers import FRows, QWork, addr  # noqa: E402
 
 OK, EHEAD, EFIT, EWORK, EBUFFER = 0, 1, 5, 6, 7  # specwise.h's statuses
 MAX_ROWS = 1024  # specwise.h's QL_MAX_ROWS
 START, K, CAP = 5, 3, 12
-
-
-def copy_struct(s: ctypes.Structure) -> ctypes.Structure:
-    """A copy of a struct of value fields and pointers (the pointers still point where the original's do)."""
-    out = type(s)()
-    ctypes.memmove(ctypes.addressof(out), ctypes.addressof(s), ctypes.sizeof(s))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -71,19 +66,9 @@ class Call:
     def status(self, **fields) -> int:
         """The status with ``fields`` (``struct__field`` = value, or ``struct`` = None for a NULL pointer) set on
         copies of the call's structs."""
-        structs = {name: copy_struct(getattr(self, name)) for name in ("shape", "layers", "rows", "work", "run")}
-        for key, value in fields.items():
-            name, _, field = key.partition("__")
-            if field:
-                setattr(structs[name], field, value)
-            else:
-                structs[name] = None
-        ptrs = [None if structs[n] is None else addr(structs[n]) for n in ("shape", "layers", "rows", "work", "run")]
-        return self.lib.specwise_llama_layers(*ptrs)
-
-
-def same_bytes(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
-    return all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(before, after))
+        order = ("shape", "layers", "rows", "work", "run")
+        structs = edited({name: getattr(self, name) for name in order}, fields)
+        return self.lib.specwise_llama_layers(*pointers(structs, order))
 
 
 CASES = {

@@ -22,23 +22,13 @@ from specwise.models.kernels import quant
 if not quant.quantized_available():
     pytest.skip("the native quantized kernels are not built", allow_module_level=True)
 
+from struct_calls import copy_struct, edited, pointers, same_bytes  # noqa: E402
+
 from specwise.models.kernels.layers import QPass, QRows, QRun, QShape, QWork, addr  # noqa: E402
 from specwise.models.quantized import QuantizedModel  # noqa: E402
 
 OK, EHEAD, EIDS, EFIT, EWORK, EBUFFER = 0, 1, 2, 5, 6, 7  # specwise.h's statuses
 MAX_ROWS = 1024  # specwise.h's QL_MAX_ROWS
-
-
-def same_bytes(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
-    """Whether the buffers hold the same bytes (a cache's unwritten positions may hold NaN bits)."""
-    return all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(before, after))
-
-
-def copy_struct(s: ctypes.Structure) -> ctypes.Structure:
-    """A copy of a struct of value fields and pointers (the pointers still point where the original's do)."""
-    out = type(s)()
-    ctypes.memmove(ctypes.addressof(out), ctypes.addressof(s), ctypes.sizeof(s))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +82,12 @@ class Call:
     def status(self, entry: str, **fields) -> int:
         """The status of ``entry`` ("rows" or "forward") with ``fields`` (``struct__field`` = value, or
         ``struct`` = None for a NULL pointer) set on copies of the call's structs."""
-        structs = {name: copy_struct(getattr(self, name)) for name in ("shape", "layers", "rows", "work", "run")}
-        structs["outs"], structs["ends"] = copy_struct(self.pass_), copy_struct(self.ends)
-        for key, value in fields.items():
-            name, _, field = key.partition("__")
-            if field:
-                setattr(structs[name], field, value)
-            else:
-                structs[name] = None
-        ptrs = [None if structs[n] is None else addr(structs[n]) for n in ("shape", "layers", "rows", "work", "run")]
+        own = {name: getattr(self, name) for name in ("shape", "layers", "rows", "work", "run")}
+        structs = edited(own | {"outs": self.pass_, "ends": self.ends}, fields)
+        ptrs = pointers(structs, ("shape", "layers", "rows", "work", "run"))
         if entry == "rows":
             return self.lib.specwise_qllama_rows(*ptrs)
-        extra = [None if structs[n] is None else addr(structs[n]) for n in ("ends", "outs")]
-        return self.lib.specwise_qllama_forward(*ptrs, *extra)
+        return self.lib.specwise_qllama_forward(*ptrs, *pointers(structs, ("ends", "outs")))
 
 
 # what each wrong field is refused with, by both entry points (rows and forward)
@@ -279,17 +262,10 @@ class HeadCall:
         return [t.clone() for t in (self.k_cache, self.v_cache, self.pred, self.logits)]
 
     def status(self, **fields) -> int:
-        structs = {name: copy_struct(s) for name, s in self.structs.items()}
-        shape, layers = copy_struct(self.layer._stack.shape), copy_struct(self.layer._stack.weights)
-        structs["shape"], structs["layers"] = shape, layers
-        for key, value in fields.items():
-            name, _, field = key.partition("__")
-            if field:
-                setattr(structs[name], field, value)
-            else:
-                structs[name] = None
+        own = self.structs | {"shape": self.layer._stack.shape, "layers": self.layer._stack.weights}
+        structs = edited(own, fields)
         order = ("shape", "layers", "head", "step", "work", "run", "out")
-        return self.layer._lib.specwise_head_step(*[None if structs[n] is None else addr(structs[n]) for n in order])
+        return self.layer._lib.specwise_head_step(*pointers(structs, order))
 
 
 HEAD_CASES = {
