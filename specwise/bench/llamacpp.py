@@ -66,8 +66,9 @@ class LlamaCppFailed(OSError):
     """A llama.cpp program exited with an error or was killed: llama.cpp's failure, reported in one line."""
 
 
-def _failed(name: str, proc: subprocess.CompletedProcess) -> LlamaCppFailed:
-    """The error for ``name``'s run ``proc``: its exit status or signal, its last words, and what to do."""
+def _failed(program: str, proc: subprocess.CompletedProcess) -> LlamaCppFailed:
+    """The error for the run ``proc`` of ``program`` (its path): its exit status or signal, its last words, and
+    what to do."""
     last = [line.strip() for line in (proc.stderr or "").splitlines() if line.strip()]
     said = f"; its last output: {last[-1][:300]}" if last else ""
     if proc.returncode < 0:
@@ -82,7 +83,7 @@ def _failed(name: str, proc: subprocess.CompletedProcess) -> LlamaCppFailed:
         )
     else:
         how, hint = f"exited with status {proc.returncode}", ""
-    return LlamaCppFailed(f"llama.cpp's {name} ({llama_binary(name)}) {how}{hint}{said}")
+    return LlamaCppFailed(f"llama.cpp's {Path(program).name} ({program}) {how}{hint}{said}")
 
 
 def find_llama_cpp() -> Path | None:
@@ -193,7 +194,7 @@ def llama_bench(
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise _failed("llama-bench", proc)
+        raise _failed(cmd[0], proc)
     records = [summarize_bench_record(r) for r in parse_llama_bench_json(proc.stdout)]
     if not records:
         raise RuntimeError(f"llama-bench returned no results: {' '.join(cmd)}")
@@ -243,7 +244,7 @@ def completion_decode(
     finally:
         os.unlink(prompt_file)
     if proc.returncode != 0:
-        raise _failed("llama-completion", proc)
+        raise _failed(cmd[0], proc)
     found = list(_EVAL.finditer(proc.stderr))
     if not found:
         raise RuntimeError(f"no eval time in llama-completion's report:\n{proc.stderr[-2000:]}")
