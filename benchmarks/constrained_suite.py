@@ -1,10 +1,15 @@
 """The JSON-schema suite on the default model: plain against the default drafter, greedy, per shape: validity,
 equal answers, speedup, forced tokens and what the grammar's masks cost.
 
+Three configurations: ``per_token`` is constrained plain decoding one pass per token (what llama.cpp's grammars
+and vLLM's structured output do: a forced token costs a pass like any other); ``none`` is specwise's plain decoding,
+which feeds the tokens the grammar forces in the next pass (jump-forward, exact); ``auto`` is the default drafter
+(or ``--drafter``) with jump-forward. Ratios are given against both plain decoders.
+
 The items are the suite's 20 shapes with their prompts (specwise/bench/schemas.py) and Spec-Bench questions
 (extraction by default) asked for an answer in the suite's extraction shape (measurement only). Every shape is
 bounded and each request gets max_json_bytes(schema) new tokens, so every answer ends complete: the goal is 100%
-valid. Each round runs both configurations on every item, in alternating order; tokens/s end to end, the paired
+valid. Each round runs the three configurations on every item, each first in turn; tokens/s end to end, the paired
 ratio per item (geometric mean over rounds; also on decode tokens/s, after the prefill, which dominates the short
 answers), whether the two answers are equal and valid against the schema
 (jsonschema), the share of tokens the grammar forced (jump-forward) and tau. The mask cost is timed apart: the
@@ -13,6 +18,7 @@ time per target pass.
 
     python benchmarks/constrained_suite.py --rounds 3 --out benchmarks/results/constrained_suite.json
     python benchmarks/constrained_suite.py --shapes flat enums --spec-bench 1 --rounds 1   # a smoke run
+    python benchmarks/constrained_suite.py --drafter ngram+head --rounds 1   # another drafter against plain
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
 QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
-DRAFTERS = ("none", "auto")
+DRAFTERS = ("per_token", "none", "auto")  # plain one pass per token, plain with jump-forward, speculative
 
 
 def mask_cost(runtime, tokens: list[int], constraint) -> float:
@@ -86,10 +92,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--spec-bench", type=int, default=10, help="Spec-Bench questions per category (0: none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--drafter", default="auto", help="the speculative configuration set against plain (default: auto)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    runtimes = {d: build_runtime("default", d, "auto", "cpu") for d in DRAFTERS}
+    specs = {"per_token": "none", "none": "none", "auto": args.drafter}  # "auto": the speculative side
+    runtimes = {d: build_runtime("default", specs[d], "auto", "cpu") for d in DRAFTERS}
+    runtimes["per_token"].engine.jump_forward = False  # forced tokens one pass each, as llama.cpp and vLLM decode
     tokenizer = runtimes["none"].tokenizer
     work = items(args)
     for item in work:
@@ -102,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     pass_seconds: list[float] = []
     results: dict[str, list] = {d: [None] * len(work) for d in DRAFTERS}
     for r in range(args.rounds):
-        order = DRAFTERS if r % 2 == 0 else DRAFTERS[::-1]
+        order = DRAFTERS[r % 3 :] + DRAFTERS[: r % 3]  # each configuration first in turn
         for i, item in enumerate(work):
             for d in order:
                 result = runtimes[d].engine.generate(item["ids"], item["params"], item["max_new_tokens"])
@@ -115,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     plain_pass = statistics.median(pass_seconds)
     rows = []
     for i, item in enumerate(work):
-        plain, spec = results["none"][i], results["auto"][i]
+        plain, spec, per_token = results["none"][i], results["auto"][i], results["per_token"][i]
         mask = mask_cost(runtimes["none"], plain.token_ids, item["params"].constraint)
         rows.append(
             {
@@ -123,12 +132,19 @@ def main(argv: list[str] | None = None) -> None:
                 "kind": item["kind"],
                 "max_new_tokens": item["max_new_tokens"],
                 "tokens": len(plain.token_ids),
-                "finish_reason": {"none": plain.finish_reason, "auto": spec.finish_reason},
-                "valid": {"none": valid(plain.text, item["schema"]), "auto": valid(spec.text, item["schema"])},
-                "equal": plain.token_ids == spec.token_ids,
+                "finish_reason": {d: results[d][i].finish_reason for d in DRAFTERS},
+                "valid": {d: valid(results[d][i].text, item["schema"]) for d in DRAFTERS},
+                "equal": plain.token_ids == spec.token_ids == per_token.token_ids,
                 "tokens_per_s": {d: statistics.median(rates[d][i]) for d in DRAFTERS},
                 "paired_speedup": geomean([a / b for a, b in zip(rates["auto"][i], rates["none"][i])]),
                 "paired_decode_speedup": geomean([a / b for a, b in zip(decode["auto"][i], decode["none"][i])]),
+                "paired_speedup_vs_per_token": geomean(
+                    [a / b for a, b in zip(rates["auto"][i], rates["per_token"][i])]
+                ),
+                "paired_decode_speedup_vs_per_token": geomean(
+                    [a / b for a, b in zip(decode["auto"][i], decode["per_token"][i])]
+                ),
+                "jump_forward_speedup": geomean([a / b for a, b in zip(rates["none"][i], rates["per_token"][i])]),
                 "forced_share": spec.stats.forced / max(1, spec.stats.new_tokens),
                 "tau": {d: results[d][i].stats.mean_accepted_length for d in DRAFTERS},
                 "acceptance_rate": spec.stats.acceptance_rate,
@@ -144,10 +160,15 @@ def main(argv: list[str] | None = None) -> None:
             return {}
         return {
             "items": len(chosen),
-            "valid": sum(row["valid"]["none"] and row["valid"]["auto"] for row in chosen) / len(chosen),
+            "valid": sum(all(row["valid"].values()) for row in chosen) / len(chosen),
             "equal": sum(row["equal"] for row in chosen) / len(chosen),
             "paired_speedup": geomean([row["paired_speedup"] for row in chosen]),
             "paired_decode_speedup": geomean([row["paired_decode_speedup"] for row in chosen]),
+            "paired_speedup_vs_per_token": geomean([row["paired_speedup_vs_per_token"] for row in chosen]),
+            "paired_decode_speedup_vs_per_token": geomean(
+                [row["paired_decode_speedup_vs_per_token"] for row in chosen]
+            ),
+            "jump_forward_speedup": geomean([row["jump_forward_speedup"] for row in chosen]),
             "tokens_median": statistics.median(row["tokens"] for row in chosen),
             "forced_share_median": statistics.median(row["forced_share"] for row in chosen),
             "mask_share_of_plain_pass_median": statistics.median(row["mask_share_of_plain_pass"] for row in chosen),

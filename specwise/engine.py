@@ -225,6 +225,9 @@ class Engine:
         adaptive planner's prior (None: a default curve, then what it measures).
     tokenizer: decodes text and stop strings (optional when working with token ids only).
     eos_token_ids: tokens that end generation (default: the tokenizer's EOS token); a request can override them.
+    jump_forward: under a constraint, feed the tokens the grammar forces (the only ones it allows) in the next pass
+        without a pass of their own (exact: p and q are one-hot on them). False gives each its own pass, as a decoder
+        without jump-forward does: the reference the benchmarks measure it against.
     """
 
     def __init__(
@@ -235,8 +238,10 @@ class Engine:
         tokenizer=None,
         eos_token_ids: Iterable[int] | None = None,
         cost_curve: dict[int, float] | None = None,
+        jump_forward: bool = True,
     ) -> None:
         self.planner = make_planner(gamma, cost_curve=cost_curve)
+        self.jump_forward = jump_forward
         self.target = target
         self.drafters = _as_sources(drafter, target)
         self.gamma = self.planner.gamma
@@ -340,7 +345,7 @@ class Engine:
             limit = min(limit, run.target.max_length - len(run.context))
         t0 = time.perf_counter()
         context = run.context
-        if run.grammar is not None and run.logprobs is None:  # jump-forward (its logprobs would be the pass's)
+        if run.grammar is not None and run.logprobs is None and self.jump_forward:  # (logprobs: the pass's own)
             run.jumped = run.grammar.forced(limit)
             limit -= len(run.jumped)
             context = context + run.jumped

@@ -385,6 +385,25 @@ def test_forced_tokens_are_timed_as_rows_of_their_pass_and_counted_apart(tiny_ru
     assert stats.to_dict()["forced"] == stats.forced
 
 
+def test_without_jump_forward_each_token_has_its_own_pass_and_the_answer_is_the_same(tiny_runtimes):
+    """jump_forward=False (the benchmarks' reference decoder) gives the same greedy answer, plainly and under
+    speculation, with the forced tokens decoded one pass each instead of fed free."""
+    runtime = tiny_runtimes[0]
+    target = runtime.engine.target
+    params = SamplingParams(constraint=JsonSchema(SCHEMAS["nested"]))
+    prompt = encode_prompt(runtime.tokenizer, "A person as JSON.", chat=True)
+    out = {}
+    for name, drafter, jump in (("plain", None, True), ("per_token", None, False), ("spec", NgramDrafter(), False)):
+        engine = Engine(target, drafter, gamma=4, tokenizer=runtime.tokenizer, jump_forward=jump)
+        out[name] = engine.generate(prompt, params, 200)
+    assert out["plain"].stats.forced > 0
+    assert out["per_token"].token_ids == out["plain"].token_ids == out["spec"].token_ids
+    per_token = out["per_token"].stats
+    assert per_token.forced == 0 and out["spec"].stats.forced == 0
+    assert per_token.target_passes == per_token.new_tokens
+    assert out["plain"].stats.target_passes < per_token.target_passes
+
+
 def test_a_batch_counts_forced_tokens_as_rows_of_its_pass(tiny_runtimes, monkeypatch):
     runtime = tiny_runtimes[1]
     target = runtime.engine.target
