@@ -309,6 +309,9 @@ def test_make_drafter_with_a_draft_vocabulary(tiny, tmp_path, monkeypatch):
     prompt = sequence(spec, 16, seed=4)
     plain = greedy(Engine(target.model, NoDrafter()), prompt).token_ids
     assert greedy(Engine(target.model, [NgramDrafter(), drafter], gamma="auto"), prompt).token_ids == plain
+    [staged] = make_drafter(f"model:{path}?vocab=20&ranking={ranking}&lookup=3", target)
+    assert staged.lookup is not None and staged.lookup.max_ngram == 3
+    assert greedy(Engine(target.model, staged, gamma=5), prompt).token_ids == plain
     [whole] = make_drafter(f"model:{path}?ranking={ranking}", target)
     assert whole.model.vocab_size == 30
     with pytest.raises(ValueError, match="vocab='x'"):

@@ -92,6 +92,37 @@ def test_model_drafter_greedy_follows_its_model_and_resyncs():
     assert model.tokens == [1, first[0], other, second[0]]
 
 
+def test_model_drafter_lookup_drafts_the_same_tokens_in_fewer_passes():
+    """Greedy drafting that checks lookup continuations in the draft model's passes (lookup=N) gives exactly the
+    token-by-token draft at every step of a repetitive context, resyncing after rejections, with fewer passes."""
+    table = torch.full((1, 6, 6), -5.0)
+    for token in range(6):  # the toy model continues 0 1 2 3 4 0 1 2 ... (5 sends it back to 0)
+        table[0, token, (token + 1) % 5] = 5.0
+    plain, staged = ModelDrafter(ToyModel(table)), ModelDrafter(ToyModel(table), lookup=3)
+    context = [0, 1, 2, 3, 4, 0, 1]
+    for drafter in (plain, staged):
+        drafter.begin(context)
+    for step in range(12):
+        k = 2 + step % 5
+        want = propose(plain, context, k)
+        assert propose(staged, context, k) == want, step
+        assert staged.model.tokens == (context + want)[: len(staged.model.tokens)]  # no unchecked guess kept
+        # the target keeps part of the draft, then writes a token of its own (a 5 now and then: a rejection)
+        keep = step % 3
+        context = context + want[:keep] + [5 if step % 4 == 3 else (want[keep - 1] + 1) % 5 if keep else 0]
+    assert staged.model.passes < plain.model.passes
+
+
+def test_model_drafter_lookup_option_is_checked():
+    from specwise.drafters.vocab import lookup_option, parse_model_spec
+
+    assert parse_model_spec("b.gguf?lookup=3&vocab=8") == ("b.gguf", {"lookup": "3", "vocab": "8"})
+    assert lookup_option({}) == 0 and lookup_option({"lookup": "3"}) == 3
+    for bad in ("0", "9", "x"):
+        with pytest.raises(ValueError, match="lookup="):
+            lookup_option({"lookup": bad})
+
+
 def test_model_drafter_sampling_returns_q_rows():
     drafter = ModelDrafter(ToyModel.random(8, seed=4))
     drafter.begin([1])

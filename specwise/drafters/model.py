@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
+from specwise.drafters.ngram import NgramDrafter
 from specwise.models.base import Model
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
@@ -21,6 +22,11 @@ class ModelDrafter(Drafter):
         token ids, column j of the logits being token ``vocab_ids[j]``; see ``QuantizedModel.restrict_output``):
         greedy drafts the subset's argmax, sampling draws from q over the subset, placed in the full vocabulary of
         ``vocab_size`` ids with zeros elsewhere (the target's verification keeps the output exact either way).
+    lookup: greedy drafting speculates on the draft model itself (0: off). After each drafted token, the tokens
+        that followed the longest earlier match (up to ``lookup`` tokens long) of the context's suffix are fed with
+        it in one pass of the draft model, and kept as far as the draft model's own argmax agrees with them: where
+        the answer repeats the prompt or itself, one draft pass yields several draft tokens, the same ones the
+        token-by-token draft would give.
     """
 
     name = "model"
@@ -31,6 +37,7 @@ class ModelDrafter(Drafter):
         vocab_ids: torch.Tensor | None = None,
         vocab_size: int | None = None,
         input_size: int | None = None,
+        lookup: int = 0,
     ) -> None:
         """input_size: how many token ids the draft model takes in (its embedding's rows; default: ``vocab_size``
         with a draft vocabulary, else the width of its logits). A context holding a token past them (a target's
@@ -50,14 +57,19 @@ class ModelDrafter(Drafter):
         self.vocab_ids = vocab_ids
         self._vocab_list = None if vocab_ids is None else vocab_ids.tolist()
         self.vocab_size = int(vocab_size if vocab_size is not None else model.vocab_size)
+        self.lookup = NgramDrafter(max_ngram=lookup, device=self.device) if lookup > 0 else None
 
     def _forked(self, target: Model) -> None:
         self.model = self.model.sequence()  # the draft model's weights, its own cache
         self._fed = []
+        if self.lookup is not None:
+            self.lookup = NgramDrafter(max_ngram=self.lookup.max_ngram, device=self.device)
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
         self._fed = []
+        if self.lookup is not None:
+            self.lookup.begin(prompt)
 
     def pending(self, context: list[int]) -> int:
         return len(context) - common_prefix(self._fed, context, limit=len(context) - 1)
@@ -83,6 +95,8 @@ class ModelDrafter(Drafter):
         logits, intake = self._sync(context)  # [vocab]
         if logits is None:
             return Draft.empty(self.device)
+        if params.greedy and self.lookup is not None:
+            return Draft(self._staged(context, k, logits), None, intake=intake)
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         ids = self._vocab_list
@@ -108,3 +122,35 @@ class ModelDrafter(Drafter):
                 self._fed.append(token)
         draft_probs = torch.stack(probs) if probs else None
         return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, intake=intake)
+
+    def _argmax(self, logits: torch.Tensor) -> int:
+        best = int(logits.argmax())
+        return best if self._vocab_list is None else self._vocab_list[best]
+
+    def _staged(self, context: list[int], k: int, logits: torch.Tensor) -> list[int]:
+        """``k`` greedy draft tokens, each draft pass also checking a lookup continuation (see ``lookup``): the
+        same tokens as drafting one by one, in fewer passes where the continuation agrees."""
+        self.lookup.index(context)
+        sequence = list(context)
+        tokens: list[int] = []
+        while True:
+            token = self._argmax(logits)
+            tokens.append(token)
+            sequence.append(token)
+            if len(tokens) >= k:
+                return tokens
+            guess, _ = self.lookup.lookup(sequence, k - len(tokens))
+            feed = [token] + guess
+            rows = self.model.forward(torch.tensor(feed, dtype=torch.int64, device=self.device), num_logits=len(feed))
+            self._fed.extend(feed)
+            kept = 0
+            while kept < len(guess) and len(tokens) < k and self._argmax(rows[kept]) == guess[kept]:
+                tokens.append(guess[kept])
+                sequence.append(guess[kept])
+                kept += 1
+            if kept < len(guess):  # the cache keeps what the draft model agreed with
+                self.model.rollback(self.model.length - (len(guess) - kept))
+                del self._fed[len(self._fed) - (len(guess) - kept) :]
+            if len(tokens) >= k:
+                return tokens
+            logits = rows[kept]

@@ -48,17 +48,27 @@ class NgramDrafter(Drafter):
                     table[tuple(context[end - n : end])] = end
         self._indexed_until = max(self._indexed_until, end_limit)
 
-    def propose(self, context: list[int], k: int, params: SamplingParams, generator, stop: float = 0.0) -> Draft:
+    def index(self, context: list[int]) -> None:
+        """Bring the index up to ``context`` (started over when it is not a continuation of the indexed one)."""
         if len(context) < self._indexed_until:
-            self.begin([])  # the context is not a continuation of the indexed one: start over
+            self.begin([])
         self._index(context)
+
+    def lookup(self, sequence: list[int], k: int) -> tuple[list[int], int]:
+        """Up to ``k`` tokens that followed the longest indexed match of ``sequence``'s suffix, and the match's
+        length (0: none). ``sequence`` may run past the indexed context (a draft's own tokens): only its suffix is
+        looked up, so the continuation always starts inside the indexed part."""
+        for n in range(self.max_ngram, self.min_ngram - 1, -1):
+            if len(sequence) < n:
+                continue
+            end = self._last[n].get(tuple(sequence[-n:]))
+            if end is not None:
+                return list(sequence[end : end + k]), n
+        return [], 0
+
+    def propose(self, context: list[int], k: int, params: SamplingParams, generator, stop: float = 0.0) -> Draft:
+        self.index(context)
         if k <= 0:
             return Draft.empty(self.device)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):
-            if len(context) < n:
-                continue
-            end = self._last[n].get(tuple(context[-n:]))
-            if end is not None:
-                continuation = context[end : end + k]
-                return Draft(list(continuation), kind=n, device=self.device)
-        return Draft.empty(self.device)
+        continuation, n = self.lookup(context, k)
+        return Draft(continuation, kind=n, device=self.device) if continuation else Draft.empty(self.device)

@@ -133,17 +133,19 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
 
 def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
     """Split a ``model:`` drafter's argument ``ID?key=value&key=value`` into the model ID and its options
-    (``vocab``: a draft vocabulary size, ``ranking``: a ranking file). Unknown or repeated keys are refused."""
+    (``vocab``: a draft vocabulary size, ``ranking``: a ranking file, ``lookup``: the longest match of greedy drafting
+    on the draft model itself, see ModelDrafter). Unknown or repeated keys are refused."""
     model_id, sep, query = arg.partition("?")
     options: dict[str, str] = {}
     if not sep:
         return model_id, options
     for item in query.split("&"):
         key, eq, value = item.partition("=")
-        if key not in ("vocab", "ranking") or not eq or not value:
+        if key not in ("vocab", "ranking", "lookup") or not eq or not value:
             raise ValueError(
                 f"bad drafter option {item!r} in model:{arg}: use model:ID?vocab=N (a draft vocabulary of the N "
-                "tokens the target writes most) and optionally &ranking=FILE"
+                "tokens the target writes most), optionally &ranking=FILE, and lookup=N (the draft model checks "
+                "prompt-lookup continuations of matches up to N tokens long)"
             )
         if key in options:
             raise ValueError(f"drafter option {key!r} given twice in model:{arg}")
@@ -151,6 +153,20 @@ def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
     if "ranking" in options and "vocab" not in options:
         options["vocab"] = "all"
     return model_id, options
+
+
+def lookup_option(options: dict[str, str]) -> int:
+    """``lookup=N`` as an int (0 when absent), refused outside 1..8."""
+    value = options.get("lookup")
+    if value is None:
+        return 0
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if not 1 <= size <= 8:
+        raise ValueError(f"bad drafter option lookup={value!r}: give the longest match to look up, 1 to 8 (lookup=3)")
+    return size
 
 
 def vocab_size_option(value: str) -> int | None:
