@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specwise.constraints import GrammarState, constrain_logits
-from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.none import NoDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
@@ -191,6 +191,7 @@ class Run:
         self.stats = SpecStats(prompt_tokens=len(prompt_ids))
         self.text: StopText | None = None
         self.context = list(prompt_ids)
+        self.cached = 0  # leading prompt tokens whose cache the previous request left (Engine.stream)
         self.produced = 0
         self.finish: str | None = None
         self.last_accepted = 0
@@ -201,8 +202,9 @@ class Run:
         self.t0 = time.perf_counter()
 
     def prefill_tokens(self) -> list[int]:
-        """What goes into the cache before the first step: the prompt but its last token."""
-        return self.prompt_ids[:-1]
+        """What goes into the cache before the first step: the prompt but its last token (and but the positions
+        kept from the previous request, ``cached``)."""
+        return self.prompt_ids[self.cached : -1]
 
     def prefilled(self, seconds: float) -> None:
         self.stats.prefill_seconds = seconds
@@ -248,6 +250,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
         self._state: PlanState | None = None  # the planner's view of the sequence (kept from request to request)
+        self._cache: tuple[list[int], int | None, bool] | None = None  # the last request's context, target.feeds
+        # and keep_features after its last step: what the next request may keep of the target's cache
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
@@ -291,7 +295,12 @@ class Engine:
         (``logprobs``: also each emitted token's log-probability)."""
         if self._state is None or not _same(self._state.sources, self.drafters):
             self._state = self.planner.new_state(self.drafters)
-        run = self.start(self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs)
+        features = any(d.needs_features for d in self._state.sources)
+        keep = self._reusable(prompt_ids, features)
+        self._cache = None
+        run = self.start(
+            self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, keep
+        )
         prefill = run.prefill_tokens()
         if prefill:
             self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
@@ -307,7 +316,21 @@ class Engine:
             if governor is not None:  # the pass may have been a try of the other count
                 self.planner.use_threads(governor.last)
             self.planner.observe(run.state, proposal, run.last_accepted, time.perf_counter() - t1)
+            self._cache = (run.context, self.target.feeds, self.target.keep_features)
             yield event
+
+    def _reusable(self, prompt_ids: list[int], features: bool) -> int:
+        """How many leading prompt tokens the target's cache holds from the previous request (prompt caching: a
+        shared system prompt or the turns of a chat are not fed again). Exact by the Model contract (rolling back
+        and feeding gives the logits of a fresh cache); 0 when anything else wrote the cache since, or when the
+        request needs features that were not kept. The last prompt token is always fed, for the first step."""
+        if self._cache is None:
+            return 0
+        context, feeds, had_features = self._cache
+        if feeds is None or feeds != self.target.feeds or (features and not had_features):
+            return 0
+        prompt = [int(t) for t in prompt_ids]
+        return min(common_prefix(context, prompt, limit=len(prompt) - 1), self.target.length)
 
     def start(
         self,
@@ -319,9 +342,11 @@ class Engine:
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
         logprobs: LogprobOptions | None = None,
+        keep: int = 0,
     ) -> Run:
         """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
-        ``state``'s sources: checked, its drafters begun, its cache emptied (the prompt is not fed yet)."""
+        ``state``'s sources: checked, its drafters begun, its cache emptied but its first ``keep`` positions
+        (already the prompt's: see ``_reusable``; the rest of the prompt is not fed yet)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         stop = list(stop)
@@ -331,7 +356,8 @@ class Engine:
         if params.constraint is not None:
             run.grammar = GrammarState(params.constraint, self.tokenizer, target.vocab_size, run.eos)
         run.text = StopText(self.tokenizer, stop)
-        target.reset()
+        target.rollback(keep)
+        run.cached = keep
         target.keep_features = any(d.needs_features for d in state.sources)
         for drafter in state.sources:
             drafter.begin(prompt_ids)

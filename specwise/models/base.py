@@ -21,6 +21,8 @@ class Model(ABC):
     device: torch.device
     max_length: int | None = None  # the longest sequence the model supports, when known
     keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
+    feeds: int | None = None  # passes and copies that wrote the cache (None: never written): who reuses a cache
+    # across requests checks that nobody else wrote it in between
 
     @property
     @abstractmethod
@@ -53,6 +55,7 @@ class Model(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot copy another sequence's cache")
 
     def _check_copy_prefix(self, source: Model, same_weights: bool, length: int) -> None:
+        self.feeds = (self.feeds or 0) + 1
         if type(source) is not type(self) or not same_weights:
             raise ValueError("copy_prefix takes another sequence of the same model (made by sequence())")
         if not 0 <= length <= source.length:
@@ -88,6 +91,7 @@ class Model(ABC):
         self.rollback(0)
 
     def _check_forward(self, tokens: torch.Tensor) -> None:
+        self.feeds = (self.feeds or 0) + 1
         if tokens.dim() != 1 or tokens.numel() == 0:
             raise ValueError(f"forward takes a non-empty 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
         if self.max_length is not None and self.length + tokens.numel() > self.max_length:
