@@ -1,0 +1,75 @@
+"""Draft passes against draft tokens for model drafters: how many passes of the draft model each answer took, how
+many rows they fed, and the step's time split (draft, verify), per question, greedy. It shows whether the draft
+model speculating on itself (``model:…?lookup=N``) saves draft passes.
+
+    python benchmarks/draft_passes.py --target …/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
+        --drafters "model:…0.5B…gguf?vocab=65536" "model:…0.5B…gguf?vocab=65536&lookup=3" --questions 4 \\
+        --out benchmarks/results/xeon_qwen15_staged_coding/draft_passes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from specwise.bench.runner import emit_json, script_header
+from specwise.runtime import build_runtime, encode_prompt
+from specwise.sampling import SamplingParams
+
+QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafters", nargs="+", required=True)
+    ap.add_argument("--category", default="coding")
+    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
+    chosen = [q for q in rows if q["category"] == args.category][: args.questions]
+    out = {}
+    for spec in args.drafters:
+        runtime = build_runtime(args.target, spec, "auto", "cpu")
+        draft = runtime.engine.drafters[0].model
+        counts = {"passes": 0, "rows": 0}
+        forward = draft.forward
+
+        def recording(tokens, num_logits=None, forward=forward, counts=counts):
+            counts["passes"] += 1
+            counts["rows"] += int(tokens.numel())
+            return forward(tokens, num_logits)
+
+        draft.forward = recording
+        answers = []
+        for q in chosen:
+            counts.update(passes=0, rows=0)
+            ids = encode_prompt(runtime.tokenizer, q["turns"][0], chat=True)
+            stats = runtime.engine.generate(ids, SamplingParams(), args.max_new_tokens).stats
+            answers.append(
+                {
+                    "question_id": q["question_id"],
+                    "tokens_per_s": stats.new_tokens / stats.total_seconds,
+                    "new_tokens": stats.new_tokens,
+                    "drafted": stats.drafted,
+                    "accepted": stats.accepted,
+                    "target_passes": stats.target_passes,
+                    "draft_passes": counts["passes"],  # the prompt's intake included
+                    "draft_rows": counts["rows"],
+                    "draft_seconds": stats.draft_seconds,
+                    "verify_seconds": stats.verify_seconds,
+                }
+            )
+        out[spec] = answers
+    emit_json({**script_header(argv), "target": args.target, "by_drafter": out}, args.out)
+
+
+if __name__ == "__main__":
+    main()
