@@ -12,16 +12,7 @@
 static inline float exp_approx(float x) {
     const float c = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
     const float n = floorf(fmaf(c, 1.44269504088896341f, 0.5f));
-    float r = fmaf(n, -0.693145751953125f, c);
-    r = fmaf(n, -1.428606765330187e-06f, r);
-    float p = 1.0f / 5040.0f;
-    p = fmaf(p, r, 1.0f / 720.0f);
-    p = fmaf(p, r, 1.0f / 120.0f);
-    p = fmaf(p, r, 1.0f / 24.0f);
-    p = fmaf(p, r, 1.0f / 6.0f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    const float p = exp_reduced(n, c);
     union {
         int32_t i;
         float f;
@@ -34,16 +25,7 @@ static inline float exp_approx(float x) {
 TARGET_AVX2 static inline __m256 exp256(__m256 x) {
     const __m256 c = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
     const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(c, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), c);
-    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256 p = exp_reduced256(n, c);
     __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
     __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
     __m256 low = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);

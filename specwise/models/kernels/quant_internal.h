@@ -156,6 +156,39 @@ SW_HIDDEN extern const qkernels qk_avx2, qk_avx512;
 /* The kernels of the path in use (quant_gemm.c; chosen with the path: first use or specwise_q_set_isa). */
 SW_HIDDEN const qkernels *q_kernels(void);
 
+/* e^(x - n ln2) for an integral n with |x - n ln2| <= ln2 / 2: Cody-Waite reduction (ln 2 in two parts, the first
+ * exact in float) and the degree-7 Taylor polynomial (Horner, fused multiply-adds). The exp approximations of the
+ * layers (exp_approx, qllama_internal.h) and of sampling (exp_neg, sample.c) round n and scale by 2^n each their
+ * own way, around this shared core. */
+static inline float exp_reduced(float n, float x) {
+    float r = fmaf(n, -0.693145751953125f, x);
+    r = fmaf(n, -1.428606765330187e-06f, r);
+    float p = 1.0f / 5040.0f;
+    p = fmaf(p, r, 1.0f / 720.0f);
+    p = fmaf(p, r, 1.0f / 120.0f);
+    p = fmaf(p, r, 1.0f / 24.0f);
+    p = fmaf(p, r, 1.0f / 6.0f);
+    p = fmaf(p, r, 0.5f);
+    p = fmaf(p, r, 1.0f);
+    return fmaf(p, r, 1.0f);
+}
+
+#ifdef SPECWISE_X86
+/* exp_reduced on eight lanes: the same operations in the same order */
+TARGET_AVX2 static inline __m256 exp_reduced256(__m256 n, __m256 x) {
+    __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-0.693145751953125f), x);
+    r = _mm256_fmadd_ps(n, _mm256_set1_ps(-1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    return _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+}
+#endif
+
 /* The logits scan's kernels (logits.c) */
 SW_HIDDEN float logits_max_portable(const float *x, int n, int *nan);
 SW_HIDDEN int logits_find_portable(const float *x, int n, float v);

@@ -24,16 +24,7 @@
 static inline float exp_neg(float x) {
     if (!(x > -86.0f)) return 0.0f; /* also -inf */
     const float j = nearbyintf(x * 1.44269504088896341f);
-    float r = fmaf(j, -0.693145751953125f, x); /* ln 2 in two parts: the first exact in float */
-    r = fmaf(j, -1.428606765330187045e-06f, r);
-    float p = 1.0f / 5040.0f;
-    p = fmaf(p, r, 1.0f / 720.0f);
-    p = fmaf(p, r, 1.0f / 120.0f);
-    p = fmaf(p, r, 1.0f / 24.0f);
-    p = fmaf(p, r, 1.0f / 6.0f);
-    p = fmaf(p, r, 0.5f);
-    p = fmaf(p, r, 1.0f);
-    p = fmaf(p, r, 1.0f);
+    float p = exp_reduced(j, x);
     int32_t bits;
     memcpy(&bits, &p, 4);
     bits += (int32_t)j * (1 << 23); /* times 2^j: j >= -124 here and p in [0.7, 1.42], so the result is normal */
@@ -103,16 +94,7 @@ TARGET_AVX2 static inline __m256 exp_neg8(__m256 x) {
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-86.0f), _CMP_GT_OQ);
     const __m256 j = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fmadd_ps(j, _mm256_set1_ps(-0.693145751953125f), x);
-    r = _mm256_fmadd_ps(j, _mm256_set1_ps(-1.428606765330187045e-06f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256 p = exp_reduced256(j, x);
     const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(_mm256_and_ps(j, keep)), 23);
     p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
     return _mm256_and_ps(p, keep);
