@@ -39,3 +39,11 @@ def pointers(structs: dict[str, ctypes.Structure | None], order) -> list:
 def same_bytes(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
     """Whether the buffers hold the same bytes (a cache's unwritten positions may hold NaN bits)."""
     return all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(before, after))
+
+
+def assert_refused_unwritten(call, expected: int, *args, **fields) -> None:
+    """``call.status(*args, **fields)`` returns ``expected`` and leaves every buffer of ``call.snapshot()`` as it
+    was (a refused call writes nothing)."""
+    before = call.snapshot()
+    assert call.status(*args, **fields) == expected
+    assert same_bytes(before, call.snapshot()), "a refused call wrote"

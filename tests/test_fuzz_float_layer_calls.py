@@ -20,7 +20,7 @@ from specwise.models import NativeModel, kernels
 if not kernels.small_gemm_available():
     pytest.skip(f"the float kernels are unavailable: {kernels.kernel_error()}", allow_module_level=True)
 
-from struct_calls import copy_struct, edited, pointers, same_bytes  # noqa: E402
+from struct_calls import assert_refused_unwritten, copy_struct, edited, pointers, same_bytes  # noqa: E402
 
 from specwise.models.kernels.layers import FRows, QWork, addr  # noqa: E402
 
@@ -131,9 +131,7 @@ def test_a_call_that_does_not_fit_is_refused_before_anything_is_written(model, c
     call = Call(model)
     fields, expected = CASES[case]
     before = call.snapshot()
-    values = {key: v(call) if callable(v) else v for key, v in fields.items()}
-    assert call.status(**values) == expected
-    assert same_bytes(before, call.snapshot()), "a refused call wrote"
+    assert_refused_unwritten(call, expected, **{key: v(call) if callable(v) else v for key, v in fields.items()})
     assert call.status() == OK  # the same call with the right fields runs
     assert not same_bytes(before, call.snapshot())
 

@@ -22,7 +22,7 @@ from specwise.models.kernels import quant
 if not quant.quantized_available():
     pytest.skip("the native quantized kernels are not built", allow_module_level=True)
 
-from struct_calls import copy_struct, edited, pointers, same_bytes  # noqa: E402
+from struct_calls import assert_refused_unwritten, copy_struct, edited, pointers, same_bytes  # noqa: E402
 
 from specwise.models.kernels.layers import QPass, QRows, QRun, QShape, QWork, addr  # noqa: E402
 from specwise.models.quantized import QuantizedModel  # noqa: E402
@@ -138,11 +138,9 @@ def _resolve(fields: dict, sizes: dict) -> dict:
 def test_a_call_that_does_not_fit_is_refused_before_anything_is_written(model, entry, case):
     call = Call(model)
     fields, expected = ROWS_CASES[case]
-    before = call.snapshot()
     sizes = {"k": call.rows.rows, "start": model.length, "scratch": call.work.scratch_floats,
              "scores": call.work.scores_floats}  # fmt: skip
-    assert call.status(entry, **_resolve(fields, sizes)) == expected
-    assert same_bytes(before, call.snapshot()), "a refused call wrote"
+    assert_refused_unwritten(call, expected, entry, **_resolve(fields, sizes))
     assert call.status(entry) == OK  # the same call with the right fields runs
 
 
@@ -182,9 +180,7 @@ def test_a_forward_whose_outputs_do_not_fit_is_refused_before_anything_is_writte
     call = Call(model)
     fields, expected = FORWARD_CASES[case]
     fields = _resolve(fields, {"k": call.rows.rows, "logits": call.logits.numel(), "features": call.features.numel()})
-    before = call.snapshot()
-    assert call.status("forward", **fields) == expected
-    assert same_bytes(before, call.snapshot()), "a refused call wrote"
+    assert_refused_unwritten(call, expected, "forward", **fields)
 
 
 def test_a_forward_with_an_id_outside_the_embedding_writes_nothing(model):
@@ -298,9 +294,7 @@ HEAD_CASES = {
 def test_a_head_step_that_does_not_fit_is_refused_before_anything_is_written(head, case):
     call = HeadCall(head)
     fields, expected = HEAD_CASES[case]
-    before = call.snapshot()
-    assert call.status(**fields) == expected
-    assert same_bytes(before, call.snapshot()), "a refused step wrote"
+    assert_refused_unwritten(call, expected, **fields)
     assert call.status() == OK
 
 
