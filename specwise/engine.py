@@ -295,8 +295,7 @@ class Engine:
         (``logprobs``: also each emitted token's log-probability)."""
         if self._state is None or not _same(self._state.sources, self.drafters):
             self._state = self.planner.new_state(self.drafters)
-        features = any(d.needs_features for d in self._state.sources)
-        keep = self._reusable(prompt_ids, features)
+        keep = self._reusable(prompt_ids)
         self._cache = None
         run = self.start(
             self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, keep
@@ -319,7 +318,7 @@ class Engine:
             self._cache = (run.context, self.target.feeds, self.target.keep_features)
             yield event
 
-    def _reusable(self, prompt_ids: list[int], features: bool) -> int:
+    def _reusable(self, prompt_ids: list[int]) -> int:
         """How many leading prompt tokens the target's cache holds from the previous request (prompt caching: a
         shared system prompt or the turns of a chat are not fed again). Exact by the Model contract (rolling back
         and feeding gives the logits of a fresh cache); 0 when anything else wrote the cache since, or when the
@@ -327,6 +326,7 @@ class Engine:
         if self._cache is None:
             return 0
         context, feeds, had_features = self._cache
+        features = any(d.needs_features for d in self._state.sources)
         if feeds is None or feeds != self.target.feeds or (features and not had_features):
             return 0
         prompt = [int(t) for t in prompt_ids]

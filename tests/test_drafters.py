@@ -227,6 +227,10 @@ def test_forks_of_the_model_drafter_draft_on_their_own_sequence(params):
     d = ModelDrafter(ToyModel(table))
     f = d.fork(ToyModel(table).sequence())
     assert f.model is not d.model and f.model.table is d.model.table and f._fed is not d._fed
+    assert_forks_draft_alone(lambda: ModelDrafter(ToyModel(table), lookup=2), lambda d: d.fork(None), params)
+    staged = ModelDrafter(ToyModel(table), lookup=2)
+    forked = staged.fork(None)
+    assert forked.lookup is not staged.lookup and forked.lookup.max_ngram == 2
 
 
 def test_forks_of_a_native_model_drafter_share_its_weights():

@@ -63,7 +63,7 @@ class ModelDrafter(Drafter):
         self.model = self.model.sequence()  # the draft model's weights, its own cache
         self._fed = []
         if self.lookup is not None:
-            self.lookup = NgramDrafter(max_ngram=self.lookup.max_ngram, device=self.device)
+            self.lookup = self.lookup.fork(target)  # the same lookup, its own index
 
     def begin(self, prompt: list[int]) -> None:
         self.model.reset()
@@ -102,8 +102,7 @@ class ModelDrafter(Drafter):
         ids = self._vocab_list
         for i in range(k):
             if params.greedy:
-                best = int(logits.argmax())
-                token = best if ids is None else ids[best]
+                token = self._argmax(logits)
             elif ids is None:
                 q = probs_from_logits(logits, params)  # [vocab]
                 token = int(sample(q, generator))
@@ -124,6 +123,7 @@ class ModelDrafter(Drafter):
         return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, intake=intake)
 
     def _argmax(self, logits: torch.Tensor) -> int:
+        """The greedy token of a row of the draft model's logits (a column of the draft vocabulary mapped back)."""
         best = int(logits.argmax())
         return best if self._vocab_list is None else self._vocab_list[best]
 
@@ -148,9 +148,10 @@ class ModelDrafter(Drafter):
                 tokens.append(guess[kept])
                 sequence.append(guess[kept])
                 kept += 1
-            if kept < len(guess):  # the cache keeps what the draft model agreed with
-                self.model.rollback(self.model.length - (len(guess) - kept))
-                del self._fed[len(self._fed) - (len(guess) - kept) :]
+            dropped = len(guess) - kept
+            if dropped:  # the cache keeps what the draft model agreed with
+                self.model.rollback(self.model.length - dropped)
+                del self._fed[-dropped:]
             if len(tokens) >= k:
                 return tokens
             logits = rows[kept]
