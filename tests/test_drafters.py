@@ -92,6 +92,28 @@ def test_model_drafter_greedy_follows_its_model_and_resyncs():
     assert model.tokens == [1, first[0], other, second[0]]
 
 
+def test_model_drafter_greedy_confidence_stops_drafting_at_the_stop_level():
+    """Greedy with a stop level: each drafted token carries the draft model's probability of it, and drafting stops
+    at the first token where their product falls below the level (that token is the last drafted, with no pass
+    after it); without a level, no confidences and the whole draft."""
+    table = torch.full((1, 4, 4), 0.0)
+    for token, (nxt, logit) in enumerate([(1, 4.0), (2, 3.0), (3, 0.5), (0, 4.0)]):
+        table[0, token, nxt] = logit  # token -> nxt with probability e^logit / (e^logit + 3)
+    p = [torch.softmax(table[0, t], -1).max().item() for t in range(4)]
+    drafter = ModelDrafter(ToyModel(table))
+    drafter.begin([0])
+    whole = drafter.propose([0], 4, GREEDY, None)
+    assert whole.ids == [1, 2, 3, 0] and whole.confidence is None
+    passes = drafter.model.passes
+    stop = p[0] * p[1] * p[2] * 1.01  # the third token's product falls just below it
+    cut = drafter.propose([0], 4, GREEDY, None, stop=stop)
+    assert cut.ids == [1, 2, 3]
+    assert cut.confidence == pytest.approx(p[:3])
+    assert drafter.model.passes - passes == 3  # the context's pass, then one per drafted token but the last
+    # at a level the whole draft clears, the same draft as without one
+    assert drafter.propose([0], 4, GREEDY, None, stop=p[0] * p[1] * p[2] * p[3] * 0.99).ids == [1, 2, 3, 0]
+
+
 def test_model_drafter_lookup_drafts_the_same_tokens_in_fewer_passes():
     """Greedy drafting that checks lookup continuations in the draft model's passes (lookup=N) gives exactly the
     token-by-token draft at every step of a repetitive context, resyncing after rejections, with fewer passes."""

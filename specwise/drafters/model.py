@@ -100,9 +100,20 @@ class ModelDrafter(Drafter):
         tokens: list[int] = []
         probs: list[torch.Tensor] = []
         ids = self._vocab_list
+        # greedy with a stop level: each token's confidence is the draft model's probability of it (its largest),
+        # the planner's estimate that the target's greedy choice is the same; drafting stops at the first token
+        # where their product falls below the stop level (the planner cuts that token: no pass is spent after it)
+        confidence: list[float] | None = [] if params.greedy and stop > 0 else None
+        reach = 1.0
         for i in range(k):
             if params.greedy:
                 token = self._argmax(logits)
+                if confidence is not None:
+                    confidence.append(float(torch.softmax(logits, -1).max()))
+                    reach *= confidence[-1]
+                    if reach < stop:
+                        tokens.append(token)
+                        break
             elif ids is None:
                 q = probs_from_logits(logits, params)  # [vocab]
                 token = int(sample(q, generator))
@@ -120,7 +131,9 @@ class ModelDrafter(Drafter):
                 logits = self.model.forward(torch.tensor([token], device=self.device), num_logits=1)[-1]
                 self._fed.append(token)
         draft_probs = torch.stack(probs) if probs else None
-        return Draft(torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, intake=intake)
+        return Draft(
+            torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, confidence, intake=intake
+        )
 
     def _argmax(self, logits: torch.Tensor) -> int:
         """The greedy token of a row of the draft model's logits (a column of the draft vocabulary mapped back)."""
