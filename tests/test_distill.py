@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -324,3 +325,55 @@ def test_a_damaged_data_shard_is_refused(tmp_path):
         assert str(path) in str(info.value) and "\n" not in str(info.value)
     save_file({k: v.contiguous() for k, v in good.items()}, str(path))
     assert torch.equal(load_shards([path])[0].tokens, good["tokens"])
+
+
+def test_native_generation_equals_the_quantized_models_own_answers(tmp_path):
+    """--target-precision q8: a batch answered in one pass per step over its unfinished rows gives each row the
+    q8 model's own greedy answer, its features and its log-normalisers, rows ending at their own end tokens."""
+    pytest.importorskip("gguf")
+    from test_quantized_model import VARIANTS, write_gguf
+
+    from specwise.distill.data import _generate_batch_native, generate_shards
+    from specwise.models.quantized import QuantizedModel
+
+    spec = VARIANTS["llama-Q4_1"]  # answers that vary (others repeat a token)
+    path = tmp_path / "tiny.gguf"
+    write_gguf(path, spec)
+    model = QuantizedModel(path, precision="q8")
+    prompts = [[3, 9, 4], [7, 1, 1, 5, 2], [11], [6, 6, 8, 2]]
+    plain = Engine(QuantizedModel(path, precision="q8"), None, gamma=0)
+    first = plain.generate(prompts[0], max_new_tokens=10).token_ids
+    end = next(j for j in range(2, 9) if first[j] not in first[:j])  # the first row ends at its token `end`
+    eos = {first[end]}  # the others where they write it, or after 10 tokens
+    rows = _generate_batch_native(model, prompts, 10, eos, 0.0, torch.Generator().manual_seed(0))
+    assert rows[0][0] == prompts[0] + first[: end + 1]
+    for prompt, (tokens, feats, lse) in zip(prompts, rows):
+        want = plain.generate(prompt, max_new_tokens=10, eos_token_ids=sorted(eos)).token_ids
+        assert tokens == prompt + want
+        fresh = QuantizedModel(path, precision="q8")
+        fresh.keep_features = True
+        logits = fresh.forward(torch.tensor(tokens[:-1]))
+        assert feats.shape == (len(tokens) - 1, spec.hidden) and feats.dtype == torch.float16
+        torch.testing.assert_close(feats, fresh.features(0, len(tokens) - 1).to(torch.float16))
+        torch.testing.assert_close(lse, torch.logsumexp(logits, -1), atol=1e-5, rtol=1e-5)
+
+    class Tokenizer:
+        pad_token_id, chat_template = 0, None
+
+        def __call__(self, text):
+            return {"input_ids": [len(text) % spec.vocab, 5]}
+
+    # what generate_shards reads of a loaded target besides the native model
+    loaded = SimpleNamespace(name="tiny", model=model, hf_model=None, eos_token_ids=eos, tokenizer=Tokenizer())
+    (shard,) = generate_shards(loaded, ["ab"], tmp_path / "answers", max_new_tokens=4, native=model, progress=False)
+    plan = json.loads((tmp_path / "answers" / "manifest.json").read_text())
+    assert plan["evaluation"] == "q8"
+    assert load_shards([shard])[0].features.dtype == torch.float16
+
+
+def test_target_precision_q8_needs_a_gguf_target(tiny_dir):
+    from specwise.distill import DistillOptions, native_target
+
+    assert native_target(DistillOptions(target=str(tiny_dir))) is None  # float32: the reference, as before
+    with pytest.raises(ValueError, match="needs a GGUF target"):
+        native_target(DistillOptions(target=str(tiny_dir), target_precision="q8"))

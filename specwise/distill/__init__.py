@@ -41,6 +41,7 @@ class DistillOptions(AnswerOptions):
     resume: bool = False
     init: Path | None = None  # warm start: a trained head's directory (same target)
     data_only: bool = False
+    target_precision: str = "float32"  # how the target is evaluated as it answers: float32 (reference) or q8 (native)
 
 
 def held_out_split(paths: list[Path], every: int = 10) -> tuple[list[Path], list[Path]]:
@@ -83,9 +84,31 @@ class DistillData:
         }
 
 
-def make_data(opts: DistillOptions, loaded, prompts: list[str], tasks: list[str], log=print) -> DistillData:
+def native_target(opts: DistillOptions):
+    """The target as the native quantized model evaluates it, for ``--target-precision q8`` (None for float32)."""
+    if opts.target_precision == "float32":
+        return None
+    from specwise.models.kernels.quant import quantized_available
+    from specwise.models.loader import gguf_source
+    from specwise.models.quantized import QuantizedModel
+
+    path = gguf_source(opts.target)
+    if opts.target_precision != "q8":
+        raise ValueError(f"--target-precision {opts.target_precision!r}: use float32 or q8")
+    if path is None or opts.device != "cpu" or not quantized_available():
+        raise ValueError(
+            "--target-precision q8 needs a GGUF target on the CPU with the native kernels built; "
+            "use --target-precision float32 (the default) otherwise"
+        )
+    return QuantizedModel(path, precision="q8")
+
+
+def make_data(
+    opts: DistillOptions, loaded, prompts: list[str], tasks: list[str], log=print, native=None
+) -> DistillData:
     """Generate (or reuse: every stage resumes) the shards of ``opts``' data for the target ``loaded``, from the
-    gathered prompts and passage tasks (:func:`specwise.answers.gather_prompts`)."""
+    gathered prompts and passage tasks (:func:`specwise.answers.gather_prompts`); ``native`` (``native_target``)
+    writes the answers to prompts and passage tasks with the native quantized model."""
     from specwise.answers import corpus_files
     from specwise.distill.data import corpus_shards, generate_shards, self_prompts
 
@@ -103,6 +126,7 @@ def make_data(opts: DistillOptions, loaded, prompts: list[str], tasks: list[str]
             seed=opts.seed,
             progress=opts.progress,
             max_batches=None if limit is None else -(-limit // opts.gen_batch_size),
+            native=native,
             **extra,
         )
 
@@ -178,8 +202,9 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     prompts, tasks = gather_prompts(opts)  # checked before the model loads
     started = time.time()
     torch.manual_seed(opts.seed)
+    native = native_target(opts)  # refused before the reference loads
     loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
-    data = make_data(opts, loaded, prompts, tasks, log)
+    data = make_data(opts, loaded, prompts, tasks, log, native)
     if opts.data_only:
         return data.counts()
     train_paths, held_paths = data.split()

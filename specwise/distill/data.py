@@ -136,6 +136,49 @@ def _generate_batch(
     return out
 
 
+@torch.inference_mode()
+def _generate_batch_native(
+    model, prompts: list[list[int]], max_new_tokens: int, eos: set[int], temperature: float, generator: torch.Generator
+) -> list[tuple[list[int], torch.Tensor, torch.Tensor]]:
+    """``_generate_batch`` on the native quantized model (a ``QuantizedModel``): each prompt is a sequence of its
+    own (``model.sequence()``, features kept) fed alone, then each step is one pass over the unfinished rows
+    (``forward_batch``: every weight read once for all of them). The same (tokens, features, lse) per row, as the
+    native model evaluates the target, which is what a head is given when it drafts for that target."""
+    seqs, tokens, lses, last = [], [], [], []
+    for prompt in prompts:
+        seq = model.sequence()
+        seq.keep_features = True
+        logits = seq.forward(torch.tensor(prompt, dtype=torch.int64))  # [len, vocab]
+        seqs.append(seq)
+        tokens.append(list(prompt))
+        lses.append([torch.logsumexp(logits, -1)])
+        last.append(logits[-1])
+    active = list(range(len(prompts)))
+    for step in range(max_new_tokens):
+        logits = torch.stack([last[i] for i in active])  # [rows, vocab]
+        if temperature == 0:
+            chosen = logits.argmax(-1)
+        else:
+            chosen = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+        fed = []
+        for i, token in zip(active, chosen.tolist()):
+            tokens[i].append(token)
+            if token not in eos:
+                fed.append(i)
+        if not fed or step + 1 == max_new_tokens:
+            break  # the last token of every row is not fed: nothing needs its features
+        outs = model.forward_batch([(seqs[i], torch.tensor([tokens[i][-1]])) for i in fed], [1] * len(fed))
+        for i, out in zip(fed, outs):
+            lses[i].append(torch.logsumexp(out, -1))
+            last[i] = out[-1]
+        active = fed
+    rows = []
+    for seq, row, lse in zip(seqs, tokens, lses):
+        n = len(row) - 1
+        rows.append((row, seq.features(0, n).to(torch.float16), torch.cat(lse)[:n].float()))
+    return rows
+
+
 def generate_shards(
     loaded,
     prompts: list[str],
@@ -147,8 +190,12 @@ def generate_shards(
     seed: int = 0,
     progress: bool = True,
     max_batches: int | None = None,
+    native=None,
 ) -> list[Path]:
     """Have the target answer ``prompts`` and store shards in ``out_dir`` (resumable). Returns the shard paths.
+
+    native: the target as the native quantized model evaluates it (a ``QuantizedModel``, ``q8``) to write the
+    answers with instead of the float32 reference (``loaded.hf_model``); the plan records it.
 
     Prompts are grouped in blocks of 8 batches, sorted by length inside a block so that a batch pads little.
     Batch j is generated at ``temperatures[j % len(temperatures)]`` (0 is greedy). ``max_batches`` generates
@@ -178,6 +225,7 @@ def generate_shards(
             "max_new_tokens": max_new_tokens,
             "temperatures": list(temperatures),
             "seed": seed,
+            **({"evaluation": native.precision} if native is not None else {}),
         },
     )
     if max_batches is not None:
@@ -194,7 +242,10 @@ def generate_shards(
             continue
         temperature = temperatures[j % len(temperatures)]
         generator = torch.Generator().manual_seed(answer_seed(seed, j))
-        rows = _generate_batch(loaded.hf_model, batch, max_new_tokens, eos, pad_id, temperature, generator)
+        if native is not None:
+            rows = _generate_batch_native(native, batch, max_new_tokens, eos, temperature, generator)
+        else:
+            rows = _generate_batch(loaded.hf_model, batch, max_new_tokens, eos, pad_id, temperature, generator)
         shard = _pack(rows, [len(p) for p in batch])
         meta = {"temperature": str(temperature), "source": "answers"}
         _save_atomic(_shard_tensors(shard), path, meta)
