@@ -10,11 +10,11 @@ model speculating on itself (``model:…?lookup=N``) saves draft passes.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 
+from specwise.bench.prompts import load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
@@ -33,8 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines() if line.strip()]
-    chosen = [q for q in rows if q["category"] == args.category][: args.questions]
+    chosen = select_prompts(load_questions(QUESTIONS), [args.category], args.questions)
     out = {}
     for spec in args.drafters:
         runtime = build_runtime(args.target, spec, "auto", "cpu")
@@ -51,11 +50,11 @@ def main(argv: list[str] | None = None) -> None:
         answers = []
         for q in chosen:
             counts.update(passes=0, rows=0)
-            ids = encode_prompt(runtime.tokenizer, q["turns"][0], chat=True)
+            ids = encode_prompt(runtime.tokenizer, q.text, chat=True)
             stats = runtime.engine.generate(ids, SamplingParams(), args.max_new_tokens).stats
             answers.append(
                 {
-                    "question_id": q["question_id"],
+                    "question_id": q.id,
                     "tokens_per_s": stats.new_tokens / stats.total_seconds,
                     "new_tokens": stats.new_tokens,
                     "drafted": stats.drafted,

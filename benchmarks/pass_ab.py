@@ -20,7 +20,7 @@ import statistics
 import subprocess
 import sys
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.bench.runner import emit_json, script_header
 
 CHILD = r"""
 import json, statistics, sys, time, torch
@@ -93,7 +93,7 @@ def main() -> int:
                         "time_vs_first_range": [min(ratios), max(ratios)],
                     }
                 )
-    result = {"command": " ".join(["python", *sys.argv]), "machine": machine_info("cpu"), "rows": rows}
+    result = {**script_header(None), "rows": rows}
     for row in rows:
         print(
             f"{row['model']:45s} k={row['k']:<3d} {row['median_ms']:8.2f} ms  x{row['time_vs_first']:.3f}  {row['lib']}"

@@ -90,7 +90,8 @@ TARGET_AVX512 INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t *
     return acc;
 }
 
-/* how far ahead of the block in hand q8il_512 asks for weights (measured best of 1-8 KB, L1 or L2) */
+/* how far ahead of the block in hand q8il_512 asks for weights (the fastest of 1, 2, 4, 6 and 8 KB, into L1 or L2, on
+ * an Intel Xeon) */
 #define PREFETCH_AHEAD 4096
 
 /* q8 for one tile and R rows whose activations are interleaved per block of 32 (qx [block][row][32], dx and dsum
@@ -112,7 +113,8 @@ TARGET_AVX512 INLINE void q8il_512(const qmat *w, int t, const int8_t *qx, const
         __m512i ia[8], ib[8];
         { /* ask for the lines PREFETCH_AHEAD bytes on (into L2), so that memory keeps streaming while the products
            * are computed: the weights of a pass stream once, and one core's reads alone do not keep enough misses in
-           * flight (a 1-token pass of Qwen2.5-Coder-1.5B 0.86x the time, a 5-token pass 0.73x; docs/QUANTIZED.md) */
+           * flight (a 1-token pass of Qwen2.5-Coder-1.5B 0.89x the time, a 5-token pass 0.74x:
+           * benchmarks/results/prefetch_pass_ab_qwen.json) */
             const char *pf = (const char *)q + (size_t)b * BB + PREFETCH_AHEAD;
             for (int l = 0; l < BB; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
         }
