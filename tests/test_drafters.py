@@ -110,8 +110,18 @@ def test_model_drafter_greedy_confidence_stops_drafting_at_the_stop_level():
     assert cut.ids == [1, 2, 3]
     assert cut.confidence == pytest.approx(p[:3])
     assert drafter.model.passes - passes == 3  # the context's pass, then one per drafted token but the last
-    # at a level the whole draft clears, the same draft as without one
-    assert drafter.propose([0], 4, GREEDY, None, stop=p[0] * p[1] * p[2] * p[3] * 0.99).ids == [1, 2, 3, 0]
+    # a token whose product clears the level by less than the lookahead's guess of the next probability ends the
+    # draft: no pass is spent to see a next token the level would likely cut
+    from specwise.drafters.model import LOOKAHEAD
+
+    passes = drafter.model.passes
+    reach = p[0] * p[1] * p[2]
+    short = drafter.propose([0], 4, GREEDY, None, stop=reach * LOOKAHEAD * 1.01)
+    assert short.ids == [1, 2, 3] and short.confidence == pytest.approx(p[:3])
+    assert drafter.model.passes - passes == 3  # the context's pass and the passes for tokens 2 and 3: none after
+    # at a level the whole draft clears with the lookahead's margin, the same draft as without one
+    whole_again = drafter.propose([0], 4, GREEDY, None, stop=reach * p[3] * LOOKAHEAD * 0.99)
+    assert whole_again.ids == [1, 2, 3, 0]
 
 
 def test_model_drafter_lookup_drafts_the_same_tokens_in_fewer_passes():
@@ -339,3 +349,17 @@ def test_a_draft_model_with_a_narrower_padded_output_layer_drafts_for_the_wider_
         check_same_vocabulary(16, 20, Tok(14), Tok(14))
     with pytest.raises(VocabularyMismatchError, match="differs"):
         check_same_vocabulary(20, 16)  # no tokenizers to tell padding from tokens
+
+
+def test_model_spec_lookahead_option_is_checked():
+    from specwise.drafters.model import LOOKAHEAD
+    from specwise.drafters.vocab import lookahead_option, parse_model_spec
+
+    _, options = parse_model_spec("d.gguf?vocab=65536&lookahead=1")
+    assert lookahead_option(options) == 1.0
+    assert lookahead_option(parse_model_spec("d.gguf?vocab=65536")[1]) == LOOKAHEAD
+    for bad in ("0", "1.5", "x", "-0.2"):
+        with pytest.raises(ValueError, match="lookahead"):
+            lookahead_option(parse_model_spec(f"d.gguf?lookahead={bad}")[1])
+    with pytest.raises(ValueError, match="lookahead"):
+        ModelDrafter(ToyModel.random(4, seed=0), lookahead=0.0)

@@ -118,7 +118,7 @@ def _build_one(spec: str, target, device, dtype, impl: str, precision: str | Non
     if kind == "model" and arg:
         import torch
 
-        from specwise.drafters.vocab import lookup_option, parse_model_spec
+        from specwise.drafters.vocab import lookahead_option, lookup_option, parse_model_spec
         from specwise.models.loader import DEFAULT_PRECISION, load_model
 
         model_id, options = parse_model_spec(arg)
@@ -129,14 +129,15 @@ def _build_one(spec: str, target, device, dtype, impl: str, precision: str | Non
             model_id, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision, drafting=True
         )
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
-        lookup = lookup_option(options)
+        lookup, lookahead = lookup_option(options), lookahead_option(options)
         if "vocab" in options:
-            return _vocab_model_drafter(draft, target, options, lookup)
+            return _vocab_model_drafter(draft, target, options, lookup, lookahead)
         if draft.model.vocab_size < target.model.vocab_size:  # the target's output layer has more padding rows
             ids = torch.arange(draft.model.vocab_size, dtype=torch.int64)
             full = int(target.model.vocab_size)
-            return ModelDrafter(draft.model, ids, full, int(draft.model.vocab_size), lookup=lookup)
-        return ModelDrafter(draft.model, lookup=lookup)
+            size = int(draft.model.vocab_size)
+            return ModelDrafter(draft.model, ids, full, size, lookup=lookup, lookahead=lookahead)
+        return ModelDrafter(draft.model, lookup=lookup, lookahead=lookahead)
     if kind == "head":
         return _head_drafter(arg, target, device)
     if kind == "suffix":
@@ -184,7 +185,9 @@ def _auto_sibling(target) -> str | None:
     return spec
 
 
-def _vocab_model_drafter(draft, target, options: dict[str, str], lookup: int = 0) -> ModelDrafter:
+def _vocab_model_drafter(
+    draft, target, options: dict[str, str], lookup: int = 0, lookahead: float | None = None
+) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
     import torch
 
@@ -201,7 +204,8 @@ def _vocab_model_drafter(draft, target, options: dict[str, str], lookup: int = 0
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
     draft.model.restrict_output(ids)
     width = max(full, int(target.model.vocab_size))
-    return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup)
+    extra = {} if lookahead is None else {"lookahead": lookahead}
+    return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup, **extra)
 
 
 def shipped_head_dir(target_name: str):

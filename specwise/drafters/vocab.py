@@ -134,18 +134,20 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
 def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
     """Split a ``model:`` drafter's argument ``ID?key=value&key=value`` into the model ID and its options
     (``vocab``: a draft vocabulary size, ``ranking``: a ranking file, ``lookup``: the longest match of greedy drafting
-    on the draft model itself, see ModelDrafter). Unknown or repeated keys are refused."""
+    on the draft model itself, ``lookahead``: the guess of the next token's probability that decides whether a draft
+    pass is spent on it, see ModelDrafter). Unknown or repeated keys are refused."""
     model_id, sep, query = arg.partition("?")
     options: dict[str, str] = {}
     if not sep:
         return model_id, options
     for item in query.split("&"):
         key, eq, value = item.partition("=")
-        if key not in ("vocab", "ranking", "lookup") or not eq or not value:
+        if key not in ("vocab", "ranking", "lookup", "lookahead") or not eq or not value:
             raise ValueError(
                 f"bad drafter option {item!r} in model:{arg}: use model:ID?vocab=N (a draft vocabulary of the N "
-                "tokens the target writes most), optionally &ranking=FILE, and lookup=N (the draft model checks "
-                "prompt-lookup continuations of matches up to N tokens long)"
+                "tokens the target writes most), optionally &ranking=FILE, lookup=N (the draft model checks "
+                "prompt-lookup continuations of matches up to N tokens long) and lookahead=X (0 < X <= 1: a greedy "
+                "draft's next pass is spent while its confidence times X clears the stop level)"
             )
         if key in options:
             raise ValueError(f"drafter option {key!r} given twice in model:{arg}")
@@ -167,6 +169,25 @@ def lookup_option(options: dict[str, str]) -> int:
     if not 1 <= size <= 8:
         raise ValueError(f"bad drafter option lookup={value!r}: give the longest match to look up, 1 to 8 (lookup=3)")
     return size
+
+
+def lookahead_option(options: dict[str, str]) -> float:
+    """``lookahead=X`` as a float (ModelDrafter's default when absent), refused outside (0, 1]."""
+    from specwise.drafters.model import LOOKAHEAD
+
+    value = options.get("lookahead")
+    if value is None:
+        return LOOKAHEAD
+    try:
+        guess = float(value)
+    except ValueError:
+        guess = 0.0
+    if not 0 < guess <= 1:
+        raise ValueError(
+            f"bad drafter option lookahead={value!r}: give a probability in (0, 1] (1: a pass whenever the draft's "
+            f"confidence clears the stop level; the default {LOOKAHEAD})"
+        )
+    return guess
 
 
 def vocab_size_option(value: str) -> int | None:
