@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from specwise.drafters.base import Draft, Drafter
 from specwise.drafters.head import HeadDrafter, TargetMismatchError
-from specwise.drafters.model import ModelDrafter
+from specwise.drafters.model import LOOKAHEAD, ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.none import NoDrafter
 
@@ -204,8 +204,8 @@ def _vocab_model_drafter(
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
     draft.model.restrict_output(ids)
     width = max(full, int(target.model.vocab_size))
-    extra = {} if lookahead is None else {"lookahead": lookahead}
-    return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup, **extra)
+    lookahead = LOOKAHEAD if lookahead is None else lookahead
+    return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup, lookahead=lookahead)
 
 
 def shipped_head_dir(target_name: str):
