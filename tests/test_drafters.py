@@ -363,3 +363,26 @@ def test_model_spec_lookahead_option_is_checked():
             lookahead_option(parse_model_spec(f"d.gguf?lookahead={bad}")[1])
     with pytest.raises(ValueError, match="lookahead"):
         ModelDrafter(ToyModel.random(4, seed=0), lookahead=0.0)
+
+
+def test_model_drafter_keeps_the_prefix_a_new_request_shares_and_drafts_as_a_fresh_one():
+    """A new request's prompt that shares a prefix with what the draft model holds (a chat's earlier turns) takes in
+    only the rest; its drafts equal those of a drafter begun on an empty cache. Anything else writing the draft
+    model's cache in between empties it."""
+    table = ToyModel.random(12, seed=7).table
+    kept, fresh = ModelDrafter(ToyModel(table)), ModelDrafter(ToyModel(table))
+    first = [1, 2, 3, 4, 5, 6, 7, 8]
+    kept.begin(first)
+    draft = kept.propose(first, 3, GREEDY, None)
+    turn = first + draft.tokens.tolist()[:2] + [9, 10, 11]  # the answer so far, then the next turn's tokens
+    kept.begin(turn)
+    assert kept.pending(turn) == len(turn) - len(first) - 2  # the shared prefix is not taken in again
+    fresh.begin(turn)
+    assert fresh.pending(turn) == len(turn)
+    a, b = kept.propose(turn, 4, GREEDY, None), fresh.propose(turn, 4, GREEDY, None)
+    assert a.ids == b.ids and a.intake == len(turn) - len(first) - 2 and b.intake == len(turn)
+    assert kept.model.tokens[: len(turn)] == turn
+    # another writer of the draft model's cache: the next request starts empty
+    kept.model.forward(torch.tensor([3]))
+    kept.begin(turn)
+    assert kept.pending(turn) == len(turn) and kept.model.length == 0

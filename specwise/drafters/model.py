@@ -69,6 +69,7 @@ class ModelDrafter(Drafter):
         self._vocab_list = None if vocab_ids is None else vocab_ids.tolist()
         self.vocab_size = int(vocab_size if vocab_size is not None else model.vocab_size)
         self.lookup = NgramDrafter(max_ngram=lookup, device=self.device) if lookup > 0 else None
+        self._mark: tuple[int | None, int] | None = None  # the cache's (feeds, length) after this drafter's last pass
         if not 0 < lookahead <= 1:
             raise ValueError(f"lookahead must be in (0, 1], got {lookahead}")
         self.lookahead = float(lookahead)
@@ -76,12 +77,18 @@ class ModelDrafter(Drafter):
     def _forked(self, target: Model) -> None:
         self.model = self.model.sequence()  # the draft model's weights, its own cache
         self._fed = []
+        self._mark = None
         if self.lookup is not None:
             self.lookup = self.lookup.fork(target)  # the same lookup, its own index
 
     def begin(self, prompt: list[int]) -> None:
-        self.model.reset()
-        self._fed = []
+        # the draft model's cache is kept from the previous request: the next sync rolls it back to the prefix the
+        # new context shares (a system prompt, the earlier turns of a chat) and takes in only the rest, as the
+        # target's prompt caching does. Rolling back and feeding gives a fresh cache's logits (the Model contract),
+        # so the drafts are the same. Emptied when anything else wrote the cache since this drafter's last pass.
+        if self._mark is None or self._mark != (self.model.feeds, self.model.length):
+            self.model.reset()
+            self._fed = []
         if self.lookup is not None:
             self.lookup.begin(prompt)
 
@@ -103,6 +110,13 @@ class ModelDrafter(Drafter):
 
     def propose(
         self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float = 0.0
+    ) -> Draft:
+        draft = self._propose(context, k, params, generator, stop)
+        self._mark = (self.model.feeds, self.model.length)
+        return draft
+
+    def _propose(
+        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float
     ) -> Draft:
         if k <= 0:
             return Draft.empty(self.device)

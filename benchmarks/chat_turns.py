@@ -1,0 +1,147 @@
+"""Multi-turn chats with a draft model: the draft model's cache kept across requests (it takes in only what a turn
+adds) against begun empty at every request (it takes in the whole conversation again), side by side.
+
+Each conversation is a human-written opening prompt (``--prompts``, never Spec-Bench) and two follow-ups, each turn
+the whole conversation so far through the chat template, greedy. Both ways run every conversation in turn (the
+order rotated), each from an empty target and draft cache; within a conversation the engine's prompt caching keeps
+the target's cache as it does for a server's client. Turns 2 and 3 are where the ways differ; their answers must
+be identical (the drafts are the same either way).
+
+    python benchmarks/chat_turns.py --target …/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf --drafter auto \\
+        --prompts ../shared/data/prompts/oasst_en.prompts.jsonl --conversations 8 \\
+        --out benchmarks/results/xeon_qwen15_chat_turns.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+FOLLOW_UPS = ("Can you give a concrete example?", "Summarize your answers so far in three bullet points.")
+
+
+def _fresh_begin(drafter):
+    """The drafter's ``begin`` as it was before the cache was kept: the draft model's cache emptied every request."""
+    keep = drafter.begin
+
+    def begin(prompt, keep=keep, drafter=drafter):
+        drafter._mark = None
+        keep(prompt)
+
+    return begin
+
+
+def _paired(ratios: dict[int, list[float]]) -> dict:
+    """Geometric mean over conversations (each the geometric mean over its turns) and a 95% t interval."""
+    from scipy import stats
+
+    logs = [sum(math.log(r) for r in v) / len(v) for v in ratios.values()]
+    mean = statistics.mean(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(mean), "interval": None, "conversations": len(logs)}
+    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return {
+        "ratio": math.exp(mean),
+        "interval": [math.exp(mean - half), math.exp(mean + half)],
+        "conversations": len(logs),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from specwise.bench.runner import emit_json, script_header
+    from specwise.drafters.model import ModelDrafter
+    from specwise.runtime import build_runtime, encode_chat
+    from specwise.sampling import SamplingParams
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--drafter", default="auto")
+    ap.add_argument("--prompts", required=True, help="a *.prompts.jsonl file of human-written prompts")
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=37, help="every skip-th prompt of the file")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    runtime = build_runtime(args.target, args.drafter, "auto", "cpu")
+    engine, tokenizer = runtime.engine, runtime.tokenizer
+    drafters = [d for d in engine.drafters if isinstance(d, ModelDrafter)]
+    if not drafters:
+        raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
+    kept_begin = [d.begin for d in drafters]
+    fresh_begin = [_fresh_begin(d) for d in drafters]
+    lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
+    ways = {"kept": kept_begin, "fresh": fresh_begin}
+    runs, answers = [], {}
+    for c, opening in enumerate(openings):
+        order = list(ways) if c % 2 == 0 else list(reversed(ways))
+        for way in order:
+            for d, begin in zip(drafters, ways[way]):
+                d.begin = begin
+                d.model.reset()
+                d._fed, d._mark = [], None
+            engine._cache = None  # an empty target cache at each conversation's start
+            messages = [{"role": "user", "content": opening}]
+            for turn in range(1 + len(FOLLOW_UPS)):
+                ids = encode_chat(tokenizer, messages)
+                t0 = time.perf_counter()
+                result = engine.generate(ids, SamplingParams(), args.max_new_tokens)
+                seconds = time.perf_counter() - t0
+                s = result.stats
+                runs.append(
+                    {
+                        "conversation": c,
+                        "way": way,
+                        "turn": turn + 1,
+                        "prompt_tokens": len(ids),
+                        "new_tokens": s.new_tokens,
+                        "seconds": seconds,
+                        "tokens_per_second": s.new_tokens / seconds,
+                        "draft_seconds": s.draft_seconds,
+                        "verify_seconds": s.verify_seconds,
+                        "prefill_seconds": s.prefill_seconds,
+                        "by_drafter": s.by_drafter,
+                    }
+                )
+                answers.setdefault((c, turn), {})[way] = result.token_ids
+                messages += [{"role": "assistant", "content": result.text}]
+                if turn < len(FOLLOW_UPS):
+                    messages += [{"role": "user", "content": FOLLOW_UPS[turn]}]
+    for d, begin in zip(drafters, kept_begin):
+        d.begin = begin
+    by = {(r["conversation"], r["way"], r["turn"]): r for r in runs}
+    summary = {}
+    for turns, label in (((2, 3), "turns 2-3"), ((1,), "turn 1")):
+        ratios: dict[int, list[float]] = {}
+        for c in range(len(openings)):
+            for t in turns:
+                kept, fresh = by.get((c, "kept", t)), by.get((c, "fresh", t))
+                if kept and fresh:
+                    ratios.setdefault(c, []).append(fresh["seconds"] / kept["seconds"])
+        summary[label] = _paired(ratios)
+    identical = all(len(set(map(tuple, v.values()))) == 1 for v in answers.values())
+    out = {
+        **script_header(argv),
+        "target": args.target,
+        "drafter": runtime.drafter_spec,
+        "follow_ups": list(FOLLOW_UPS),
+        "speed_kept_over_fresh": summary,
+        "answers_identical": identical,
+        "runs": runs,
+    }
+    emit_json(out, args.out)
+    for label, s in summary.items():
+        print(f"{label}: kept cache {s['ratio']:.3f}x the speed of an empty one, interval {s['interval']}")
+    print(f"answers identical: {identical}")
+
+
+if __name__ == "__main__":
+    main()
