@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specwise.drafters.base import common_prefix
 from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run
 from specwise.models.base import Model
 from specwise.planner import PlanState
@@ -56,6 +57,10 @@ class _Slot:
     prefill_at: int = 0  # prompt tokens fed so far (prefill runs in chunks)
     cancelled: bool = False
     order: int = 0  # when its request was admitted (the earliest of several with one prompt prefills it)
+    # what its target's cache holds after its last finished request: (context, the cache's feeds, features kept);
+    # a request whose prompt shares a prefix with it keeps that prefix (prompt caching, as Engine does)
+    cache: tuple[list[int], int | None, bool] | None = None
+    finished: int = -1  # when its last request finished (a count of finished requests; -1: none)
 
 
 @dataclass
@@ -71,6 +76,11 @@ class BatchStep:
     seconds: float = 0.0
     errors: list[tuple[int, ValueError]] = field(default_factory=list)
     prefill_copied: int = 0  # prompt tokens copied from another sequence's cache instead of fed
+
+
+# A request continues a free slot's conversation when the prefix its prompt shares with the slot's cache is at least
+# this share of what the cache holds (a chat's next turn shares all of it; another chat only the system prompt)
+CONTINUES = 0.5
 
 
 class BatchEngine:
@@ -93,8 +103,10 @@ class BatchEngine:
         self._queue: deque[tuple[int, Request]] = deque()
         self._next_id = 0
         self._admitted = 0
+        self._finished = 0
         self.prefill_fed = 0  # prompt tokens fed to the target
         self.prefill_copied = 0  # prompt tokens copied from another sequence's cache instead (see _share_prefill)
+        self.prefill_cached = 0  # prompt tokens a slot's cache kept from its previous request (see _reusable)
         if max_batch > 1:  # a target or drafter that cannot hold several sequences says so now, not mid-request
             self._new_slot()
             try:
@@ -148,15 +160,45 @@ class BatchEngine:
         self._slots.append(slot)
         return slot
 
+    def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
+        """How many leading tokens of ``prompt`` ``slot``'s target cache holds from its last finished request (a
+        chat's earlier turns, a system prompt every request repeats): as ``Engine``'s prompt caching, exact by the
+        Model contract, 0 when anything else wrote the cache since or the request needs features it did not keep.
+        The last prompt token is always fed."""
+        if slot.cache is None:
+            return 0
+        context, feeds, had_features = slot.cache
+        features = any(d.needs_features for d in slot.state.sources)
+        if feeds is None or feeds != slot.target.feeds or (features and not had_features):
+            return 0
+        return min(common_prefix(context, prompt, limit=len(prompt) - 1), slot.target.length)
+
     def _admit(self) -> None:
-        """Queued requests into free slots."""
+        """Queued requests into slots: the free slot whose conversation the prompt continues (``CONTINUES``), else
+        a slot never used, else a new one while there is room, else the free slot that finished longest ago; so
+        each client's chat keeps its cache for its next turn. Any prefix the chosen slot holds is kept."""
         while self._queue:
-            slot = next((s for s in self._slots if s.run is None), None)
-            if slot is None:
-                if len(self._slots) >= self.max_batch:
-                    return
-                slot = self._new_slot()
-            rid, req = self._queue.popleft()
+            rid, req = self._queue[0]
+            prompt = [int(t) for t in req.prompt_ids]
+            free = [s for s in self._slots if s.run is None]
+            kept = [(self._reusable(s, prompt), s) for s in free]
+            # a slot whose cache this prompt continues (a chat's next turn): it shares most of what the slot holds,
+            # not only a system prompt every request repeats
+            ours = [(n, s) for n, s in kept if n > 0 and n >= CONTINUES * len(s.cache[0])]
+            unused = [s for s in free if s.cache is None]
+            if ours:
+                slot = max(ours, key=lambda k: k[0])[1]
+            elif unused:
+                slot = unused[0]
+            elif len(self._slots) < self.max_batch:
+                slot = self._new_slot()  # rather than drop a conversation another client may continue
+            elif free:
+                slot = min(free, key=lambda s: s.finished)  # the conversation left longest ago
+            else:
+                return
+            keep = self._reusable(slot, prompt)
+            self._queue.popleft()
+            slot.cache = None
             slot.run = self.engine.start(
                 slot.target,
                 slot.state,
@@ -166,7 +208,9 @@ class BatchEngine:
                 req.stop,
                 req.eos_token_ids,
                 req.logprobs,
+                keep,
             )
+            self.prefill_cached += keep
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
 
@@ -175,34 +219,33 @@ class BatchEngine:
 
     def _share_prefill(self, active: list[_Slot]) -> list[_Slot]:
         """Requests with one prompt (a request's ``n`` choices) prefill it once: a sequence yet to begin its prefill
-        copies the cache of one that has done the same prefill (``Model.copy_prefix``), or waits, putting no rows
+        copies the cache of one that has done the same prompt (``Model.copy_prefix``), or waits, putting no rows
         in the pass, while an earlier one is doing it. Returns the sequences that put rows in this step's pass.
 
         A row's result does not depend on what shares its pass, so the copied cache is the one the sequence would
-        have written: each request's output is unchanged."""
+        have written: each request's output is unchanged. (Where a slot's own cache kept part of the prompt, the
+        copy replaces it with the same positions.)"""
         out = []
         for slot in active:
-            prompt = slot.run.prefill_tokens()
-            if slot.prefill_at or not prompt or type(slot.target).copy_prefix is Model.copy_prefix:
+            rest = slot.run.prefill_tokens()
+            if slot.prefill_at or not rest or type(slot.target).copy_prefix is Model.copy_prefix:
                 out.append(slot)  # begun, nothing to prefill, or a model that cannot copy a cache
                 continue
+            prompt = slot.run.prompt_ids[:-1]
             same = [
                 other
                 for other in active
-                if other is not slot
-                and other.order < slot.order
-                and len(other.run.prefill_tokens()) == len(prompt)
-                and other.run.prefill_tokens() == prompt
+                if other is not slot and other.order < slot.order and other.run.prompt_ids[:-1] == prompt
             ]
-            done = next((other for other in same if other.prefill_at >= len(prompt)), None)
+            done = next((other for other in same if other.prefill_at >= len(other.run.prefill_tokens())), None)
             if done is not None:
                 try:
                     slot.target.copy_prefix(done.target, len(prompt))
                 except NotImplementedError:
                     out.append(slot)  # this model cannot: the request prefills its own
                     continue
-                slot.prefill_at = len(prompt)
-                self.prefill_copied += len(prompt)
+                slot.prefill_at = len(rest)
+                self.prefill_copied += len(rest)
                 slot.run.prefilled(time.perf_counter() - slot.run.t0)
                 out.append(slot)
             elif not same:
@@ -283,6 +326,8 @@ class BatchEngine:
             engine.planner.observe(slot.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
             events.append((slot.rid, event))
             if event.finish_reason is not None:
+                slot.cache = (list(run.context), slot.target.feeds, slot.target.keep_features)
+                slot.finished, self._finished = self._finished, self._finished + 1
                 self._release(slot)
         if len(items) > 1:
             engine.planner.observe_pass(rows, seconds_pass)

@@ -357,7 +357,7 @@ class Engine:
             run.grammar = GrammarState(params.constraint, self.tokenizer, target.vocab_size, run.eos)
         run.text = StopText(self.tokenizer, stop)
         target.rollback(keep)
-        run.cached = keep
+        run.cached = run.stats.cached_tokens = keep
         target.keep_features = any(d.needs_features for d in state.sources)
         for drafter in state.sources:
             drafter.begin(prompt_ids)

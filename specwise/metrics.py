@@ -28,6 +28,7 @@ class SpecStats:
     """Counters and timings of one generation (or, merged, of many)."""
 
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # leading prompt tokens whose cache a previous request left (prompt caching): not fed
     new_tokens: int = 0
     target_passes: int = 0
     drafted: int = 0
@@ -103,7 +104,7 @@ class SpecStats:
 
     def merge(self, other: SpecStats) -> SpecStats:
         """Add another run's counters and times into this one; returns self."""
-        for name in ("prompt_tokens", "new_tokens", "target_passes", "drafted", "accepted", "forced"):
+        for name in ("prompt_tokens", "cached_tokens", "new_tokens", "target_passes", "drafted", "accepted", "forced"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("prefill_seconds", "draft_seconds", "verify_seconds", "total_seconds"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -126,6 +127,7 @@ class SpecStats:
         """The JSON form used by the CLI, the server and the benchmark."""
         return {
             "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "new_tokens": self.new_tokens,
             "target_passes": self.target_passes,
             "drafted": self.drafted,

@@ -96,3 +96,42 @@ def test_sampled_answers_with_a_kept_cache_are_the_fresh_engines(model_path):
     fresh = answer(Engine(QuantizedModel(path, precision=precision), NgramDrafter(), gamma=4), prompt, params)
     assert out.token_ids == fresh.token_ids
     assert fed[0] <= 3
+
+
+def test_the_batch_engine_keeps_each_conversations_cache_in_its_slot(model_path):
+    """Two chats take turns through a batch engine (as the server's clients do): each turn lands in the slot that
+    holds its conversation, feeds only what the turn adds, reports those tokens as cached, and answers as a fresh
+    engine does. A request sharing nothing takes the slot that finished longest ago."""
+    from specwise.batch import BatchEngine, Request
+
+    path, spec, precision = model_path
+    batch = BatchEngine(Engine(QuantizedModel(path, precision=precision), NgramDrafter(), gamma=4), max_batch=3)
+    system = sequence(spec, 16, seed=11)
+    chats = {name: list(system) + sequence(spec, 5, seed=seed) for name, seed in (("a", 12), ("b", 13))}
+    for turn in range(3):
+        for name in ("a", "b"):
+            before = batch.prefill_fed
+            prompt = chats[name]
+            events = batch.run_all([Request(prompt, GREEDY, 12, eos_token_ids=[])])[0]
+            tokens = [t for e in events for t in e.token_ids]
+            fresh = answer(Engine(QuantizedModel(path, precision=precision), NgramDrafter(), gamma=4), prompt, n=12)
+            assert tokens == fresh.token_ids, (turn, name)
+            cached = events[-1].stats.cached_tokens
+            assert batch.prefill_fed - before == len(prompt) - 1 - cached
+            if turn == 0 and name == "a":
+                assert cached == 0
+            elif turn == 0:
+                assert cached == 0  # a slot of its own, not the other chat's (which shares only the system prompt)
+            else:
+                assert cached >= len(prompt) - 8  # its earlier turns and answers: only the new turn is fed
+            chats[name] = prompt + tokens + sequence(spec, 4, seed=20 + turn)
+    # two unrelated requests: the third slot (never used), then, the batch full, the slot that finished longest
+    # ago ("a"'s), so "b" keeps its conversation
+    for seed in (30, 31):
+        batch.run_all([Request(sequence(spec, 9, seed=seed), GREEDY, 4, eos_token_ids=[])])
+    assert len(batch._slots) == 3
+    events = batch.run_all([Request(chats["b"], GREEDY, 4, eos_token_ids=[])])[0]
+    assert events[-1].stats.cached_tokens >= len(chats["b"]) - 5
+    events = batch.run_all([Request(chats["a"], GREEDY, 4, eos_token_ids=[])])[0]
+    # its slot went to the second unrelated request; it takes the one that finished longest ago (the first's)
+    assert events[-1].stats.cached_tokens == 0

@@ -704,12 +704,16 @@ def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, served
         "specwise_batch_sequences_running",
     ]:
         assert name in text, name
-    # alone in the batch: a pass for the prompt, then the request's own passes with their drafted rows
+    # alone in the batch: a pass for the prompt (but what an earlier request's cache held: the chat template's
+    # system prompt), then the request's own passes with their drafted rows
     spec = reply.usage.speculative
+    cached = spec["cached_tokens"]
+    assert reply.usage.prompt_tokens_details.cached_tokens == cached
+    prefill = spec["prompt_tokens"] - 1 - cached
     passes = sample(app, "specwise_batch_passes_total") - before["specwise_batch_passes_total"]
     rows = sample(app, "specwise_batch_rows_sum") - before["specwise_batch_rows_sum"]
-    assert passes == 1 + spec["target_passes"]
-    assert rows == spec["prompt_tokens"] - 1 + spec["target_passes"] + spec["drafted"]
+    assert passes == (prefill > 0) + spec["target_passes"]
+    assert rows == prefill + spec["target_passes"] + spec["drafted"]
     assert sample(app, "specwise_batch_sequences_running") == 0
     drafted = float(re.search(r"^specwise_drafted_tokens_total (\S+)$", text, re.M).group(1))
     assert drafted > 0

@@ -443,11 +443,16 @@ def test_n_choices_are_the_requests_seeded_seed_plus_i(ngram):
     kw = {"max_tokens": 20, "temperature": 0.9, "seed": 40, "extra_body": {"ignore_eos": True}}
     shared = shared_passes(app)
     copied = sample(app, "specwise_prompt_tokens_copied_total")
+    cached = sample(app, "specwise_prompt_tokens_cached_total")
     reply = chat(url, n=3, **kw)
     assert shared_passes(app) > shared  # the choices shared target passes
-    # and one prefill: two choices copied the first one's prompt cache (all but the prompt's last token)
+    # and one prefill: two choices copied the first one's prompt cache (all but the prompt's last token), but for
+    # what their own slots' caches kept from earlier requests (the chat template's system prompt)
     prefill = reply.usage.prompt_tokens - 1
-    assert sample(app, "specwise_prompt_tokens_copied_total") - copied == 2 * prefill
+    copied = sample(app, "specwise_prompt_tokens_copied_total") - copied
+    cached = sample(app, "specwise_prompt_tokens_cached_total") - cached
+    assert copied > 0 and copied + cached >= 2 * prefill
+    assert cached == reply.usage.speculative["cached_tokens"]
     assert [c.index for c in reply.choices] == [0, 1, 2]
     alone = [chat(url, **kw | {"seed": 40 + i}) for i in range(3)]
     assert [c.message.content for c in reply.choices] == [a.choices[0].message.content for a in alone]

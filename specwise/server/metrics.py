@@ -48,6 +48,11 @@ class ServerMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter("specwise_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens_cached = Counter(
+            "specwise_prompt_tokens_cached",
+            "Prompt tokens whose cache a sequence kept from its previous request (a chat's earlier turns), not fed",
+            registry=r,
+        )
         self.prompt_tokens_copied = Counter(
             "specwise_prompt_tokens_copied",
             "Prompt tokens copied from another sequence's cache, not fed (a request's n choices share one prefill)",
@@ -128,6 +133,7 @@ class ServerMetrics:
 
     def record_stats(self, stats: SpecStats) -> None:
         """Add a finished request's speculative statistics."""
+        self.prompt_tokens_cached.inc(stats.cached_tokens)
         self.target_passes.inc(stats.target_passes)
         self.drafted.inc(stats.drafted)
         self.accepted.inc(stats.accepted)

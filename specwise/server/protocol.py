@@ -357,6 +357,8 @@ def usage(stats: SpecStats, drafter: str, gamma: int | str, prompt_tokens: int |
         "prompt_tokens": prompt,
         "completion_tokens": stats.new_tokens,
         "total_tokens": prompt + stats.new_tokens,
+        # prompt tokens an earlier request's cache held (not fed again), as OpenAI reports its prompt caching
+        "prompt_tokens_details": {"cached_tokens": min(stats.cached_tokens, prompt)},
         "speculative": {"drafter": drafter, "gamma": gamma, **stats.to_dict()},
     }
 
