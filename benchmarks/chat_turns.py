@@ -1,5 +1,7 @@
 """Multi-turn chats with a draft model: the draft model's cache kept across requests (it takes in only what a turn
-adds) against begun empty at every request (it takes in the whole conversation again), side by side.
+adds) against begun empty at every request (it takes in the whole conversation again), side by side. With
+``--batch``, through the server's batch engine: its prompt caching (the target's and the draft model's caches kept
+in the conversation's slot) against none (every request prefills the whole conversation, as before it had any).
 
 Each conversation is a human-written opening prompt (``--prompts``, never Spec-Bench) and two follow-ups, each turn
 the whole conversation so far through the chat template, greedy. Both ways run every conversation in turn (the
@@ -22,6 +24,14 @@ import time
 from pathlib import Path
 
 import torch
+
+
+class Result:
+    """A batch engine's answer as ``Engine.generate`` gives it: text, token ids, statistics."""
+
+    def __init__(self, text: str, token_ids: list[int], stats) -> None:
+        self.text, self.token_ids, self.stats = text, token_ids, stats
+
 
 FOLLOW_UPS = ("Can you give a concrete example?", "Summarize your answers so far in three bullet points.")
 
@@ -67,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--skip", type=int, default=37, help="every skip-th prompt of the file")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch", action="store_true", help="through the batch engine: its prompt caching against none")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -80,6 +91,15 @@ def main(argv: list[str] | None = None) -> None:
     lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
     ways = {"kept": kept_begin, "fresh": fresh_begin}
+    batch = None
+    if args.batch:
+        from specwise.batch import BatchEngine, Request
+
+        batch = BatchEngine(engine, max_batch=2)
+        drafters = [d for s in batch._slots for d in s.state.sources if isinstance(d, ModelDrafter)]
+        kept_begin = [d.begin for d in drafters]
+        ways = {"kept": kept_begin, "fresh": [_fresh_begin(d) for d in drafters]}
+        reusable = batch._reusable
     runs, answers = [], {}
     for c, opening in enumerate(openings):
         order = list(ways) if c % 2 == 0 else list(reversed(ways))
@@ -89,11 +109,20 @@ def main(argv: list[str] | None = None) -> None:
                 d.model.reset()
                 d._fed, d._mark = [], None
             engine._cache = None  # an empty target cache at each conversation's start
+            if batch is not None:
+                for slot in batch._slots:
+                    slot.cache = None
+                batch._reusable = reusable if way == "kept" else (lambda slot, prompt: 0)
             messages = [{"role": "user", "content": opening}]
             for turn in range(1 + len(FOLLOW_UPS)):
                 ids = encode_chat(tokenizer, messages)
                 t0 = time.perf_counter()
-                result = engine.generate(ids, SamplingParams(), args.max_new_tokens)
+                if batch is None:
+                    result = engine.generate(ids, SamplingParams(), args.max_new_tokens)
+                else:
+                    events = batch.run_all([Request(ids, SamplingParams(), args.max_new_tokens)])[0]
+                    token_ids = [t for e in events for t in e.token_ids]
+                    result = Result(tokenizer.decode(token_ids, skip_special_tokens=True), token_ids, events[-1].stats)
                 seconds = time.perf_counter() - t0
                 s = result.stats
                 runs.append(
@@ -108,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
                         "draft_seconds": s.draft_seconds,
                         "verify_seconds": s.verify_seconds,
                         "prefill_seconds": s.prefill_seconds,
+                        "cached_tokens": s.cached_tokens,
                         "by_drafter": s.by_drafter,
                     }
                 )
@@ -132,6 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         **script_header(argv),
         "target": args.target,
         "drafter": runtime.drafter_spec,
+        "through": "batch engine" if args.batch else "engine",
         "follow_ups": list(FOLLOW_UPS),
         "speed_kept_over_fresh": summary,
         "answers_identical": identical,
