@@ -835,3 +835,21 @@ def test_real_model_chat_through_the_server_equals_plain_decoding(smollm):
     assert reply["choices"][0]["message"]["content"] == plain.text
     assert reply["usage"]["completion_tokens"] == len(plain.token_ids)
     assert json.dumps(reply["usage"]["speculative"])  # serialisable
+
+
+def test_a_chats_next_turn_reuses_its_cache_and_says_so(client, plain_app):
+    """The second turn of a conversation goes to the slot holding the first: usage reports the prompt tokens it did
+    not feed again (OpenAI's prompt_tokens_details.cached_tokens), and the answer is the greedy one."""
+    messages = [{"role": "user", "content": "Count: one two three"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Again."},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert first.usage.prompt_tokens - 2 <= cached < second.usage.prompt_tokens
+    assert cached == second.usage.speculative["cached_tokens"]
+    alone = plain_app.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "max_tokens": 8,
+                                                         "temperature": 0})  # fmt: skip
+    assert second.choices[0].message.content == alone.json()["choices"][0]["message"]["content"]
