@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specwise.drafters.base import common_prefix
-from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run
+from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run, kept_prefix
 from specwise.models.base import Model
 from specwise.planner import PlanState
 from specwise.sampling import SamplingParams
@@ -165,13 +164,7 @@ class BatchEngine:
         chat's earlier turns, a system prompt every request repeats): as ``Engine``'s prompt caching, exact by the
         Model contract, 0 when anything else wrote the cache since or the request needs features it did not keep.
         The last prompt token is always fed."""
-        if slot.cache is None:
-            return 0
-        context, feeds, had_features = slot.cache
-        features = any(d.needs_features for d in slot.state.sources)
-        if feeds is None or feeds != slot.target.feeds or (features and not had_features):
-            return 0
-        return min(common_prefix(context, prompt, limit=len(prompt) - 1), slot.target.length)
+        return kept_prefix(slot.cache, slot.target, slot.state.sources, prompt)
 
     def _admit(self) -> None:
         """Queued requests into slots: the free slot whose conversation the prompt continues (``CONTINUES``), else

@@ -217,6 +217,23 @@ class Run:
         return torch.tensor(tokens, dtype=torch.int64, device=self.target.device)
 
 
+def kept_prefix(
+    cache: tuple[list[int], int | None, bool] | None, target: Model, sources: list[Drafter], prompt: list[int]
+) -> int:
+    """How many leading tokens of ``prompt`` ``target``'s cache holds, given what it held after its last request
+    (``cache``: that request's context, the cache's ``feeds`` then, whether it kept features): the prefix they
+    share, but the prompt's last token (always fed, for the first step). 0 when anything else wrote the cache since
+    (``feeds`` changed) or the request's ``sources`` need features the cache did not keep. Exact by the Model
+    contract: rolling back and feeding gives a fresh cache's logits."""
+    if cache is None:
+        return 0
+    context, feeds, had_features = cache
+    features = any(d.needs_features for d in sources)
+    if feeds is None or feeds != target.feeds or (features and not had_features):
+        return 0
+    return min(common_prefix(context, prompt, limit=len(prompt) - 1), target.length)
+
+
 class Engine:
     """Speculative decoding of one sequence at a time with a target Model and a Drafter.
 
@@ -323,14 +340,7 @@ class Engine:
         shared system prompt or the turns of a chat are not fed again). Exact by the Model contract (rolling back
         and feeding gives the logits of a fresh cache); 0 when anything else wrote the cache since, or when the
         request needs features that were not kept. The last prompt token is always fed, for the first step."""
-        if self._cache is None:
-            return 0
-        context, feeds, had_features = self._cache
-        features = any(d.needs_features for d in self._state.sources)
-        if feeds is None or feeds != self.target.feeds or (features and not had_features):
-            return 0
-        prompt = [int(t) for t in prompt_ids]
-        return min(common_prefix(context, prompt, limit=len(prompt) - 1), self.target.length)
+        return kept_prefix(self._cache, self.target, self._state.sources, [int(t) for t in prompt_ids])
 
     def start(
         self,
