@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import time
 from pathlib import Path
 
@@ -48,19 +47,14 @@ def _fresh_begin(drafter):
 
 
 def _paired(ratios: dict[int, list[float]]) -> dict:
-    """Geometric mean over conversations (each the geometric mean over its turns) and a 95% t interval."""
-    from scipy import stats
+    """Geometric mean over conversations (each the geometric mean over its turns) and a 95% t interval (the bench's
+    ``geometric_interval``)."""
+    from specwise.bench.paired import geometric_interval
 
-    logs = [sum(math.log(r) for r in v) / len(v) for v in ratios.values()]
-    mean = statistics.mean(logs)
-    if len(logs) < 2:
-        return {"ratio": math.exp(mean), "interval": None, "conversations": len(logs)}
-    half = stats.t.ppf(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return {
-        "ratio": math.exp(mean),
-        "interval": [math.exp(mean - half), math.exp(mean + half)],
-        "conversations": len(logs),
-    }
+    per_conversation = [math.exp(sum(math.log(r) for r in v) / len(v)) for v in ratios.values()]
+    g = geometric_interval(per_conversation)
+    interval = None if g["low"] is None else [g["low"], g["high"]]
+    return {"ratio": g["geomean"], "interval": interval, "conversations": g["n"]}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -83,23 +77,20 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto", "cpu")
     engine, tokenizer = runtime.engine, runtime.tokenizer
-    drafters = [d for d in engine.drafters if isinstance(d, ModelDrafter)]
-    if not drafters:
-        raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
-    kept_begin = [d.begin for d in drafters]
-    fresh_begin = [_fresh_begin(d) for d in drafters]
-    lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
-    ways = {"kept": kept_begin, "fresh": fresh_begin}
     batch = None
     if args.batch:
         from specwise.batch import BatchEngine, Request
 
         batch = BatchEngine(engine, max_batch=2)
-        drafters = [d for s in batch._slots for d in s.state.sources if isinstance(d, ModelDrafter)]
-        kept_begin = [d.begin for d in drafters]
-        ways = {"kept": kept_begin, "fresh": [_fresh_begin(d) for d in drafters]}
         reusable = batch._reusable
+    sources = [d for s in batch._slots for d in s.state.sources] if batch is not None else engine.drafters
+    drafters = [d for d in sources if isinstance(d, ModelDrafter)]
+    if not drafters:
+        raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
+    kept_begin = [d.begin for d in drafters]
+    ways = {"kept": kept_begin, "fresh": [_fresh_begin(d) for d in drafters]}
+    lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
     runs, answers = [], {}
     for c, opening in enumerate(openings):
         order = list(ways) if c % 2 == 0 else list(reversed(ways))

@@ -150,45 +150,37 @@ def write_variant(source: str | Path, out: str | Path, bits: int | None = None, 
     }
 
 
-def _paired(ratios: dict[str, list[float]]) -> float:
-    """Geometric mean over prompts of each prompt's geometric mean over rounds."""
-    per_prompt = [float(np.exp(np.mean(np.log(r)))) for r in ratios.values()]
-    return float(np.exp(np.mean(np.log(per_prompt))))
-
-
 def project(results: dict, scale: str, byte_ratio: float = 14 / 18) -> dict:
-    """Paired speedups over plain of every configuration in a bench's ``results``, as measured, and for those whose
-    drafter names ``scale``, with their draft time multiplied by ``byte_ratio``."""
+    """Paired speedups over plain of every configuration in a bench's ``results`` (the bench's pairing,
+    ``paired_speedups``, on 1 / total seconds), as measured, and for those whose drafter names ``scale``, with their
+    draft time multiplied by ``byte_ratio``."""
+    from specwise.bench.paired import paired_speedups
+
     if not 0 < byte_ratio <= 1:
         raise ValueError(f"--byte-ratio {byte_ratio}: give a fraction in (0, 1]")
-    plain = {(r["prompt_id"], r["round"]): r for r in results["runs"] if r["config"] == "specwise:none"}
-    if not plain:
+    if not any(r["config"] == "specwise:none" for r in results["runs"]):
         raise ValueError("the results hold no plain runs (specwise:none) to pair with")
+    drafters = {c["id"]: c["drafter"] for c in results["configurations"]}
+    runs = []
+    for r in results["runs"]:
+        seconds = r["stats"]["total_seconds"]
+        saved = r["stats"]["draft_seconds"] * (1 - byte_ratio) if scale in drafters[r["config"]] else 0.0
+        keys = {k: r.get(k, 0) for k in ("config", "category", "prompt_id", "seed", "round")}
+        runs.append({**keys, "measured": 1 / seconds, "projected": 1 / (seconds - saved), "stats": r["stats"]})
     out: dict[str, dict] = {}
     for config in results["configurations"]:
         if config["id"] == "specwise:none":
             continue
-        scaled = scale in config["drafter"]
-        measured: dict[str, list[float]] = {}
-        projected: dict[str, list[float]] = {}
-        draft = total = 0.0
-        for r in results["runs"]:
-            base = plain.get((r["prompt_id"], r["round"]))
-            if r["config"] != config["id"] or base is None:
-                continue
-            seconds = r["stats"]["total_seconds"]
-            saved = r["stats"]["draft_seconds"] * (1 - byte_ratio) if scaled else 0.0
-            measured.setdefault(r["prompt_id"], []).append(base["stats"]["total_seconds"] / seconds)
-            projected.setdefault(r["prompt_id"], []).append(base["stats"]["total_seconds"] / (seconds - saved))
-            draft += r["stats"]["draft_seconds"]
-            total += seconds
+        measured = paired_speedups(runs, config["id"], "specwise:none", [], "measured")
         if not measured:
             continue
+        projected = paired_speedups(runs, config["id"], "specwise:none", [], "projected")
+        own = [r["stats"] for r in runs if r["config"] == config["id"]]
         out[config["label"]] = {
-            "scaled": scaled,
-            "paired_speedup_measured": _paired(measured),
-            "paired_speedup_projected": _paired(projected),
-            "draft_share_of_time": draft / total,
+            "scaled": scale in config["drafter"],
+            "paired_speedup_measured": measured[0]["geomean"],
+            "paired_speedup_projected": projected[0]["geomean"],
+            "draft_share_of_time": sum(st["draft_seconds"] for st in own) / sum(st["total_seconds"] for st in own),
         }
     return {"byte_ratio": byte_ratio, "scale": scale, "source_command": results.get("command"), "configurations": out}
 

@@ -105,7 +105,6 @@ class BatchEngine:
         self._finished = 0
         self.prefill_fed = 0  # prompt tokens fed to the target
         self.prefill_copied = 0  # prompt tokens copied from another sequence's cache instead (see _share_prefill)
-        self.prefill_cached = 0  # prompt tokens a slot's cache kept from its previous request (see _reusable)
         if max_batch > 1:  # a target or drafter that cannot hold several sequences says so now, not mid-request
             self._new_slot()
             try:
@@ -174,13 +173,13 @@ class BatchEngine:
             rid, req = self._queue[0]
             prompt = [int(t) for t in req.prompt_ids]
             free = [s for s in self._slots if s.run is None]
-            kept = [(self._reusable(s, prompt), s) for s in free]
+            kept = {id(s): self._reusable(s, prompt) for s in free}
             # a slot whose cache this prompt continues (a chat's next turn): it shares most of what the slot holds,
             # not only a system prompt every request repeats
-            ours = [(n, s) for n, s in kept if n > 0 and n >= CONTINUES * len(s.cache[0])]
+            ours = [s for s in free if kept[id(s)] > 0 and kept[id(s)] >= CONTINUES * len(s.cache[0])]
             unused = [s for s in free if s.cache is None]
             if ours:
-                slot = max(ours, key=lambda k: k[0])[1]
+                slot = max(ours, key=lambda s: kept[id(s)])
             elif unused:
                 slot = unused[0]
             elif len(self._slots) < self.max_batch:
@@ -189,7 +188,7 @@ class BatchEngine:
                 slot = min(free, key=lambda s: s.finished)  # the conversation left longest ago
             else:
                 return
-            keep = self._reusable(slot, prompt)
+            keep = kept.get(id(slot), 0)  # a new slot holds nothing
             self._queue.popleft()
             slot.cache = None
             slot.run = self.engine.start(
@@ -203,7 +202,6 @@ class BatchEngine:
                 req.logprobs,
                 keep,
             )
-            self.prefill_cached += keep
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
 

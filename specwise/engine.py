@@ -191,7 +191,6 @@ class Run:
         self.stats = SpecStats(prompt_tokens=len(prompt_ids))
         self.text: StopText | None = None
         self.context = list(prompt_ids)
-        self.cached = 0  # leading prompt tokens whose cache the previous request left (Engine.stream)
         self.produced = 0
         self.finish: str | None = None
         self.last_accepted = 0
@@ -200,6 +199,11 @@ class Run:
         self.jumped: list[int] = []  # tokens the grammar forced this step (jump-forward): fed before the draft
         self.masks: torch.Tensor | None = None  # [k + 1, vocab]: the grammar's masks for verifying this step's draft
         self.t0 = time.perf_counter()
+
+    @property
+    def cached(self) -> int:
+        """Leading prompt tokens whose cache a previous request left (prompt caching; set by ``Engine.start``)."""
+        return self.stats.cached_tokens
 
     def prefill_tokens(self) -> list[int]:
         """What goes into the cache before the first step: the prompt but its last token (and but the positions
@@ -367,7 +371,7 @@ class Engine:
             run.grammar = GrammarState(params.constraint, self.tokenizer, target.vocab_size, run.eos)
         run.text = StopText(self.tokenizer, stop)
         target.rollback(keep)
-        run.cached = run.stats.cached_tokens = keep
+        run.stats.cached_tokens = keep
         target.keep_features = any(d.needs_features for d in state.sources)
         for drafter in state.sources:
             drafter.begin(prompt_ids)

@@ -186,7 +186,7 @@ def _auto_sibling(target) -> str | None:
 
 
 def _vocab_model_drafter(
-    draft, target, options: dict[str, str], lookup: int = 0, lookahead: float | None = None
+    draft, target, options: dict[str, str], lookup: int = 0, lookahead: float = LOOKAHEAD
 ) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
     import torch
@@ -204,7 +204,6 @@ def _vocab_model_drafter(
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
     draft.model.restrict_output(ids)
     width = max(full, int(target.model.vocab_size))
-    lookahead = LOOKAHEAD if lookahead is None else lookahead
     return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup, lookahead=lookahead)
 
 
