@@ -74,6 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", action="store_true", help="through the batch engine: its prompt caching against none")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    try:  # the prompts are read before the models load
+        lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+        openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: --prompts {args.prompts}: {err!r}: give a *.prompts.jsonl file") from None
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto", "cpu")
     engine, tokenizer = runtime.engine, runtime.tokenizer
@@ -89,8 +94,6 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
     kept_begin = [d.begin for d in drafters]
     ways = {"kept": kept_begin, "fresh": [_fresh_begin(d) for d in drafters]}
-    lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
     runs, answers = [], {}
     for c, opening in enumerate(openings):
         order = list(ways) if c % 2 == 0 else list(reversed(ways))

@@ -150,10 +150,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    profile = json.loads(Path(args.profile).read_text())
-    passes = {int(k): float(v) for k, v in profile["forward_seconds"].items()}
-    draft_pass = float(profile["drafter_seconds_per_token"])
-    chosen = _questions(args.prompts, args.category, args.questions, args.skip)
+    try:
+        profile = json.loads(Path(args.profile).read_text())
+        passes = {int(k): float(v) for k, v in profile["forward_seconds"].items()}
+        draft_pass = float(profile["drafter_seconds_per_token"])
+        chosen = _questions(args.prompts, args.category, args.questions, args.skip)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise SystemExit(
+            f"error: {err!r} reading --profile {args.profile} or --prompts {args.prompts}: give --profile the JSON "
+            "of `specwise profile --json --drafter model:…` and --prompts a *.prompts.jsonl file"
+        ) from None
     answers, rows = _answers(args.target, args.drafter, chosen, args.max_new_tokens)
     positions = sum(len(a) for a, _ in answers)
     agreement = sum(sum(a) for a, _ in answers) / positions

@@ -90,7 +90,10 @@ def write_variant(source: str | Path, out: str | Path, bits: int | None = None, 
     import gguf
     from gguf.quants import dequantize
 
+    from specwise.models.gguf_config import checked_file
+
     drop = drop or set()
+    checked_file(source)  # sizes, offsets and shapes checked before the file is read (GGUFError: a ValueError)
     reader = gguf.GGUFReader(str(source))
     arch = reader.fields["general.architecture"].contents()
     layers = int(reader.fields[f"{arch}.block_count"].contents())

@@ -100,6 +100,11 @@ def test_variants_load_in_the_quantized_model(tmp_path):
         assert len(model.layers) == layers
         logits = model.forward(torch.tensor([1, 2, 3]))
         assert logits.shape[-1] == TINY.vocab and torch.isfinite(logits).all()
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(Path(source).read_bytes()[:5000])
+    with pytest.raises(ValueError, match="truncated.gguf"):
+        draft_variant.write_variant(truncated, tmp_path / "t3.gguf", bits=3)
+    assert draft_variant.main(["--source", str(truncated), "--bits", "3", "--out", str(tmp_path / "t.gguf")]) == 2
     with pytest.raises(ValueError, match="cannot drop"):
         draft_variant.write_variant(source, tmp_path / "bad.gguf", drop={3})
     with pytest.raises(ValueError, match="A-B"):
