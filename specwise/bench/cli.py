@@ -8,12 +8,14 @@ import shlex
 import sys
 from pathlib import Path
 
+from specwise.bench.workloads.cli import add_arguments as add_workload_arguments
 from specwise.drafters import DRAFTER_HELP
 from specwise.extras import require
 
 __all__ = ["register", "cmd_bench", "cmd_simulate"]
 
 RESULTS_FILE = "results.json"
+DEFAULT_MAX_NEW_TOKENS = 128
 
 
 def register(subparsers) -> None:
@@ -51,7 +53,12 @@ def _add_bench(subparsers) -> None:
         metavar="N",
         help="run every configuration on every prompt N times, the order rotating per round (default: 1)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per run (default: 128)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help=f"new tokens per run (default: {DEFAULT_MAX_NEW_TOKENS}; with --workload: per workload)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: 0)")
     p.add_argument("--top-k", type=int, default=0, help="0 disables (default: 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="1 disables (default: 1)")
@@ -74,6 +81,7 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--no-chat", action="store_true", help="raw completion: do not apply the chat template")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up run of each configuration")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_workload_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -104,6 +112,10 @@ def _gamma(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected an integer or auto, got {text!r}") from None
 
 
+def _max_new_tokens(args: argparse.Namespace) -> int:
+    return DEFAULT_MAX_NEW_TOKENS if args.max_new_tokens is None else args.max_new_tokens
+
+
 def bench_command(args: argparse.Namespace) -> str:
     """The full command line that reproduces a run, defaults spelled out."""
     parts = ["specwise", "bench", "--out", args.out]
@@ -114,7 +126,7 @@ def bench_command(args: argparse.Namespace) -> str:
     if args.limit_per_category is not None:
         parts += ["--limit-per-category", str(args.limit_per_category)]
     parts += ["--target", args.target, "--drafter", *args.drafter, "--gamma", *map(str, args.gamma)]
-    parts += ["--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature)]
+    parts += ["--max-new-tokens", str(_max_new_tokens(args)), "--temperature", str(args.temperature)]
     if args.temperature > 0:
         parts += ["--top-k", str(args.top_k), "--top-p", str(args.top_p), "--min-p", str(args.min_p)]
     parts += ["--seeds", *map(str, args.seeds), "--rounds", str(args.rounds), "--device", args.device]
@@ -132,7 +144,7 @@ def bench_command(args: argparse.Namespace) -> str:
 def _settings(args: argparse.Namespace, device: str):
     from specwise.bench.configs import BenchSettings
 
-    if args.max_new_tokens < 1:
+    if _max_new_tokens(args) < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if any(g != "auto" and g < 1 for g in args.gamma):
         raise ValueError(f"--gamma values must be >= 1 or auto (the plain baseline always runs), got {args.gamma}")
@@ -143,7 +155,7 @@ def _settings(args: argparse.Namespace, device: str):
         device=device,
         drafters=list(args.drafter),
         gammas=list(args.gamma),
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=_max_new_tokens(args),
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -200,6 +212,10 @@ def _read_results(path: Path, out: str) -> dict:
 def cmd_bench(args: argparse.Namespace) -> int:
     """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
     require("bench", "specwise bench")  # the plots: checked before anything runs
+    if getattr(args, "workload", None):
+        from specwise.bench.workloads.cli import cmd_workloads
+
+        return cmd_workloads(args)
     from specwise.bench.runner import run_bench
     from specwise.bench.schema import paired_summary
 

@@ -42,6 +42,7 @@ __all__ = [
     "llama_bench",
     "llama_binary",
     "parse_llama_bench_json",
+    "speculative_args",
     "summarize_bench_record",
 ]
 
@@ -261,6 +262,34 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
+# llama-server's speculative decoding, as its docs (docs/speculative.md) show each kind: the n-gram kinds with their
+# documented settings, the draft model with up to 16 tokens a step and no minimum (llama.cpp's long-standing
+# server defaults before its default fell to 3).
+SPEC_KINDS = ("none", "ngram-mod", "ngram-simple", "draft")
+DRAFT_MAX, DRAFT_MIN, NGRAM_SIMPLE_MAX = 16, 0, 64
+
+
+def speculative_args(kind: str, draft_gguf: Path | str | None = None) -> list[str]:
+    """``llama-server`` arguments for speculative decoding of ``kind``: ``none`` (plain), ``ngram-mod``,
+    ``ngram-simple`` or ``draft`` (the draft model ``draft_gguf``)."""
+    if kind == "none":
+        return []
+    if kind == "ngram-mod":
+        return ["--spec-type", "ngram-mod"]
+    if kind == "ngram-simple":
+        return ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(NGRAM_SIMPLE_MAX)]
+    if kind == "draft":
+        if draft_gguf is None:
+            raise ValueError("llama.cpp's draft-model decoding needs a draft GGUF file")
+        return ["-md", str(draft_gguf), "--spec-type", "draft-simple"] + [
+            "--spec-draft-n-max",
+            str(DRAFT_MAX),
+            "--spec-draft-n-min",
+            str(DRAFT_MIN),
+        ]
+    raise ValueError(f"unknown llama.cpp speculative kind {kind!r}: use one of {', '.join(SPEC_KINDS)}")
+
+
 class LlamaServer:
     """``llama-server`` for one GGUF model on a free local port, as a context manager.
 
@@ -445,6 +474,19 @@ class LlamaServer:
             **fields,
         }
         return self.post("/completion", payload)
+
+    def infill(self, prefix: str, suffix: str, n_predict: int = 64, **fields: Any) -> dict[str, Any]:
+        """Greedy fill-in-the-middle through ``/infill`` (the model's FIM tokens around ``prefix`` and ``suffix``);
+        ``fields`` add to or override the request. Returns the server's JSON answer (``content``, ``timings``)."""
+        payload: dict[str, Any] = {
+            "input_prefix": prefix,
+            "input_suffix": suffix,
+            "n_predict": n_predict,
+            "stream": False,
+            **_GREEDY_FIELDS,
+            **fields,
+        }
+        return self.post("/infill", payload)
 
     def prompt_ids(self, prompt: str | Sequence[int], *, chat: bool = True) -> list[int]:
         """Token ids for ``prompt``: ids are kept as they are; text is wrapped as one user message in the chat
