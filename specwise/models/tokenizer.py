@@ -90,14 +90,18 @@ class LightTokenizer:
     def apply_chat_template(
         self, conversation, tokenize: bool = True, add_generation_prompt: bool = False, **kwargs
     ) -> str | list[int]:
-        """The conversation rendered by the chat template (as transformers renders it); token ids if ``tokenize``."""
-        if kwargs or not isinstance(conversation, list) or not all(isinstance(m, dict) for m in conversation):
+        """The conversation rendered by the chat template (as transformers renders it); token ids if ``tokenize``.
+        ``tools`` (OpenAI's list of tool dicts) is rendered here too; other options go to transformers."""
+        plain = isinstance(conversation, list) and all(isinstance(m, dict) for m in conversation)
+        if kwargs.keys() - {"tools"} or not plain:
             return self._full.apply_chat_template(
                 conversation, tokenize=tokenize, add_generation_prompt=add_generation_prompt, **kwargs
             )
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template: use raw completion")
         special = {name: getattr(self, name) for name in _SPECIAL if getattr(self, name) is not None}
+        if kwargs.get("tools") is not None:
+            special["tools"] = kwargs["tools"]
         text = self._template.render(
             messages=[dict(m) for m in conversation], add_generation_prompt=add_generation_prompt, **special
         )

@@ -33,6 +33,7 @@ from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.logprobs import TokenTexts
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specwise.server.parsing import (
+    chat_tools,
     check_model,
     choice_seed,
     choice_specs,
@@ -52,6 +53,7 @@ from specwise.server.protocol import (
 )
 from specwise.server.responses import JobStreamingResponse, Tally, collect, sse
 from specwise.server.worker import ClientDisconnected, GenerationWorker, JobGroup, JobSpec, QueueFullError
+from specwise.tools import ReplyReader
 
 __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params"]
 
@@ -164,12 +166,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """OpenAI ``POST /v1/chat/completions``: the conversation through the chat template, streamed or not."""
     state = _state(request)
     check_model(state, body.model)
-    prompt_ids = await state.encoder.run(encode_chat, state, body.messages)
+    tools = chat_tools(state, body)
+    prompt_ids = await state.encoder.run(encode_chat, state, body.messages, tools)
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    spec = job_spec(state, body, prompt_ids, max_tokens, "chat", param)
+    spec = tools.job(job_spec(state, body, prompt_ids, max_tokens, "chat", param))
     fmt = ChatFormat(state.model_name, state.token_texts, body.top_logprobs_count())
-    return await _generate(state, request, spec, fmt, body)
+    readers = tools.readers(state.runtime.tokenizer, body.stop_list(), body.n)
+    return await _generate(state, request, spec, fmt, body, readers)
 
 
 async def list_models(request: Request) -> dict:
@@ -210,16 +214,23 @@ def _model_card(state: ServerState) -> dict:
     return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "specwise"}
 
 
-async def _generate(state: ServerState, request: Request, spec: JobSpec, fmt: ResponseFormat, body: SamplingRequest):
+async def _generate(
+    state: ServerState,
+    request: Request,
+    spec: JobSpec,
+    fmt: ResponseFormat,
+    body: SamplingRequest,
+    readers: list[ReplyReader] | None = None,
+):
     """Queue the request's choices and answer: a JSON response, or (once the first tokens are out) an event
-    stream."""
+    stream. ``readers``: each choice's tool-call reader (None: the text is all content)."""
     group = JobGroup(choice_specs(spec, body.n))
     try:
         state.worker.submit_all(group.jobs)
     except QueueFullError as err:
         raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
     events = group.events(request.is_disconnected)
-    tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None)
+    tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None, readers)
     handed_over = False
     try:
         first = await anext(events)  # a bad request fails here, before any byte of the response is sent

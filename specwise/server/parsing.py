@@ -4,18 +4,22 @@ i seeded ``seed + i``). Every problem is an :class:`~specwise.server.errors.APIE
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from specwise.constraints import Constraint, ConstraintError
 from specwise.sampling import SamplingParams
 from specwise.server.errors import APIError
-from specwise.server.protocol import SEED_MAX, ChatMessage, SamplingRequest
+from specwise.server.protocol import SEED_MAX, ChatCompletionRequest, ChatMessage, SamplingRequest
 from specwise.server.worker import JobSpec
+from specwise.tools import ReplyReader, ToolError, ToolFormat, ToolRequest, check_history, detect_format, tool_request
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
 
 __all__ = [
+    "ChatTools",
+    "chat_tools",
     "check_model",
     "choice_seed",
     "choice_specs",
@@ -39,12 +43,68 @@ def check_model(state: ServerState, model: str) -> None:
         )
 
 
-def encode_chat(state: ServerState, messages: list[ChatMessage]) -> list[int]:
-    """The conversation's token ids (on the encoder's thread)."""
+def encode_chat(state: ServerState, messages: list[ChatMessage], tools: ChatTools | None = None) -> list[int]:
+    """The conversation's token ids (on the encoder's thread), with the request's tools rendered in the model's
+    tool-call format (``tools``: see :func:`chat_tools`)."""
+    dicts = [m.template_dict() for m in messages]
     try:
-        return state.encoder.chat([m.template_dict() for m in messages])
+        if tools is None:
+            return state.encoder.chat(dicts)
+        return state.encoder.chat(*tools.format.prompt(dicts, tools.request))
     except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
         raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
+
+
+@dataclass(frozen=True)
+class ChatTools:
+    """A chat request's tools for the served model: the model's tool-call format, the checked tools (None: none)
+    and the grammar of the reply (None: unconstrained)."""
+
+    format: ToolFormat
+    request: ToolRequest | None
+    constraint: Constraint | None
+
+    def readers(self, tokenizer, stop: list[str], n: int) -> list[ReplyReader] | None:
+        """A tool-call reader for each of ``n`` choices (None: the replies are all content)."""
+        if self.format.parser(self.request) is None:
+            return None
+        markers = self.format.markers(tokenizer)
+        return [ReplyReader(self.format.parser(self.request), tokenizer, markers, stop) for _ in range(n)]
+
+    def job(self, spec: JobSpec) -> JobSpec:
+        """``spec`` with the tools' grammar as its constraint."""
+        if self.constraint is None:
+            return spec
+        return replace(spec, params=replace(spec.params, constraint=self.constraint))
+
+
+_NOT_WITH_TOOLS = ("response_format", "grammar", "regex")
+
+
+def chat_tools(state: ServerState, body: ChatCompletionRequest) -> ChatTools:
+    """The request's tools, tool choice and tool messages checked (a 400 naming the field), the model's format and
+    the reply's grammar."""
+    try:
+        request = tool_request(body.tools_json(), body.tool_choice_json(), body.parallel_tool_calls)
+        check_history([m.template_dict() for m in body.messages])
+    except ToolError as err:
+        raise APIError(400, str(err), param=err.param) from err
+    tokenizer = state.runtime.tokenizer
+    fmt = detect_format(getattr(tokenizer, "chat_template", None))
+    if request is None:
+        return ChatTools(fmt, None, None)
+    for name in _NOT_WITH_TOOLS:
+        value = getattr(body, name)
+        if value is not None and value != {"type": "text"}:
+            message = f"tools cannot be combined with {name}: the tool choice decides the reply's form; leave one out"
+            raise APIError(400, message, param=name)
+    constraint = fmt.constraint(request, tokenizer)
+    try:
+        if constraint is not None:
+            constraint.check()
+    except ConstraintError as err:
+        raise APIError(400, f"the tools cannot constrain the reply: {err}", param="tools") from err
+    return ChatTools(fmt, request, constraint)
 
 
 def encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -> list[int]:

@@ -181,17 +181,97 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    """One message of a conversation; ``developer`` is taken as ``system``."""
+class FunctionCall(_Checked):
+    """The function an assistant's tool call names and its arguments (JSON text)."""
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | Annotated[list[TextPart], _FAIL_FAST]
+    name: str
+    arguments: str
+
+
+class ToolCall(_Checked):
+    """One tool call of an assistant message in the history."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """One message of a conversation; ``developer`` is taken as ``system``. An assistant message may hold tool
+    calls (its content then optional); a ``tool`` message is the result of the call ``tool_call_id``."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], _FAIL_FAST] | None = None
+    tool_call_id: str | None = Field(None, validate_default=True)
+    # validated after the tool fields: only an assistant message with tool_calls may leave it out
+    content: str | Annotated[list[TextPart], _FAIL_FAST] | None = Field(None, validate_default=True)
+
+    @field_validator("tool_calls")
+    @classmethod
+    def _calls_from_the_assistant(cls, value: list | None, info: ValidationInfo) -> list | None:
+        if value is not None and info.data.get("role") != "assistant":
+            raise ValueError(f"only assistant messages hold tool_calls, not {info.data.get('role')} messages")
+        return value
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_call_id_on_tool_messages(cls, value: str | None, info: ValidationInfo) -> str | None:
+        role = info.data.get("role")
+        if value is not None and role != "tool":
+            raise ValueError("only tool messages hold tool_call_id: it names the call a tool message answers")
+        if value is None and role == "tool":
+            raise PydanticCustomError("missing", "Field required")
+        return value
+
+    @field_validator("content")
+    @classmethod
+    def _content_unless_calls(cls, value, info: ValidationInfo):
+        if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise PydanticCustomError("missing", "Field required")
+        return value
 
     def template_dict(self) -> dict:
-        """The message as the chat template expects it: a role and one string."""
-        text = self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        """The message as the chat template expects it: a role and one string (None: an assistant message of tool
+        calls without text), and its tool calls or the id of the call it answers."""
+        text = self.content
+        if isinstance(text, list):
+            text = "".join(part.text for part in text)
+        out = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_calls:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                out["name"] = self.name
+        return out
+
+
+class FunctionDefinition(_Checked):
+    """A function the model may call: ``parameters`` is a JSON schema of its arguments (an object)."""
+
+    name: str
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = Field(None, description="ignored: the arguments always match the schema")
+
+
+class ToolDefinition(_Checked):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Checked):
+    name: str
+
+
+class NamedToolChoice(_Checked):
+    """``{"type": "function", "function": {"name": ...}}``: the reply calls that function."""
+
+    type: Literal["function"]
+    function: NamedFunction
 
 
 _MESSAGE_FIELDS = frozenset(ChatMessage.model_fields)
@@ -212,6 +292,22 @@ class ChatCompletionRequest(SamplingRequest):
     response_format: dict | None = Field(
         None, description='{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": ...}'
     )
+    tools: Annotated[list[ToolDefinition], _FAIL_FAST] | None = Field(
+        None, description="functions the model may call (see the server docs: Tool calls)"
+    )
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = Field(
+        None, description='"auto" (default), "none", "required" or {"type": "function", "function": {"name": ...}}'
+    )
+    parallel_tool_calls: bool | None = Field(None, description="whether one reply may call several functions")
+
+    def tools_json(self) -> list[dict] | None:
+        """``tools`` as OpenAI's JSON has them (None: no tools)."""
+        return None if self.tools is None else [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    def tool_choice_json(self) -> str | dict | None:
+        """``tool_choice`` as OpenAI's JSON has it."""
+        choice = self.tool_choice
+        return choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
 
     @field_validator("response_format")
     @classmethod
@@ -372,6 +468,7 @@ class Choice:
     text: str
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[dict] | None = None  # OpenAI's tool_calls of a chat message (None: no calls)
 
 
 class ResponseFormat:
@@ -469,3 +566,17 @@ class ChatFormat(ResponseFormat):
             )
             for i in range(n)
         ]
+
+    def response(self, choices: list[Choice], usage: dict) -> dict:
+        body = super().response(choices, usage)
+        for choice, out in zip(choices, body["choices"]):
+            if choice.tool_calls:
+                out["message"]["tool_calls"] = choice.tool_calls
+                out["message"]["content"] = choice.text or None  # OpenAI's null content beside calls
+        return body
+
+    def tool_call_chunk(self, index: int, calls: list[dict]) -> dict:
+        """Choice ``index``'s new tool-call pieces, as OpenAI streams them: ``{"index", "id", "type", "function":
+        {"name", "arguments": ""}}`` opening a call, then ``{"index", "function": {"arguments": piece}}``."""
+        choice = {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
+        return self._envelope(self.chunk_object_name, [choice])

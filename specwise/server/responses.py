@@ -18,6 +18,7 @@ from specwise.metrics import SpecStats
 from specwise.server.errors import as_api_error
 from specwise.server.protocol import Choice, ResponseFormat, usage
 from specwise.server.worker import ClientDisconnected, JobGroup
+from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReplyReader
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
@@ -29,21 +30,31 @@ class Tally:
     """A response's choices as their events come in: texts, log-probabilities, finish reasons, and the usage of
     them all (completion tokens and speculative statistics summed over the choices, the prompt counted once)."""
 
-    def __init__(self, state: ServerState, n: int, prompt_tokens: int, logprobs: bool) -> None:
+    def __init__(
+        self, state: ServerState, n: int, prompt_tokens: int, logprobs: bool, readers: list[ReplyReader] | None = None
+    ) -> None:
         self.state, self.n, self.prompt_tokens = state, n, prompt_tokens
         self.texts: list[list[str]] = [[] for _ in range(n)]
         self.logprobs = [[] if logprobs else None for _ in range(n)]
         self.finish: list[str | None] = [None] * n
         self.stats = SpecStats()
+        self.readers = readers  # each choice's tool-call reader (None: the text is all content)
 
-    def add(self, index: int, event) -> None:
-        """Take choice ``index``'s next event."""
-        self.texts[index].append(event.text)
+    def add(self, index: int, event) -> tuple[str, list]:
+        """Take choice ``index``'s next event; returns its new content text and, when the request has tools, its
+        pieces (content, calls' starts and arguments)."""
+        pieces, text = [], event.text
+        if self.readers is not None:
+            pieces = self.readers[index].feed(event.text, event.token_ids, event.finish_reason is not None)
+            text = "".join(p.text for p in pieces if isinstance(p, ContentPiece))
+        self.texts[index].append(text)
         if self.logprobs[index] is not None:
             self.logprobs[index].extend(event.logprobs or [])
         if event.finish_reason is not None:
-            self.finish[index] = event.finish_reason
+            reason = event.finish_reason
+            self.finish[index] = reason if self.readers is None else self.readers[index].finish_reason(reason)
             self.stats.merge(event.stats)
+        return text, pieces
 
     @property
     def done(self) -> bool:
@@ -56,7 +67,14 @@ class Tally:
         return usage(stats, self.state.runtime.drafter_spec, self.state.runtime.engine.gamma, self.prompt_tokens)
 
     def choices(self) -> list[Choice]:
-        return [Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i]) for i in range(self.n)]
+        return [
+            Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i], self._calls(i)) for i in range(self.n)
+        ]
+
+    def _calls(self, index: int) -> list[dict] | None:
+        if self.readers is None or not self.readers[index].calls:
+            return None
+        return [call.openai() for call in self.readers[index].calls]
 
 
 async def collect(tally: Tally, fmt: ResponseFormat, first: tuple, events) -> dict:
@@ -74,12 +92,14 @@ async def sse(tally: Tally, fmt: ResponseFormat, pair: tuple, events, include_us
     try:
         while True:
             index, event = pair
-            tally.add(index, event)
-            if event.text or event.logprobs:
-                yield _data(fmt.text_chunk(index, event.text, event.logprobs))
+            text, pieces = tally.add(index, event)
+            if text or event.logprobs:
+                yield _data(fmt.text_chunk(index, text, event.logprobs))
+            for delta in _call_deltas(pieces):
+                yield _data(fmt.tool_call_chunk(index, [delta]))
             if event.finish_reason is not None:
                 stats = tally.usage() if tally.done else None
-                yield _data(fmt.final_chunk(index, event.finish_reason, stats))
+                yield _data(fmt.final_chunk(index, tally.finish[index], stats))
                 if tally.done:
                     if include_usage:
                         yield _data(fmt.usage_chunk(stats))
@@ -90,6 +110,22 @@ async def sse(tally: Tally, fmt: ResponseFormat, pair: tuple, events, include_us
     except Exception as err:  # after the headers: the error goes in the stream, as OpenAI does
         yield _data(as_api_error(err).body())
     yield "data: [DONE]\n\n"
+
+
+def _call_deltas(pieces: list) -> list[dict]:
+    """OpenAI's ``delta.tool_calls`` entries of an event's pieces, a chunk each: a call's start (id, type, name and
+    empty arguments), then its arguments (the pieces of one pass joined)."""
+    out: list[dict] = []
+    for piece in pieces:
+        if isinstance(piece, CallStart):
+            function = {"name": piece.name, "arguments": ""}
+            out.append({"index": piece.index, "id": piece.id, "type": "function", "function": function})
+        elif isinstance(piece, ArgumentsPiece):
+            if out and out[-1]["index"] == piece.index and "id" not in out[-1]:
+                out[-1]["function"]["arguments"] += piece.text
+            else:
+                out.append({"index": piece.index, "function": {"arguments": piece.text}})
+    return out
 
 
 def _data(obj: dict) -> str:

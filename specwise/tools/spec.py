@@ -1,0 +1,166 @@
+"""A request's tools checked: the functions (names, JSON-schema parameters), the tool choice, parallel calls, and
+the conversation's tool messages (each answers an earlier call). Every problem is a :class:`ToolError` naming
+the request field at fault, as OpenAI names it (``tools[0].function.parameters``, ``tool_choice``,
+``messages[3].tool_call_id``)."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+__all__ = ["Function", "ToolChoice", "ToolError", "ToolRequest", "check_history", "tool_request"]
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+MAX_TOOLS = 128  # OpenAI's limit on functions per request
+EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes none
+
+
+class ToolError(ValueError):
+    """A bad tool definition, tool choice or tool message; ``param`` is the request field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Function:
+    """One function the model may call: its name, description and parameters (a JSON schema, as JSON text so
+    that the function is hashable)."""
+
+    name: str
+    description: str | None
+    parameters_json: str
+
+    @property
+    def parameters(self) -> dict:
+        return json.loads(self.parameters_json)
+
+    def openai(self) -> dict:
+        """The tool as OpenAI's ``tools`` list holds it (and as chat templates take it)."""
+        function = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = self.parameters
+        return {"type": "function", "function": function}
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """``auto`` (text or calls), ``none`` (text only), ``required`` (at least one call) or ``function`` (a call of
+    ``name``)."""
+
+    mode: str = "auto"
+    name: str | None = None
+
+    @property
+    def calls_only(self) -> bool:
+        """Whether the reply must be calls (``required`` or a named function)."""
+        return self.mode in ("required", "function")
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """A request's tools: the functions, the choice and whether several calls may come in one reply."""
+
+    functions: tuple[Function, ...]
+    choice: ToolChoice = ToolChoice()
+    parallel: bool = True
+
+    @property
+    def callable(self) -> tuple[Function, ...]:
+        """The functions the reply may call (the named one alone when the choice names one)."""
+        if self.choice.mode == "function":
+            return tuple(f for f in self.functions if f.name == self.choice.name)
+        return self.functions
+
+    def openai(self) -> list[dict]:
+        """The tools as OpenAI's ``tools`` list holds them."""
+        return [f.openai() for f in self.functions]
+
+
+def tool_request(tools: list[dict] | None, tool_choice: str | dict | None, parallel: bool | None) -> ToolRequest | None:
+    """The request's tools checked (None: no tools). ``tools`` and ``tool_choice`` as OpenAI's JSON has them
+    (their shapes already checked, e.g. by the server's request model); raises ToolError."""
+    if not tools:
+        if tool_choice is not None:
+            raise ToolError("tool_choice needs tools: give the functions the model may call in tools", "tool_choice")
+        if tools is not None:
+            raise ToolError("tools is empty: give at least one function, or leave tools out", "tools")
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise ToolError(f"at most {MAX_TOOLS} tools are supported, got {len(tools)}", "tools")
+    functions: list[Function] = []
+    for i, tool in enumerate(tools):
+        function = _function(tool.get("function") or {}, f"tools[{i}].function")
+        if any(f.name == function.name for f in functions):
+            raise ToolError(f"two tools are named {function.name!r}: give each function its own name", "tools")
+        functions.append(function)
+    choice = _choice(tool_choice, functions)
+    return ToolRequest(tuple(functions), choice, True if parallel is None else bool(parallel))
+
+
+def _function(spec: dict, where: str) -> Function:
+    name = spec.get("name")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ToolError(
+            f"invalid function name {name!r}: use 1 to 64 letters, digits, underscores or dashes", f"{where}.name"
+        )
+    parameters = spec.get("parameters")
+    parameters = EMPTY_PARAMETERS if parameters is None else parameters
+    check_parameters(parameters, f"{where}.parameters")
+    return Function(name, spec.get("description"), json.dumps(parameters))
+
+
+def check_parameters(schema: object, param: str) -> None:
+    """Raise ToolError unless ``schema`` is a JSON schema of an object that constrained decoding can follow
+    (checked against the JSON Schema meta-schema when jsonschema is installed, and compiled by llguidance)."""
+    if not isinstance(schema, dict):
+        raise ToolError(f"{param} must be a JSON schema (an object), got {type(schema).__name__}", param)
+    if schema.get("type", "object") != "object":
+        raise ToolError(f'{param} must describe an object (type "object"), got type {schema["type"]!r}', param)
+    try:
+        import jsonschema
+    except ModuleNotFoundError:
+        jsonschema = None
+    if jsonschema is not None:
+        try:
+            jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
+        except jsonschema.SchemaError as err:
+            raise ToolError(f"{param} is not a valid JSON schema: {err.message}", param) from err
+    from specwise.constraints import ConstraintError, JsonSchema
+
+    try:
+        JsonSchema(schema).check()
+    except ConstraintError as err:
+        raise ToolError(f"{param}: {err}", param) from err
+
+
+def _choice(tool_choice: str | dict | None, functions: list[Function]) -> ToolChoice:
+    if tool_choice is None:
+        return ToolChoice()
+    if isinstance(tool_choice, str):
+        return ToolChoice(tool_choice)
+    name = (tool_choice.get("function") or {}).get("name")
+    if not any(f.name == name for f in functions):
+        known = ", ".join(f.name for f in functions)
+        raise ToolError(f"tool_choice names the function {name!r}, which is not in tools ({known})", "tool_choice")
+    return ToolChoice("function", name)
+
+
+def check_history(messages: list[dict]) -> None:
+    """Raise ToolError unless every ``tool`` message answers a call of an earlier assistant message (its
+    ``tool_call_id`` is one of theirs). ``messages``: OpenAI's message dicts."""
+    calls: set[str] = set()
+    for i, message in enumerate(messages):
+        for call in message.get("tool_calls") or []:
+            calls.add(call.get("id"))
+        if message.get("role") == "tool":
+            answered = message.get("tool_call_id")
+            if answered not in calls:
+                raise ToolError(
+                    f"messages[{i}] is a tool result for {answered!r}, which no earlier assistant message called: "
+                    "give the id of a call in an earlier message's tool_calls",
+                    f"messages[{i}].tool_call_id",
+                )

@@ -1,0 +1,67 @@
+"""A reply's text as the tool parsers need it: the detokenized text, except that a format's special marker tokens
+(``<tool_call>`` where the vocabulary has it as a special token, which ordinary decoding drops) are kept."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from specwise.engine import StopText
+from specwise.tools.parse import CallParser, Piece, ToolCall
+
+__all__ = ["MarkedText", "ReplyReader"]
+
+
+class _KeepMarkers:
+    """A tokenizer whose decoding drops special tokens but those of ``keep`` (decoded as their text)."""
+
+    def __init__(self, tokenizer, keep: set[int]) -> None:
+        self.tokenizer, self.keep = tokenizer, keep
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        parts, run = [], []
+        for token in ids:
+            if token in self.keep:
+                parts.append(self.tokenizer.decode(run, skip_special_tokens=skip_special_tokens) if run else "")
+                parts.append(self.tokenizer.decode([token], skip_special_tokens=False))
+                run = []
+            else:
+                run.append(token)
+        if run:
+            parts.append(self.tokenizer.decode(run, skip_special_tokens=skip_special_tokens))
+        return "".join(parts)
+
+
+class MarkedText:
+    """The text of a reply's tokens, fed as they come (``feed(token_ids, final)`` returns the new text), with the
+    marker tokens ``keep`` in it, stop strings applied as the engine applies them."""
+
+    def __init__(self, tokenizer, keep: set[int], stop: Iterable[str] = ()) -> None:
+        self._text = StopText(_KeepMarkers(tokenizer, set(keep)), stop)
+
+    def feed(self, token_ids: list[int], final: bool) -> str:
+        text, _, _ = self._text.feed(list(token_ids), final)
+        return text
+
+
+class ReplyReader:
+    """One reply's answer read as its tokens come: the format's parser fed the reply's text (with the format's
+    marker tokens kept where decoding drops them). ``feed`` returns the answer's new pieces."""
+
+    def __init__(self, parser: CallParser, tokenizer=None, markers: set[int] | None = None, stop=()) -> None:
+        self.parser = parser
+        self._marked = MarkedText(tokenizer, markers, stop) if markers else None
+
+    def feed(self, text: str, token_ids: list[int], final: bool) -> list[Piece]:
+        """The pieces of the reply's next event (its text and tokens; ``final``: the reply ended)."""
+        if self._marked is not None:
+            text = self._marked.feed(token_ids, final)
+        return self.parser.feed(text, final)
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return self.parser.calls
+
+    def finish_reason(self, reason: str) -> str:
+        """OpenAI's finish reason: ``tool_calls`` for a reply that ended after whole calls, else ``reason``."""
+        calls = self.parser.calls
+        return "tool_calls" if reason == "stop" and calls and all(c.complete for c in calls) else reason
