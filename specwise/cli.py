@@ -102,6 +102,14 @@ def build_parser() -> argparse.ArgumentParser:
     shape = gen.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="FILE", help="the reply is JSON valid against this JSON Schema file")
     shape.add_argument("--grammar", metavar="FILE", help="the reply matches this grammar file (Lark, or GBNF)")
+    fim = gen.add_mutually_exclusive_group()
+    fim.add_argument(
+        "--suffix",
+        metavar="TEXT",
+        help="fill in the middle: the text after the cursor (the prompt is the text before it); a raw completion, "
+        "for a model with FIM tokens",
+    )
+    fim.add_argument("--suffix-file", metavar="FILE", help="--suffix read from a text file (- for stdin)")
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
@@ -161,6 +169,24 @@ def _constraint(args: argparse.Namespace):
     return constraint
 
 
+def _suffix_text(args: argparse.Namespace) -> str | None:
+    """The text of --suffix or --suffix-file (``-``: stdin), read before the model loads (None without either)."""
+    if args.suffix_file is None:
+        return args.suffix
+    try:
+        return sys.stdin.read() if args.suffix_file == "-" else Path(args.suffix_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read --suffix-file {args.suffix_file}: {err}") from err
+
+
+def _fim_request(runtime, prefix: str, suffix: str) -> tuple[list[int], list[int]]:
+    """The FIM prompt's token ids and the tokens that end the middle (FimUnsupported for a model without FIM)."""
+    from specwise.fim import engine_eos, fim_prompt, fim_stop_ids, require_fim
+
+    fim = require_fim(runtime.target)
+    return fim_prompt(runtime.tokenizer, fim, prefix, suffix), sorted(fim_stop_ids(fim, engine_eos(runtime.engine)))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from specwise.runtime import build_runtime, encode_prompt
     from specwise.sampling import SamplingParams
@@ -168,14 +194,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, _constraint(args))
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    suffix = _suffix_text(args)
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     engine, target = runtime.engine, runtime.target
-    prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat)
+    prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat) if suffix is None else None
+    request = {"stop": args.stop}
+    if suffix is not None:  # fill in the middle: the FIM prompt, the middle ending at the FIM stop tokens
+        prompt_ids, request["eos_token_ids"] = _fim_request(runtime, args.prompt, suffix)
     if args.json:
-        result = engine.generate(prompt_ids, params, args.max_new_tokens, stop=args.stop)
+        result = engine.generate(prompt_ids, params, args.max_new_tokens, **request)
         print(json.dumps(result.to_dict()))
         return 0
-    for event in engine.stream(prompt_ids, params, args.max_new_tokens, stop=args.stop):
+    for event in engine.stream(prompt_ids, params, args.max_new_tokens, **request):
         sys.stdout.write(event.text)
         sys.stdout.flush()
         if event.finish_reason is not None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from specwise.models.gguf_check import check_tensors, meta_float, meta_int
 from specwise.models.gguf_file import GGUFError, GGUFFile
 
-__all__ = ["FAMILIES", "Family", "GGUFConfig", "gguf_config", "checked_file"]
+__all__ = ["FAMILIES", "Family", "GGUFConfig", "gguf_config", "checked_file", "fim_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -207,3 +207,25 @@ def checked_file(path: str | Path) -> GGUFFile:
 def gguf_config(path: str | Path) -> GGUFConfig:
     """The model's shape as a GGUF file's metadata gives it."""
     return GGUFConfig(GGUFFile(path))
+
+
+def fim_token_ids(meta: GGUFFile, vocab: int) -> tuple[dict[str, int], list[str]]:
+    """The fill-in-the-middle tokens the file's metadata names (role -> id, see :data:`specwise.fim.FIM_METADATA_KEYS`)
+    and, for each key it holds that is not a token id inside the vocabulary (``0 .. vocab - 1``), a line saying it is
+    ignored (the vocabulary's names are looked up instead)."""
+    from specwise.fim import FIM_METADATA_KEYS
+
+    found: dict[str, int] = {}
+    ignored: list[str] = []
+    for role, key in FIM_METADATA_KEYS.items():
+        value = meta.get(key)
+        if value is None:
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
+            found[role] = int(value)
+        else:
+            ignored.append(
+                f"{meta.path.name}: metadata {key} ({value!r}) is not a token id of the vocabulary (0..{vocab - 1}): "
+                "ignored"
+            )
+    return found, ignored

@@ -70,6 +70,7 @@ class LoadedModel:
     name: str
     hf_model: object = None
     eos_token_ids: set[int] | None = None  # from the file's metadata, where the source has no generation config
+    fim_token_ids: dict[str, int] | None = None  # the GGUF metadata's fill-in-the-middle tokens (specwise.fim)
 
 
 def default_gguf_path() -> Path:
@@ -257,6 +258,7 @@ def compact_merges(path: Path) -> bool:
 
 
 def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
+    from specwise.models.gguf_config import fim_token_ids
     from specwise.models.quantized import QuantizedModel, TargetWeights, checked_file
 
     meta = checked_file(path)  # refuses a damaged file (GGUFError) or one it cannot run (NotImplementedError) first
@@ -268,6 +270,9 @@ def _load_quantized(path: Path, name: str, precision: str, drafting: bool = Fals
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
     eos = model.eos_token_id
     loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
+    loaded.fim_token_ids, ignored = fim_token_ids(meta, model.vocab_size)
+    for line in ignored:
+        print(f"specwise: {line}", file=sys.stderr)
     _apply_profile(model, profile_device("cpu", model))
     return loaded
 

@@ -29,6 +29,7 @@ from specwise.runtime import Runtime
 from specwise.server.auth import APIKeyMiddleware
 from specwise.server.encoding import PromptEncoder
 from specwise.server.errors import APIError, add_error_handlers, as_api_error
+from specwise.server.infill import encode_fim_completion, infill, with_fim_stops
 from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.logprobs import TokenTexts
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
@@ -146,6 +147,7 @@ def _state(request: Request) -> ServerState:
 def _add_routes(app: FastAPI) -> None:
     app.post("/v1/completions", responses=_ERRORS, summary="Text completion")(completions)
     app.post("/v1/chat/completions", responses=_ERRORS, summary="Chat completion")(chat_completions)
+    app.post("/infill", responses=_ERRORS, summary="Fill in the middle (llama.cpp's /infill)")(infill)
     app.get("/v1/models", summary="The served model")(list_models)
     app.get("/v1/models/{model_id}", responses={404: {"model": ErrorResponse}}, summary="One model")(get_model)
     app.get("/health", summary="Liveness and queue state")(health)
@@ -156,8 +158,12 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI ``POST /v1/completions``: a string or token-id prompt, streamed or not."""
     state = _state(request)
     check_model(state, body.model)
-    prompt_ids = await state.encoder.run(encode_completion, state, body.prompt)
+    if body.suffix:  # fill in the middle (infill.py): the prompt is the text before the cursor, the suffix after
+        prompt_ids = await state.encoder.run(encode_fim_completion, state, body)
+    else:
+        prompt_ids = await state.encoder.run(encode_completion, state, body.prompt)
     spec = job_spec(state, body, prompt_ids, body.max_tokens, "completions")
+    spec = with_fim_stops(state, spec, body.ignore_eos) if body.suffix else spec
     fmt = CompletionFormat(state.model_name, state.token_texts, body.top_logprobs_count())
     return await _generate(state, request, spec, fmt, body)
 

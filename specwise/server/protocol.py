@@ -390,7 +390,11 @@ class CompletionRequest(SamplingRequest):
         description="one prompt: a string or a list of token ids"
     )
     echo: bool = Field(False, description="not supported (only false)")
-    suffix: str | None = Field(None, description="not supported (only null)")
+    suffix: str | None = Field(
+        None,
+        description="fill in the middle: the text after the completion (the prompt is the text before it); needs a "
+        "model with FIM tokens (empty or null: a plain completion)",
+    )
     best_of: int | None = Field(None, ge=1, le=MAX_N, description="only n (or null) is supported")
     logprobs: int | None = Field(
         None,
@@ -415,13 +419,6 @@ class CompletionRequest(SamplingRequest):
     def _no_echo(cls, value: bool) -> bool:
         if value:
             raise ValueError("echo is not supported: the response holds the completion only")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix (insertion) is not supported")
         return value
 
 
