@@ -48,10 +48,23 @@ class SourceRecord:
 
 @dataclass
 class PlanState:
-    """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them."""
+    """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them.
+
+    keys: per source, the key of its costs in the planner's cost model (default: its index). A request's own
+    source (a prediction, ``Planner.for_request``) is asked before the sequence's drafters and keeps a key of its
+    own, so the drafters keep theirs whether or not a request brings one.
+    request_record: the record of the request sources of this sequence, carried from request to request as the
+    others are (None until a request brings one).
+    """
 
     sources: list[Drafter]
     known: list[SourceRecord] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)
+    request_record: SourceRecord | None = None
+
+    def __post_init__(self) -> None:
+        if not self.keys:
+            self.keys = list(range(len(self.sources)))
 
 
 def acceptance(record: SourceRecord, prior: float) -> list[float]:

@@ -1,7 +1,8 @@
 """Continuous batching: several requests share each target pass, each with its own speculation.
 
 A :class:`BatchEngine` holds up to ``max_batch`` sequences of the engine's target (``Model.sequence``), each with
-its own cache, drafters (``Drafter.fork``), planner state, sampling settings, randomness and statistics. Every
+its own cache, drafters (``Drafter.fork``; a request's prediction is a source of its slot for that request only),
+planner state, sampling settings, randomness and statistics. Every
 :meth:`BatchEngine.step` plans each running request's draft, scores all their rows in one target pass
 (``Model.forward_batch``: ragged, a new request's prompt among them) and verifies each request on its own rows.
 Requests join between steps and leave when done; a cancelled one frees its slot at the next step.
@@ -35,7 +36,8 @@ __all__ = ["BatchEngine", "BatchStep", "Request"]
 
 @dataclass
 class Request:
-    """What to generate: the arguments of ``Engine.stream``."""
+    """What to generate: the arguments of ``Engine.stream`` (``prediction``: the request's predicted output, a
+    draft source of its own in its slot)."""
 
     prompt_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
@@ -43,6 +45,7 @@ class Request:
     stop: list[str] = field(default_factory=list)
     eos_token_ids: list[int] | None = None
     logprobs: LogprobOptions | None = None
+    prediction: list[int] | None = None
 
 
 @dataclass
@@ -116,7 +119,8 @@ class BatchEngine:
 
     def submit(self, request: Request) -> int:
         """Queue ``request``; returns its id. Raises ValueError at once for a bad request (nothing is queued)."""
-        self.engine.check_request([int(t) for t in request.prompt_ids], request.max_new_tokens, request.stop)
+        prompt = [int(t) for t in request.prompt_ids]
+        self.engine.check_request(prompt, request.max_new_tokens, request.stop, prediction=request.prediction)
         rid = self._next_id
         self._next_id += 1
         self._queue.append((rid, request))
@@ -201,6 +205,7 @@ class BatchEngine:
                 req.eos_token_ids,
                 req.logprobs,
                 keep,
+                req.prediction,
             )
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
@@ -288,7 +293,7 @@ class BatchEngine:
                 continue
             drafted, forced = len(proposal.draft), len(slot.run.jumped)  # the grammar's forced tokens: rows too
             rows += drafted + forced
-            tokens += engine.planner.expected_gain(slot.state, proposal) + forced
+            tokens += engine.planner.expected_gain(slot.run.state, proposal) + forced
             items.append((slot.target, slot.run.feed(proposal)))
             keeps.append(drafted + 1)
             plans.append(proposal)
@@ -314,7 +319,7 @@ class BatchEngine:
                 errors.append((slot.rid, err))
                 self._release(slot)
                 continue
-            engine.planner.observe(slot.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
+            engine.planner.observe(run.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
             events.append((slot.rid, event))
             if event.finish_reason is not None:
                 slot.cache = (list(run.context), slot.target.feeds, slot.target.keep_features)

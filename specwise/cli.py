@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     shape = gen.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", metavar="FILE", help="the reply is JSON valid against this JSON Schema file")
     shape.add_argument("--grammar", metavar="FILE", help="the reply matches this grammar file (Lark, or GBNF)")
+    gen.add_argument(
+        "--prediction",
+        metavar="FILE",
+        help="a text file (- for stdin) the reply is expected to repeat for the most part (a file to edit): its "
+        "tokens are drafted, the reply is unchanged; the stats' by_drafter shows what was accepted",
+    )
     fim = gen.add_mutually_exclusive_group()
     fim.add_argument(
         "--suffix",
@@ -169,6 +175,16 @@ def _constraint(args: argparse.Namespace):
     return constraint
 
 
+def _prediction_text(path: str | None) -> str | None:
+    """The text of --prediction FILE (``-``: stdin), read before the model loads (None without the flag)."""
+    if path is None:
+        return None
+    try:
+        return sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read --prediction {path}: {err}") from err
+
+
 def _suffix_text(args: argparse.Namespace) -> str | None:
     """The text of --suffix or --suffix-file (``-``: stdin), read before the model loads (None without either)."""
     if args.suffix_file is None:
@@ -194,11 +210,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.min_p, args.seed, _constraint(args))
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    predicted = _prediction_text(args.prediction)
     suffix = _suffix_text(args)
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat) if suffix is None else None
-    request = {"stop": args.stop}
+    prediction = None if predicted is None else list(target.tokenizer(predicted, add_special_tokens=False)["input_ids"])
+    request = {"stop": args.stop, "prediction": prediction}
     if suffix is not None:  # fill in the middle: the FIM prompt, the middle ending at the FIM stop tokens
         prompt_ids, request["eos_token_ids"] = _fim_request(runtime, args.prompt, suffix)
     if args.json:

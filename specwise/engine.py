@@ -9,6 +9,7 @@ the step is a plain decoding step, so the baseline runs through the same code.
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import torch
 from specwise.constraints import GrammarState, constrain_logits
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.none import NoDrafter
+from specwise.drafters.prediction import PredictionDrafter
 from specwise.metrics import SpecStats
 from specwise.models.base import Model
 from specwise.planner import Planner, PlanState, Proposal, make_planner
@@ -283,7 +285,12 @@ class Engine:
         return {eos} if eos is not None else set()
 
     def check_request(
-        self, prompt_ids: list[int], max_new_tokens: int, stop: Iterable[str] = (), constraint=None
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        stop: Iterable[str] = (),
+        constraint=None,
+        prediction: Sequence[int] | None = None,
     ) -> None:
         """Raise ValueError naming the problem when a request cannot run (``start`` and the batch use this)."""
         if stop and self.tokenizer is None:
@@ -302,6 +309,12 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})")
+        bad = [t for t in _token_ids(prediction, "prediction") if not 0 <= t < self.target.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prediction token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1}): "
+                "give token ids of the target's tokenizer"
+            )
 
     def stream(
         self,
@@ -311,16 +324,21 @@ class Engine:
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
         logprobs: LogprobOptions | None = None,
+        prediction: Sequence[int] | None = None,
     ) -> Iterator[GenerationEvent]:
         """Generate after ``prompt_ids``; yields one event per target pass, the last with finish_reason and stats
-        (``logprobs``: also each emitted token's log-probability)."""
+        (``logprobs``: also each emitted token's log-probability).
+
+        prediction: token ids the output is expected to repeat for the most part (a file to edit, a text to
+            revise): drafted by a source of this request's own, asked before the engine's drafters
+            (:class:`~specwise.drafters.prediction.PredictionDrafter`). The output is the one without it; its
+            drafted and accepted tokens are ``stats.by_drafter["prediction"]``."""
         if self._state is None or not _same(self._state.sources, self.drafters):
             self._state = self.planner.new_state(self.drafters)
         keep = self._reusable(prompt_ids)
         self._cache = None
-        run = self.start(
-            self.target, self._state, prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, keep
-        )
+        request = (prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, keep, prediction)
+        run = self.start(self.target, self._state, *request)
         prefill = run.prefill_tokens()
         if prefill:
             self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
@@ -357,14 +375,19 @@ class Engine:
         eos_token_ids: Iterable[int] | None = None,
         logprobs: LogprobOptions | None = None,
         keep: int = 0,
+        prediction: Sequence[int] | None = None,
     ) -> Run:
         """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
-        ``state``'s sources: checked, its drafters begun, its cache emptied but its first ``keep`` positions
-        (already the prompt's: see ``_reusable``; the rest of the prompt is not fed yet)."""
+        ``state``'s sources (and by ``prediction``'s, asked first): checked, its drafters begun, its cache emptied
+        but its first ``keep`` positions (already the prompt's: see ``_reusable``; the rest of the prompt is not fed
+        yet)."""
         params = params or SamplingParams()
         prompt_ids = [int(t) for t in prompt_ids]
         stop = list(stop)
-        self.check_request(prompt_ids, max_new_tokens, stop, params.constraint)
+        self.check_request(prompt_ids, max_new_tokens, stop, params.constraint, prediction)
+        predicted = _token_ids(prediction, "prediction")
+        if predicted:
+            state = self.planner.for_request(state, PredictionDrafter(predicted, device=target.device))
         run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
         run.logprobs = logprobs
         if params.constraint is not None:
@@ -499,12 +522,13 @@ class Engine:
         stop: Iterable[str] = (),
         eos_token_ids: Iterable[int] | None = None,
         logprobs: LogprobOptions | None = None,
+        prediction: Sequence[int] | None = None,
     ) -> GenerationResult:
         """Run :meth:`stream` to the end and collect its output."""
         texts: list[str] = []
         ids: list[int] = []
         logs: list[TokenLogprob] | None = None if logprobs is None else []
-        for event in self.stream(prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs):
+        for event in self.stream(prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, prediction):
             texts.append(event.text)
             ids.extend(event.token_ids)
             if logs is not None:
@@ -538,6 +562,16 @@ def _as_sources(drafter: Drafter | Sequence[Drafter] | None, target: Model) -> l
     if drafter is None:
         return [NoDrafter(target.device)]
     return list(drafter) if isinstance(drafter, (list, tuple)) else [drafter]
+
+
+def _token_ids(ids: Sequence[int] | None, what: str) -> list[int]:
+    """``ids`` as a list of ints (None: empty); ValueError naming ``what`` for anything but integers."""
+    if ids is None:
+        return []
+    try:
+        return [operator.index(t) for t in ids]
+    except TypeError:
+        raise ValueError(f"{what} must be a list of token ids (integers)") from None
 
 
 def _same(a: list[Drafter], b: list[Drafter]) -> bool:

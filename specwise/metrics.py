@@ -5,13 +5,19 @@ tau (mean accepted length) = tokens emitted per target pass (accepted + 1 per st
     the token budget).
 expected tau: the i.i.d. theory, (1 - alpha^(k+1)) / (1 - alpha) for a step that drafts k tokens, averaged
     over the steps actually taken (so steps without a draft count as 1).
+accepted / rejected prediction tokens (OpenAI's names): tokens of a request's predicted output that were drafted
+    and accepted by the target / drafted and rejected (a draft's tokens after its first rejected one count as
+    rejected: the target did not keep them). A prediction token drafted in two steps counts in both; one never
+    drafted (the answer went another way) counts in neither.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["SpecStats", "expected_tau"]
+__all__ = ["PREDICTION", "SpecStats", "expected_tau"]
+
+PREDICTION = "prediction"  # the name of a request's predicted-output source in ``by_drafter``
 
 
 def expected_tau(alpha: float, gamma: int) -> float:
@@ -72,6 +78,17 @@ class SpecStats:
         entry = self.by_drafter.setdefault(name, {"steps": 0, "drafted": 0, "accepted": 0})
         for key, value in counts.items():
             entry[key] = entry.get(key, 0) + value
+
+    @property
+    def accepted_prediction_tokens(self) -> int:
+        """Tokens of the request's prediction drafted and accepted by the target."""
+        return self.by_drafter.get(PREDICTION, {}).get("accepted", 0)
+
+    @property
+    def rejected_prediction_tokens(self) -> int:
+        """Tokens of the request's prediction drafted and rejected by the target."""
+        counts = self.by_drafter.get(PREDICTION, {})
+        return counts.get("drafted", 0) - counts.get("accepted", 0)
 
     @property
     def acceptance_rate(self) -> float:

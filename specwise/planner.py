@@ -31,7 +31,12 @@ Planners:
   weighed by the estimated probability that the source has a draft at all (an empty ask costs time too: the head
   runs its layer to find out), so that a source that keeps having nothing stops being asked (until the next
   probe). Sources are asked in the order listed; a later one only when its expected rate beats that of the draft
-  in hand, and a draft in hand is used only when it beats a plain step or is a probe.
+  in hand, and a draft in hand is used only when it beats a plain step or is a probe. Gamma goes up to
+  ``max_gamma`` (8), or ``long_gamma`` (32) for a source of deterministic copies (a prediction, prompt lookup)
+  whose record says such long runs are accepted.
+
+A request may bring a source of its own, its predicted output (:meth:`Planner.for_request`): it is asked first,
+the sequence's drafters after it, each with its record.
 
 Drafting stops at a confidence: a drafter may give each drafted token a confidence (``Draft.confidence``, the
 estimated probability that it is accepted when the ones before it are), and prompt lookup labels a draft with
@@ -58,7 +63,10 @@ from specwise.drafters.base import Draft, Drafter
 from specwise.estimates import Rate
 from specwise.sampling import SamplingParams
 
+REQUEST_KEY = -1  # the cost key of a request's own source (the sequence's drafters' are their indices)
+
 __all__ = [
+    "REQUEST_KEY",
     "Rate",
     "Proposal",
     "PlanState",
@@ -106,13 +114,33 @@ class Planner(ABC):
         """The target's passes run on ``threads`` threads from now on (None: unknown): what a pass costs is
         estimated apart for each thread count (a planner that does not estimate costs ignores it)."""
 
+    def gamma_limit(self, drafter: Drafter) -> int:
+        """The most tokens ``drafter`` is asked for in one step."""
+        return self.max_gamma
+
+    def new_record(self, drafter: Drafter) -> SourceRecord:
+        """What this planner knows of ``drafter`` as a new source: nothing yet."""
+        return SourceRecord(self.gamma_limit(drafter), self.prior_weight, self.decay)
+
     def new_state(self, drafters: list[Drafter]) -> PlanState:
         """The state of a new sequence drafted by ``drafters`` (its sources: one drafter is a list of one)."""
         if not drafters:
             raise ValueError("give at least one drafter (NoDrafter for plain decoding)")
         sources = list(drafters)
-        known = [SourceRecord(self.max_gamma, self.prior_weight, self.decay) for _ in sources]
-        return PlanState(sources, known)
+        return PlanState(sources, [self.new_record(d) for d in sources])
+
+    def for_request(self, state: PlanState, first: Drafter | None) -> PlanState:
+        """The state of one request on ``state``'s sequence: ``state`` itself, or, when the request brings a source
+        of its own (``first``: its prediction), that source asked before the sequence's drafters. The drafters'
+        records are shared, so what they learn carries to the next request; ``first`` gets the sequence's record
+        of request sources (``PlanState.request_record``), carried from request to request as the others are
+        (:meth:`begin`: a prior worth at most ``carry`` observations) and its costs under a key of their own."""
+        if first is None:
+            return state
+        record = state.request_record
+        if record is None or len(record.positions) != self.gamma_limit(first):
+            record = state.request_record = self.new_record(first)
+        return PlanState([first, *state.sources], [record, *state.known], [REQUEST_KEY, *state.keys])
 
     def begin(self, state: PlanState) -> None:
         """A new request on ``state``'s sequence: what describes the text is kept as a prior worth at most
@@ -241,6 +269,10 @@ class AdaptivePlanner(Planner):
     """Pick the source and gamma per step from online estimates of acceptance per position and of the costs.
 
     max_gamma: the largest gamma considered.
+    long_gamma: the largest gamma considered for a source of deterministic copies (``Drafter.copies``: a prediction,
+        prompt lookup), which where it keeps being right is right for long runs: each position's acceptance starts
+        from the one before it, so such a source drafts past ``max_gamma`` only once its record says the longer
+        draft pays (a pass over more rows, ``PassCosts.ratio``, against the tokens it is expected to keep).
     cost_curve: optional prior c(k) = time(forward of k) / time(forward of 1), e.g. from `specwise profile`;
         a pass over k tokens is estimated as (smoothed time of a 1-token pass) * ratio(k), where ratio(k) starts
         at c(k) and moves towards the measured ratios as they come in.
@@ -275,6 +307,7 @@ class AdaptivePlanner(Planner):
         max_gamma: int = 8,
         cost_curve: dict[int, float] | None = None,
         draft_cost: float = 0.0,
+        long_gamma: int = 32,
         prior: float = 0.5,
         prior_weight: float = 2.0,
         decay: float = 0.95,
@@ -287,6 +320,7 @@ class AdaptivePlanner(Planner):
         if carry < 0:
             raise ValueError(f"carry must be >= 0, got {carry}")
         self.max_gamma = max_gamma
+        self.long_gamma = max(long_gamma, max_gamma)
         self.prior = prior
         self.prior_weight = prior_weight
         self.decay = decay
@@ -298,6 +332,9 @@ class AdaptivePlanner(Planner):
     def use_threads(self, threads: int | None) -> None:
         self.costs.use_threads(threads)
 
+    def gamma_limit(self, drafter: Drafter) -> int:
+        return self.long_gamma if drafter.copies else self.max_gamma
+
     def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
         self.costs.with_cost_curve(cost_curve)
         return self
@@ -305,7 +342,7 @@ class AdaptivePlanner(Planner):
     # ---- estimates -------------------------------------------------------------------------------------------
 
     def acceptance(self, state: PlanState, source: int = 0) -> list[float]:
-        """Estimated P(position i accepted | positions < i accepted), i = 0 .. max_gamma - 1, for ``source``
+        """Estimated P(position i accepted | positions < i accepted), i = 0 .. gamma_limit - 1, for ``source``
         (``acceptance.acceptance``: each position's prior is the estimate of the one before it)."""
         return acceptance(state.known[source], self.prior)
 
@@ -314,7 +351,8 @@ class AdaptivePlanner(Planner):
         return self.costs.verify_time(k, shared)
 
     def draft_time(self, source: int = 0) -> float:
-        """Estimated seconds of drafting one token with ``source``."""
+        """Estimated seconds of drafting one token with ``source`` (a cost key, ``PlanState.keys``: a sequence's
+        drafter's index, or REQUEST_KEY)."""
         return self.costs.draft_time(source)
 
     def draft_probability(self, state: PlanState, source: int = 0) -> float:
@@ -340,17 +378,19 @@ class AdaptivePlanner(Planner):
             return self.plain_rate(shared)
         others, rows = shared.tokens, shared.rows
         tokens = self._expected_tokens(state, gamma, source)
-        drafted = gamma * self.draft_time(source) + self.verify_time(rows + gamma + 1, shared)
+        key = state.keys[source]
+        drafted = gamma * self.draft_time(key) + self.verify_time(rows + gamma + 1, shared)
         p = self.draft_probability(state, source)
-        empty = self.costs.empty_time(source) + self.verify_time(rows + 1, shared)
+        empty = self.costs.empty_time(key) + self.verify_time(rows + 1, shared)
         return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
 
     def _rates(self, state: PlanState, top: int, source: int, shared: Shared = ALONE) -> list[float]:
         """``expected_rate(state, g, source, shared)`` for g = 0 .. top, the same numbers computed in one pass."""
         others, rows = shared.tokens, shared.rows
         p = self.draft_probability(state, source)
-        per_token = self.draft_time(source)
-        empty = self.costs.empty_time(source) + self.verify_time(rows + 1, shared)
+        key = state.keys[source]
+        per_token = self.draft_time(key)
+        empty = self.costs.empty_time(key) + self.verify_time(rows + 1, shared)
         rates = [self.plain_rate(shared)]
         tokens, reach = 1.0, 1.0
         for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
@@ -373,7 +413,7 @@ class AdaptivePlanner(Planner):
     def stop_level(self, source: int = 0, shared: Shared = ALONE) -> float:
         """Break-even for one more drafted token: its cost (drafting it, and the longer target pass) over the time
         of a plain step, which is what an accepted token saves. Drafting stops once the probability that the
-        draft so far is all accepted falls below this."""
+        draft so far is all accepted falls below this (``source``: a cost key, as for :meth:`draft_time`)."""
         one, two = self.verify_time(shared.rows + 1, shared), self.verify_time(shared.rows + 2, shared)
         extra = self.draft_time(source) + max(two - one, 0.0)
         per_token = one / (shared.tokens + 1.0)  # what a plain token of the pass costs
@@ -395,7 +435,7 @@ class AdaptivePlanner(Planner):
     def choose(self, state: PlanState, limit: int, source: int = 0, shared: Shared = ALONE) -> int:
         """Tokens to ask of ``source`` in the next step, at most ``limit`` (0: do not ask it)."""
         known = state.known[source]
-        top = min(self.max_gamma, limit)
+        top = min(len(known.positions), limit)
         if top <= 0 or self.calibrating(shared):
             known.probing = False
             return 0
@@ -433,14 +473,15 @@ class AdaptivePlanner(Planner):
             if not self._intake_pays(state, i, context, gamma, limit, shared):
                 continue
             t0 = time.perf_counter()
-            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(i, shared))
+            key = state.keys[i]
+            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(key, shared))
             seconds = time.perf_counter() - t0
             intake = draft.intake
             if intake > self.CATCH_UP:
                 # it also took in tokens of steps it was not asked in (or the prompt): not a draft's cost, but the
                 # cost of taking in context, per token
-                spent = seconds - len(draft) * self.draft_time(i) if self.costs.drafting_measured(i) else seconds
-                self.costs.observe_intake(i, max(0.0, spent), intake)
+                spent = seconds - len(draft) * self.draft_time(key) if self.costs.drafting_measured(key) else seconds
+                self.costs.observe_intake(key, max(0.0, spent), intake)
                 seconds = None
             self._observe_ask(state, i, len(draft), seconds)
             asked = True
@@ -470,8 +511,9 @@ class AdaptivePlanner(Planner):
         draft of a request takes in the prompt): what it costs, at the measured seconds per token, against what
         drafting with it saves over the ``limit`` tokens left. Unmeasured costs are paid once to be measured."""
         n = state.sources[source].pending(context)
-        rate = self.costs.intake_time(source)
-        if n <= self.CATCH_UP or rate is None or self.costs.scale is None or not self.costs.drafting_measured(source):
+        key = state.keys[source]
+        rate = self.costs.intake_time(key)
+        if n <= self.CATCH_UP or rate is None or self.costs.scale is None or not self.costs.drafting_measured(key):
             return True
         if state.known[source].probing:  # a probe learns the acceptance: allowed while its intake is small
             return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1, shared)
@@ -486,7 +528,7 @@ class AdaptivePlanner(Planner):
         timed, known.time_asks = known.time_asks, True
         known.asks.add(1.0 if drafted else 0.0)
         if timed and seconds is not None:
-            self.costs.observe_ask(source, drafted, seconds)
+            self.costs.observe_ask(state.keys[source], drafted, seconds)
 
     def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
         super().observe(state, proposal, accepted, seconds)
@@ -497,7 +539,7 @@ class AdaptivePlanner(Planner):
             known.plain_run = 0 if known.asked_now else known.plain_run + 1
             known.asked_now = False
         positions = state.known[proposal.source].positions
-        for i in range(min(drafted, self.max_gamma)):
+        for i in range(min(drafted, len(positions))):
             positions[i].add(1.0 if i < accepted else 0.0)
             if i >= accepted:
                 break  # positions after the first rejection were not judged

@@ -8,6 +8,7 @@ from specwise.drafters.head import HeadDrafter, TargetMismatchError
 from specwise.drafters.model import LOOKAHEAD, ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.none import NoDrafter
+from specwise.drafters.prediction import PredictionDrafter
 
 __all__ = [
     "Draft",
@@ -17,6 +18,7 @@ __all__ = [
     "ModelDrafter",
     "NgramDrafter",
     "NoDrafter",
+    "PredictionDrafter",
     "VocabularyMismatchError",
     "check_same_vocabulary",
     "build_drafter",

@@ -97,6 +97,9 @@ class Drafter(ABC):
 
     name: str = "drafter"
     needs_features: bool = False  # the engine makes the target keep its features (Model.features) when True
+    # proposes deterministic copies of text it was given (a prediction, the prompt): where they keep being accepted,
+    # the adaptive planner lets it draft long runs (AdaptivePlanner.long_gamma)
+    copies: bool = False
 
     def begin(self, prompt: list[int]) -> None:
         """Start a new sequence (drop any state from the previous one)."""

@@ -23,6 +23,7 @@ class NgramDrafter(Drafter):
     """
 
     name = "ngram"
+    copies = True  # copies of the context: long runs where they keep being accepted
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu") -> None:
         if not 1 <= min_ngram <= max_ngram:

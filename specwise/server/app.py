@@ -40,6 +40,7 @@ from specwise.server.parsing import (
     choice_specs,
     encode_chat,
     encode_completion,
+    encode_prediction,
     job_spec,
     sampling_params,
 )
@@ -162,7 +163,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         prompt_ids = await state.encoder.run(encode_fim_completion, state, body)
     else:
         prompt_ids = await state.encoder.run(encode_completion, state, body.prompt)
-    spec = job_spec(state, body, prompt_ids, body.max_tokens, "completions")
+    prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)
+    spec = job_spec(state, body, prompt_ids, body.max_tokens, "completions", prediction=prediction)
     spec = with_fim_stops(state, spec, body.ignore_eos) if body.suffix else spec
     fmt = CompletionFormat(state.model_name, state.token_texts, body.top_logprobs_count())
     return await _generate(state, request, spec, fmt, body)
@@ -176,7 +178,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     prompt_ids = await state.encoder.run(encode_chat, state, body.messages, tools)
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    spec = tools.job(job_spec(state, body, prompt_ids, max_tokens, "chat", param))
+    prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)
+    spec = tools.job(job_spec(state, body, prompt_ids, max_tokens, "chat", param, prediction))
     fmt = ChatFormat(state.model_name, state.token_texts, body.top_logprobs_count())
     readers = tools.readers(state.runtime.tokenizer, body.stop_list(), body.n)
     return await _generate(state, request, spec, fmt, body, readers)

@@ -25,7 +25,9 @@ __all__ = [
     "choice_specs",
     "encode_chat",
     "encode_completion",
+    "encode_prediction",
     "job_spec",
+    "predicted_text",
     "sampling_params",
 ]
 
@@ -122,6 +124,42 @@ def encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -
     return list(prompt)
 
 
+def predicted_text(value: dict) -> str:
+    """The text of an OpenAI ``prediction``: ``{"type": "content", "content": str | [{"type": "text", "text": str},
+    ...]}`` (parts joined). Raises ValueError naming what is wrong."""
+    kind = value.get("type")
+    if kind != "content":
+        raise ValueError(f'prediction type {kind!r} is not supported: use {{"type": "content", "content": "..."}}')
+    unknown = sorted(value.keys() - {"type", "content"})
+    if unknown:
+        raise ValueError(f"prediction has an unknown field {unknown[0]!r}: give only type and content")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ValueError('prediction content must be a string or a list of {"type": "text", "text": "..."} parts')
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(f'prediction content[{i}] is not a text part: give {{"type": "text", "text": "..."}}')
+        if part.keys() != {"type", "text"}:
+            raise ValueError(f"prediction content[{i}] has an unknown field: give only type and text")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def encode_prediction(state: ServerState, prediction: dict | None) -> list[int] | None:
+    """The predicted output's token ids, as plain text without special tokens (on the encoder's thread); None
+    without a prediction or with an empty one. A prediction of another shape is a 400 naming ``prediction``."""
+    if prediction is None:
+        return None
+    try:
+        text = predicted_text(prediction)
+    except ValueError as err:
+        raise APIError(400, str(err), param="prediction") from err
+    return state.encoder.text(text, add_special_tokens=False) or None
+
+
 def sampling_params(body: SamplingRequest) -> SamplingParams:
     """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables)."""
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
@@ -162,6 +200,7 @@ def job_spec(
     max_tokens: int | None,
     endpoint: str,
     max_tokens_param: str = "max_tokens",
+    prediction: list[int] | None = None,
 ) -> JobSpec:
     prompt_param = "messages" if endpoint == "chat" else "prompt"
     if not prompt_ids:
@@ -184,9 +223,15 @@ def job_spec(
             f"takes {n}: ask for at most {room}"
         )
         raise APIError(400, message, param=max_tokens_param, code="context_length_exceeded")
+    if prediction and room is not None and len(prediction) > room:
+        message = (
+            f"the prediction has {len(prediction)} tokens but the model's context is {context} tokens and the prompt "
+            f"takes {n}: predict at most {room} tokens"
+        )
+        raise APIError(400, message, param="prediction", code="context_length_exceeded")
     eos = [] if body.ignore_eos else None
     options = body.logprob_options()
-    return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options)
+    return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options, prediction)
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:

@@ -116,6 +116,11 @@ class SamplingRequest(_Checked):
     )
     grammar: str | None = Field(None, description="constrain the output to a Lark (or GBNF) grammar")
     regex: str | None = Field(None, description="constrain the output to match a regular expression")
+    prediction: dict | None = Field(
+        None,
+        description='the output expected for the most part (a file to edit): {"type": "content", "content": "..."} '
+        '(or content as [{"type": "text", "text": "..."}]); its tokens are drafted, the output is unchanged',
+    )
     presence_penalty: float | None = Field(None, description="only 0 is supported")
     frequency_penalty: float | None = Field(None, description="only 0 is supported")
     user: str | None = Field(None, description="ignored")
@@ -452,6 +457,13 @@ def usage(stats: SpecStats, drafter: str, gamma: int | str, prompt_tokens: int |
         "total_tokens": prompt + stats.new_tokens,
         # prompt tokens an earlier request's cache held (not fed again), as OpenAI reports its prompt caching
         "prompt_tokens_details": {"cached_tokens": min(stats.cached_tokens, prompt)},
+        # the prediction's tokens drafted and accepted / drafted and rejected by the target (SpecStats); no
+        # reasoning tokens are told apart
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "accepted_prediction_tokens": stats.accepted_prediction_tokens,
+            "rejected_prediction_tokens": stats.rejected_prediction_tokens,
+        },
         "speculative": {"drafter": drafter, "gamma": gamma, **stats.to_dict()},
     }
 

@@ -67,10 +67,17 @@ class JobSpec:
     eos_token_ids: list[int] | None = None
     endpoint: str = "completions"
     logprobs: LogprobOptions | None = None
+    prediction: list[int] | None = None  # the predicted output's token ids (a draft source of this request)
 
     def request(self) -> Request:
         return Request(
-            self.prompt_ids, self.params, self.max_tokens, list(self.stop), self.eos_token_ids, self.logprobs
+            self.prompt_ids,
+            self.params,
+            self.max_tokens,
+            list(self.stop),
+            self.eos_token_ids,
+            self.logprobs,
+            self.prediction,
         )
 
 
