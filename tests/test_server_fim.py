@@ -219,6 +219,7 @@ BAD = [
     ("/infill", {"n": 2}, "n", None),
     ("/infill", {"model": "other"}, "model", "model_not_found"),
     ("/infill", {"input_prefix": "x", "dry_multiplier": 0.5}, "dry_multiplier", None),
+    ("/infill", {"prediction": {"type": "content", "content": "abc"}}, "prediction", None),
     ("/v1/completions", {"prompt": "x" * 200, "suffix": "y" * 60}, "suffix", "context_length_exceeded"),
     ("/v1/completions", {"prompt": "x", "suffix": "y", "max_tokens": CONTEXT}, "max_tokens", "context_length_exceeded"),
     ("/v1/completions", {"prompt": [MID, 100], "suffix": "y"}, "suffix", None),
