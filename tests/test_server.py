@@ -732,7 +732,15 @@ def fuzz(operation, mode, url: str, examples: int = 25) -> list[int]:
 
     seen: list[int] = []
 
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    # derandomized: the same cases every run (the schema's many optional fields make a 200 among random cases a matter
+    # of luck; a fixed draw either finds one or fails every time)
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(case=operation.as_strategy(generation_mode=mode))
     def run(case) -> None:
         response = case.call(base_url=url, timeout=TIMEOUT)
