@@ -435,7 +435,8 @@ class Engine:
                 cut = Draft(tokens, q, confidence, draft.kind, draft.device)
         if cut is draft:
             return proposal
-        return Proposal(cut, proposal.source, proposal.reason or (None if len(cut) else "grammar"))
+        reason = proposal.reason or (None if len(cut) else "grammar")
+        return Proposal(cut, proposal.source, reason, alternatives=proposal.alternatives)
 
     def finish_step(self, run: Run, proposal: Proposal, logits: torch.Tensor, t_pass: float) -> GenerationEvent:
         """Verify ``proposal`` against ``logits`` ``[k + 1, vocab]`` of the pass begun at ``t_pass`` (a

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -90,6 +90,10 @@ class Proposal:
     source: int = 0
     reason: str | None = None
     forced: int = 0  # tokens a grammar forced, fed before the draft in the same pass (set by the engine)
+    # the drafts of the other sources of copies (a prediction, prompt lookup) asked this step, as (source, token
+    # ids): judged against the verified draft, so that a source whose draft lost to an equal one (two sources
+    # copying the same text) still learns how far it was right
+    alternatives: list[tuple[int, list[int]]] = field(default_factory=list)
 
 
 class Planner(ABC):
@@ -464,6 +468,7 @@ class AdaptivePlanner(Planner):
         if limit <= 0:
             return Proposal(Draft.empty(), reason="budget")
         best: tuple[float, int, Draft] | None = None  # (expected tokens/s, source, draft)
+        copies: list[tuple[int, list[int]]] = []  # deterministic drafts in hand: (source, ids)
         asked = held = False
         alone = len(state.sources) == 1  # the only source's draft is verified as it comes
         for i in range(len(state.sources)):
@@ -494,10 +499,12 @@ class AdaptivePlanner(Planner):
                 best = (float("inf"), i, draft)
                 break
             rate = self.draft_rate(state, len(draft), i, shared)
+            if draft.probs is None and state.sources[i].copies:
+                copies.append((i, draft.ids))
             if self.worth_drafting(rate, shared) and (best is None or rate > best[0]):
                 best = (rate, i, draft)
         if best is not None:
-            return Proposal(best[2], best[1])
+            return Proposal(best[2], best[1], alternatives=[c for c in copies if c[0] != best[1]])
         if asked:
             return Proposal(Draft.empty(), reason="low_confidence" if held else "no_draft")
         return Proposal(Draft.empty(), reason="calibrate" if self.calibrating(shared) else "schedule")
@@ -538,14 +545,42 @@ class AdaptivePlanner(Planner):
         for known in state.known:  # steps since each source was last asked
             known.plain_run = 0 if known.asked_now else known.plain_run + 1
             known.asked_now = False
-        positions = state.known[proposal.source].positions
-        for i in range(min(drafted, len(positions))):
-            positions[i].add(1.0 if i < accepted else 0.0)
-            if i >= accepted:
-                break  # positions after the first rejection were not judged
+        _judge(state.known[proposal.source].positions, drafted, accepted)
+        chosen = proposal.draft.ids if drafted else []
+        for source, ids in proposal.alternatives:
+            judged, right = _judged_alternative(ids, chosen, accepted)
+            if judged:
+                _judge(state.known[source].positions, judged, right)
+                state.known[source].tokens.add(right, judged)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         self.costs.observe_shared_pass(rows, seconds)
+
+
+def _judge(positions: list[Rate], drafted: int, accepted: int) -> None:
+    """Record a verified draft of ``drafted`` tokens whose first ``accepted`` were kept: each position up to the
+    first rejection (the positions after it were not judged)."""
+    for i in range(min(drafted, len(positions))):
+        positions[i].add(1.0 if i < accepted else 0.0)
+        if i >= accepted:
+            break
+
+
+def _judged_alternative(ids: list[int], chosen: list[int], accepted: int) -> tuple[int, int]:
+    """How much of a deterministic draft ``ids`` the verification of ``chosen`` (``accepted`` of its tokens kept)
+    judged, and how many of those were right: its tokens that agree with the kept ones are right; the first that
+    differs from a kept token, or equals a rejected one, is wrong; past the kept tokens nothing is known (the
+    token the target chose there is not one of the drafts'). Returns (judged positions, right ones)."""
+    agree = 0
+    for a, b in zip(ids, chosen):
+        if a != b:
+            break
+        agree += 1
+    if agree < accepted:  # differs from a kept token (or ends before it)
+        return (agree + 1, agree) if agree < len(ids) else (agree, agree)
+    if agree > accepted:  # repeats the rejected token
+        return accepted + 1, accepted
+    return accepted, accepted  # right up to where the verified draft was judged; what follows is unknown
 
 
 def make_planner(gamma: int | str | Planner, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Planner:

@@ -771,3 +771,37 @@ def test_the_engine_tells_the_planner_each_pass_thread_count():
             engine.generate([1, 2, 3], SamplingParams(), max_new_tokens=12)
         assert 1 in seen and 2 in seen
         assert set(engine.planner.costs._by_threads) | {engine.planner.costs._threads} == {1, 2}
+
+
+def test_a_source_of_copies_learns_from_the_draft_that_beat_it():
+    """Two sources of copies proposing the same text: the one whose draft is verified learns as always, the other
+    (judged against it) learns how far its own draft was right, so its record does not stay at the prior."""
+    from specwise.planner import _judged_alternative
+
+    assert _judged_alternative([1, 2, 3], [1, 2, 3, 4], 4) == (3, 3)  # shorter, all agreeing with kept tokens
+    assert _judged_alternative([1, 2, 9], [1, 2, 3, 4], 4) == (3, 2)  # differs from a kept token: wrong there
+    assert _judged_alternative([1, 2, 3, 4], [1, 2, 3], 1) == (2, 1)  # repeats the rejected token
+    assert _judged_alternative([1, 2, 9], [1, 2, 3], 2) == (2, 2)  # differs where the target chose: unknown
+    assert _judged_alternative([1, 2, 3, 4], [1, 2], 2) == (2, 2)  # past the verified draft: unknown
+    assert _judged_alternative([7], [1, 2], 0) == (0, 0)  # the chosen draft's first token was rejected
+
+    target = ToyModel.random(6, seed=3)
+
+    class Copy(OracleDrafter):
+        copies = True
+
+    class ShortCopy(Copy):  # right, but one token at a time: the long copy after it is asked and verified
+        def propose(self, context, k, params, generator, stop=0.0) -> Draft:
+            return super().propose(context, min(k, 1), params, generator, stop)
+
+    first, second = ShortCopy(ToyModel.random(6, seed=3)), Copy(ToyModel.random(6, seed=3))
+    first.name, second.name = "first", "second"
+    planner = SyntheticTimes(max_gamma=8)
+    engine = Engine(target, [first, second], gamma=planner)
+    result = engine.generate([1], max_new_tokens=200, eos_token_ids=[])
+    plain = Engine(target, NoDrafter()).generate([1], max_new_tokens=200, eos_token_ids=[])
+    assert result.token_ids == plain.token_ids
+    state = engine._state
+    assert result.stats.by_drafter["second"]["steps"] > result.stats.by_drafter.get("first", {"steps": 0})["steps"]
+    for source in range(2):  # both records learned that the copies are right, whichever was verified
+        assert planner.acceptance(state, source)[0] > 0.85  # the prior is 0.5
