@@ -130,8 +130,8 @@ def _call_from_json(text: str, keys: tuple[str, ...]) -> tuple[str, str] | None:
 
 class CallParser:
     """Base of the parsers: ``feed(text, final)`` returns the answer's new pieces; ``calls`` and ``content``
-    hold the answer so far. Subclasses write :meth:`_step` (one move of their state machine; False: wait for
-    more text)."""
+    hold the answer so far. Subclasses write a method ``_<state>`` per state of their state machine (one move;
+    False: wait for more text), which :meth:`_step` calls."""
 
     def __init__(self) -> None:
         self.buf = ""  # text received and not yet given out
@@ -158,7 +158,16 @@ class CallParser:
         return out
 
     def _step(self) -> bool:
-        raise NotImplementedError
+        """One move of the parser: the method of its state (``_start``, ``_head``, ``_args``, ...); True when it
+        may move again on what the buffer holds."""
+        return getattr(self, f"_{self.state}")()
+
+    def _args(self) -> bool:
+        """A call's arguments: given out as they come, then the call's tail."""
+        if not self._arguments():
+            return False
+        self.state = "tail"
+        return True
 
     def _finish(self) -> None:
         """At the reply's end, whatever the buffer still holds."""
@@ -221,9 +230,6 @@ class HermesParser(CallParser):
     HEAD = re.compile(r"\s*" + _NAME + r'"arguments"\s*:\s*(?=\S)')
     TAIL = re.compile(r"\s*\}\s*" + re.escape(CLOSE))
 
-    def _step(self) -> bool:
-        return getattr(self, f"_{self.state}")()
-
     def _start(self) -> bool:  # text
         i = self.buf.find(self.OPEN)
         if i >= 0:
@@ -254,12 +260,6 @@ class HermesParser(CallParser):
         self.state = "start"
         return bool(self.buf)
 
-    def _args(self) -> bool:
-        if not self._arguments():
-            return False
-        self.state = "tail"
-        return True
-
     def _tail(self) -> bool:
         match = self.TAIL.match(self.buf)
         if match:
@@ -278,9 +278,6 @@ class LlamaJsonParser(CallParser):
 
     HEAD = re.compile(_NAME + r'"(?:parameters|arguments)"\s*:\s*(?=\S)')
     TAIL = re.compile(r"\s*\}")
-
-    def _step(self) -> bool:
-        return getattr(self, f"_{self.state}")()
 
     def _start(self) -> bool:
         self.buf = self.buf.removeprefix("<|python_tag|>")
@@ -310,12 +307,6 @@ class LlamaJsonParser(CallParser):
         self.buf, self.state = "", "text"
         return False
 
-    def _args(self) -> bool:
-        if not self._arguments():
-            return False
-        self.state = "tail"
-        return True
-
     def _tail(self) -> bool:
         match = self.TAIL.match(self.buf)
         if match is None and not self.final and not self.buf.strip():
@@ -342,9 +333,6 @@ class GenericParser(CallParser):
     def feed(self, text: str, final: bool = False) -> list[Piece]:
         self.raw += text
         return super().feed(text, final)
-
-    def _step(self) -> bool:
-        return getattr(self, f"_{self.state}")()
 
     def _start(self) -> bool:
         for pattern, state in ((self.RESPONSE, "response"), (self.CALLS, "head")):
@@ -381,12 +369,6 @@ class GenericParser(CallParser):
             self.buf, self.state = self.buf[match.end() :], "args"
             return True
         return False
-
-    def _args(self) -> bool:
-        if not self._arguments():
-            return False
-        self.state = "tail"
-        return True
 
     def _tail(self) -> bool:
         match = self.TAIL.match(self.buf)
