@@ -53,8 +53,8 @@ from specwise.server.protocol import (
     ResponseFormat,
     SamplingRequest,
 )
-from specwise.server.responses import JobStreamingResponse, Tally, collect, sse
-from specwise.server.worker import ClientDisconnected, GenerationWorker, JobGroup, JobSpec, QueueFullError
+from specwise.server.responses import JobStreamingResponse, Tally, collect, queue, sse
+from specwise.server.worker import ClientDisconnected, GenerationWorker, JobSpec
 from specwise.tools import ReplyReader
 
 __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params"]
@@ -233,11 +233,7 @@ async def _generate(
 ):
     """Queue the request's choices and answer: a JSON response, or (once the first tokens are out) an event
     stream. ``readers``: each choice's tool-call reader (None: the text is all content)."""
-    group = JobGroup(choice_specs(spec, body.n))
-    try:
-        state.worker.submit_all(group.jobs)
-    except QueueFullError as err:
-        raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
+    group = queue(state, choice_specs(spec, body.n))
     events = group.events(request.is_disconnected)
     tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None, readers)
     handed_over = False

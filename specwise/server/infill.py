@@ -30,8 +30,8 @@ from specwise.constraints import Constraint, JsonSchema
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.parsing import check_model, encode_completion, job_spec
 from specwise.server.protocol import _FAIL_FAST, CompletionRequest, SamplingRequest, _Checked
-from specwise.server.responses import JobStreamingResponse, _data
-from specwise.server.worker import ClientDisconnected, JobGroup, JobSpec, QueueFullError
+from specwise.server.responses import JobStreamingResponse, _data, queue
+from specwise.server.worker import ClientDisconnected, JobSpec
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
@@ -249,11 +249,7 @@ async def infill(body: InfillRequest, request: Request) -> Response:
 
 async def _answer(state: ServerState, request: Request, spec: JobSpec, answer: InfillAnswer) -> Response:
     """Queue the job and answer: one JSON object, or (once the first tokens are out) an event stream."""
-    group = JobGroup([spec])
-    try:
-        state.worker.submit_all(group.jobs)
-    except QueueFullError as err:
-        raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
+    group = queue(state, [spec])
     events = group.events(request.is_disconnected)
     handed_over = False
     try:

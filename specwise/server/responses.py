@@ -15,15 +15,25 @@ except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
 from specwise.metrics import SpecStats
-from specwise.server.errors import as_api_error
+from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import Choice, ResponseFormat, usage
-from specwise.server.worker import ClientDisconnected, JobGroup
+from specwise.server.worker import ClientDisconnected, JobGroup, JobSpec, QueueFullError
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReplyReader
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
 
-__all__ = ["JobStreamingResponse", "Tally", "collect", "sse"]
+__all__ = ["JobStreamingResponse", "Tally", "collect", "queue", "sse"]
+
+
+def queue(state: ServerState, specs: list[JobSpec]) -> JobGroup:
+    """The jobs of ``specs`` (one per choice) queued for the generation thread; HTTP 429 when the queue is full."""
+    group = JobGroup(specs)
+    try:
+        state.worker.submit_all(group.jobs)
+    except QueueFullError as err:
+        raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
+    return group
 
 
 class Tally:
