@@ -21,14 +21,14 @@ from specwise.extras import missing_extra
 
 try:
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
 from specwise.runtime import Runtime
 from specwise.server.auth import APIKeyMiddleware
 from specwise.server.encoding import PromptEncoder
-from specwise.server.errors import APIError, add_error_handlers, as_api_error
+from specwise.server.errors import APIError, add_error_handlers
 from specwise.server.infill import encode_fim_completion, infill, with_fim_stops
 from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.logprobs import TokenTexts
@@ -53,13 +53,12 @@ from specwise.server.protocol import (
     ResponseFormat,
     SamplingRequest,
 )
-from specwise.server.responses import JobStreamingResponse, Tally, collect, queue, sse
-from specwise.server.worker import ClientDisconnected, GenerationWorker, JobSpec
+from specwise.server.responses import CLIENT_CLOSED, Tally, answer, collect, queue, sse
+from specwise.server.worker import GenerationWorker, JobSpec
 from specwise.tools import ReplyReader
 
 __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params"]
 
-CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 _ERRORS[401] = {"model": ErrorResponse}
 
@@ -236,21 +235,14 @@ async def _generate(
     group = queue(state, choice_specs(spec, body.n))
     events = group.events(request.is_disconnected)
     tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None, readers)
-    handed_over = False
-    try:
-        first = await anext(events)  # a bad request fails here, before any byte of the response is sent
-        if body.stream:
-            include_usage = body.stream_options is not None and body.stream_options.include_usage
-            handed_over = True  # the streaming response cancels the choices when it ends
-            return JobStreamingResponse(group, sse(tally, fmt, first, events, include_usage))
-        return JSONResponse(await collect(tally, fmt, first, events))
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    except Exception as err:
-        raise as_api_error(err) from err
-    finally:
-        if not handed_over:
-            group.cancel()  # a no-op when they finished; stops them when the handler failed or was cancelled
+    include_usage = body.stream_options is not None and body.stream_options.include_usage
+    return await answer(
+        group,
+        events,
+        body.stream,
+        lambda first: sse(tally, fmt, first, events, include_usage),
+        lambda first: collect(tally, fmt, first, events),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- plumbing

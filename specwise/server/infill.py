@@ -21,7 +21,7 @@ from specwise.fim import FimTokens, engine_eos, fim_prompt, fim_stop_ids, fim_to
 
 try:
     from fastapi import Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.responses import Response
     from pydantic import Field, ValidationInfo, field_validator
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
@@ -30,7 +30,7 @@ from specwise.constraints import Constraint, JsonSchema
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.parsing import check_model, encode_completion, job_spec
 from specwise.server.protocol import _FAIL_FAST, CompletionRequest, SamplingRequest, _Checked
-from specwise.server.responses import JobStreamingResponse, _data, queue
+from specwise.server.responses import _data, answer, queue
 from specwise.server.worker import ClientDisconnected, JobSpec
 
 if TYPE_CHECKING:
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ExtraFile", "InfillRequest", "encode_fim_completion", "infill", "with_fim_stops"]
 
-CLIENT_CLOSED = 499  # the status logged for a request whose client went away (as app.py)
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama.cpp's "pick a random seed"
 _NOT_FIM = (
     "this model has no fill-in-the-middle tokens (no tokenizer.ggml.fim_* metadata, and none of <|fim_prefix|>, "
@@ -247,41 +246,40 @@ async def infill(body: InfillRequest, request: Request) -> Response:
     return await _answer(state, request, spec, InfillAnswer(state, body, spec, prompt_text))
 
 
-async def _answer(state: ServerState, request: Request, spec: JobSpec, answer: InfillAnswer) -> Response:
+async def _answer(state: ServerState, request: Request, spec: JobSpec, reply: InfillAnswer) -> Response:
     """Queue the job and answer: one JSON object, or (once the first tokens are out) an event stream."""
     group = queue(state, [spec])
-    events = group.events(request.is_disconnected)
-    handed_over = False
-    try:
-        _, first = await anext(events)  # a bad request fails here, before any byte of the response is sent
-        if answer.body.stream:
-            handed_over = True  # the streaming response cancels the job when it ends
-            return JobStreamingResponse(group, _stream(state, answer, first, events))
-        answer.add(first)
-        async for _, event in events:
-            answer.add(event)
-        return JSONResponse(await answer.summary())
-    except ClientDisconnected:
-        return Response(status_code=CLIENT_CLOSED)
-    except Exception as err:
-        raise as_api_error(err) from err
-    finally:
-        if not handed_over:
-            group.cancel()  # a no-op when it finished; stops it when the handler failed or was cancelled
+    events = _events(group.events(request.is_disconnected))
+    streamed = lambda first: _stream(reply, first, events)  # noqa: E731
+    return await answer(group, events, reply.body.stream, streamed, lambda first: _whole(reply, first, events))
 
 
-async def _stream(state: ServerState, answer: InfillAnswer, event, events):
+async def _events(events):
+    """The job's events without their choice index (an infill has one choice)."""
+    async for _, event in events:
+        yield event
+
+
+async def _whole(reply: InfillAnswer, first, events) -> dict:
+    """The whole answer as one JSON object."""
+    reply.add(first)
+    async for event in events:
+        reply.add(event)
+    return await reply.summary()
+
+
+async def _stream(reply: InfillAnswer, event, events):
     """Server-sent events as llama.cpp sends them: ``{"content", "tokens", "stop": false, ...}`` per target pass
     with new text, then the summary with ``"stop": true`` (no ``[DONE]``)."""
     try:
         while True:
-            answer.add(event)
+            reply.add(event)
             if event.text or event.token_ids:
-                yield _data(answer.chunk(event))
+                yield _data(reply.chunk(event))
             if event.finish_reason is not None:
-                yield _data(await answer.summary(streamed=True))
+                yield _data(await reply.summary(streamed=True))
                 return
-            _, event = await anext(events)
+            event = await anext(events)
     except ClientDisconnected:
         return
     except Exception as err:  # after the headers: the error goes in the stream

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from specwise.extras import missing_extra
 
 try:
-    from fastapi.responses import StreamingResponse
+    from fastapi.responses import JSONResponse, Response, StreamingResponse
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
@@ -23,7 +23,9 @@ from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReplyReader
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
 
-__all__ = ["JobStreamingResponse", "Tally", "collect", "queue", "sse"]
+__all__ = ["CLIENT_CLOSED", "JobStreamingResponse", "Tally", "answer", "collect", "queue", "sse"]
+
+CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
 
 
 def queue(state: ServerState, specs: list[JobSpec]) -> JobGroup:
@@ -34,6 +36,27 @@ def queue(state: ServerState, specs: list[JobSpec]) -> JobGroup:
     except QueueFullError as err:
         raise APIError(429, f"the server is busy ({err}): retry later", code="queue_full", type_="server_busy") from err
     return group
+
+
+async def answer(group: JobGroup, events, stream: bool, streamed, whole) -> Response:
+    """A queued request's answer from its jobs' ``events``: an event stream (``streamed(first)``, an async
+    iterator of server-sent events) once the first event is out, or a JSON body (``await whole(first)``). A bad
+    request fails at the first event, before any byte of the response is sent; the jobs are cancelled however the
+    answer ends (the stream cancels them when it ends)."""
+    handed_over = False
+    try:
+        first = await anext(events)
+        if stream:
+            handed_over = True
+            return JobStreamingResponse(group, streamed(first))
+        return JSONResponse(await whole(first))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as err:
+        raise as_api_error(err) from err
+    finally:
+        if not handed_over:
+            group.cancel()  # a no-op when they finished; stops them when the handler failed or was cancelled
 
 
 class Tally:
