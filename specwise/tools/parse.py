@@ -162,6 +162,16 @@ class CallParser:
         may move again on what the buffer holds."""
         return getattr(self, f"_{self.state}")()
 
+    def _open_call(self) -> bool:
+        """Start a call where the buffer begins with its head (``HEAD``: the name, then the arguments' key), and
+        go on to its arguments; False when it does not (yet)."""
+        match = self.HEAD.match(self.buf)
+        if match is None:
+            return False
+        self._start_call(match.group(1))
+        self.buf, self.state = self.buf[match.end() :], "args"
+        return True
+
     def _args(self) -> bool:
         """A call's arguments: given out as they come, then the call's tail."""
         if not self._arguments():
@@ -242,10 +252,7 @@ class HermesParser(CallParser):
         return False
 
     def _head(self) -> bool:
-        match = self.HEAD.match(self.buf)
-        if match:
-            self._start_call(match.group(1))
-            self.buf, self.state = self.buf[match.end() :], "args"
+        if self._open_call():
             return True
         end = self.buf.find(self.CLOSE)
         if end < 0 and not self.final:
@@ -292,10 +299,7 @@ class LlamaJsonParser(CallParser):
         return False
 
     def _head(self) -> bool:
-        match = self.HEAD.match(self.buf)
-        if match:
-            self._start_call(match.group(1))
-            self.buf, self.state = self.buf[match.end() :], "args"
+        if self._open_call():
             return True
         if not self.final:
             return False
@@ -363,12 +367,7 @@ class GenericParser(CallParser):
         return closed
 
     def _head(self) -> bool:
-        match = self.HEAD.match(self.buf)
-        if match:
-            self._start_call(match.group(1))
-            self.buf, self.state = self.buf[match.end() :], "args"
-            return True
-        return False
+        return self._open_call()
 
     def _tail(self) -> bool:
         match = self.TAIL.match(self.buf)
