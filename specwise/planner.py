@@ -59,7 +59,7 @@ import torch
 
 from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid
 from specwise.costs import ALONE, PassCosts, Shared
-from specwise.drafters.base import Draft, Drafter
+from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.estimates import Rate
 from specwise.sampling import SamplingParams
 
@@ -571,11 +571,7 @@ def _judged_alternative(ids: list[int], chosen: list[int], accepted: int) -> tup
     judged, and how many of those were right: its tokens that agree with the kept ones are right; the first that
     differs from a kept token, or equals a rejected one, is wrong; past the kept tokens nothing is known (the
     token the target chose there is not one of the drafts'). Returns (judged positions, right ones)."""
-    agree = 0
-    for a, b in zip(ids, chosen):
-        if a != b:
-            break
-        agree += 1
+    agree = common_prefix(ids, chosen)
     if agree < accepted:  # differs from a kept token (or ends before it)
         return (agree + 1, agree) if agree < len(ids) else (agree, agree)
     if agree > accepted:  # repeats the rejected token
