@@ -1,7 +1,10 @@
 """The optional parts of specwise and the extras that install them (``[project.optional-dependencies]``).
 
-Decoding (the library, ``specwise generate``, ``specwise profile``) needs only the core dependencies. The server and
-the benchmarks' plots need more: ``pip install 'specwise[server]'``, ``pip install 'specwise[bench]'``. Where one
+Decoding a GGUF file on a CPU (the library, ``specwise generate``, ``profile``, ``simulate``, ``index``) needs only
+the core dependencies (numpy, gguf, tokenizers, jinja2, safetensors). The other parts need more: Hugging Face
+checkpoints and the float32 models ``pip install 'specwise[hf]'``, GPUs ``specwise[cuda]``, training heads
+``specwise[distill]``, the server ``specwise[server]``, the benchmarks' plots ``specwise[bench]``, constrained output
+``specwise[constrained]``. Where one
 of them is missing, :func:`require` (checked up front) and :func:`missing_extra` (at the import) say so in one line,
 with the command that installs it.
 """
@@ -14,9 +17,11 @@ __all__ = ["EXTRAS", "MissingExtraError", "missing_extra", "require"]
 
 # extra -> the modules it installs that specwise imports (pyproject.toml lists the distributions)
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "hf": ("torch", "transformers"),
+    "cuda": ("torch",),
     "server": ("fastapi", "uvicorn", "prometheus_client"),
     "bench": ("matplotlib", "tqdm"),
-    "distill": ("tqdm",),
+    "distill": ("torch", "tqdm"),
     "constrained": ("llguidance",),
 }
 

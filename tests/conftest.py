@@ -1,13 +1,26 @@
-"""Shared fixtures: tiny random Hugging Face Llama models and the real default model (slow)."""
+"""Shared fixtures: tiny random Hugging Face Llama models and the real default model (slow).
+
+The tiny Hugging Face models need the ``hf`` extra (torch and transformers): on the core install the tests that use
+them are skipped with that reason (:func:`needs_hf`).
+"""
 
 from __future__ import annotations
 
 import pytest
-import torch
+
+HF_REASON = "needs the hf extra (torch, transformers): pip install 'specwise[hf]'"
+
+
+def needs_hf():
+    """Skip the calling test (or module, at import) unless torch and transformers are installed; returns torch."""
+    torch = pytest.importorskip("torch", reason=HF_REASON)
+    pytest.importorskip("transformers", reason=HF_REASON)
+    return torch
 
 
 def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32, std: float = 0.5):
     """A small random LlamaForCausalLM with peaked logits (large init std keeps greedy away from ties)."""
+    torch = needs_hf()
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -71,6 +84,7 @@ def smol_tokenizer(request):
 
     directory = os.environ.get("SPECWISE_TEST_TOKENIZER")
     if directory:
+        needs_hf()
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(directory)
@@ -87,10 +101,13 @@ def tiny_dir(tmp_path_factory, smol_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def one_torch_thread():
-    """One torch thread for a module's tests: the tiny models need no more, and two-thread kernels crawl on a
-    shared 2-core machine (use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_thread():
+    """One thread for a module's tests (native passes, and torch's where it is loaded): the tiny models need no
+    more, and two-thread kernels crawl on a shared 2-core machine (use with
+    ``pytestmark = pytest.mark.usefixtures("one_thread")``)."""
+    from specwise.models import threads
+
+    before = threads._threads
+    threads.set_num_threads(1)
     yield
-    torch.set_num_threads(before)
+    threads.set_num_threads(before)

@@ -54,7 +54,7 @@ except ModuleNotFoundError:  # the tests that need a cluster are skipped
 needs_ray = pytest.mark.skipif(
     ray is None, reason="Ray Serve is not installed: make setup-cluster (pip install 'specwise[cluster]')"
 )
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODEL = "tiny"
 MIB = 1024 * 1024

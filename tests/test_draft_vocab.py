@@ -26,7 +26,7 @@ from specwise.models.base import Model
 from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 gguf = pytest.importorskip("gguf")
 from test_quantized_model import VARIANTS, sequence, write_gguf  # noqa: E402

@@ -29,7 +29,7 @@ FIRST_SPECIAL = 257  # after the 256 bytes and the one merged token
 VOCAB = 288
 CONTEXT = 256
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---- tiny GGUF files with FIM tokens ------------------------------------------------------------------------

@@ -362,13 +362,13 @@ def serve(tiny_dir: str, drafter: str, gamma):
 
 
 @pytest.fixture(scope="module")
-def plain_url(tiny_dir, one_torch_thread):
+def plain_url(tiny_dir, one_thread):
     """No drafting at all (gamma 0: a prediction is not drafted either): the reference."""
     yield from serve(tiny_dir, "none", 0)
 
 
 @pytest.fixture(scope="module")
-def url(tiny_dir, one_torch_thread):
+def url(tiny_dir, one_thread):
     """Prompt lookup and the adaptive planner: a prediction is asked first, then prompt lookup."""
     yield from serve(tiny_dir, "ngram", "auto")
 
@@ -465,7 +465,7 @@ def test_a_prediction_longer_than_the_context_left_is_refused(url):
 # ---- the command line ----------------------------------------------------------------------------------------
 
 
-def test_generate_takes_a_prediction_file_or_stdin(capsys, monkeypatch, tmp_path, tiny_dir, one_torch_thread):
+def test_generate_takes_a_prediction_file_or_stdin(capsys, monkeypatch, tmp_path, tiny_dir, one_thread):
     import io
     import json
 

@@ -10,7 +10,7 @@ from specwise.drafters import NgramDrafter
 from specwise.engine import Engine
 from specwise.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 gguf = pytest.importorskip("gguf")
 from test_quantized_model import VARIANTS, sequence, write_gguf  # noqa: E402

@@ -50,7 +50,7 @@ IGNORE_EOS = {"extra_body": {"ignore_eos": True}}  # for the openai client: the 
 # ------------------------------------------------------------------------------------------------ fixtures
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ TOLERANCE = 1e-5  # log-probabilities with and without speculation
 CHAT = [{"role": "user", "content": "Count: one two three one two three one two"}]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def serve(tiny_dir: str, drafter: str, **options) -> Iterator[tuple[str, object]]:

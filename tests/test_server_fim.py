@@ -35,7 +35,7 @@ EXTRA = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b"}]
 GREEDY = SamplingParams(temperature=0.0)
 PAD, MID = special_id("<|fim_pad|>"), special_id("<|fim_middle|>")
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

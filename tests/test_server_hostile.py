@@ -31,7 +31,7 @@ JSON = {"content-type": "application/json"}
 FIVE_MB = 5 * 1024 * 1024
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

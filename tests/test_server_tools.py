@@ -21,7 +21,7 @@ MODEL = "m"
 TIMEOUT = 120.0
 CITY_WEATHER = {"Paris": "sunny, 21 C", "Rome": "cloudy, 17 C"}
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def serve(target: str, drafter: str = "ngram"):

@@ -11,7 +11,7 @@ from specwise.models.toy import ToyModel
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 PROMPT = "Write a short note about the sea, the wind and the boats that sail between the islands."
 

@@ -13,15 +13,54 @@ then, so that it follows a competitor that comes and goes. The kernels' results 
 from __future__ import annotations
 
 import os
+import sys
 import time
 
-import torch
+__all__ = ["ThreadGovernor", "thread_mode", "get_num_threads", "set_num_threads"]
 
-__all__ = ["ThreadGovernor", "thread_mode"]
+_threads: int | None = None  # set by set_num_threads; None: the cores this process may run on
+
+
+def get_num_threads() -> int:
+    """The threads native passes may use: what :func:`set_num_threads` set, else ``SPECWISE_NUM_THREADS``, else
+    the cores this process may run on."""
+    if _threads is not None:
+        return _threads
+    value = os.environ.get("SPECWISE_NUM_THREADS")
+    if value:
+        try:
+            count = int(value)
+        except ValueError:
+            count = 0
+        if count < 1:
+            raise ValueError(f"SPECWISE_NUM_THREADS must be an integer >= 1, got {value!r}")
+        return count
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def set_num_threads(count: int | None) -> None:
+    """Let native passes use ``count`` threads (None: back to the default of :func:`get_num_threads`). torch's
+    own count follows where torch is loaded (the float32 and Hugging Face models)."""
+    global _threads
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(f"the thread count must be an integer >= 1, got {count!r}")
+    _threads = count
+    _follow(get_num_threads())
+
+
+def _follow(count: int) -> None:
+    """torch's thread count set to ``count`` where torch is loaded (its operations then stall as the kernels')."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def thread_mode() -> str:
-    """``auto`` (the governor decides) unless ``SPECWISE_THREADS=fixed`` (every pass on torch's thread count)."""
+    """``auto`` (the governor decides) unless ``SPECWISE_THREADS=fixed`` (every pass on all the threads of
+    :func:`get_num_threads`)."""
     mode = os.environ.get("SPECWISE_THREADS", "auto")
     if mode not in ("auto", "fixed"):
         raise ValueError(f"SPECWISE_THREADS must be auto or fixed, got {mode!r}")
@@ -34,7 +73,7 @@ def _bucket(rows: int) -> int:
 
 
 class ThreadGovernor:
-    """Chooses the thread count of each pass: torch's count (``most``) or one, whichever is faster now.
+    """Chooses the thread count of each pass: the process's count (``most``, :func:`get_num_threads`) or one, whichever is faster now.
 
     Passes are timed per size (rows) on the count in use (a running average, weight ``ewma``). Now and then a pass
     runs on the other count, and its time over the average of passes of its size on the count in use is the ratio
@@ -53,36 +92,31 @@ class ThreadGovernor:
         self.ratio: float | None = None  # seconds on one thread / seconds on all (None: not tried yet)
         self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
         self._most: int | None = None
-        self._set = 0  # the torch thread count the governor set last
         self.last: int | None = None  # the thread count of the last pass recorded
 
     @property
     def most(self) -> int:
-        """The thread count the process was given: torch's, unless torch's count is the one the governor itself set
-        (a count set by anyone else since, e.g. ``torch.set_num_threads``, is taken as the new one, and what was
-        measured on the old one is dropped)."""
-        current = torch.get_num_threads()
-        if self._most is None or current != self._set:
-            if self._most is not None and current != self._most:
-                self._time.clear()
-                self.ratio = None
-            self._most = current
-            self._set = current
-        return self._most
+        """The thread count the process was given (:func:`get_num_threads`); when it changes, what was measured on
+        the old one is dropped."""
+        current = get_num_threads()
+        if self._most is not None and current != self._most:
+            self._time.clear()
+            self.ratio = None
+        self._most = current
+        return current
 
     def in_use(self) -> int:
         """The count passes run on between tries."""
         return 1 if self.ratio is not None and self.ratio < 1.0 else self.most
 
     def threads(self, rows: int) -> int:
-        """The thread count for a pass of ``rows`` rows; torch's own operations follow the count in use."""
-        most = self.most if not self.fixed else torch.get_num_threads()
+        """The thread count for a pass of ``rows`` rows; torch's own operations, where torch is loaded, follow the
+        count in use."""
+        most = self.most
         if self.fixed or most <= 1:
             return most
         use = self.in_use()
-        if torch.get_num_threads() != use:  # the rest of a step (sampling, drafting) stalls the same way
-            torch.set_num_threads(use)
-            self._set = use
+        _follow(use)  # the rest of a step (sampling, drafting) stalls the same way
         other = most if use == 1 else 1
         comparable = (_bucket(rows), use) in self._time
         return other if comparable and time.perf_counter() >= self._next_try else use
