@@ -1,26 +1,39 @@
-# Quick start: `make demo` (set up, then generate with the embedded default model), `make test` (set up, then test).
+# Quick start: `make demo` (set up the core, then generate with the embedded default model), `make test` (set up
+# the core and the full environment, then test in both).
 VENV := .venv/bin
+CORE := .venv-core/bin
 PROMPT ?= Name three primary colors.
 
-.PHONY: setup demo test lint format sanitize
+.PHONY: setup setup-core demo test test-core test-full lint format sanitize
 
+# .venv: the core, every extra but the cluster, the test and lint tools
 setup:
 	./scripts/setup.sh
 
-demo: setup
-	$(VENV)/specwise generate "$(PROMPT)" --max-new-tokens 128
+# .venv-core: the core alone (what `pip install specwise` installs) and pytest
+setup-core:
+	./scripts/setup.sh core
 
-test: setup
-	$(VENV)/ruff check specwise tests benchmarks
-	$(VENV)/ruff format --check specwise tests benchmarks
+demo: setup-core
+	$(CORE)/specwise generate "$(PROMPT)" --max-new-tokens 128
+
+# the suite twice: on the core alone (tests that need an extra are skipped, with the extra named), then with every
+# extra
+test: setup setup-core lint test-core test-full
+
+test-core:
+	$(CORE)/python -m pytest -q -p no:cacheprovider
+
+test-full:
 	$(VENV)/python -m pytest -q
 
 # the kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, over the fuzz and kernel tests
 sanitize: setup
 	./scripts/sanitize.sh
 
-lint:
+lint: setup
 	$(VENV)/ruff check specwise tests benchmarks
+	$(VENV)/ruff format --check specwise tests benchmarks
 
 format:
 	$(VENV)/ruff format specwise tests benchmarks

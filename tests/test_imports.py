@@ -1,9 +1,11 @@
 """Imports: every module imports on its own, the layers import downward only, and decoding leaves the optional
-parts (server, plots) alone; where one is missing, the command that needs it says what to install."""
+parts (torch and transformers, the server, plots) alone; where one is missing, the command that needs it says what
+to install."""
 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import re
 import subprocess
@@ -19,6 +21,17 @@ from specwise.extras import EXTRAS, MissingExtraError, missing_extra, require
 
 PACKAGE = Path(specwise.__file__).parent
 OPTIONAL = ["fastapi", "uvicorn", "prometheus_client", "matplotlib", "starlette"]
+HEAVY = ["torch", "transformers", "accelerate", "scipy"]  # the hf extra's: nothing on a GGUF file's path loads them
+# the modules that are torch code (the hf and distill extras): on the core install they raise MissingExtraError
+TORCH_MODULES = {
+    "specwise.models.hf",
+    "specwise.models.native",
+    "specwise.models.layer",
+    "specwise.drafters.head.module",
+    "specwise.distill.train",
+    "specwise.distill.data",
+}
+HAS_TORCH = importlib.util.find_spec("torch") is not None
 
 
 def all_modules() -> list[str]:
@@ -33,13 +46,14 @@ def all_modules() -> list[str]:
     return names
 
 
-# Each module is imported in a child of one fresh interpreter that has imported torch and nothing of specwise:
-# the child starts with no specwise module loaded, as a fresh interpreter does, without paying for torch again.
+# Each module is imported in a child of one fresh interpreter that has imported nothing of specwise (and torch, where
+# asked): the child starts with no specwise module loaded, as a fresh interpreter does, without paying for torch again.
 _IMPORT_ALONE = textwrap.dedent(
     """
     import importlib, json, os, sys, traceback
-    import torch  # noqa: F401
-    modules, forbidden = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    modules, forbidden, preload = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    for name in preload:
+        importlib.import_module(name)
     assert not [m for m in sys.modules if m.split(".")[0] == "specwise"]
     errors = {}
     for name in modules:
@@ -66,11 +80,18 @@ _IMPORT_ALONE = textwrap.dedent(
 )
 
 
-def import_alone(modules: list[str], forbidden: list[str] = ()) -> dict[str, str]:
-    """Import each module in a process of its own; returns module -> what went wrong (an error, or the
-    ``forbidden`` modules it loaded), for the modules where something did."""
+def import_alone(modules: list[str], forbidden: list[str] = (), preload: list[str] = ()) -> dict[str, str]:
+    """Import each module in a process of its own (forked from one that imported ``preload``); returns module ->
+    what went wrong (an error, or the ``forbidden`` modules it loaded), for the modules where something did."""
     proc = subprocess.run(
-        [sys.executable, "-c", _IMPORT_ALONE, json.dumps(modules), json.dumps(list(forbidden))],
+        [
+            sys.executable,
+            "-c",
+            _IMPORT_ALONE,
+            json.dumps(modules),
+            json.dumps(list(forbidden)),
+            json.dumps(list(preload)),
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -165,7 +186,34 @@ needs_fork = pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="t
 def test_every_module_imports_on_its_own():
     modules = all_modules()
     assert "specwise.models.kernels.quant" in modules and "specwise.files" in modules
-    assert import_alone(modules) == {}
+    assert set(modules) >= TORCH_MODULES
+    if HAS_TORCH:
+        assert import_alone(modules, preload=["torch"]) == {}
+        return
+    errors = import_alone(modules)
+    assert set(errors) == TORCH_MODULES, "without torch, these failed to import: " + ", ".join(
+        sorted(set(errors) ^ TORCH_MODULES)
+    )
+    for name in TORCH_MODULES:  # each says which extra brings torch
+        assert "MissingExtraError" in errors[name] and "pip install 'specwise[" in errors[name], errors[name]
+
+
+@needs_fork
+def test_no_module_on_a_gguf_files_path_loads_torch():
+    """Everything but the torch code itself imports without loading torch, transformers or scipy."""
+    modules = [
+        m
+        for m in all_modules()
+        if m not in TORCH_MODULES and not m.startswith(("specwise.distill", "specwise.server.ray"))
+    ]
+    assert import_alone(modules, forbidden=HEAVY) == {}
+
+
+def test_importing_specwise_loads_no_torch():
+    code = "import sys, specwise; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
 
 
 @needs_fork
@@ -186,17 +234,18 @@ def test_lower_layers_do_not_import_the_loader():
 @needs_fork
 def test_decoding_imports_none_of_the_optional_parts():
     decoding = ["specwise", "specwise.engine", "specwise.cli", "specwise.runtime", "specwise.models.loader"]
-    assert import_alone(decoding, forbidden=OPTIONAL) == {}
+    assert import_alone(decoding, forbidden=OPTIONAL + HEAVY) == {}
 
 
-def _generate_alone(target: str) -> dict:
-    """Run ``specwise generate`` in a fresh interpreter; returns its exit code and the optional modules it loaded."""
+def _generate_alone(target: str, forbidden: list[str] = OPTIONAL) -> dict:
+    """Run ``specwise generate`` in a fresh interpreter; returns its exit code and the ``forbidden`` modules it
+    loaded."""
     code = textwrap.dedent(
         f"""
         import json, sys
         from specwise.cli import main
         code = main(["generate", "Hi", "--target", {target!r}, "--max-new-tokens", "3", "--json"])
-        print(json.dumps({{"code": code, "loaded": sorted(m for m in {OPTIONAL!r} if m in sys.modules)}}))
+        print(json.dumps({{"code": code, "loaded": sorted(m for m in {list(forbidden)!r} if m in sys.modules)}}))
         """
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
@@ -210,7 +259,9 @@ def test_generate_imports_none_of_the_optional_parts(tiny_dir):
 
 @pytest.mark.slow
 def test_generate_with_the_default_model_imports_none_of_the_optional_parts():
-    assert _generate_alone("default") == {"code": 0, "loaded": []}
+    """A GGUF file on a CPU: no server, no plots, and no torch or transformers (the tokenizer too is built from the
+    file without them)."""
+    assert _generate_alone("default", OPTIONAL + HEAVY) == {"code": 0, "loaded": []}
 
 
 @pytest.mark.parametrize(
