@@ -21,7 +21,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "cuda": ("torch",),
     "server": ("fastapi", "uvicorn", "prometheus_client"),
     "bench": ("matplotlib", "tqdm"),
-    "distill": ("torch", "tqdm"),
+    "distill": ("torch", "transformers", "tqdm"),
     "constrained": ("llguidance",),
 }
 

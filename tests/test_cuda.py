@@ -1,6 +1,8 @@
 """The same results on CUDA as on the CPU: the models, greedy identity, sampled distributions, distillation.
 
-Skipped where CUDA is not available (CI has no GPU); `scripts/device_check.sh` runs them on a GPU machine.
+Skipped where CUDA is not available (CI has no GPU) or torch is not installed (the hf extra); `scripts/device_check.sh`
+runs them on a GPU machine. The models take token ids on the CPU and return numpy logits on the CPU whatever their
+device (the Model contract).
 """
 
 from __future__ import annotations
@@ -8,19 +10,23 @@ from __future__ import annotations
 import copy
 import json
 
+import numpy as np
 import pytest
-import torch
-from test_head import _assert_follows_target, _head
 
-from conftest import tiny_llama
-from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
-from specwise.drafters.head import HeadDrafter
-from specwise.engine import Engine
-from specwise.models import HFModel
-from specwise.models.native import NativeModel
-from specwise.sampling import SamplingParams
+from conftest import needs_hf, tiny_llama
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+torch = needs_hf()  # the whole module: torch models on a GPU
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA device", allow_module_level=True)
+
+from test_head import _assert_follows_target, _head  # noqa: E402
+
+from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter  # noqa: E402
+from specwise.drafters.head import HeadDrafter  # noqa: E402
+from specwise.engine import Engine  # noqa: E402
+from specwise.models import HFModel  # noqa: E402
+from specwise.models.native import NativeModel  # noqa: E402
+from specwise.sampling import SamplingParams  # noqa: E402
 
 CUDA = "cuda"
 GREEDY = SamplingParams(temperature=0.0)
@@ -51,14 +57,20 @@ def test_logits_on_cuda_equal_the_cpu(impl):
     cpu, gpu = _pair(1)
     wrap = NativeModel if impl == "native" else HFModel
     a, b = wrap(cpu), wrap(gpu)
-    assert str(b.device).startswith("cuda")
+    assert isinstance(b.device, str) and b.device.startswith("cuda")
     ids = [1, 5, 9, 2, 44, 17, 3]
-    la = torch.cat([a.forward(torch.tensor(ids[:4])), a.forward(torch.tensor(ids[4:]))])
-    lb = torch.cat([b.forward(torch.tensor(ids[:4], device=CUDA)), b.forward(torch.tensor(ids[4:], device=CUDA))])
-    assert lb.device.type == "cuda"
-    torch.testing.assert_close(lb.cpu(), la, atol=1e-4, rtol=1e-4)
+    la = np.concatenate([a.forward(np.array(ids[:4])), a.forward(ids[4:])])
+    parts = [b.forward(np.array(ids[:4])), b.forward(ids[4:])]
+    assert all(isinstance(p, np.ndarray) and p.dtype == np.float32 and p.flags.c_contiguous for p in parts)
+    np.testing.assert_allclose(np.concatenate(parts), la, atol=1e-4, rtol=1e-4)
     b.rollback(2)
-    torch.testing.assert_close(b.forward(torch.tensor(ids[2:], device=CUDA)).cpu(), la[2:], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(b.forward(np.array(ids[2:])), la[2:], atol=1e-4, rtol=1e-4)
+    b.keep_features = a.keep_features = True
+    a.reset(), b.reset()
+    a.forward(ids, 0), b.forward(ids, 0)
+    fb = b.features(0, len(ids))
+    assert isinstance(fb, np.ndarray) and fb.dtype == np.float32
+    np.testing.assert_allclose(fb, a.features(0, len(ids)), atol=1e-4, rtol=1e-4)
 
 
 def test_greedy_on_cuda_equals_the_cpu_and_every_drafter_keeps_it():

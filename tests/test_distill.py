@@ -1,17 +1,23 @@
-"""Distillation: batched data generation, losses, training with checkpoints and resume, the CLI end to end."""
+"""Distillation: batched data generation, losses, training with checkpoints and resume, the CLI end to end.
+
+Training is torch code (the distill extra, which brings the hf extra): without torch and transformers the module is
+skipped; that `specwise distill` then names its extra is tested in test_models.py."""
 
 from __future__ import annotations
 
 import json
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
-import torch
 
-from conftest import tiny_llama
-from specwise.answers import PromptSource, collect_prompts
-from specwise.distill.data import _generate_batch, _pack, load_shards
-from specwise.distill.train import (
+from conftest import needs_hf, tiny_llama
+
+torch = needs_hf()  # the whole module
+
+from specwise.answers import PromptSource, collect_prompts  # noqa: E402
+from specwise.distill.data import _generate_batch, _pack, load_shards  # noqa: E402
+from specwise.distill.train import (  # noqa: E402
     TrainConfig,
     _token_loss,
     draft_vocabulary,
@@ -19,9 +25,9 @@ from specwise.distill.train import (
     make_batches,
     train_head,
 )
-from specwise.drafters.head import new_head
-from specwise.engine import Engine
-from specwise.models import HFModel
+from specwise.drafters.head import new_head  # noqa: E402
+from specwise.engine import Engine  # noqa: E402
+from specwise.models import HFModel  # noqa: E402
 
 
 def _tiny_shards(hf, n_prompts=6, max_new=12, temperature=0.0):
@@ -352,9 +358,10 @@ def test_native_generation_equals_the_quantized_models_own_answers(tmp_path):
         assert tokens == prompt + want
         fresh = QuantizedModel(path, precision="q8")
         fresh.keep_features = True
-        logits = fresh.forward(torch.tensor(tokens[:-1]))
+        logits = torch.from_numpy(fresh.forward(np.array(tokens[:-1])))  # the model's numpy logits
         assert feats.shape == (len(tokens) - 1, spec.hidden) and feats.dtype == torch.float16
-        torch.testing.assert_close(feats, fresh.features(0, len(tokens) - 1).to(torch.float16))
+        want = torch.from_numpy(fresh.features(0, len(tokens) - 1)).to(torch.float16)
+        torch.testing.assert_close(feats, want)
         torch.testing.assert_close(lse, torch.logsumexp(logits, -1), atol=1e-5, rtol=1e-5)
 
     class Tokenizer:

@@ -4,25 +4,28 @@ pointer. Each is refused with its status of ``specwise.h`` before anything is wr
 bytes), and none crashes.
 
 The call is made as the package makes it (the structs a native model's layer kernel fills), with buffers of the
-exact sizes the call needs, then one field is set wrong at a time.
+exact sizes the call needs (numpy arrays), then one field is set wrong at a time. The model is the float32 native
+model (the hf extra: skipped without it).
 """
 
 from __future__ import annotations
 
 import ctypes
 
+import numpy as np
 import pytest
-import torch
 
-from conftest import tiny_llama
-from specwise.models import NativeModel, kernels
+from conftest import needs_hf, tiny_llama
+from specwise.models import kernels
 
+needs_hf()  # the whole module: the structs are a float32 native model's
 if not kernels.small_gemm_available():
     pytest.skip(f"the float kernels are unavailable: {kernels.kernel_error()}", allow_module_level=True)
 
 from struct_calls import assert_refused_unwritten, copy_struct, edited, pointers, same_bytes  # noqa: E402
 
 from specwise.models.kernels.layers import FRows, QWork, addr  # noqa: E402
+from specwise.models.native import NativeModel  # noqa: E402
 
 OK, EHEAD, EFIT, EWORK, EBUFFER = 0, 1, 5, 6, 7  # specwise.h's statuses
 MAX_ROWS = 1024  # specwise.h's QL_MAX_ROWS
@@ -34,7 +37,7 @@ def model():
     m = NativeModel(tiny_llama(seed=5), capacity=CAP)
     m.set_gemm(default="kernel")
     assert m._fused is not None  # the float32 layer kernel serves it
-    m.forward(torch.tensor([1, 5, 7, 9, 11]))  # START positions cached
+    m.forward(np.array([1, 5, 7, 9, 11]))  # START positions cached
     return m
 
 
@@ -45,23 +48,23 @@ class Call:
     def __init__(self, model: NativeModel) -> None:
         kernel = model._fused
         self.lib = kernel._lib
-        self.k_cache, self.v_cache = model.k_cache.clone(), model.v_cache.clone()
-        self.x = torch.randn((K, model.hidden), generator=torch.Generator().manual_seed(1))
-        self.cos, self.sin = model._cos[: START + K].clone(), model._sin[: START + K].clone()
+        self.k_cache, self.v_cache = model.k_cache.numpy().copy(), model.v_cache.numpy().copy()
+        self.x = np.random.default_rng(1).standard_normal((K, model.hidden), dtype=np.float32)
+        self.cos, self.sin = model._cos[: START + K].numpy().copy(), model._sin[: START + K].numpy().copy()
         self.shape, self.layers = copy_struct(kernel._dims), copy_struct(kernel._layers)
         self.rows = FRows(
-            self.x.data_ptr(), self.x.numel(), K, START, self.k_cache.data_ptr(), self.v_cache.data_ptr(), CAP,
-            self.cos.data_ptr(), self.sin.data_ptr(), START + K,
+            self.x.ctypes.data, self.x.size, K, START, self.k_cache.ctypes.data, self.v_cache.ctypes.data, CAP,
+            self.cos.ctypes.data, self.sin.ctypes.data, START + K,
         )  # fmt: skip
         scratch = int(self.lib.specwise_qllama_scratch_floats(addr(self.shape), K))
-        self.scratch = torch.zeros(scratch)
-        self.scores = torch.zeros(model.n_heads * K * (START + K))
-        self.work = QWork(self.scratch.data_ptr(), scratch, self.scores.data_ptr(), self.scores.numel())
+        self.scratch = np.zeros(scratch, dtype=np.float32)
+        self.scores = np.zeros(model.n_heads * K * (START + K), dtype=np.float32)
+        self.work = QWork(self.scratch.ctypes.data, scratch, self.scores.ctypes.data, self.scores.size)
         self.run = copy_struct(kernel._run)
         self.run.threads = 1
 
-    def snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in (self.x, self.k_cache, self.v_cache)]
+    def snapshot(self) -> list[np.ndarray]:
+        return [a.copy() for a in (self.x, self.k_cache, self.v_cache)]
 
     def status(self, **fields) -> int:
         """The status with ``fields`` (``struct__field`` = value, or ``struct`` = None for a NULL pointer) set on
@@ -150,17 +153,22 @@ def test_a_layer_without_one_of_its_weights_is_refused(model):
 def test_the_structs_run_the_same_layers_as_the_model(model):
     """The call built here from the kernel's structs computes what the model's own pass does, bit for bit."""
     call = Call(model)
-    x = call.x.clone()
+    x = call.x.copy()
     assert call.status() == OK
     other = model.sequence()
     other.copy_prefix(model, START)
     kernel = other._fused
-    kernel.run(x, START, other.k_cache, other.v_cache, other._capacity, other._cos, other._sin)
-    assert x.numpy().tobytes() == call.x.numpy().tobytes()
+    caches = other.k_cache.numpy(), other.v_cache.numpy()
+    kernel.run(x, START, *caches, other._capacity, other._cos.numpy(), other._sin.numpy())
+    assert x.tobytes() == call.x.tobytes()
 
 
 def test_the_layer_kernel_refuses_caches_smaller_than_their_capacity(model):
     kernel = model._fused
-    x = torch.zeros((1, model.hidden))
+    x = np.zeros((1, model.hidden), dtype=np.float32)
     with pytest.raises(ValueError, match="caches hold"):
-        kernel.run(x, 0, model.k_cache[:1], model.v_cache, model._capacity, model._cos, model._sin)
+        kernel.run(x, 0, model.k_cache[:1].numpy(), model.v_cache.numpy(), model._capacity, *_tables(model))
+
+
+def _tables(model: NativeModel) -> tuple[np.ndarray, np.ndarray]:
+    return model._cos.numpy(), model._sin.numpy()

@@ -1,23 +1,41 @@
-"""The native Llama-family model against the Hugging Face reference, and the small-row kernel."""
+"""The native Llama-family model against the Hugging Face reference (the hf extra), and the small-row kernel
+(numpy arrays in and out: no torch needed)."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+import contextlib
 
-from conftest import tiny_llama
+import numpy as np
+import pytest
+
+from conftest import needs_hf, tiny_llama
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
-from specwise.models import HFModel, NativeModel, kernels, load_model
+from specwise.models import kernels, load_model
 from specwise.sampling import SamplingParams
 
 
 def logits(model, ids):
     model.reset()
-    return model.forward(torch.tensor(ids))
+    out = model.forward(np.array(ids))
+    assert isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous
+    return out
+
+
+def models():
+    """(HFModel, NativeModel), imported where the hf extra is installed (the test is skipped otherwise)."""
+    needs_hf()
+    from specwise.models import HFModel, NativeModel
+
+    return HFModel, NativeModel
+
+
+def close(got, want, tol: float) -> None:
+    np.testing.assert_allclose(got, want, atol=tol, rtol=tol)
 
 
 def tiny_family(arch: str, seed: int = 0):
+    torch = needs_hf()
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     common = dict(
@@ -39,19 +57,22 @@ def tiny_family(arch: str, seed: int = 0):
 @pytest.mark.parametrize("backend", ["torch", "kernel"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
 def test_native_logits_match_hf(arch, backend):
+    HFModel, NativeModel = models()
     hf = tiny_llama(seed=5) if arch == "llama" else tiny_family(arch)
     if backend == "kernel" and not kernels.small_gemm_available():
         pytest.skip(f"kernel unavailable: {kernels.kernel_error()}")
     native = NativeModel(hf)
     native.set_gemm(default=backend)
     ids = [3, 14, 15, 9, 2, 6, 5, 35, 8, 9, 7, 9, 3]
-    torch.testing.assert_close(logits(native, ids), logits(HFModel(hf), ids), atol=1e-4, rtol=1e-4)
+    close(logits(native, ids), logits(HFModel(hf), ids), 1e-4)
 
 
 @pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
 def test_native_layer_kernel_matches_hf_on_odd_shapes():
     """The one-call layer kernel (kernel backend): head_dim 12 (not a multiple of 8), GQA, biases on q/k/v and o,
     1..32 rows after a cached prefix, and a cache that grows; the same logits as the Hugging Face model."""
+    HFModel, NativeModel = models()
+    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -75,41 +96,67 @@ def test_native_layer_kernel_matches_hf_on_odd_shapes():
     native.reset()
     out, pos = [], 0
     for k in (20, 1, 3, 32, 5, 19):  # 20 + 1 + 3 + 32 + 5 + 19 = 80
-        out.append(native.forward(torch.tensor(ids[pos : pos + k])))
+        out.append(native.forward(np.array(ids[pos : pos + k])))
         pos += k
-    torch.testing.assert_close(torch.cat(out), ref, atol=1e-4, rtol=1e-4)
+    close(np.concatenate(out), ref, 1e-4)
 
 
 def test_native_rollback_and_incremental_forward_match_one_pass():
+    _, NativeModel = models()
     native = NativeModel(tiny_llama(seed=6))
     ids = list(range(1, 30))
     ref = logits(native, ids)
     native.reset()
-    native.forward(torch.tensor(ids[:10]))
-    native.forward(torch.tensor([77, 78, 79, 80]))  # rejected draft
+    native.forward(np.array(ids[:10]))
+    native.forward([77, 78, 79, 80])  # rejected draft (a list of ints is token ids too)
     native.rollback(10)
-    parts = [native.forward(torch.tensor(ids[10:13]))]
+    parts = [native.forward(np.array(ids[10:13]))]
     for t in ids[13:]:
-        parts.append(native.forward(torch.tensor([t])))
-    torch.testing.assert_close(torch.cat(parts), ref[10:], atol=1e-5, rtol=1e-5)
+        parts.append(native.forward(np.array([t])))
+    close(np.concatenate(parts), ref[10:], 1e-5)
 
 
 def test_native_cache_grows_past_its_initial_capacity():
+    HFModel, NativeModel = models()
     hf = tiny_llama(seed=7)
     native = NativeModel(hf, capacity=8)
     ids = [i % 90 + 1 for i in range(50)]
-    torch.testing.assert_close(logits(native, ids), logits(HFModel(hf), ids), atol=1e-4, rtol=1e-4)
+    close(logits(native, ids), logits(HFModel(hf), ids), 1e-4)
 
 
 def test_native_num_logits_and_context_limit():
+    _, NativeModel = models()
     native = NativeModel(tiny_llama(seed=8))
-    assert native.forward(torch.tensor([1, 2, 3]), num_logits=0).shape == (0, native.vocab_size)
-    assert native.forward(torch.tensor([4, 5]), num_logits=1).shape == (1, native.vocab_size)
+    assert native.device == "cpu"  # a plain string
+    none = native.forward(np.array([1, 2, 3]), num_logits=0)
+    assert none.shape == (0, native.vocab_size) and none.dtype == np.float32
+    assert native.forward(np.array([4, 5]), num_logits=1).shape == (1, native.vocab_size)
     with pytest.raises(ValueError, match="exceeds the model's context"):
-        native.forward(torch.zeros(600, dtype=torch.int64))
+        native.forward(np.zeros(600, dtype=np.int64))
+    with pytest.raises(ValueError, match="1-D"):
+        native.forward(np.array([[1, 2]]))
+
+
+@pytest.mark.parametrize("backend", ["torch", "kernel"])
+def test_native_features_are_float32_copies(backend):
+    """Features come out as float32 numpy arrays, copies: a later pass over the same positions does not change
+    what was read before."""
+    _, NativeModel = models()
+    native = NativeModel(tiny_llama(seed=8))
+    native.set_gemm(default=backend)
+    native.keep_features = True
+    native.forward(np.array([1, 2, 3, 4]))
+    first = native.features(0, 4)
+    assert first.dtype == np.float32 and first.shape == (4, native.hidden)
+    kept = first.copy()
+    native.rollback(2)
+    native.forward(np.array([9, 9]))
+    np.testing.assert_array_equal(first, kept)
+    assert not np.array_equal(native.features(2, 4), kept[2:])
 
 
 def test_native_greedy_identity_and_sampling(tiny_target, tiny_target_twin):
+    _, NativeModel = models()
     native = NativeModel(tiny_target.model)
     greedy = SamplingParams()
     plain_hf = Engine(tiny_target, NoDrafter()).generate([1, 2, 3], greedy, 30, eos_token_ids=[]).token_ids
@@ -123,6 +170,9 @@ def test_native_greedy_identity_and_sampling(tiny_target, tiny_target_twin):
 def test_decoder_layer_matches_hf_with_and_without_autograd():
     """The shared torch layer (native model, head) on a Hugging Face layer's fused weights equals that layer, and its
     in-place path (no autograd) gives the values of its autograd path."""
+    _, NativeModel = models()
+    import torch
+
     from specwise.models.layer import causal_mask, decoder_layer, qkv_heads
 
     hf = tiny_llama(seed=3)
@@ -159,6 +209,7 @@ def test_decoder_layer_matches_hf_with_and_without_autograd():
 
 
 def test_unsupported_architecture_falls_back_to_hf(tmp_path):
+    HFModel, _ = models()
     from transformers import GPT2Config, GPT2LMHeadModel
 
     GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=16, n_layer=1, n_head=2, n_positions=64)).save_pretrained(
@@ -175,27 +226,31 @@ def test_unsupported_architecture_falls_back_to_hf(tmp_path):
 def test_the_float_kernels_refuse_below_the_avx2_path():
     """The float kernels have AVX2 code only: they follow the library's one choice of path (quant.set_isa, never the
     CPU's flags read again), and below AVX2 each entry point returns SW_EISA without writing; Python then uses torch,
-    and a model built on the kernels says why it cannot run."""
+    and a model built on the kernels says why it cannot run (where the hf extra is installed)."""
     from specwise.models.kernels import quant
 
     lib = kernels.native_library()
     if lib is None or not hasattr(lib, "specwise_small_gemm"):
         pytest.skip(f"float kernels not built: {kernels.kernel_error()}")
-    g = torch.Generator().manual_seed(3)
-    x, w = torch.randn(3, 40, generator=g), torch.randn(24, 40, generator=g)
+    rng = np.random.default_rng(3)
+    x, w = rng.standard_normal((3, 40), dtype=np.float32), rng.standard_normal((24, 40), dtype=np.float32)
     best = quant.set_isa(None)
+    NativeModel = None
+    with contextlib.suppress(pytest.skip.Exception):  # without the hf extra the kernels' part runs all the same
+        _, NativeModel = models()
     try:
-        native = NativeModel(tiny_llama(seed=5)) if best != "portable" else None
+        native = NativeModel(tiny_llama(seed=5)) if best != "portable" and NativeModel is not None else None
         quant.set_isa("portable")
         assert not kernels.small_gemm_available()
         with pytest.raises(RuntimeError, match="below AVX2"):
             kernels.small_gemm(x, w)
-        y = torch.full((3, 24), 7.0)
-        for fn, weight in ((lib.specwise_small_gemm, w), (lib.specwise_small_gemm_f16, w.half())):
-            assert fn(x.data_ptr(), weight.data_ptr(), None, y.data_ptr(), 3, 40, 24, 1) == -4  # SW_EISA
-        assert torch.equal(y, torch.full((3, 24), 7.0))
+        y = np.full((3, 24), 7.0, dtype=np.float32)
+        for fn, weight in ((lib.specwise_small_gemm, w), (lib.specwise_small_gemm_f16, w.astype(np.float16))):
+            assert fn(x.ctypes.data, weight.ctypes.data, None, y.ctypes.data, 3, 40, 24, 1) == -4  # SW_EISA
+        np.testing.assert_array_equal(y, np.full((3, 24), 7.0, dtype=np.float32))
         assert lib.specwise_llama_layers(None, None, None, None, None) == -4  # checked before any pointer is read
-        assert NativeModel(tiny_llama(seed=5)).kernel_usable is False  # built now: torch's products
+        if NativeModel is not None:
+            assert NativeModel(tiny_llama(seed=5)).kernel_usable is False  # built now: torch's products
         if native is not None:
             native.set_gemm(default="kernel")
             with pytest.raises(RuntimeError, match="below AVX2"):
@@ -203,7 +258,7 @@ def test_the_float_kernels_refuse_below_the_avx2_path():
         for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
             quant.set_isa(name)
             assert kernels.small_gemm_available()
-            torch.testing.assert_close(kernels.small_gemm(x, w), x @ w.T, atol=1e-4, rtol=1e-4)
+            close(kernels.small_gemm(x, w), x.astype(np.float64) @ w.T.astype(np.float64), 1e-4)
     finally:
         quant.set_isa(None)
 
@@ -212,36 +267,65 @@ def test_the_float_kernels_refuse_below_the_avx2_path():
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 16, 32])
 @pytest.mark.parametrize(("n_out", "n_in"), [(96, 64), (7, 9), (5, 3), (130, 576)])
 def test_small_gemm_matches_float64_reference(rows, n_out, n_in):
-    gen = torch.Generator().manual_seed(rows * 1000 + n_out)
-    x = torch.randn(rows, n_in, generator=gen)
-    w = torch.randn(n_out, n_in, generator=gen)
-    b = torch.randn(n_out, generator=gen)
-    ref = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
-    torch.testing.assert_close(kernels.small_gemm(x, w, b), ref, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(kernels.small_gemm(x, w), ref - b, atol=1e-4, rtol=1e-4)
+    rng = np.random.default_rng(rows * 1000 + n_out)
+    x = rng.standard_normal((rows, n_in), dtype=np.float32)
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32)
+    b = rng.standard_normal(n_out, dtype=np.float32)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    y = kernels.small_gemm(x, w, b)
+    assert y.dtype == np.float32 and y.shape == (rows, n_out) and y.flags.c_contiguous
+    close(y, ref, 1e-4)
+    close(kernels.small_gemm(x, w), ref - b, 1e-4)
 
 
 @pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")
 @pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 40])
 @pytest.mark.parametrize(("n_out", "n_in"), [(96, 64), (7, 9), (130, 576)])
 def test_small_gemm_with_float16_weights_matches_float64_reference(rows, n_out, n_in):
-    gen = torch.Generator().manual_seed(rows * 1000 + n_out)
-    x = torch.randn(rows, n_in, generator=gen)
-    w = torch.randn(n_out, n_in, generator=gen).half()
-    b = torch.randn(n_out, generator=gen)
-    ref = torch.nn.functional.linear(x.double(), w.double(), b.double()).float()
-    torch.testing.assert_close(kernels.small_gemm(x, w, b), ref, atol=1e-4, rtol=1e-4)
+    rng = np.random.default_rng(rows * 1000 + n_out)
+    x = rng.standard_normal((rows, n_in), dtype=np.float32)
+    w = rng.standard_normal((n_out, n_in), dtype=np.float32).astype(np.float16)
+    b = rng.standard_normal(n_out, dtype=np.float32)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64) + b
+    close(kernels.small_gemm(x, w, b), ref, 1e-4)
+
+
+def test_the_native_model_passes_numpy_views_to_the_kernels(monkeypatch):
+    """The float32 native model hands the kernels numpy views of its CPU tensors (the same memory: the layer
+    kernel's writes to x and the caches are the model's), never torch tensors."""
+    if not kernels.small_gemm_available():
+        pytest.skip(f"kernel unavailable: {kernels.kernel_error()}")
+    HFModel, NativeModel = models()
+    from specwise.models import native as native_module
+
+    seen = []
+    real = native_module.small_gemm
+
+    def spy(x, weight, bias=None, *args):
+        seen.append((x, weight, bias))
+        return real(x, weight, bias, *args)
+
+    monkeypatch.setattr(native_module, "small_gemm", spy)
+    hf = tiny_llama(seed=5)
+    model = NativeModel(hf)
+    model.set_gemm(default="kernel")
+    ids = [3, 14, 15, 9]
+    close(logits(model, ids), logits(HFModel(hf), ids), 1e-4)
+    assert seen and all(isinstance(a, np.ndarray) for x, w, b in seen for a in (x, w) + (() if b is None else (b,)))
+    assert np.shares_memory(seen[-1][1], model.lm_head.weight.numpy())  # the weight read in place
+    assert np.abs(model.k_cache.numpy()[:, :, : len(ids)]).sum() > 0  # the layer kernel wrote the model's cache
 
 
 @pytest.mark.slow
 def test_native_matches_hf_on_the_default_model(smollm_hf):
     """Max abs logit difference <= 1e-4 in float32 on the real model, and the same greedy output."""
+    HFModel, NativeModel = models()
     from specwise.runtime import encode_prompt
 
     hf = HFModel(smollm_hf.hf_model)
     native = NativeModel(smollm_hf.hf_model)
     ids = encode_prompt(smollm_hf.tokenizer, "Explain what a prime number is.", chat=True)
-    diff = (logits(native, ids) - logits(hf, ids)).abs().max().item()
+    diff = float(np.abs(logits(native, ids) - logits(hf, ids)).max())
     assert diff <= 1e-4, f"native logits differ from the reference by {diff}"
     greedy = SamplingParams()
     a = Engine(native, NoDrafter()).generate(ids, greedy, 32).token_ids

@@ -20,7 +20,9 @@ from pathlib import Path
 from specwise.answers import AnswerOptions
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
-__all__ = ["DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
+__all__ = ["LOSSES", "DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
+
+LOSSES = ("kl", "tv", "jsd")  # the token losses training offers (specwise.distill.train)
 
 
 @dataclass
@@ -192,6 +194,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     from specwise.distill.train import make_batches, train_head
     from specwise.drafters.head import save_head
     from specwise.models.loader import load_model
+    from specwise.models.threads import get_num_threads
 
     out = Path(opts.out)
     state_path = out / "train_state.pt"
@@ -203,7 +206,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     started = time.time()
     torch.manual_seed(opts.seed)
     native = native_target(opts)  # refused before the reference loads
-    loaded = load_model(opts.target, device=opts.device, dtype=torch.float32, impl="hf")
+    loaded = load_model(opts.target, device=opts.device, impl="hf")
     data = make_data(opts, loaded, prompts, tasks, log, native)
     if opts.data_only:
         return data.counts()
@@ -243,7 +246,7 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
         "train_tokens": n_train,
         "held_out_tokens": n_held,
         "seconds": round(time.time() - started, 1),
-        "threads": torch.get_num_threads(),
+        "threads": get_num_threads(),
         **result,
         "engine": tau,
     }
@@ -256,13 +259,14 @@ def _machine(device: str = "cpu") -> str:
     import torch
 
     from specwise.machine import cpu_name
+    from specwise.models.threads import get_num_threads
 
     if str(device).startswith("cuda") and torch.cuda.is_available():
         gpu = torch.cuda.get_device_name(device)
         return f"{gpu} ({device}), torch {torch.__version__}, CUDA {torch.version.cuda}; {_machine('cpu')}"
 
     cpu = cpu_name()
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    return f"{cpu}, {os.cpu_count()} cores, {get_num_threads()} threads, torch {torch.__version__}"
 
 
 def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> None:

@@ -11,7 +11,7 @@ from specwise import answers
 
 
 def register(sub) -> None:
-    from specwise.distill.train import LOSSES
+    from specwise.distill import LOSSES
 
     p = sub.add_parser(
         "distill",
@@ -45,7 +45,9 @@ def register(sub) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default: 1e-3)")
     p.add_argument("--batch-tokens", type=int, default=1024, help="tokens per training batch (default: 1024)")
     p.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the tau check (default: 12)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--threads", type=int, default=None, help="threads of the target's passes and training (default: every core)"
+    )
     p.add_argument("--resume", action="store_true", help="continue the checkpoint in --out")
     p.add_argument(
         "--init",
@@ -66,13 +68,17 @@ def register(sub) -> None:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    import torch
+    from specwise.extras import require
+
+    require("distill", "specwise distill")  # torch, transformers: checked before anything runs
+    import torch  # noqa: F401  (loaded first: set_num_threads sets its thread count too)
 
     from specwise.distill import DistillOptions, run_distill
     from specwise.distill.train import TrainConfig
+    from specwise.models.threads import set_num_threads
 
     if args.threads:
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     answers.record_command()
     cfg = TrainConfig(
         loss=args.loss,

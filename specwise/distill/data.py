@@ -21,7 +21,14 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
+
+try:
+    import torch
+except ModuleNotFoundError as err:  # torch code: the distill extra
+    from specwise.extras import missing_extra
+
+    raise missing_extra(err, "distill", "specwise distill") from err
 
 from specwise.answers import answer_seed, check_plan, request_cache, request_seed, user_turn_prefix
 from specwise.files import atomic_path, write_json_atomic
@@ -143,12 +150,13 @@ def _generate_batch_native(
     """``_generate_batch`` on the native quantized model (a ``QuantizedModel``): each prompt is a sequence of its
     own (``model.sequence()``, features kept) fed alone, then each step is one pass over the unfinished rows
     (``forward_batch``: every weight read once for all of them). The same (tokens, features, lse) per row, as the
-    native model evaluates the target, which is what a head is given when it drafts for that target."""
+    native model evaluates the target, which is what a head is given when it drafts for that target. The model
+    takes and returns numpy arrays (the Model contract); the rows are tensors, as ``_generate_batch``'s."""
     seqs, tokens, lses, last = [], [], [], []
     for prompt in prompts:
         seq = model.sequence()
         seq.keep_features = True
-        logits = seq.forward(torch.tensor(prompt, dtype=torch.int64))  # [len, vocab]
+        logits = _tensor(seq.forward(np.asarray(prompt, dtype=np.int64)))  # [len, vocab]
         seqs.append(seq)
         tokens.append(list(prompt))
         lses.append([torch.logsumexp(logits, -1)])
@@ -167,16 +175,22 @@ def _generate_batch_native(
                 fed.append(i)
         if not fed or step + 1 == max_new_tokens:
             break  # the last token of every row is not fed: nothing needs its features
-        outs = model.forward_batch([(seqs[i], torch.tensor([tokens[i][-1]])) for i in fed], [1] * len(fed))
-        for i, out in zip(fed, outs):
+        outs = model.forward_batch([(seqs[i], [tokens[i][-1]]) for i in fed], [1] * len(fed))
+        for i, out in zip(fed, map(_tensor, outs)):
             lses[i].append(torch.logsumexp(out, -1))
             last[i] = out[-1]
         active = fed
     rows = []
     for seq, row, lse in zip(seqs, tokens, lses):
         n = len(row) - 1
-        rows.append((row, seq.features(0, n).to(torch.float16), torch.cat(lse)[:n].float()))
+        rows.append((row, _tensor(seq.features(0, n)).to(torch.float16), torch.cat(lse)[:n].float()))
     return rows
+
+
+def _tensor(values: np.ndarray) -> torch.Tensor:
+    """A model's float32 numpy output (logits, features) as a tensor: shared, or copied where it is read-only."""
+    values = np.asarray(values, dtype=np.float32)
+    return torch.from_numpy(values if values.flags.writeable else values.copy())
 
 
 def generate_shards(

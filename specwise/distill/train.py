@@ -25,9 +25,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NoReturn
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ModuleNotFoundError as err:  # torch code: the distill extra
+    from specwise.extras import missing_extra
 
+    raise missing_extra(err, "distill", "specwise distill") from err
+
+from specwise.distill import LOSSES
 from specwise.distill.data import Shard
 from specwise.drafters.head import EagleHead
 from specwise.files import atomic_path
@@ -42,9 +48,9 @@ __all__ = [
     "train_head",
     "draft_vocabulary",
     "token_counts",
+    "LOSSES",
 ]
 
-LOSSES = ("kl", "tv", "jsd")
 STATE_KEYS = ("head", "optimizer", "step", "history", "before", "torch_rng")
 ADAM_STATE = ("step", "exp_avg", "exp_avg_sq")
 RESTART = "delete it and train again without --resume (or choose another --out)"

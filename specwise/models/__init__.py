@@ -1,7 +1,9 @@
 """Models behind the Model contract and their loaders.
 
 The names below are imported on first use, so that importing one part of the package (``specwise.models.kernels``,
-say) does not import the others: the kernels sit below the models, the loader above them.
+say) does not import the others: the kernels sit below the models, the loader above them. Importing the package, or
+the loader, loads no torch: ``HFModel`` and ``NativeModel`` are torch code (the ``hf`` extra), imported only when
+asked for (without torch they raise MissingExtraError naming the extra).
 """
 
 from __future__ import annotations

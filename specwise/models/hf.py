@@ -1,11 +1,23 @@
-"""Adapter for any Hugging Face causal LM (the reference implementation of the Model contract)."""
+"""Adapter for any Hugging Face causal LM (the reference implementation of the Model contract).
+
+Needs the ``hf`` extra (torch and transformers): imported only where a float32 model is loaded. At its boundary it
+follows the contract of :mod:`specwise.models.base`: token ids in as anything ``numpy.asarray`` reads (converted
+to a torch tensor on the model's device here), logits and features out as float32 numpy arrays on the CPU.
+"""
 
 from __future__ import annotations
 
 import copy
 import inspect
 
-import torch
+import numpy as np
+
+try:
+    import torch
+except ModuleNotFoundError as err:  # torch code: the hf extra
+    from specwise.extras import missing_extra
+
+    raise missing_extra(err, "hf", "specwise.models.hf (the Hugging Face models)") from err
 
 from specwise.models.base import Model
 
@@ -27,7 +39,7 @@ class HFModel(Model):
         self.model = model.eval()
         self.name = name
         self.config = model.config
-        self.device = next(model.parameters()).device
+        self.device = str(next(model.parameters()).device)  # "cpu", "cuda:0": a plain string (the contract)
         out_emb = model.get_output_embeddings()
         self.vocab_size = int(out_emb.weight.shape[0]) if out_emb is not None else int(model.config.vocab_size)
         self.max_length = getattr(model.config, "max_position_embeddings", None)
@@ -57,30 +69,32 @@ class HFModel(Model):
     def length(self) -> int:
         return self._length
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        self._check_forward(tokens)
-        k = tokens.numel()
+    def forward(self, tokens, num_logits: int | None = None) -> np.ndarray:
+        ids = self._check_forward(tokens)  # an int64 array [k]
+        k = ids.size
         keep = k if num_logits is None else num_logits
+        with torch.inference_mode():
+            return _numpy(self._forward(torch.tensor(ids, device=self.device), k, keep), self.vocab_size)
+
+    def _forward(self, tokens: torch.Tensor, k: int, keep: int) -> torch.Tensor | None:
+        """The last ``keep`` rows' logits (None for none) of ``k`` tokens on the model's device."""
         positions = torch.arange(self._length, self._length + k, device=self.device)[None]
         if self.keep_features:
             return self._forward_features(tokens, positions, keep)
         out = self.model(
-            input_ids=tokens.to(self.device)[None],
+            input_ids=tokens[None],
             position_ids=positions,
             use_cache=True,
             logits_to_keep=max(keep, 1),
             **{self._cache_kw: self._cache},
         )
         self._length += k
-        if keep == 0:
-            return out.logits.new_empty((0, self.vocab_size)).float()
-        return out.logits[0, -keep:].float()
+        return out.logits[0, -keep:] if keep else None
 
-    def _forward_features(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor:
+    def _forward_features(self, tokens: torch.Tensor, positions: torch.Tensor, keep: int) -> torch.Tensor | None:
         """The base model's last hidden states (kept), then the output layer on the last ``keep`` rows."""
         hidden = self.model.base_model(
-            input_ids=tokens.to(self.device)[None],
+            input_ids=tokens[None],
             position_ids=positions,
             use_cache=True,
             **{self._base_cache_kw: self._cache},
@@ -95,12 +109,12 @@ class HFModel(Model):
         self._features[start:end] = hidden
         self._length = end
         if keep == 0:
-            return hidden.new_empty((0, self.vocab_size)).float()
-        return self.model.get_output_embeddings()(hidden[hidden.shape[0] - keep :]).float()
+            return None
+        return self.model.get_output_embeddings()(hidden[hidden.shape[0] - keep :])
 
-    def features(self, start: int, end: int) -> torch.Tensor:
+    def features(self, start: int, end: int) -> np.ndarray:
         self._check_features(start, end)
-        return self._features[start:end]
+        return np.array(self._features[start:end].float().cpu().numpy(), dtype=np.float32)  # a copy
 
     def rollback(self, length: int) -> None:
         self._check_rollback(length)
@@ -116,3 +130,11 @@ class HFModel(Model):
                 )
             self._cache.crop(length - self._length)  # a negative value removes that many tokens
         self._length = length
+
+
+def _numpy(logits: torch.Tensor | None, vocab: int) -> np.ndarray:
+    """Logits ``[n, vocab]`` as the contract returns them: float32, C-contiguous, on the CPU (``[0, vocab]`` for
+    None)."""
+    if logits is None:
+        return np.empty((0, vocab), dtype=np.float32)
+    return np.ascontiguousarray(logits.float().cpu().numpy())

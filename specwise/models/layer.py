@@ -13,8 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
+try:
+    import torch
+    import torch.nn.functional as F
+except ModuleNotFoundError as err:  # torch code: the hf extra
+    from specwise.extras import missing_extra
+
+    raise missing_extra(err, "hf", "specwise.models.layer (the float32 decoder layer)") from err
 
 __all__ = [
     "LayerWeights",

@@ -4,9 +4,10 @@
 On a CPU a Llama-family GGUF file is decoded in its own block formats by the quantized native model
 (:class:`specwise.models.quantized.QuantizedModel`); nothing is converted. Its tokenizer is built from the file once
 and cached under the cache directory (:func:`specwise.files.cache_dir`: ``$SPECWISE_CACHE``, else
-``$XDG_CACHE_HOME/specwise``, else ``~/.cache/specwise``). The float32 path (``--impl hf``, CUDA, architectures
-outside the family, machines without the kernels, and the reference in tests) dequantizes the file with
-``transformers`` once and caches it there as safetensors.
+``$XDG_CACHE_HOME/specwise``, else ``~/.cache/specwise``). That path needs no torch. The float32 path (``--impl hf``,
+CUDA, model directories and hub ids, architectures outside the family, machines without the kernels, and the
+reference in tests) needs the ``hf`` extra (torch and transformers, imported only then): it dequantizes a GGUF file
+with ``transformers`` once and caches it there as safetensors.
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
+from specwise.extras import require
 from specwise.files import cache_dir, converted_dir
 from specwise.models.base import Model
 from specwise.models.gguf_file import GGUFError, GGUFFile
-from specwise.models.hf import HFModel
-from specwise.models.native import NativeModel, native_supported
 
 __all__ = [
     "LoadedModel",
@@ -55,14 +53,17 @@ _TOKENIZER_VERSION = 2  # 2: BPE merges saved as "a b" strings (compact_merges)
 IMPLEMENTATIONS = ("auto", "native", "hf")
 PRECISIONS = ("q8", "exact")
 DEFAULT_PRECISION = "q8"
+DTYPES = ("float32", "float16", "bfloat16")  # the float32 path's (load_model's dtype)
 
 
 @dataclass
 class LoadedModel:
     """A model behind the Model contract, with its tokenizer (None when the source has none).
 
-    model: a NativeModel (the Llama family, by default) or an HFModel (any other causal LM, or impl="hf").
-    hf_model: the transformers module holding the weights (the reference, and the peer in benchmarks).
+    model: a QuantizedModel (a GGUF file on a CPU, by default), a NativeModel (the Llama family in float32) or an
+    HFModel (any other causal LM, or impl="hf").
+    hf_model: the transformers module holding the weights (the reference, and the peer in benchmarks); for the
+    quantized model, the view of its weights a drafter trained on it needs (``TargetWeights``).
     """
 
     model: Model
@@ -146,6 +147,8 @@ def converted_gguf_dir(path: Path) -> Path:
     target = converted_dir() / f"{path.stem}-{_gguf_key(path, meta)}"
     if (target / "specwise.json").is_file():
         return target
+    require("hf", f"converting {path.name} to float32")
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     print(f"specwise: converting {path.name} to float32 once (about a minute); cached in {target}", file=sys.stderr)
@@ -310,10 +313,25 @@ def _resolve(spec: str) -> Path | str:
     return spec  # a hub id
 
 
+def _device_type(device) -> str:
+    """The kind of a device given as a string (``cpu``, ``cuda:1``) or a ``torch.device``: ``cpu``, ``cuda``, ..."""
+    return str(device).split(":", 1)[0]
+
+
+def _dtype_name(dtype) -> str:
+    """The name of the float32 path's dtype given as None (float32), a name or a ``torch.dtype``."""
+    if dtype is None:
+        return "float32"
+    name = str(dtype).removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}")
+    return name
+
+
 def load_model(
     spec: str,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    dtype=None,
     impl: str = "auto",
     precision: str = DEFAULT_PRECISION,
     drafting: bool = False,
@@ -323,18 +341,35 @@ def load_model(
     impl: ``native`` (specwise's fast Llama-family model: a GGUF file on a CPU in its own block formats, anything
     else in float32), ``hf`` (the Hugging Face adapter, any causal LM) or ``auto`` (native when the architecture is
     supported, else hf).
+    device: ``cpu``, ``cuda`` or ``cuda:N`` (a ``torch.device`` too).
+    dtype: the float32 path's dtype: None (float32), ``float16``, ``bfloat16`` or a ``torch.dtype``; a GGUF file
+    on a CPU in float32 loads as the quantized native model, which needs no torch.
     precision: how the quantized native model evaluates a GGUF file: ``q8`` (8-bit activations, integer dot
     products, as llama.cpp) or ``exact`` (float32 activations). Other models are float32 (``dtype``).
     drafting: a draft model: the quantized native model narrows its wider matrices to Q4_0 (QuantizedModel's
     ``drafting``); other implementations ignore it.
+
+    Everything but the quantized model (``impl="hf"``, a device other than the CPU, another dtype, a directory or
+    hub id, a file the quantized model cannot run) needs the ``hf`` extra (torch and transformers); without it,
+    a MissingExtraError names it.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"unknown implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    dtype_name = _dtype_name(dtype)
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
     gguf_path = gguf_source(spec)
-    if gguf_path is not None and impl != "hf" and torch.device(device).type == "cpu" and dtype == torch.float32:
+    on_cpu = _device_type(device) == "cpu"
+    if impl == "hf":
+        what = f"{name} in the Hugging Face implementation (--impl hf)"
+    elif not on_cpu:
+        what = f"{name} on {device}"
+    elif dtype_name != "float32":
+        what = f"{name} in {dtype_name}"
+    elif gguf_path is None:
+        what = f"{name} (a model directory or hub id, read by transformers)"
+    else:
         from specwise.models.kernels import kernel_error
         from specwise.models.kernels.quant import quantized_available
 
@@ -344,13 +379,27 @@ def load_model(
                 return _load_quantized(gguf_path, name, precision, drafting)
             except NotImplementedError as err:
                 reason = str(err)
+        what = f"{gguf_path.name} in float32 (the quantized native model is unavailable: {reason})"
+        require("hf", what)
         print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)
+    return _load_float(spec, name, device, dtype_name, impl, what)
+
+
+def _load_float(spec: str, name: str, device, dtype_name: str, impl: str, what: str) -> LoadedModel:
+    """The float32 path: the Hugging Face model, wrapped as a NativeModel where it runs it, else an HFModel."""
+    source = None if gguf_source(spec) is not None else _resolve(spec)  # a missing directory named first
+    require("hf", what)
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from specwise.models.hf import HFModel
+    from specwise.models.native import NativeModel, native_supported
+
     _quiet_transformers()
-    source = _resolve(spec)
+    if source is None:
+        source = _resolve(spec)  # converted to float32 once
     try:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=getattr(torch, dtype_name))
     except OSError as err:
         raise FileNotFoundError(
             f"could not load model {spec!r}: {err}. Pass `default`, a .gguf file, a local model directory, "
@@ -360,7 +409,7 @@ def load_model(
         tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError, TypeError):
         tokenizer = None
-    model.to(device)
+    model.to(str(device))
     reason = native_supported(model)
     if impl == "native" and reason is not None:
         raise NotImplementedError(f"{name}: the native model cannot run it ({reason}); use the hf implementation")
@@ -379,8 +428,9 @@ def _apply_profile(native: Model, device: str) -> None:
     gemm = (profile or {}).get("gemm") or {}
     try:
         by_rows = {int(k): v for k, v in gemm.items()}
-        # a "kernel" choice falls back to torch where the kernel does not serve the weights
-        if by_rows and isinstance(native, NativeModel):
+        # a "kernel" choice falls back to torch where the kernel does not serve the weights; only the float32
+        # native model has a choice of products (set_gemm)
+        if by_rows and callable(getattr(native, "set_gemm", None)):
             native.set_gemm(by_rows, default=by_rows[max(by_rows)])
     except (ValueError, TypeError):
         pass  # an unreadable profile: keep the defaults

@@ -10,14 +10,25 @@ Built for decoding one sequence fast on a small machine:
 - on CPUs where specwise's kernels are built, all decoder layers of a pass over a few rows in one native call
   (``kernels/llama.c``), which removes the per-operator overhead of ~20 small torch operators per layer.
 
-The Hugging Face model it is built from stays the reference: the tests check that the logits match it.
+The Hugging Face model it is built from stays the reference: the tests check that the logits match it. Needs the
+``hf`` extra (torch and transformers), imported only where a float32 model is loaded; at its boundary it follows
+the contract of :mod:`specwise.models.base` (token ids in as anything ``numpy.asarray`` reads, logits and features
+out as float32 numpy arrays on the CPU). The native kernels take numpy views of the CPU tensors (``Tensor.numpy()``:
+the same memory, written in place).
 """
 
 from __future__ import annotations
 
 import copy
 
-import torch
+import numpy as np
+
+try:
+    import torch
+except ModuleNotFoundError as err:  # torch code: the hf extra
+    from specwise.extras import missing_extra
+
+    raise missing_extra(err, "hf", "specwise.models.native (the float32 native model)") from err
 
 from specwise.models.base import Model
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm, small_gemm_available
@@ -64,23 +75,29 @@ class Linear:
     ``specwise/models/kernels``), which applies to float32 CPU tensors of up to 32 rows and reads the torch
     weight in place; anything else uses torch. The backend for each row count is set by
     ``NativeModel.set_gemm``; ``specwise profile`` measures both. (OpenBLAS through numpy was tried too: alone it
-    is fast for one row, but its thread pool fights OpenMP's inside a full forward pass, 5-10x slower.)
+    is fast for one row, but its thread pool fights OpenMP's inside a full forward pass, 5-10x slower.) The kernel
+    reads numpy views of the weight and bias (the same memory) and writes a new float32 array, wrapped back as a
+    tensor without a copy.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        self.weight = weight.contiguous()  # [out, in]
-        self.bias = bias
+        self.weight = weight.detach().contiguous()  # [out, in]
+        self.bias = bias.detach().contiguous() if bias is not None else None
         # the kernel serves float32 and float16 CPU weights where it was built; anything else uses torch. A float16
         # weight with float32 inputs (a drafter's, for half the memory traffic) goes through the kernel up to 32
         # rows, and through torch with a float32 copy (made once) beyond.
         cpu = self.weight.device.type == "cpu"
         self.kernel_ok = cpu and self.weight.dtype in (torch.float32, torch.float16) and small_gemm_available()
+        self.kernel_ok = self.kernel_ok and (self.bias is None or self.bias.dtype == torch.float32)
+        self._weight_np = self.weight.numpy() if self.kernel_ok else None
+        self._bias_np = self.bias.numpy() if self.kernel_ok and self.bias is not None else None
         self._converted: torch.Tensor | None = None
 
     def __call__(self, x: torch.Tensor, backend: str) -> torch.Tensor:
         wanted = backend == "kernel" or self.weight.dtype != x.dtype
-        if self.kernel_ok and x.dtype == torch.float32 and x.shape[0] <= 32 and wanted:
-            return small_gemm(x, self.weight, self.bias)
+        if self.kernel_ok and x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] <= 32 and wanted:
+            rows = x.detach().contiguous().numpy()
+            return torch.from_numpy(small_gemm(rows, self._weight_np, self._bias_np))
         weight = self.weight
         if weight.dtype != x.dtype:
             if self._converted is None or self._converted.dtype != x.dtype:
@@ -101,7 +118,7 @@ class NativeModel(Model):
         self.name = name
         self.config = config
         base = hf_model.model
-        self.device = base.embed_tokens.weight.device
+        self.device = str(base.embed_tokens.weight.device)  # "cpu", "cuda:0": a plain string (the contract)
         self.dtype = base.embed_tokens.weight.dtype
         self.hidden = config.hidden_size
         self.n_heads = config.num_attention_heads
@@ -142,14 +159,14 @@ class NativeModel(Model):
             self.head_dim,
             layers[0].down.weight.shape[1],
             self.eps,
-            attn_norm=[layer.attn_norm for layer in layers],
-            qkv=[layer.qkv.weight for layer in layers],
-            qkv_bias=[layer.qkv.bias for layer in layers],
-            o=[layer.o.weight for layer in layers],
-            o_bias=[layer.o.bias for layer in layers],
-            mlp_norm=[layer.mlp_norm for layer in layers],
-            gate_up=[layer.gate_up.weight for layer in layers],
-            down=[layer.down.weight for layer in layers],
+            attn_norm=_views(layer.attn_norm for layer in layers),
+            qkv=_views(layer.qkv.weight for layer in layers),
+            qkv_bias=_views(layer.qkv.bias for layer in layers),
+            o=_views(layer.o.weight for layer in layers),
+            o_bias=_views(layer.o.bias for layer in layers),
+            mlp_norm=_views(layer.mlp_norm for layer in layers),
+            gate_up=_views(layer.gate_up.weight for layer in layers),
+            down=_views(layer.down.weight for layer in layers),
         )
 
     @staticmethod
@@ -218,9 +235,9 @@ class NativeModel(Model):
         self._check_rollback(length)
         self._length = length  # stale entries past `length` are overwritten before they are read
 
-    def features(self, start: int, end: int) -> torch.Tensor:
+    def features(self, start: int, end: int) -> np.ndarray:
         self._check_features(start, end)
-        return self._features[start:end]
+        return np.array(self._features[start:end].float().cpu().numpy(), dtype=np.float32)  # a copy
 
     # ---- kernels ---------------------------------------------------------------------------------------------
 
@@ -255,10 +272,14 @@ class NativeModel(Model):
 
     # ---- forward ---------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        self._check_forward(tokens)
-        return self._run(tokens, num_logits)
+    def forward(self, tokens, num_logits: int | None = None) -> np.ndarray:
+        ids = self._check_forward(tokens)  # an int64 array [k]
+        keep = ids.size if num_logits is None else num_logits
+        with torch.inference_mode():
+            logits = self._run(torch.tensor(ids, device=self.device), num_logits)
+        if keep == 0:
+            return np.empty((0, self.vocab_size), dtype=np.float32)
+        return np.ascontiguousarray(logits.float().cpu().numpy())
 
     def _run(self, tokens: torch.Tensor, num_logits: int | None) -> torch.Tensor:
         k = tokens.numel()
@@ -266,10 +287,12 @@ class NativeModel(Model):
         if start + k > self._capacity:
             self._grow(min(max(2 * self._capacity, start + k), self.max_length or start + k))
         backend = self._gemm.get(k, self._default_gemm)
-        x = self.embed[tokens.to(self.device)]  # [k, hidden]
+        x = self.embed[tokens]  # [k, hidden]
         if backend == "kernel" and self._fused is not None and k <= LayerKernel.MAX_ROWS:
             x = x.contiguous()
-            self._fused.run(x, start, self.k_cache, self.v_cache, self._capacity, self._cos, self._sin)
+            # numpy views of the CPU tensors: the kernel writes x and the caches in place
+            caches = (self.k_cache.numpy(), self.v_cache.numpy())
+            self._fused.run(x.numpy(), start, *caches, self._capacity, self._cos.numpy(), self._sin.numpy())
         else:
             x = self._torch_layers(x, start, backend)
         self._length = start + k
@@ -292,3 +315,8 @@ class NativeModel(Model):
         for i, layer in enumerate(self.layers):
             x = decoder_layer(x, layer, self.eps, lambda qkv, i=i: self._attention(i, qkv, start), project)
         return x
+
+
+def _views(tensors) -> list[np.ndarray | None]:
+    """numpy views (the same memory) of CPU tensors, None kept: what the native layer kernel reads."""
+    return [None if t is None else t.detach().numpy() for t in tensors]
