@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 import numpy as np
-import torch
 
 __all__ = [
     "Constraint",
@@ -212,10 +211,10 @@ class GrammarState:
         # the masks computed since the last advance, by the tokens consumed since then (the drafts' prefixes): a
         # state's mask is computed once, whether a draft's verification or the next step asks for it
         self._path: list[int] = []
-        self._known: dict[tuple[int, ...], torch.Tensor] = {}
+        self._known: dict[tuple[int, ...], np.ndarray] = {}
 
-    def mask(self) -> torch.Tensor:
-        """Allowed tokens after the text so far: bool ``[vocab_size]`` (computed once per state)."""
+    def mask(self) -> np.ndarray:
+        """Allowed tokens after the text so far: bool ``[vocab_size]`` (computed once per state; shared, read-only)."""
         key = tuple(self._path)
         hit = self._known.get(key)
         if hit is not None:
@@ -230,11 +229,11 @@ class GrammarState:
             out[self.eos] = self.matcher.is_accepting()
         if not out.any():
             raise RuntimeError(f"the grammar allows no token here: {self.matcher.get_error() or 'dead end'}")
-        mask = torch.from_numpy(out)
+        out.flags.writeable = False  # known masks are shared by every caller that asks for the state
         self.mask_seconds += time.perf_counter() - t0
         self.masks += 1
-        self._known[key] = mask
-        return mask
+        self._known[key] = out
+        return out
 
     def _consume(self, token: int) -> bool:
         """Consume ``token`` if the grammar allows it here (the caller checked the mask); end tokens are not fed."""
@@ -251,7 +250,7 @@ class GrammarState:
             self.matcher.rollback(count)
             del self._path[len(self._path) - count :]
 
-    def draft_masks(self, tokens: list[int]) -> tuple[torch.Tensor, int]:
+    def draft_masks(self, tokens: list[int]) -> tuple[np.ndarray, int]:
         """Masks ``[n + 1, vocab_size]`` for verifying ``tokens``: row i is the mask after tokens ``0 .. i-1``.
 
         n is the number of leading tokens the grammar allows (an end token counts, and stops there): the draft
@@ -270,11 +269,11 @@ class GrammarState:
         self._rollback(consumed)
         while len(rows) < n + 1:
             rows.append(rows[-1])  # after an end token: never used (generation stops there)
-        return torch.stack(rows), n
+        return np.stack(rows), n
 
     def sampled_draft(
-        self, tokens: list[int], probs: torch.Tensor, generator: torch.Generator | None
-    ) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        self, tokens: list[int], probs: np.ndarray, generator: np.random.Generator | None
+    ) -> tuple[list[int], np.ndarray, np.ndarray]:
         """A sampled draft made to follow q with the grammar's masks: (tokens, q ``[n, vocab]``, masks
         ``[n + 1, vocab]``).
 
@@ -286,7 +285,7 @@ class GrammarState:
         from specwise.sampling import sample
 
         out: list[int] = []
-        rows: list[torch.Tensor] = []
+        rows: list[np.ndarray] = []
         masks = [self.mask()]
         consumed = 0
         for i, token in enumerate(tokens):
@@ -307,8 +306,8 @@ class GrammarState:
             if replaced:
                 break
         self._rollback(consumed)
-        q_out = torch.stack(rows) if rows else probs[:0]
-        return out, q_out, torch.stack(masks)
+        q_out = np.stack(rows) if rows else probs[:0]
+        return out, q_out, np.stack(masks)
 
     def advance(self, tokens: list[int]) -> None:
         """Consume emitted tokens (each one the grammar allowed); the masks known for states past them are kept."""
@@ -332,7 +331,7 @@ class GrammarState:
             allowed = self.mask()
             if int(allowed.sum()) != 1:
                 break
-            token = int(allowed.nonzero()[0, 0])
+            token = int(np.flatnonzero(allowed)[0])
             if not self._consume(token):
                 break
             out.append(token)
@@ -347,23 +346,25 @@ class GrammarState:
             return True
         if not self.matcher.is_accepting():
             return False
-        others = self.mask().clone()
+        others = self.mask().copy()
         others[self.eos] = False
         ends = [t for t in self.tokenizer.eos_tokens if 0 <= t < self.vocab_size]
         others[ends] = False
         return not bool(others.any())
 
 
-def constrain_logits(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``logits`` ``[..., vocab]`` with the forbidden tokens at -inf (a new tensor)."""
-    return logits.masked_fill(~allowed.to(logits.device), float("-inf"))
+def constrain_logits(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """``logits`` ``[..., vocab]`` with the forbidden tokens (``allowed`` False, bool ``[vocab]`` or of the logits'
+    shape) at -inf: a new array of the logits' dtype."""
+    logits = np.asarray(logits)
+    return np.where(allowed, logits, logits.dtype.type(-np.inf))
 
 
-def constrain_probs(probs: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+def constrain_probs(probs: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     """``probs`` ``[..., vocab]`` with the forbidden tokens at 0, renormalised (rows left with no mass are 0)."""
-    kept = probs * allowed.to(probs.device)
-    mass = kept.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, kept / mass.clamp_min(1e-30), kept)
+    kept = np.where(allowed, probs, probs.dtype.type(0))
+    mass = kept.sum(axis=-1, keepdims=True)
+    return np.where(mass > 0, kept / np.maximum(mass, probs.dtype.type(1e-30)), kept)
 
 
 _ESCAPED = 6  # the most bytes one character of a JSON string takes (an escape, \\uXXXX)

@@ -1,7 +1,8 @@
 """Sampling settings and the one function that turns logits into probabilities.
 
 The same function shapes the target's distribution ``p`` and every drafter's ``q``: speculative decoding
-is exact only when both are shaped by the same settings.
+is exact only when both are shaped by the same settings. Arrays are numpy's: logits and probabilities float32
+``[..., vocab]``, tokens int64; randomness is a ``numpy.random.Generator`` over Philox (:func:`make_generator`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 if TYPE_CHECKING:
     from specwise.constraints import Constraint
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SamplingParams",
     "PositionUniforms",
+    "make_generator",
     "probs_from_logits",
     "sample",
     "sample_with",
@@ -28,6 +30,15 @@ __all__ = [
     "greedy_choices",
     "log_probs",
 ]
+
+
+def make_generator(seed: int | None) -> np.random.Generator:
+    """A ``numpy.random.Generator`` over Philox (counter-based: the same stream on every machine) seeded with
+    ``seed``, or with a fresh seed from the operating system when ``seed`` is None. Negative seeds are taken
+    modulo 2**64."""
+    if seed is None:
+        return np.random.Generator(np.random.Philox())
+    return np.random.Generator(np.random.Philox(int(seed) & _MASK))
 
 
 @dataclass(frozen=True)
@@ -77,14 +88,10 @@ class SamplingParams:
         """True when decoding takes the argmax (temperature 0)."""
         return self.temperature == 0.0
 
-    def generator(self, device: torch.device | str = "cpu") -> torch.Generator:
-        """A torch.Generator seeded with ``seed`` (or a fresh random seed)."""
-        gen = torch.Generator(device=device)
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+    def generator(self, device: str = "cpu") -> np.random.Generator:
+        """The run's generator: :func:`make_generator` of ``seed`` (a fresh random seed when None). Draws are made on
+        the CPU whatever the model's ``device`` (accepted for callers that name it)."""
+        return make_generator(self.seed)
 
     def uniforms(self) -> PositionUniforms:
         """The run's uniforms by output position, from ``seed`` (or a fresh random seed)."""
@@ -138,34 +145,31 @@ def _native(symbol: str):
     return fn or None
 
 
-def _scanner(logits: torch.Tensor):
-    """The native scan of the logits (``specwise_logits_scan``) where it can read them (CPU float32, contiguous,
-    not empty), else None."""
-    if logits.device.type != "cpu" or logits.dtype != torch.float32 or not logits.is_contiguous():
-        return None
-    if logits.dim() == 0 or logits.numel() == 0:
-        return None
-    return _native("specwise_logits_scan")
+def _readable(x: np.ndarray) -> bool:
+    """Whether native code can read ``x`` as it is: float32, C-contiguous, at least one dimension, not empty."""
+    return x.dtype == np.float32 and x.flags.c_contiguous and x.ndim > 0 and x.size > 0
 
 
-def _scan(logits: torch.Tensor) -> tuple[torch.Tensor, int] | None:
-    """(argmax over the last dim, flags) from one native pass over CPU float32 logits; None where it cannot run.
-    Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
-    fn = _scanner(logits)
+def _scan(logits: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """(argmax over the last dim, flags) from one native pass over float32 C-contiguous logits; None where it cannot
+    run. Flags: 1 NaN seen (argmax not set for that row), 2 +inf seen, 4 a row entirely -inf."""
+    if not isinstance(logits, np.ndarray) or not _readable(logits):
+        return None
+    fn = _native("specwise_logits_scan")
     if fn is None:
         return None
     n = logits.shape[-1]
-    out = torch.empty(logits.shape[:-1], dtype=torch.int64)
-    flags = fn(logits.data_ptr(), logits.numel() // n, n, out.data_ptr())
+    out = np.empty(logits.shape[:-1], dtype=np.int64)
+    flags = fn(logits.ctypes.data, logits.size // n, n, out.ctypes.data)
     return out, flags
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``logits.argmax(dim=-1)`` (the first largest value), in one native pass where it can run."""
+def argmax(logits: np.ndarray) -> np.ndarray:
+    """``np.argmax(logits, axis=-1)`` (the first largest value; int64), in one native pass where it can run."""
     fast = _scan(logits)
     if fast is not None and not fast[1] & 1:
         return fast[0]
-    return logits.argmax(dim=-1)
+    return np.argmax(logits, axis=-1).astype(np.int64, copy=False)
 
 
 def _raise_flags(flags: int) -> None:
@@ -180,22 +184,23 @@ def _raise_flags(flags: int) -> None:
 _CHOICES = {"rows": 0, "buffer": None}  # greedy_choices' output buffer, grown as needed
 
 
-def greedy_choices(logits: torch.Tensor) -> list[int]:
+def greedy_choices(logits: np.ndarray) -> list[int]:
     """The checks of :func:`check_logits` and the argmax of each row of ``logits`` ``[rows, vocab]``, as a list:
-    one native pass over CPU float32 logits and no tensor made (a greedy step's whole verification input)."""
-    fn = _scanner(logits) if logits.dim() == 2 else None
-    if fn is not None:
-        rows = logits.shape[0]
-        if _CHOICES["rows"] < rows:
-            _CHOICES["rows"], _CHOICES["buffer"] = rows, (ctypes.c_int64 * rows)()
-        out = _CHOICES["buffer"]
-        _raise_flags(fn(logits.data_ptr(), rows, logits.shape[1], out))
-        return out[:rows]
+    one native pass over float32 C-contiguous logits and no array made (a greedy step's whole verification input)."""
+    if isinstance(logits, np.ndarray) and logits.ndim == 2 and _readable(logits):
+        fn = _native("specwise_logits_scan")
+        if fn is not None:
+            rows = logits.shape[0]
+            if _CHOICES["rows"] < rows:
+                _CHOICES["rows"], _CHOICES["buffer"] = rows, (ctypes.c_int64 * rows)()
+            out = _CHOICES["buffer"]
+            _raise_flags(fn(logits.ctypes.data, rows, logits.shape[1], out))
+            return out[:rows]
     check_logits(logits)
     return argmax(logits).tolist()
 
 
-def check_logits(logits: torch.Tensor) -> None:
+def check_logits(logits: np.ndarray) -> None:
     """Raise ValueError on NaN or +inf logits, or on a row with no finite logit.
 
     -inf is allowed: it is the usual way to forbid a token (probability 0).
@@ -204,50 +209,63 @@ def check_logits(logits: torch.Tensor) -> None:
     if fast is not None:
         _raise_flags(fast[1])
         return
-    if bool(torch.isfinite(logits.sum())):  # one cheap reduction in the common case: all finite
+    logits = np.asarray(logits)
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(logits.sum()):  # one cheap reduction in the common case: all finite
+            return
+    finite = np.isfinite(logits)
+    if finite.all():  # the sum overflowed, the logits are fine
         return
-    if bool(torch.isfinite(logits).all()):  # the sum overflowed, the logits are fine
-        return
-    if torch.isnan(logits).any():
+    if np.isnan(logits).any():
         raise ValueError("logits contain NaN: the model produced invalid output (check its weights and dtype)")
-    if torch.isposinf(logits).any():
+    if np.isposinf(logits).any():
         raise ValueError("logits contain +inf: the model produced invalid output (check its weights and dtype)")
-    if (~torch.isfinite(logits)).all(dim=-1).any():
+    if logits.ndim and (~finite).all(axis=-1).any():
         raise ValueError("a row of logits is entirely -inf: no token can be chosen")
 
 
-def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def probs_from_logits(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """Turn logits ``[..., vocab]`` into probabilities ``[..., vocab]`` (float32) under ``params``.
 
     Order: temperature, top-k, softmax, top-p, min-p, renormalise. With temperature 0 the result is
-    the one-hot distribution of the argmax (ties go to the lowest token id, as torch.argmax does).
+    the one-hot distribution of the argmax (ties go to the lowest token id, as np.argmax does).
     """
     check_logits(logits)
-    logits = logits.float()
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
     if params.greedy:
-        probs = torch.zeros_like(logits)
-        probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = np.zeros_like(logits)
+        np.put_along_axis(probs, argmax(logits)[..., None], 1.0, axis=-1)
         return probs
     fast = _native_probs(logits, params)
     if fast is not None:
         return fast
-    logits = logits / params.temperature
-    if torch.isposinf(logits).any():
+    with np.errstate(over="ignore"):
+        logits = logits / np.float32(params.temperature)
+    if np.isposinf(logits).any():
         raise ValueError(f"logits overflow at temperature {params.temperature}: use a larger temperature")
     vocab = logits.shape[-1]
     if 0 < params.top_k < vocab:
-        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [..., 1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+        kth = np.partition(logits, vocab - params.top_k, axis=-1)[..., vocab - params.top_k, None]  # [..., 1]
+        logits[logits < kth] = -np.inf  # ties with the k-th are kept
+    probs = _softmax(logits)
     if params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
     if params.min_p > 0.0:
-        threshold = params.min_p * probs.amax(dim=-1, keepdim=True)
-        probs = probs.masked_fill(probs < threshold, 0.0)
-    return probs / probs.sum(dim=-1, keepdim=True)
+        threshold = np.float32(params.min_p) * probs.max(axis=-1, keepdims=True)
+        probs[probs < threshold] = 0.0
+    probs /= probs.sum(axis=-1, keepdims=True)
+    return probs
 
 
-def log_probs(logits: torch.Tensor, params: SamplingParams | None = None) -> torch.Tensor:
+def _softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last dim in float32, max-subtracted; writes into ``logits`` (the caller's own array)."""
+    logits -= logits.max(axis=-1, keepdims=True)
+    np.exp(logits, out=logits)
+    logits /= logits.sum(axis=-1, keepdims=True)
+    return logits
+
+
+def log_probs(logits: np.ndarray, params: SamplingParams | None = None) -> np.ndarray:
     """Log-probabilities ``[..., vocab]`` (float32) of the tokens given ``logits`` ``[..., vocab]``.
 
     params None: the model's own distribution, ``log_softmax(logits)`` (temperature 1, nothing cut).
@@ -255,30 +273,35 @@ def log_probs(logits: torch.Tensor, params: SamplingParams | None = None) -> tor
     -inf for the tokens that top-k, top-p or min-p cut; greedy, 0 at the argmax and -inf elsewhere.
     """
     if params is not None:
-        return probs_from_logits(logits, params).log()
+        probs = probs_from_logits(logits, params)
+        with np.errstate(divide="ignore"):
+            return np.log(probs, out=probs)
     check_logits(logits)
-    return torch.log_softmax(logits.float(), dim=-1)
+    logits = np.asarray(logits, dtype=np.float32)
+    shifted = logits - logits.max(axis=-1, keepdims=True)  # a new array: at most 0, so exp cannot overflow
+    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return shifted
 
 
-def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor | None:
-    """probs_from_logits in one native pass per row (CPU float32), or None where the native library is absent."""
-    if logits.device.type != "cpu" or logits.dim() == 0 or logits.numel() == 0:
+def _native_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray | None:
+    """probs_from_logits in one native pass per row (float32), or None where the native library is absent."""
+    if logits.ndim == 0 or logits.size == 0:
         return None
     fn = _native("specwise_probs")
     if fn is None:
         return None
-    logits = logits.contiguous()
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
     n = logits.shape[-1]
-    out = torch.empty_like(logits)
+    out = np.empty_like(logits)
     status = fn(
-        logits.data_ptr(),
-        logits.numel() // n,
+        logits.ctypes.data,
+        logits.size // n,
         n,
         params.temperature,
         params.top_k,
         params.top_p,
         params.min_p,
-        out.data_ptr(),
+        out.ctypes.data,
     )
     if status == 1:
         raise ValueError(f"logits overflow at temperature {params.temperature}: use a larger temperature")
@@ -287,69 +310,81 @@ def _native_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor 
     return out
 
 
-def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Nucleus filter: keep the most likely tokens until their mass reaches ``top_p`` (at least one token).
 
     A token is kept when the mass of the tokens ranked before it is below ``top_p``; every token exactly as
     likely as the least likely kept token is kept too, so ties never depend on sort order. Only the largest
-    probabilities are sorted (``topk``, widened until they hold ``top_p`` of the mass), not the whole vocabulary.
+    probabilities are sorted (a partition, widened until they hold ``top_p`` of the mass), not the whole
+    vocabulary. Writes into ``probs`` (the caller's own array).
     """
     vocab = probs.shape[-1]
     k = min(64, vocab)
     while True:
-        top = torch.topk(probs, k, dim=-1).values  # [..., k], descending
-        if k == vocab or bool((top.sum(dim=-1) >= top_p).all()):
+        top = np.partition(probs, vocab - k, axis=-1)[..., vocab - k :]  # [..., k], the k largest
+        if k == vocab or bool((top.sum(axis=-1) >= top_p).all()):
             break
         k = min(vocab, k * 8)
-    mass_before = top.cumsum(dim=-1) - top
-    kept = (mass_before < top_p).sum(dim=-1, keepdim=True).clamp_min(1)  # the top token is always kept
-    threshold = top.gather(-1, kept - 1)  # [..., 1]: the least likely kept probability
-    return probs.masked_fill(probs < threshold, 0.0)
+    top = np.flip(np.sort(top, axis=-1), axis=-1)  # descending
+    mass_before = np.cumsum(top, axis=-1, dtype=np.float64).astype(np.float32) - top
+    kept = np.maximum((mass_before < top_p).sum(axis=-1, keepdims=True), 1)  # the top token is always kept
+    threshold = np.take_along_axis(top, kept - 1, axis=-1)  # [..., 1]: the least likely kept probability
+    probs[probs < threshold] = 0.0
+    return probs
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample(probs: np.ndarray, generator: np.random.Generator | None) -> np.ndarray:
     """Draw one token per row from ``probs`` ``[..., vocab]`` (need not sum to 1); returns ``[...]`` (int64).
 
-    Inverse-CDF sampling: one uniform per row (from ``generator``) against a float64 cumulative sum. On a CPU this
-    is several times faster than ``torch.multinomial`` over a large vocabulary, and a token of probability 0 is
-    never drawn.
+    Inverse-CDF sampling: one float64 uniform per row (``generator.random``; a fresh generator when None) against a
+    float64 cumulative sum: a token of probability 0 is never drawn.
     """
+    probs = np.asarray(probs)
     flat = probs.reshape(-1, probs.shape[-1])
-    u = torch.rand((flat.shape[0], 1), generator=generator, device=flat.device, dtype=torch.float64)
+    if generator is None:
+        generator = make_generator(None)
+    u = generator.random((flat.shape[0], 1))
     return sample_with(flat, u).reshape(probs.shape[:-1])
 
 
-def sample_with(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """:func:`sample` with the uniforms given: ``probs`` ``[rows, vocab]``, ``uniforms`` float64 ``[rows, 1]``."""
+def sample_with(probs: np.ndarray, uniforms: np.ndarray) -> np.ndarray:
+    """:func:`sample` with the uniforms given: ``probs`` ``[rows, vocab]``, ``uniforms`` float64 ``[rows, 1]``
+    (or ``[rows]``); returns int64 ``[rows]``."""
+    probs = np.asarray(probs)
+    uniforms = np.ascontiguousarray(uniforms, dtype=np.float64).reshape(-1)
+    if uniforms.shape[0] != probs.shape[0]:
+        raise ValueError(f"one uniform per row: {probs.shape[0]} rows, {uniforms.shape[0]} uniforms")
     fast = _native_sample(probs, uniforms)
     if fast is not None:
         return fast
     vocab = probs.shape[-1]
-    cdf = probs.double().cumsum(dim=-1)  # [rows, vocab]
-    total = cdf[:, -1:]
-    if not bool(((total > 0) & torch.isfinite(total)).all()) or bool((probs < 0).any()):
+    cdf = np.cumsum(probs, axis=-1, dtype=np.float64)  # [rows, vocab]
+    total = cdf[:, -1]
+    if not bool(((total > 0) & np.isfinite(total)).all()) or bool((probs < 0).any()):
         raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
-    u = uniforms.to(cdf.device) * total
-    tokens = torch.searchsorted(cdf, u, right=True).squeeze(-1)  # first token whose cdf exceeds u
-    over = tokens >= vocab  # u rounded up to the total: take the last token of positive probability
+    target = uniforms * total
+    if cdf.shape[0] <= 64:  # first token whose cdf exceeds the target
+        tokens = np.array([np.searchsorted(c, t, side="right") for c, t in zip(cdf, target)], dtype=np.int64)
+    else:  # many short rows: count the cdf values not above the target, the same index
+        tokens = (cdf <= target[:, None]).sum(axis=-1, dtype=np.int64)
+    over = tokens >= vocab  # the target rounded up to the total: take the last token of positive probability
     if bool(over.any()):
-        last = vocab - 1 - (probs.flip(-1) > 0).to(torch.int8).argmax(dim=-1)
-        tokens = torch.where(over, last, tokens)
+        last = vocab - 1 - np.argmax(probs[:, ::-1] > 0, axis=-1)
+        tokens = np.where(over, last, tokens)
     return tokens
 
 
-def _native_sample(flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor | None:
-    """sample_with() in native code for CPU float32 rows, or None."""
-    if flat.device.type != "cpu" or flat.dtype != torch.float32 or flat.numel() == 0:
+def _native_sample(flat: np.ndarray, u: np.ndarray) -> np.ndarray | None:
+    """sample_with() in native code for float32 rows, or None."""
+    if flat.dtype != np.float32 or flat.ndim != 2 or flat.size == 0:
         return None
     fn = _native("specwise_sample")
     if fn is None:
         return None
-    flat = flat.contiguous()
+    flat = np.ascontiguousarray(flat)
     rows, vocab = flat.shape
-    u = u.contiguous()
-    out = torch.empty(rows, dtype=torch.int64)
-    status = fn(flat.data_ptr(), rows, vocab, u.data_ptr(), out.data_ptr())
+    out = np.empty(rows, dtype=np.int64)
+    status = fn(flat.ctypes.data, rows, vocab, u.ctypes.data, out.ctypes.data)
     if status == 1:
         raise ValueError("cannot sample: probabilities must be finite, non-negative and not all zero")
     if status:

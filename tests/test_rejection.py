@@ -9,26 +9,16 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from scipy.stats import chisquare
 
 from specwise import rejection
 from specwise.rejection import Verification, residual_distribution, verify_greedy, verify_stochastic
-from specwise.sampling import SamplingParams, probs_from_logits
+from specwise.sampling import SamplingParams, make_generator, probs_from_logits
 
 NINF = float("-inf")
 N_TRIALS = 100_000
 PVALUE = 1e-4  # per chi-square test; fixed seeds make every case deterministic
 MIN_EXPECTED = 5.0  # chi-square categories with a smaller expected count are merged
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Small batched ops: one intra-op thread is as fast and does not thrash a busy machine (restored after)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -37,7 +27,22 @@ def _one_thread():
 
 
 def gen(seed):
-    return torch.Generator().manual_seed(seed)
+    return make_generator(seed)
+
+
+def randn(g, *shape):
+    return g.standard_normal(shape, dtype=np.float32)
+
+
+def expand(x, *shape):
+    """``x`` broadcast to ``shape`` (a read-only view, no copy)."""
+    return np.broadcast_to(x, shape)
+
+
+def draw(probs, n, g):
+    """``n`` independent draws from ``probs`` ([vocab]) by numpy's own sampler (not the one under test)."""
+    probs = np.asarray(probs, dtype=np.float64)
+    return g.choice(probs.shape[-1], size=n, p=probs / probs.sum())
 
 
 def merge_small(observed, expected):
@@ -81,20 +86,21 @@ def gof_pvalue(counts, probs):
 
 def assert_follows(tokens, probs, label):
     """The sample ``tokens`` (1-D) follows ``probs`` ([vocab])."""
-    assert_counts_follow(torch.bincount(tokens, minlength=probs.shape[-1]), probs, label)
+    assert_counts_follow(np.bincount(tokens, minlength=probs.shape[-1]), probs, label)
 
 
 def assert_counts_follow(counts, probs, label):
     """Token ``counts`` ([vocab]) are a sample of ``probs`` ([vocab])."""
     impossible = counts[probs == 0]
-    assert impossible.sum() == 0, f"{label}: tokens with p == 0 were emitted: {impossible.nonzero().flatten()}"
-    pvalue = gof_pvalue(counts.numpy(), probs.double().numpy())
+    assert impossible.sum() == 0, f"{label}: tokens with p == 0 were emitted: {np.flatnonzero(impossible)}"
+    pvalue = gof_pvalue(counts, probs)
     assert pvalue > PVALUE, f"{label}: chi-square p-value {pvalue:.3g} (n={int(counts.sum())})\n{counts}\n{probs}"
 
 
 def log(probs):
     """Logits whose softmax is ``probs`` (zeros become -inf)."""
-    return torch.as_tensor(probs, dtype=torch.float32).log()
+    with np.errstate(divide="ignore"):
+        return np.log(np.asarray(probs, dtype=np.float32))
 
 
 def to_probs(probs):
@@ -112,10 +118,11 @@ def check_layout(out, draft_tokens):
     assert out.tokens.shape == (batch, gamma + 1)
     assert out.num_accepted.shape == (batch,)
     assert ((out.num_accepted >= 0) & (out.num_accepted <= gamma)).all()
-    positions = torch.arange(gamma + 1)
+    assert out.tokens.dtype == out.num_accepted.dtype == np.int64
+    positions = np.arange(gamma + 1)
     accepted = positions[None, :gamma] < out.num_accepted[:, None]  # [B, gamma]
     assert ((out.tokens[:, :gamma] == draft_tokens) | ~accepted).all()
-    last = out.tokens.gather(1, out.num_accepted[:, None]).squeeze(1)
+    last = np.take_along_axis(out.tokens, out.num_accepted[:, None], 1)[:, 0]
     assert (last >= 0).all()
     padding = positions[None] > out.num_accepted[:, None]  # [B, gamma + 1]
     assert ((out.tokens == -1) | ~padding).all()
@@ -136,8 +143,8 @@ BAD_SHAPES = [
 
 @pytest.mark.parametrize(("draft_shape", "target_shape", "message"), BAD_SHAPES)
 def test_wrong_shapes_raise(draft_shape, target_shape, message):
-    draft = torch.zeros(draft_shape, dtype=torch.int64)
-    target = torch.full(target_shape, 1.0 / target_shape[-1])
+    draft = np.zeros(draft_shape, dtype=np.int64)
+    target = np.full(target_shape, 1.0 / target_shape[-1], dtype=np.float32)
     with pytest.raises(ValueError, match=message):
         verify_greedy(draft, target)
     with pytest.raises(ValueError, match=message):
@@ -146,9 +153,9 @@ def test_wrong_shapes_raise(draft_shape, target_shape, message):
 
 @pytest.mark.parametrize("draft_probs_shape", [(4, 2, 7), (4, 1, 8), (3, 2, 8), (4, 2), (4, 3, 8)])
 def test_wrong_draft_probs_shape_raises(draft_probs_shape):
-    draft = torch.zeros((4, 2), dtype=torch.int64)
-    target = torch.full((4, 3, 8), 1.0 / 8)
-    draft_probs = torch.full(draft_probs_shape, 0.1)
+    draft = np.zeros((4, 2), dtype=np.int64)
+    target = np.full((4, 3, 8), 1.0 / 8, dtype=np.float32)
+    draft_probs = np.full(draft_probs_shape, 0.1, dtype=np.float32)
     with pytest.raises(ValueError, match="draft_probs must have shape"):
         verify_stochastic(draft, draft_probs, target, gen(0))
 
@@ -171,27 +178,27 @@ def greedy_reference(draft_tokens, target):
         accepted.append(len(row))
         row.append(best[len(row)])
         out.append(row + [-1] * (len(drafts) + 1 - len(row)))
-    return torch.tensor(out), torch.tensor(accepted)
+    return np.array(out), np.array(accepted)
 
 
 @pytest.mark.parametrize("gamma", [0, 1, 4])
 def test_greedy_truncates_after_first_mismatch(gamma):
     batch, vocab = 64, 12
-    logits = torch.randn((batch, gamma + 1, vocab), generator=gen(gamma))
+    logits = randn(gen(gamma), batch, gamma + 1, vocab)
     best = logits.argmax(-1)
-    mismatch = torch.randint(0, gamma + 1, (batch,), generator=gen(100 + gamma))  # gamma: all accepted
-    draft = best[:, :gamma].clone()
+    mismatch = gen(100 + gamma).integers(0, gamma + 1, batch)  # gamma: all accepted
+    draft = best[:, :gamma].copy()
     for b, m in enumerate(mismatch.tolist()):
         if m < gamma:
             draft[b, m] = (best[b, m] + 1 + b % (vocab - 1)) % vocab  # anything but the argmax
         if m + 1 < gamma:  # later positions: random, may or may not match
-            draft[b, m + 1 :] = torch.randint(0, vocab, (gamma - m - 1,), generator=gen(b))
+            draft[b, m + 1 :] = gen(b).integers(0, vocab, gamma - m - 1)
     out = verify_greedy(draft, logits)
     check_layout(out, draft)
-    assert torch.equal(out.num_accepted, mismatch)
+    np.testing.assert_array_equal(out.num_accepted, mismatch)
     ref_tokens, ref_accepted = greedy_reference(draft, logits)
-    assert torch.equal(out.tokens, ref_tokens)
-    assert torch.equal(out.num_accepted, ref_accepted)
+    np.testing.assert_array_equal(out.tokens, ref_tokens)
+    np.testing.assert_array_equal(out.num_accepted, ref_accepted)
     # the emitted tokens are the argmax sequence, truncated after the first mismatch
     for b in range(batch):
         n = int(mismatch[b]) + 1
@@ -199,13 +206,15 @@ def test_greedy_truncates_after_first_mismatch(gamma):
 
 
 def test_greedy_on_probs_equals_greedy_on_logits():
-    logits = torch.randn((32, 4, 10), generator=gen(1))
-    draft = torch.randint(0, 10, (32, 3), generator=gen(2))
+    logits = randn(gen(1), 32, 4, 10)
+    draft = gen(2).integers(0, 10, (32, 3))
     draft[:16] = logits[:16, :3].argmax(-1)
     on_logits = verify_greedy(draft, logits)
     on_probs = verify_greedy(draft, probs_from_logits(logits, SamplingParams(temperature=1.0)))
-    assert torch.equal(on_logits.tokens, on_probs.tokens)
-    assert torch.equal(on_logits.num_accepted, on_probs.num_accepted)
+    np.testing.assert_array_equal(on_logits.tokens, on_probs.tokens)
+    np.testing.assert_array_equal(on_logits.num_accepted, on_probs.num_accepted)
+    on_lists = verify_greedy(draft.tolist(), logits.tolist())  # anything np.asarray takes
+    np.testing.assert_array_equal(on_lists.tokens, on_logits.tokens)
     assert (on_logits.num_accepted[:16] == 3).all()
 
 
@@ -218,7 +227,7 @@ def test_zero_target_mass_on_draft_token_rejects():
     # V = 4; p_0 puts no mass on the draft token 0; q_0 is one-hot on it
     p = to_probs([[0.0, 0.5, 0.5, 0.0], [0.25] * 4])[None]  # [1, 2, 4]
     q = to_probs([one_hot(0, 4)])[None]  # [1, 1, 4]
-    draft = torch.tensor([[0]])
+    draft = np.array([[0]])
     for seed in range(20):
         out = verify_stochastic(draft, q, p, gen(seed))
         assert out.num_accepted.item() == 0
@@ -230,12 +239,12 @@ def test_zero_target_mass_on_draft_token_rejects():
 def test_q_equals_one_hot_p_accepts_and_bonus_from_last_position(with_probs):
     gamma, vocab = 3, 6
     drafted = [4, 0, 2]
-    p = to_probs([one_hot(t, vocab) for t in drafted] + [one_hot(5, vocab)])[None].expand(50, -1, -1)
-    q = to_probs([one_hot(t, vocab) for t in drafted])[None].expand(50, -1, -1) if with_probs else None
-    draft = torch.tensor([drafted]).expand(50, -1)
+    p = expand(to_probs([one_hot(t, vocab) for t in drafted] + [one_hot(5, vocab)]), 50, gamma + 1, vocab)
+    q = expand(to_probs([one_hot(t, vocab) for t in drafted]), 50, gamma, vocab) if with_probs else None
+    draft = expand(np.array([drafted]), 50, gamma)
     out = verify_stochastic(draft, q, p, gen(0))
     assert (out.num_accepted == gamma).all()
-    assert (out.tokens == torch.tensor(drafted + [5])).all()
+    assert (out.tokens == np.array(drafted + [5])).all()
 
 
 @pytest.mark.parametrize("gamma", [1, 2, 5])
@@ -261,22 +270,22 @@ def test_first_rejection_at_j(gamma, with_probs):
                 q_rows.append([1.0 / vocab] * vocab)
         p = to_probs(p_rows)
         q = to_probs(q_rows[:gamma])
-        draft = torch.tensor([x]).expand(batch, -1)
-        draft_probs = q[None].expand(batch, -1, -1) if with_probs else None
-        out = verify_stochastic(draft, draft_probs, p[None].expand(batch, -1, -1), gen(j))
+        draft = expand(np.array([x]), batch, gamma)
+        draft_probs = expand(q, batch, gamma, vocab) if with_probs else None
+        out = verify_stochastic(draft, draft_probs, expand(p, batch, gamma + 1, vocab), gen(j))
         check_layout(out, draft)
         assert (out.num_accepted == j).all()
         assert (out.tokens[:, j + 1 :] == -1).all()
         recovered = out.tokens[:, j]
-        q_at = q[j] if with_probs else torch.tensor(one_hot(x[j], vocab))
-        residual = (p[j] - q_at).clamp_min(0)
+        q_at = q[j] if with_probs else np.array(one_hot(x[j], vocab), dtype=np.float32)
+        residual = np.maximum(p[j] - q_at, 0)
         assert (residual[recovered] > 0).all(), "recovered a token where p - q <= 0"
         assert_follows(recovered, residual / residual.sum(), f"recovered token, j={j}")
 
 
 def test_one_hot_drafter_p_zero_rejects_and_recovers_from_p():
-    p = to_probs([[0.0, 0.7, 0.2, 0.1], [0.25] * 4])[None].expand(20_000, -1, -1)
-    draft = torch.zeros((20_000, 1), dtype=torch.int64)
+    p = expand(to_probs([[0.0, 0.7, 0.2, 0.1], [0.25] * 4]), 20_000, 2, 4)
+    draft = np.zeros((20_000, 1), dtype=np.int64)
     out = verify_stochastic(draft, None, p, gen(3))
     assert (out.num_accepted == 0).all()
     assert_follows(out.tokens[:, 0], p[0, 0], "recovered token")
@@ -285,14 +294,14 @@ def test_one_hot_drafter_p_zero_rejects_and_recovers_from_p():
 @pytest.mark.parametrize("with_probs", [True, False])
 def test_gamma_zero_samples_from_p0(with_probs):
     batch, vocab = 50_000, 10
-    p = probs_from_logits(torch.randn((1, 1, vocab), generator=gen(4)), SamplingParams(temperature=1.0))
-    draft = torch.zeros((batch, 0), dtype=torch.int64)
-    draft_probs = torch.zeros((batch, 0, vocab)) if with_probs else None
-    out = verify_stochastic(draft, draft_probs, p.expand(batch, -1, -1), gen(5))
+    p = probs_from_logits(randn(gen(4), 1, 1, vocab), SamplingParams(temperature=1.0))
+    draft = np.zeros((batch, 0), dtype=np.int64)
+    draft_probs = np.zeros((batch, 0, vocab), dtype=np.float32) if with_probs else None
+    out = verify_stochastic(draft, draft_probs, expand(p, batch, 1, vocab), gen(5))
     assert out.tokens.shape == (batch, 1)
     assert (out.num_accepted == 0).all()
     assert_follows(out.tokens[:, 0], p[0, 0], "gamma=0")
-    greedy = verify_greedy(draft, p.expand(batch, -1, -1))
+    greedy = verify_greedy(draft, expand(p, batch, 1, vocab))
     assert (greedy.tokens[:, 0] == p[0, 0].argmax()).all()
 
 
@@ -305,21 +314,22 @@ def test_gamma_zero_samples_from_p0(with_probs):
 def test_seeded_generator_is_deterministic(with_probs):
     batch, gamma, vocab = 256, 4, 16
     params = SamplingParams(temperature=1.0)
-    p = probs_from_logits(torch.randn((batch, gamma + 1, vocab), generator=gen(6)), params)
-    q = probs_from_logits(torch.randn((batch, gamma, vocab), generator=gen(7)), params)
-    draft = torch.multinomial(q.reshape(-1, vocab), 1, generator=gen(8)).reshape(batch, gamma)
+    p = probs_from_logits(randn(gen(6), batch, gamma + 1, vocab), params)
+    q = probs_from_logits(randn(gen(7), batch, gamma, vocab), params)
+    g = gen(8)
+    draft = np.array([draw(row, 1, g)[0] for row in q.reshape(-1, vocab)]).reshape(batch, gamma)
     draft_probs = q if with_probs else None
     runs = [verify_stochastic(draft, draft_probs, p, gen(seed)) for seed in (9, 9, 10)]
     assert isinstance(runs[0], Verification)
-    assert torch.equal(runs[0].tokens, runs[1].tokens)
-    assert torch.equal(runs[0].num_accepted, runs[1].num_accepted)
-    assert not torch.equal(runs[0].tokens, runs[2].tokens)
+    np.testing.assert_array_equal(runs[0].tokens, runs[1].tokens)
+    np.testing.assert_array_equal(runs[0].num_accepted, runs[1].num_accepted)
+    assert not np.array_equal(runs[0].tokens, runs[2].tokens)
     check_layout(runs[0], draft)
 
 
 def test_generator_none_uses_global_rng():
-    p = torch.full((8, 3, 5), 0.2)
-    out = verify_stochastic(torch.zeros((8, 2), dtype=torch.int64), None, p, None)
+    p = np.full((8, 3, 5), 0.2, dtype=np.float32)
+    out = verify_stochastic(np.zeros((8, 2), dtype=np.int64), None, p, None)
     assert out.tokens.shape == (8, 3)
 
 
@@ -331,35 +341,35 @@ def test_generator_none_uses_global_rng():
 @pytest.mark.parametrize("shape", [(16,), (5, 16), (3, 4, 16)])
 def test_residual_is_normalised_positive_part(shape):
     params = SamplingParams(temperature=1.0, top_k=8)
-    p = probs_from_logits(torch.randn(shape, generator=gen(11)), params)
-    q = probs_from_logits(torch.randn(shape, generator=gen(12)), params)
+    p = probs_from_logits(randn(gen(11), *shape), params)
+    q = probs_from_logits(randn(gen(12), *shape), params)
     residual = residual_distribution(p, q)
-    assert residual.shape == p.shape
-    positive = np.maximum(0.0, p.double().numpy() - q.double().numpy())
+    assert residual.shape == p.shape and residual.dtype == np.float32
+    positive = np.maximum(0.0, p.astype(np.float64) - q.astype(np.float64))
     expected = positive / positive.sum(-1, keepdims=True)
-    np.testing.assert_allclose(residual.double().numpy(), expected, atol=1e-6)
+    np.testing.assert_allclose(residual, expected, atol=1e-6)
     assert (residual[p <= q] == 0).all()
-    torch.testing.assert_close(residual.sum(-1), torch.ones(shape[:-1]))
+    np.testing.assert_allclose(residual.sum(-1), np.ones(shape[:-1]), rtol=1e-5)
 
 
 def test_residual_falls_back_to_p_when_p_equals_q():
-    p = probs_from_logits(torch.randn((4, 12), generator=gen(13)), SamplingParams(temperature=1.0))
-    residual = residual_distribution(p, p.clone())
-    assert not torch.isnan(residual).any()
-    assert torch.equal(residual, p)
-    one = torch.tensor([[0.0, 1.0, 0.0]])
-    assert torch.equal(residual_distribution(one, one), one)
+    p = probs_from_logits(randn(gen(13), 4, 12), SamplingParams(temperature=1.0))
+    residual = residual_distribution(p, p.copy())
+    assert not np.isnan(residual).any()
+    np.testing.assert_array_equal(residual, p)
+    one = np.array([[0.0, 1.0, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(residual_distribution(one, one), one)
     # a mix of rows: only the equal one falls back
-    q = torch.stack([p[0], p[1].roll(1)])
+    q = np.stack([p[0], np.roll(p[1], 1)])
     mixed = residual_distribution(p[:2], q)
-    assert torch.equal(mixed[0], p[0])
-    assert not torch.equal(mixed[1], p[1])
+    np.testing.assert_array_equal(mixed[0], p[0])
+    assert not np.array_equal(mixed[1], p[1])
 
 
 def test_residual_of_one_hot_q_removes_the_token():
-    p = torch.tensor([0.1, 0.6, 0.3])
-    residual = residual_distribution(p, torch.tensor([0.0, 1.0, 0.0]))
-    torch.testing.assert_close(residual, torch.tensor([0.25, 0.0, 0.75]))
+    p = np.array([0.1, 0.6, 0.3], dtype=np.float32)
+    residual = residual_distribution(p, np.array([0.0, 1.0, 0.0], dtype=np.float32))
+    np.testing.assert_allclose(residual, [0.25, 0.0, 0.75], rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -384,13 +394,13 @@ def make_case(gamma, q_kind, params, seed, trials=N_TRIALS):
     the draft distribution (one-hot drafters: None).
     """
     g = gen(seed)
-    vocab = int(torch.randint(8, 33, (1,), generator=g))
-    p_logits = torch.randn((gamma + 1, vocab), generator=g) * 2.0
-    q_logits = torch.randn((gamma, vocab), generator=g) * 2.0
+    vocab = int(g.integers(8, 33))
+    p_logits = randn(g, gamma + 1, vocab) * 2.0
+    q_logits = randn(g, gamma, vocab) * 2.0
     if q_kind == "disjoint":  # p lives on a random half of the vocabulary, q on the other half
-        in_p = torch.rand((gamma + 1, vocab), generator=g).argsort(-1) < vocab // 2  # a random permutation
-        p_logits = p_logits.masked_fill(~in_p, NINF)
-        q_logits = q_logits.masked_fill(in_p[:gamma], NINF)
+        in_p = g.random((gamma + 1, vocab)).argsort(-1) < vocab // 2  # a random permutation
+        p_logits[~in_p] = NINF
+        q_logits[in_p[:gamma]] = NINF
     p = probs_from_logits(p_logits, params)
     if q_kind == "same":
         q = probs_from_logits(p_logits[:gamma], params)
@@ -399,41 +409,41 @@ def make_case(gamma, q_kind, params, seed, trials=N_TRIALS):
     else:
         q = None
     if q is not None:
-        draft = torch.multinomial(q, trials, replacement=True, generator=g).T
-        draft_probs = q[None].expand(trials, -1, -1)
+        draft = np.stack([draw(row, trials, g) for row in q], axis=1)  # [trials, gamma]
+        draft_probs = expand(q, trials, gamma, vocab)
     elif q_kind == "onehot-fixed":
-        draft = torch.tensor([(5 * j + 3) % vocab for j in range(gamma)])[None].expand(trials, -1)
+        draft = expand(np.array([(5 * j + 3) % vocab for j in range(gamma)]), trials, gamma)
         draft_probs = None
     elif q_kind == "onehot-argmax":  # a deterministic drafter that guesses p's mode (power tests only)
-        draft = p[:gamma].argmax(-1)[None].expand(trials, -1)
+        draft = expand(p[:gamma].argmax(-1), trials, gamma)
         draft_probs = None
     else:  # onehot-random: uniform tokens, independent of p
-        draft = torch.randint(0, vocab, (trials, gamma), generator=g)
+        draft = g.integers(0, vocab, (trials, gamma))
         draft_probs = None
-    return p, q, draft.to(torch.int64).contiguous(), draft_probs
+    return p, q, np.ascontiguousarray(draft, dtype=np.int64), draft_probs
 
 
 def acceptance_theory(p, q, q_kind, draft):
     """Probability of accepting position j given it is reached: sum(min(p_j, q_j)) (one-hot q: p_j(x_j))."""
     gamma = draft.shape[1]
     if q is not None:
-        return torch.minimum(p[:gamma], q).sum(-1).double()
+        return np.minimum(p[:gamma], q).sum(-1, dtype=np.float64)
     if q_kind == "onehot-fixed":
-        return p[:gamma].gather(1, draft[0][:, None]).squeeze(1).double()
-    return p[:gamma].double().mean(-1)  # a uniform token: mean of p_j
+        return p[np.arange(gamma), draft[0]].astype(np.float64)
+    return p[:gamma].astype(np.float64).mean(-1)  # a uniform token: mean of p_j
 
 
 def position_counts(out, vocab):
     """``[gamma + 1, vocab]`` counts of the emitted token at each position (padding -1 skipped)."""
     positions = out.tokens.shape[1]
-    keys = torch.arange(positions) * vocab + out.tokens  # [B, gamma + 1]
+    keys = np.arange(positions) * vocab + out.tokens  # [B, gamma + 1]
     keys = keys[out.tokens >= 0]
-    return torch.bincount(keys, minlength=positions * vocab).reshape(positions, vocab)
+    return np.bincount(keys, minlength=positions * vocab).reshape(positions, vocab)
 
 
 def run_case(gamma, q_kind, params, seed):
     p, q, draft, draft_probs = make_case(gamma, q_kind, params, seed)
-    out = verify_stochastic(draft, draft_probs, p[None].expand(N_TRIALS, -1, -1), gen(seed + 1))
+    out = verify_stochastic(draft, draft_probs, expand(p, N_TRIALS, *p.shape), gen(seed + 1))
     return p, q, draft, out
 
 
@@ -471,7 +481,7 @@ def test_emitted_tokens_follow_target(gamma, q_kind, params_name, seed):
         if n < 100:
             break
         rate = int(reached[j + 1]) / n  # reaching j + 1 <=> accepting the draft at j
-        a = min(max(alpha[j].item(), 0.0), 1.0)
+        a = min(max(float(alpha[j]), 0.0), 1.0)
         tolerance = 5 * math.sqrt(a * (1 - a) / n) + 1e-6
         assert abs(rate - a) <= tolerance, f"position {j}: acceptance {rate:.4f}, theory {a:.4f} (n={n})"
 
@@ -479,8 +489,8 @@ def test_emitted_tokens_follow_target(gamma, q_kind, params_name, seed):
 def test_first_position_acceptance_is_overlap():
     """Mean acceptance of the first draft is sum(min(p_0, q_0)) within a few standard errors."""
     p, q, draft, out = run_case(3, "random", PARAMS["t1"], seed=77)
-    alpha = torch.minimum(p[0], q[0]).sum().item()
-    rate = (out.num_accepted >= 1).double().mean().item()
+    alpha = float(np.minimum(p[0], q[0]).sum())
+    rate = float((out.num_accepted >= 1).mean())
     assert 0.05 < alpha < 0.95
     assert abs(rate - alpha) <= 4 * math.sqrt(alpha * (1 - alpha) / N_TRIALS)
 
@@ -491,20 +501,19 @@ def test_first_position_acceptance_is_overlap():
 
 
 def test_gof_helper_on_known_samples():
-    probs = torch.tensor([0.5, 0.3, 0.2, 0.0, 1e-6])
-    tokens = torch.multinomial(probs, 50_000, replacement=True, generator=gen(20))
-    counts = torch.bincount(tokens, minlength=5).numpy()
-    assert gof_pvalue(counts, probs.numpy()) > PVALUE
-    assert gof_pvalue(counts + np.array([0, 0, 0, 1, 0]), probs.numpy()) == 0.0  # a p == 0 token observed
-    skewed = torch.multinomial(torch.tensor([0.48, 0.32, 0.2]), 50_000, replacement=True, generator=gen(21))
-    assert gof_pvalue(torch.bincount(skewed, minlength=5).numpy(), probs.numpy()) < PVALUE
+    probs = np.array([0.5, 0.3, 0.2, 0.0, 1e-6])
+    counts = np.bincount(draw(probs, 50_000, gen(20)), minlength=5)
+    assert gof_pvalue(counts, probs) > PVALUE
+    assert gof_pvalue(counts + np.array([0, 0, 0, 1, 0]), probs) == 0.0  # a p == 0 token observed
+    skewed = draw([0.48, 0.32, 0.2], 50_000, gen(21))
+    assert gof_pvalue(np.bincount(skewed, minlength=5), probs) < PVALUE
     obs, exp = merge_small(np.array([3.0, 1.0, 10.0, 0.0]), np.array([2.0, 2.0, 10.0, 0.5]))
     assert obs.sum() == 14 and exp.sum() == 14.5 and (exp >= MIN_EXPECTED).all()
 
 
 def first_token_pvalue(p, out):
-    counts = torch.bincount(out.tokens[:, 0], minlength=p.shape[-1])
-    return gof_pvalue(counts.numpy(), p[0].double().numpy())
+    counts = np.bincount(out.tokens[:, 0], minlength=p.shape[-1])
+    return gof_pvalue(counts, p[0])
 
 
 @pytest.mark.parametrize(
@@ -513,18 +522,18 @@ def first_token_pvalue(p, out):
 def test_check_rejects_recovering_from_p(monkeypatch, q_kind, params_name):
     """Bug: at a rejection, sample from p instead of the residual norm(max(0, p - q))."""
     p, q, draft, _ = make_case(3, q_kind, PARAMS[params_name], seed=31)
-    q0 = q[0] if q is not None else torch.tensor(one_hot(int(draft[0, 0]), p.shape[-1]))
-    overlap = torch.minimum(p[0], q0)
+    q0 = q[0] if q is not None else np.array(one_hot(int(draft[0, 0]), p.shape[-1]), dtype=np.float32)
+    overlap = np.minimum(p[0], q0)
     wrong = overlap + (1 - overlap.sum()) * p[0]  # what the bug emits first
-    assert (wrong - p[0]).abs().sum() / 2 > 0.01, "the case must be able to show the bias"
+    assert np.abs(wrong - p[0]).sum() / 2 > 0.01, "the case must be able to show the bias"
     monkeypatch.setattr(rejection, "residual_distribution", lambda p, q: p)
     p, _, _, out = run_case(3, q_kind, PARAMS[params_name], seed=31)
     assert first_token_pvalue(p, out) < PVALUE
 
 
 def swapped_residual(p, q):
-    residual = (q - p).clamp_min(0.0)
-    return residual / residual.sum(-1, keepdim=True).clamp_min(1e-9)
+    residual = np.maximum(q - p, 0)
+    return residual / np.maximum(residual.sum(-1, keepdims=True), 1e-9)
 
 
 def test_check_rejects_swapped_residual(monkeypatch):
@@ -539,7 +548,7 @@ def test_check_rejects_unconditional_draft(q_kind):
     """Bug: the draft token is emitted unconditionally."""
     gamma = 3
     p, q, draft, out = run_case(gamma, q_kind, PARAMS["t1"], seed=33)
-    wrong = Verification(torch.cat([draft, out.tokens[:, -1:]], dim=1), torch.full_like(out.num_accepted, gamma))
+    wrong = Verification(np.concatenate([draft, out.tokens[:, -1:]], axis=1), np.full_like(out.num_accepted, gamma))
     assert first_token_pvalue(p, wrong) < PVALUE
 
 
@@ -547,8 +556,8 @@ def test_check_rejects_swapped_p_and_q():
     """Bug: the roles of p and q swapped in the acceptance test (accept with min(1, q/p))."""
     gamma = 3
     p, q, draft, _ = run_case(gamma, "random", PARAMS["t1"], seed=34)
-    swapped_target = torch.cat([q, p[gamma:]])[None].expand(N_TRIALS, -1, -1)
-    out = verify_stochastic(draft, p[None, :gamma].expand(N_TRIALS, -1, -1), swapped_target, gen(35))
+    swapped_target = expand(np.concatenate([q, p[gamma:]]), N_TRIALS, *p.shape)
+    out = verify_stochastic(draft, expand(p[:gamma], N_TRIALS, *q.shape), swapped_target, gen(35))
     assert first_token_pvalue(p, out) < PVALUE
 
 
@@ -557,26 +566,25 @@ def test_check_rejects_bonus_from_wrong_position():
     gamma = 3
     p, _, draft, out = run_case(gamma, "same", PARAMS["t1"], seed=36)
     assert (out.num_accepted == gamma).all()
-    shifted = torch.cat([p[:gamma], p[gamma - 1 : gamma]])[None].expand(N_TRIALS, -1, -1)
-    wrong = verify_stochastic(draft, p[None, :gamma].expand(N_TRIALS, -1, -1), shifted, gen(37))
-    counts = torch.bincount(wrong.tokens[:, gamma], minlength=p.shape[-1])
-    assert gof_pvalue(counts.numpy(), p[gamma].double().numpy()) < PVALUE
-    assert gof_pvalue(counts.numpy(), p[gamma - 1].double().numpy()) > PVALUE
+    shifted = expand(np.concatenate([p[:gamma], p[gamma - 1 : gamma]]), N_TRIALS, *p.shape)
+    wrong = verify_stochastic(draft, expand(p[:gamma], N_TRIALS, gamma, p.shape[-1]), shifted, gen(37))
+    counts = np.bincount(wrong.tokens[:, gamma], minlength=p.shape[-1])
+    assert gof_pvalue(counts, p[gamma]) < PVALUE
+    assert gof_pvalue(counts, p[gamma - 1]) > PVALUE
 
 
 def test_coupled_rule_computes_rows_only_as_far_as_the_first_rejection():
     from specwise.rejection import verify_coupled
     from specwise.sampling import PositionUniforms
 
-    gen = torch.Generator().manual_seed(3)
-    logits = torch.randn(4, 50, generator=gen) * 2  # [gamma + 1, vocab]
+    logits = randn(gen(3), 4, 50) * 2  # [gamma + 1, vocab]
     params = SamplingParams(temperature=0.8, top_p=0.9)
     p = probs_from_logits(logits, params)
     uniforms = PositionUniforms(7)
-    for draft in ([], [5], [1, 2, 3], [int(torch.argmax(p[0])), int(torch.argmax(p[1])), 9]):
+    for draft in ([], [5], [1, 2, 3], [int(np.argmax(p[0])), int(np.argmax(p[1])), 9]):
         asked: list[int] = []
 
-        def rows(i: int, asked: list[int] = asked) -> torch.Tensor:
+        def rows(i: int, asked: list[int] = asked) -> np.ndarray:
             asked.append(i)
             return probs_from_logits(logits[i : i + 1], params)
 
@@ -593,24 +601,24 @@ def test_verify_is_each_rule_for_its_case():
     from specwise.rejection import verify, verify_coupled
     from specwise.sampling import PositionUniforms
 
-    g = torch.Generator().manual_seed(11)
-    logits = torch.randn(4, 60, generator=g) * 3  # [gamma + 1, vocab]
+    g = gen(11)
+    logits = randn(g, 4, 60) * 3  # [gamma + 1, vocab]
     best = logits.argmax(-1).tolist()
     params = SamplingParams(temperature=0.9, top_k=30)
     uniforms = PositionUniforms(5)
-    q = probs_from_logits(torch.randn(3, 60, generator=g), params)  # [gamma, vocab]
+    q = probs_from_logits(randn(g, 3, 60), params)  # [gamma, vocab]
     for draft in ([best[0], best[1], best[2]], [best[0], 7 if best[1] != 7 else 8, best[2]], [3, 4, 5]):
-        want = verify_greedy(torch.tensor([draft]), logits[None])
+        want = verify_greedy(np.array([draft]), logits[None])
         n = int(want.num_accepted[0])
         assert verify(draft, None, logits, SamplingParams()) == want.tokens[0, : n + 1].tolist()
         p = probs_from_logits(logits, params)
         assert verify(draft, None, logits, params, uniforms=uniforms) == verify_coupled(draft, p, uniforms)
         got = verify(draft, q, logits, params, generator=gen(4))
-        ref = verify_stochastic(torch.tensor([draft]), q[None], p[None], gen(4))
+        ref = verify_stochastic(np.array([draft]), q[None], p[None], gen(4))
         assert got == ref.tokens[0, : int(ref.num_accepted[0]) + 1].tolist()
     with pytest.raises(ValueError, match="k \\+ 1"):
         verify([1, 2], None, logits, SamplingParams())
-    bad = logits.clone()
+    bad = logits.copy()
     bad[1, 3] = float("nan")
     for p_, q_ in ((SamplingParams(), None), (params, None), (params, q)):
         with pytest.raises(ValueError):

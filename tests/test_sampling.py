@@ -6,9 +6,16 @@ import math
 
 import numpy as np
 import pytest
-import torch
 
-from specwise.sampling import SamplingParams, check_logits, probs_from_logits, sample
+from specwise.sampling import SamplingParams, check_logits, make_generator, probs_from_logits, sample
+
+NINF = float("-inf")
+PHILOX_42 = [0.08607763073528474, 0.14155732377913233]  # make_generator(42).random(2)
+
+
+def arr(rows):
+    return np.array(rows, dtype=np.float32)
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # SamplingParams validation
@@ -74,9 +81,11 @@ def test_greedy_property():
 @pytest.mark.parametrize(
     ("bad", "message"),
     [
-        (torch.tensor([[0.0, float("nan"), 1.0]]), "NaN"),
-        (torch.tensor([[0.0, float("inf"), 1.0]]), r"\+inf"),
-        (torch.tensor([[0.0, 1.0, 2.0], [float("-inf")] * 3]), "entirely -inf"),
+        (arr([[0.0, float("nan"), 1.0]]), "NaN"),
+        (arr([[0.0, float("inf"), 1.0]]), r"\+inf"),
+        (arr([[0.0, 1.0, 2.0], [NINF] * 3]), "entirely -inf"),
+        (np.array([[0.0, float("nan"), 1.0]]), "NaN"),  # float64: checked by numpy
+        (np.array([[0.0, 1.0, 2.0], [NINF] * 3]), "entirely -inf"),
     ],
 )
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=1.0, top_p=0.9)])
@@ -92,12 +101,11 @@ def test_invalid_logits_raise(bad, message, params):
     [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_k=2, top_p=0.9, min_p=0.1)],
 )
 def test_neg_inf_logits_get_zero_probability(params):
-    ninf = float("-inf")
-    logits = torch.tensor([[ninf, 1.0, ninf, 0.5, 2.0], [3.0, ninf, ninf, ninf, ninf]])
+    logits = arr([[NINF, 1.0, NINF, 0.5, 2.0], [3.0, NINF, NINF, NINF, NINF]])
     probs = probs_from_logits(logits, params)
-    assert torch.isfinite(probs).all()
-    assert (probs[torch.isinf(logits)] == 0).all()
-    torch.testing.assert_close(probs.sum(-1), torch.ones(2))
+    assert np.isfinite(probs).all()
+    assert (probs[np.isinf(logits)] == 0).all()
+    np.testing.assert_allclose(probs.sum(-1), np.ones(2), rtol=1e-6)
     assert probs[1, 0] == 1.0
 
 
@@ -144,9 +152,9 @@ def reference_probs(row, params):
 
 
 def reference_batch(logits, params):
-    flat = logits.reshape(-1, logits.shape[-1]).double().tolist()
+    flat = np.asarray(logits, dtype=np.float64).reshape(-1, logits.shape[-1]).tolist()
     out = np.array([reference_probs(row, params) for row in flat])
-    return torch.from_numpy(out).reshape(logits.shape)
+    return out.reshape(logits.shape)
 
 
 FILTER_PARAMS = [
@@ -171,8 +179,7 @@ FILTER_PARAMS = [
 
 
 def random_logits(seed, shape, scale=2.0):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen) * scale
+    return (make_generator(seed).standard_normal(shape) * scale).astype(np.float32)
 
 
 @pytest.mark.parametrize("params", FILTER_PARAMS, ids=repr)
@@ -181,23 +188,23 @@ def test_filters_match_reference(params, seed, shape):
     logits = random_logits(seed, shape)
     probs = probs_from_logits(logits, params)
     assert probs.shape == logits.shape
-    assert probs.dtype == torch.float32
+    assert probs.dtype == np.float32
     expected = reference_batch(logits, params)
-    torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(probs, expected, atol=1e-6, rtol=1e-5)
     # the filters keep exactly the reference's support
-    assert torch.equal(probs > 0, expected > 0)
-    torch.testing.assert_close(probs.sum(-1).double(), torch.ones(shape[:-1], dtype=torch.float64))
+    np.testing.assert_array_equal(probs > 0, expected > 0)
+    np.testing.assert_allclose(probs.sum(-1, dtype=np.float64), np.ones(shape[:-1]), rtol=1e-6)
 
 
 @pytest.mark.parametrize("params", FILTER_PARAMS[:3] + FILTER_PARAMS[-4:], ids=repr)
 def test_filters_match_reference_with_neg_inf(params):
     logits = random_logits(7, (6, 16))
-    mask = torch.rand((6, 16), generator=torch.Generator().manual_seed(8)) < 0.5
+    mask = make_generator(8).random((6, 16)) < 0.5
     mask[:, 0] = False  # at least one finite logit per row
     mask[5, 1:] = True  # a row with a single finite logit
-    logits = logits.masked_fill(mask, float("-inf"))
+    logits[mask] = NINF
     probs = probs_from_logits(logits, params)
-    torch.testing.assert_close(probs.double(), reference_batch(logits, params), atol=1e-6, rtol=1e-5)
+    np.testing.assert_allclose(probs, reference_batch(logits, params), atol=1e-6, rtol=1e-5)
     assert (probs[mask] == 0).all()
     assert probs[5, 0] == 1.0
 
@@ -207,13 +214,13 @@ def test_top_k_keeps_exactly_k_largest():
     for k in (1, 2, 5, 19):
         probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=k))
         assert ((probs > 0).sum(-1) == k).all()
-        top = torch.topk(logits, k, dim=-1).indices
-        assert (probs.gather(-1, top) > 0).all()
+        top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+        assert (np.take_along_axis(probs, top, -1) > 0).all()
 
 
 def test_top_p_keeps_smallest_set_reaching_mass():
     # probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs)
-    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    logits = np.log(arr([0.5, 0.3, 0.15, 0.05]))
     support = {
         0.3: [True, False, False, False],  # most likely token alone reaches 0.3
         0.45: [True, False, False, False],
@@ -229,16 +236,17 @@ def test_top_p_keeps_smallest_set_reaching_mass():
 def test_top_p_tiny_keeps_most_likely_token():
     logits = random_logits(12, (4, 10))
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-6))
-    expected = torch.zeros_like(probs).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
-    assert torch.equal(probs, expected)
+    expected = np.zeros_like(probs)
+    np.put_along_axis(expected, logits.argmax(-1)[:, None], 1.0, -1)
+    np.testing.assert_array_equal(probs, expected)
 
 
 def test_min_p_threshold_relative_to_max():
     # probabilities 0.5, 0.25, 0.2, 0.05: min_p 0.4 keeps p >= 0.2
-    logits = torch.tensor([0.5, 0.25, 0.2, 0.05]).log()
+    logits = np.log(arr([0.5, 0.25, 0.2, 0.05]))
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, min_p=0.39))
     assert (probs > 0).tolist() == [True, True, True, False]
-    torch.testing.assert_close(probs, torch.tensor([0.5, 0.25, 0.2, 0.0]) / 0.95)
+    np.testing.assert_allclose(probs, arr([0.5, 0.25, 0.2, 0.0]) / 0.95, rtol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(8,), (3, 5, 8), (2, 4, 32)])
@@ -246,17 +254,17 @@ def test_temperature_zero_is_one_hot_argmax(shape):
     logits = random_logits(13, shape)
     for params in (SamplingParams(), SamplingParams(temperature=0.0, top_k=3, top_p=0.5, min_p=0.2)):
         probs = probs_from_logits(logits, params)
-        expected = torch.zeros_like(logits).scatter(-1, logits.argmax(-1, keepdim=True), 1.0)
-        assert torch.equal(probs, expected)
-        torch.testing.assert_close(probs.double(), reference_batch(logits, params))
+        expected = np.zeros_like(logits)
+        np.put_along_axis(expected, logits.argmax(-1)[..., None], 1.0, -1)
+        np.testing.assert_array_equal(probs, expected)
+        np.testing.assert_array_equal(probs, reference_batch(logits, params))
 
 
 def test_temperature_zero_ties_go_to_first_index():
-    ninf = float("-inf")
-    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0], [ninf, 2.0, 2.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
+    logits = arr([[1.0, 3.0, 3.0, 0.0], [NINF, 2.0, 2.0, 2.0], [5.0, 5.0, 5.0, 5.0]])
     probs = probs_from_logits(logits, SamplingParams())
     assert probs.argmax(-1).tolist() == [1, 1, 0]
-    assert torch.equal(probs.sum(-1), torch.ones(3))
+    np.testing.assert_array_equal(probs.sum(-1), np.ones(3))
     assert ((probs == 0) | (probs == 1)).all()
 
 
@@ -264,11 +272,66 @@ def test_float16_and_float64_logits_give_float32_probs():
     logits = random_logits(14, (3, 12))
     params = SamplingParams(temperature=0.8, top_p=0.9)
     ref = probs_from_logits(logits, params)
-    for dtype in (torch.float16, torch.float64):
-        probs = probs_from_logits(logits.to(dtype), params)
-        assert probs.dtype == torch.float32
-        torch.testing.assert_close(probs, probs_from_logits(logits.to(dtype).float(), params))
-    torch.testing.assert_close(probs_from_logits(logits.double(), params), ref)
+    for dtype in (np.float16, np.float64):
+        probs = probs_from_logits(logits.astype(dtype), params)
+        assert probs.dtype == np.float32
+        np.testing.assert_array_equal(probs, probs_from_logits(logits.astype(dtype).astype(np.float32), params))
+    np.testing.assert_array_equal(probs_from_logits(logits.astype(np.float64), params), ref)
+    strided = np.repeat(logits, 2, axis=1)[:, ::2]  # not contiguous: copied, same result
+    np.testing.assert_array_equal(probs_from_logits(strided, params), ref)
+    np.testing.assert_array_equal(probs_from_logits(logits.tolist(), params), ref)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# log_probs
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_log_probs_is_a_stable_log_softmax_in_float32():
+    from specwise.sampling import log_probs
+
+    logits = random_logits(21, (3, 5000), scale=8.0)
+    logits[0, :100] = NINF
+    logits[2] += 1e4  # large offsets: max-subtracted, nothing overflows
+    lp = log_probs(logits)
+    assert lp.dtype == np.float32 and lp.shape == logits.shape
+    x = logits.astype(np.float64)
+    x -= x.max(-1, keepdims=True)
+    ref = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    assert (lp[0, :100] == NINF).all()
+    np.testing.assert_allclose(lp[np.isfinite(ref)], ref[np.isfinite(ref)], atol=2e-5, rtol=1e-6)
+    np.testing.assert_allclose(np.exp(lp.astype(np.float64)).sum(-1), np.ones(3), rtol=1e-5)
+    params = SamplingParams(temperature=0.7, top_k=40, top_p=0.9)
+    cut = log_probs(logits, params)
+    probs = probs_from_logits(logits, params)
+    np.testing.assert_array_equal(cut == NINF, probs == 0)
+    np.testing.assert_allclose(np.exp(cut[probs > 0]), probs[probs > 0], rtol=1e-6)
+    greedy = log_probs(logits, SamplingParams())
+    assert ((greedy == 0).sum(-1) == 1).all() and (greedy[greedy != 0] == NINF).all()
+    with pytest.raises(ValueError, match="NaN"):
+        log_probs(np.array([[0.0, float("nan")]], dtype=np.float32))
+
+
+def test_probs_and_log_probs_agree_with_torch_within_float32_rounding():
+    """The definitions these functions had on torch: the same supports and argmax, values to float32 rounding."""
+    from conftest import needs_hf
+    from specwise.sampling import log_probs
+
+    torch = needs_hf()
+    logits = random_logits(22, (4, 49152), scale=4.0)
+    logits[1, :7] = NINF
+    t = torch.from_numpy(logits)
+    np.testing.assert_allclose(log_probs(logits), torch.log_softmax(t, dim=-1).numpy(), atol=2e-5, rtol=1e-6)
+    np.testing.assert_array_equal(probs_from_logits(logits, SamplingParams()).argmax(-1), t.argmax(dim=-1).numpy())
+    for params in (SamplingParams(temperature=0.8), SamplingParams(temperature=1.0, top_k=50)):
+        probs = probs_from_logits(logits, params)
+        scaled = t / params.temperature
+        if params.top_k:
+            kth = torch.topk(scaled, params.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        ref = torch.softmax(scaled, dim=-1).numpy()
+        np.testing.assert_array_equal(probs > 0, ref > 0)
+        np.testing.assert_allclose(probs, ref, atol=1e-7, rtol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,40 +342,55 @@ def test_float16_and_float64_logits_give_float32_probs():
 @pytest.mark.parametrize("shape", [(16,), (7, 16), (3, 5, 16)])
 def test_sample_shape_and_dtype(shape):
     probs = probs_from_logits(random_logits(15, shape), SamplingParams(temperature=1.0))
-    tokens = sample(probs, torch.Generator().manual_seed(0))
+    tokens = sample(probs, make_generator(0))
     assert tokens.shape == shape[:-1]
-    assert tokens.dtype == torch.int64
+    assert tokens.dtype == np.int64
     assert ((tokens >= 0) & (tokens < shape[-1])).all()
 
 
 def test_sample_is_reproducible_with_seeded_generator():
     probs = probs_from_logits(random_logits(16, (4, 50, 32)), SamplingParams(temperature=1.0))
-    first = sample(probs, torch.Generator().manual_seed(123))
-    second = sample(probs, torch.Generator().manual_seed(123))
-    other = sample(probs, torch.Generator().manual_seed(124))
-    assert torch.equal(first, second)
-    assert not torch.equal(first, other)
+    first = sample(probs, make_generator(123))
+    second = sample(probs, make_generator(123))
+    other = sample(probs, make_generator(124))
+    np.testing.assert_array_equal(first, second)
+    assert not np.array_equal(first, other)
 
 
 def test_params_generator_is_seeded():
     probs = probs_from_logits(random_logits(17, (100, 32)), SamplingParams(temperature=1.0))
     params = SamplingParams(temperature=1.0, seed=5)
-    assert torch.equal(sample(probs, params.generator()), sample(probs, params.generator()))
+    np.testing.assert_array_equal(sample(probs, params.generator()), sample(probs, params.generator()))
+    np.testing.assert_array_equal(sample(probs, params.generator()), sample(probs, make_generator(5)))
+    assert not np.array_equal(sample(probs, SamplingParams(temperature=1.0).generator()), sample(probs, None))
+
+
+def test_generators_are_philox_streams_fixed_by_the_seed():
+    """The contract: a numpy Generator over Philox, the same stream on every machine; a seed None is fresh each time,
+    a negative seed is taken modulo 2**64."""
+    gen = make_generator(0)
+    assert isinstance(gen, np.random.Generator) and isinstance(gen.bit_generator, np.random.Philox)
+    np.testing.assert_array_equal(make_generator(0).random(4), np.random.Generator(np.random.Philox(0)).random(4))
+    np.testing.assert_array_equal(make_generator(-1).random(3), make_generator(2**64 - 1).random(3))
+    assert make_generator(None).random() != make_generator(None).random()
+    assert isinstance(SamplingParams(seed=3).generator().bit_generator, np.random.Philox)
+    # pinned: the first uniforms of seed 42 (a change here changes every seeded run's output)
+    np.testing.assert_allclose(make_generator(42).random(2), PHILOX_42, rtol=0, atol=0)
 
 
 def test_sample_respects_support():
     """Zero-probability tokens are never drawn; a one-hot row always gives its token."""
     logits = random_logits(18, (2000, 16))
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=3))
-    tokens = sample(probs, torch.Generator().manual_seed(1))
-    assert (probs.gather(-1, tokens[:, None]) > 0).all()
-    one_hot = torch.zeros(10, 16).scatter(-1, torch.arange(10)[:, None], 1.0)
-    assert sample(one_hot, torch.Generator().manual_seed(2)).tolist() == list(range(10))
+    tokens = sample(probs, make_generator(1))
+    assert (np.take_along_axis(probs, tokens[:, None], -1) > 0).all()
+    one_hot = np.eye(10, 16, dtype=np.float32)
+    assert sample(one_hot, make_generator(2)).tolist() == list(range(10))
 
 
 def test_tiny_top_p_keeps_the_most_likely_token():
     """A top_p that rounds to 0 in float32 keeps the argmax instead of dropping every token (found by fuzzing)."""
-    logits = torch.tensor([[0.5, 2.0, -1.0, 1.0]])
+    logits = arr([[0.5, 2.0, -1.0, 1.0]])
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-215))
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
 
@@ -324,17 +402,17 @@ def test_top_p_widens_past_the_first_candidates_on_a_large_flat_vocabulary():
         params = SamplingParams(temperature=1.0, top_p=top_p)
         probs = probs_from_logits(logits, params)
         expected = reference_batch(logits, params)
-        assert torch.equal(probs > 0, expected > 0), top_p
-        assert int((probs[0] > 0).sum()) > 64  # more than the first topk window
-        torch.testing.assert_close(probs.double(), expected, atol=1e-6, rtol=1e-4)
+        np.testing.assert_array_equal(probs > 0, expected > 0, err_msg=str(top_p))
+        assert int((probs[0] > 0).sum()) > 64  # more than the first partition window
+        np.testing.assert_allclose(probs, expected, atol=1e-6, rtol=1e-4)
 
 
 def test_top_p_keeps_every_token_tied_with_the_last_kept_one():
     """Ties never depend on sort order: tokens as likely as the least likely kept token are all kept."""
-    logits = torch.tensor([[1.0, 0.0, 1.0, 1.0, -2.0]])
+    logits = arr([[1.0, 0.0, 1.0, 1.0, -2.0]])
     probs = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.4))
     assert (probs > 0).tolist() == [[True, False, True, True, False]]
-    torch.testing.assert_close(probs.sum(), torch.tensor(1.0))
+    np.testing.assert_allclose(probs.sum(), 1.0, rtol=1e-6)
 
 
 def test_sample_follows_the_distribution_on_a_large_vocabulary():
@@ -342,23 +420,26 @@ def test_sample_follows_the_distribution_on_a_large_vocabulary():
     from scipy.stats import chisquare
 
     vocab = 49152
-    ids = torch.tensor([3, 17, 1000, 20000, 49151])
-    weights = torch.tensor([0.05, 0.4, 0.15, 0.1, 0.3])
-    probs = torch.zeros(vocab).index_put_((ids,), weights)
-    n = 20000
-    tokens = sample(probs.expand(n, vocab), torch.Generator().manual_seed(3))
-    assert bool(torch.isin(tokens, ids).all())
-    counts = torch.stack([(tokens == i).sum() for i in ids]).double()
-    expected = weights.double() / weights.double().sum() * counts.sum()
-    assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
+    ids = np.array([3, 17, 1000, 20000, 49151])
+    weights = arr([0.05, 0.4, 0.15, 0.1, 0.3])
+    probs = np.zeros(vocab, dtype=np.float32)
+    probs[ids] = weights
+    gen = make_generator(3)
+    tokens = np.concatenate([sample(np.broadcast_to(probs, (1000, vocab)), gen) for _ in range(20)])  # 20,000 draws
+    assert bool(np.isin(tokens, ids).all())
+    counts = np.array([(tokens == i).sum() for i in ids], dtype=np.float64)
+    expected = weights.astype(np.float64) / weights.astype(np.float64).sum() * counts.sum()
+    assert chisquare(counts, expected).pvalue > 1e-4
 
 
 def test_sample_accepts_unnormalised_rows_and_rejects_invalid_ones():
-    tokens = sample(torch.tensor([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]]), torch.Generator().manual_seed(0))
+    tokens = sample(arr([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]]), make_generator(0))
     assert tokens.tolist() == [1, 0]
+    assert sample(np.array([[0.0, 3.0, 0.0], [2.0, 0.0, 0.0]]), make_generator(0)).tolist() == [1, 0]  # float64
     for bad in ([0.0, 0.0, 0.0], [0.5, float("nan"), 0.5], [1.0, -0.5, 0.5], [float("inf"), 0.0, 1.0]):
-        with pytest.raises(ValueError, match="cannot sample"):
-            sample(torch.tensor(bad), None)
+        for dtype in (np.float32, np.float64):
+            with pytest.raises(ValueError, match="cannot sample"):
+                sample(np.array(bad, dtype=dtype), None)
 
 
 # ---- the native logits scan (argmax and invalid-value check in one pass) ----------------------------------
@@ -378,80 +459,90 @@ def scan_isa(request):
     quant.set_isa(None)
 
 
-def test_native_argmax_matches_torch(scan_isa):
+def randn(g, *shape):
+    return g.standard_normal(shape, dtype=np.float32)
+
+
+def test_native_argmax_matches_numpy(scan_isa):
     from specwise.sampling import _scan, argmax
 
-    g = torch.Generator().manual_seed(0)
+    g = make_generator(0)
     for n in (1, 7, 8, 15, 16, 17, 100, 49152, 151936):
-        x = torch.randn(3, n, generator=g)
+        x = randn(g, 3, n)
         assert _scan(x) is not None
-        assert torch.equal(argmax(x), x.argmax(dim=-1)), n
-    ties = torch.zeros(2, 40)
-    ties[0, [3, 17, 33]] = 1.0  # several maxima: the first, as torch.argmax
+        out = argmax(x)
+        assert out.dtype == np.int64
+        np.testing.assert_array_equal(out, x.argmax(axis=-1), err_msg=str(n))
+    ties = np.zeros((2, 40), dtype=np.float32)
+    ties[0, [3, 17, 33]] = 1.0  # several maxima: the first, as np.argmax
     ties[1, [39, 20]] = 5.0
-    assert argmax(ties).tolist() == [3, 20] == ties.argmax(dim=-1).tolist()
-    x = torch.full((1, 33), float("-inf"))
+    assert argmax(ties).tolist() == [3, 20] == ties.argmax(axis=-1).tolist()
+    x = np.full((1, 33), NINF, dtype=np.float32)
     x[0, 32] = -1e30
     assert argmax(x).tolist() == [32]
-    batched = torch.randn(2, 3, 50, generator=g)  # [B, rows, vocab] as verify_greedy passes it
-    assert torch.equal(argmax(batched), batched.argmax(dim=-1))
+    batched = randn(g, 2, 3, 50)  # [B, rows, vocab] as verify_greedy passes it
+    np.testing.assert_array_equal(argmax(batched), batched.argmax(axis=-1))
 
 
 def test_native_check_logits_finds_every_invalid_value(scan_isa):
+    g = make_generator(2)
     for n in (5, 64, 1003):
         for at in (0, n // 2, n - 1):
-            x = torch.randn(2, n)
+            x = randn(g, 2, n)
             x[1, at] = float("nan")
             with pytest.raises(ValueError, match="NaN"):
                 check_logits(x)
-            x = torch.randn(2, n)
+            x = randn(g, 2, n)
             x[0, at] = float("inf")
             with pytest.raises(ValueError, match=r"\+inf"):
                 check_logits(x)
-        x = torch.randn(2, n)
-        x[1] = float("-inf")
+        x = randn(g, 2, n)
+        x[1] = NINF
         with pytest.raises(ValueError, match="entirely -inf"):
             check_logits(x)
-        x = torch.randn(2, n)
-        x[0, : n - 1] = float("-inf")  # -inf forbids tokens: allowed while one stays finite
+        x = randn(g, 2, n)
+        x[0, : n - 1] = NINF  # -inf forbids tokens: allowed while one stays finite
         check_logits(x)
 
 
 def test_greedy_choices_check_and_choose_in_one_pass(scan_isa):
     from specwise.sampling import greedy_choices
 
-    g = torch.Generator().manual_seed(1)
+    g = make_generator(1)
     for rows in (1, 3, 9, 2):  # the output buffer grows, then is reused
-        x = torch.randn(rows, 1003, generator=g)
+        x = randn(g, rows, 1003)
         x[0, 5] = x[0].max() + 1.0
-        assert greedy_choices(x) == x.argmax(dim=-1).tolist()
-    ties = torch.zeros(1, 40)
+        assert greedy_choices(x) == x.argmax(axis=-1).tolist()
+    ties = np.zeros((1, 40), dtype=np.float32)
     ties[0, [17, 3]] = 2.0
-    assert greedy_choices(ties) == [3]  # the first largest value, as torch.argmax
+    assert greedy_choices(ties) == [3]  # the first largest value, as np.argmax
     for bad, match in ((float("nan"), "NaN"), (float("inf"), r"\+inf")):
-        x = torch.randn(2, 64)
+        x = randn(g, 2, 64)
         x[1, 10] = bad
         with pytest.raises(ValueError, match=match):
             greedy_choices(x)
-    x = torch.randn(2, 64)
-    x[0] = float("-inf")
+    x = randn(g, 2, 64)
+    x[0] = NINF
     with pytest.raises(ValueError, match="entirely -inf"):
         greedy_choices(x)
-    y = torch.randn(3, 40)[:, ::2]  # not contiguous: checked and chosen by torch
-    assert greedy_choices(y) == y.argmax(dim=-1).tolist()
+    y = randn(g, 3, 40)[:, ::2]  # not contiguous: checked and chosen by numpy
+    assert greedy_choices(y) == y.argmax(axis=-1).tolist()
     y[2, 3] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
         greedy_choices(y)
+    z = randn(g, 2, 30).astype(np.float64)  # not float32: numpy
+    assert greedy_choices(z) == z.argmax(axis=-1).tolist()
 
 
-def test_argmax_with_nan_falls_back_to_torch():
+def test_argmax_with_nan_falls_back_to_numpy():
     from specwise.sampling import argmax
 
-    x = torch.randn(2, 20)
+    g = make_generator(4)
+    x = randn(g, 2, 20)
     x[1, 4] = float("nan")
-    assert torch.equal(argmax(x), x.argmax(dim=-1))
-    y = torch.randn(4, 30)[:, ::2]  # not contiguous: torch's argmax
-    assert torch.equal(argmax(y), y.argmax(dim=-1))
+    np.testing.assert_array_equal(argmax(x), x.argmax(axis=-1))
+    y = randn(g, 4, 30)[:, ::2]  # not contiguous: numpy's argmax
+    np.testing.assert_array_equal(argmax(y), y.argmax(axis=-1))
 
 
 # ---- the native distribution (temperature, top-k, softmax, top-p, min-p in one pass per row) ---------------
@@ -475,7 +566,7 @@ def _native():
     return s, native_library()
 
 
-def _torch_probs(s, logits, params):
+def _numpy_probs(s, logits, params):
     saved, s._NATIVE["specwise_probs"] = s._native("specwise_probs"), False
     try:
         return probs_from_logits(logits, params)
@@ -484,31 +575,33 @@ def _torch_probs(s, logits, params):
 
 
 @pytest.mark.parametrize("params", NATIVE_SETTINGS, ids=lambda p: f"t{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
-def test_native_probs_match_the_torch_definition(params):
+def test_native_probs_match_the_numpy_definition(params):
     s, _ = _native()
-    g = torch.Generator().manual_seed(3)
+    g = make_generator(3)
     for vocab in (13, 1000, 49152):
-        logits = torch.randn(4, vocab, generator=g) * 4  # peaked like a language model's
-        logits[1, :5] = float("-inf")
+        logits = randn(g, 4, vocab) * 4  # peaked like a language model's
+        logits[1, :5] = NINF
         fast = probs_from_logits(logits, params)
-        ref = _torch_probs(s, logits, params)
-        assert fast.shape == ref.shape and fast.dtype == torch.float32
-        assert torch.equal(fast > 0, ref > 0)  # the same tokens kept
-        torch.testing.assert_close(fast, ref, atol=2e-6, rtol=1e-4)
-        torch.testing.assert_close(fast.double().sum(-1), torch.ones(4, dtype=torch.float64), atol=1e-5, rtol=0)
+        ref = _numpy_probs(s, logits, params)
+        assert fast.shape == ref.shape and fast.dtype == ref.dtype == np.float32
+        np.testing.assert_array_equal(fast > 0, ref > 0)  # the same tokens kept
+        np.testing.assert_allclose(fast, ref, atol=2e-6, rtol=1e-4)
+        np.testing.assert_allclose(fast.sum(-1, dtype=np.float64), np.ones(4), atol=1e-5, rtol=0)
 
 
 def test_native_probs_keep_ties_and_the_top_token():
     _native()
-    logits = torch.tensor([[2.0, 5.0, 5.0, 1.0, 5.0, 0.0]])
-    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))  # ties with the 2nd largest kept
-    assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
-    p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=1e-9))  # one tie group: all kept
-    assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
-    p = probs_from_logits(torch.tensor([[0.0, 3.0, 1.0]]), SamplingParams(temperature=2.0, top_p=1e-200))
-    assert p[0].tolist() == [0.0, 1.0, 0.0]
-    with pytest.raises(ValueError, match="overflow at temperature"):
-        probs_from_logits(torch.tensor([[3e38, 0.0]]), SamplingParams(temperature=0.01))
+    s, _ = _native()
+    logits = arr([[2.0, 5.0, 5.0, 1.0, 5.0, 0.0]])
+    for probs in (probs_from_logits, lambda x, params: _numpy_probs(s, x, params)):
+        p = probs(logits, SamplingParams(temperature=1.0, top_k=2))  # ties with the 2nd largest kept
+        assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
+        p = probs(logits, SamplingParams(temperature=1.0, top_p=1e-9))  # one tie group: all kept
+        assert (p[0] > 0).tolist() == [False, True, True, False, True, False]
+        p = probs(arr([[0.0, 3.0, 1.0]]), SamplingParams(temperature=2.0, top_p=1e-200))
+        assert p[0].tolist() == [0.0, 1.0, 0.0]
+        with pytest.raises(ValueError, match="overflow at temperature"):
+            probs(arr([[3e38, 0.0]]), SamplingParams(temperature=0.01))
 
 
 def test_native_probs_are_the_same_on_every_path_and_for_any_row_count():
@@ -517,49 +610,53 @@ def test_native_probs_are_the_same_on_every_path_and_for_any_row_count():
     from specwise.models.kernels import quant
 
     _native()
-    g = torch.Generator().manual_seed(5)
+    g = make_generator(5)
     best = quant.set_isa(None)
     try:
         for n in (5003, 7, 256, 49152):
-            logits = torch.randn(5, n, generator=g) * 3
+            logits = randn(g, 5, n) * 3
             quant.set_isa("portable")
             want = [probs_from_logits(logits, params) for params in NATIVE_SETTINGS]
             for r in range(5):
                 for params, together in zip(NATIVE_SETTINGS, want):
-                    assert torch.equal(probs_from_logits(logits[r : r + 1], params)[0], together[r])
+                    np.testing.assert_array_equal(probs_from_logits(logits[r : r + 1], params)[0], together[r])
             for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
                 assert quant.set_isa(name) == name
                 for params, together in zip(NATIVE_SETTINGS, want):
-                    assert torch.equal(probs_from_logits(logits, params), together), (name, n, params)
+                    np.testing.assert_array_equal(probs_from_logits(logits, params), together, err_msg=f"{name} {n}")
     finally:
         quant.set_isa(None)
 
 
-def test_native_sample_draws_what_the_torch_path_draws():
+def test_native_sample_draws_what_the_numpy_path_draws():
     s, _ = _native()
-    g = torch.Generator().manual_seed(11)
-    probs = torch.softmax(torch.randn(3, 3000, generator=g) * 3, dim=-1)
+    g = make_generator(11)
+    probs = probs_from_logits(randn(g, 3, 3000) * 3, SamplingParams(temperature=1.0))
     probs[1, ::2] = 0.0  # zeros in the middle: never drawn
-    fast_gen, ref_gen = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
-    fast = torch.stack([sample(probs, fast_gen) for _ in range(300)])
+    fast_gen, ref_gen = make_generator(7), make_generator(7)
+    fast = np.stack([sample(probs, fast_gen) for _ in range(300)])
+    many = np.broadcast_to(probs, (40, 3, 3000)).reshape(120, 3000)  # more rows than the numpy path's loop takes
+    fast_many = sample(many, make_generator(8))
     saved, s._NATIVE["specwise_sample"] = s._native("specwise_sample"), False
     try:
-        ref = torch.stack([sample(probs, ref_gen) for _ in range(300)])
+        ref = np.stack([sample(probs, ref_gen) for _ in range(300)])
+        ref_many = sample(many, make_generator(8))
     finally:
         s._NATIVE["specwise_sample"] = saved
-    assert torch.equal(fast, ref)
+    np.testing.assert_array_equal(fast, ref)
+    np.testing.assert_array_equal(fast_many, ref_many)
     assert bool((probs[1][fast[:, 1]] > 0).all())
 
 
 def test_native_sample_edges():
     _native()
-    one = torch.zeros(1, 1000)
+    one = np.zeros((1, 1000), dtype=np.float32)
     one[0, 999] = 0.25  # unnormalised, only the last token
-    assert sample(one, torch.Generator().manual_seed(0)).tolist() == [999]
-    first = torch.zeros(2, 700)
+    assert sample(one, make_generator(0)).tolist() == [999]
+    first = np.zeros((2, 700), dtype=np.float32)
     first[0, 0] = 1.0
     first[1, 300] = 2.0
-    assert sample(first, torch.Generator().manual_seed(0)).tolist() == [0, 300]
-    for bad in (torch.zeros(1, 10), torch.tensor([[0.5, -0.1, 0.6]]), torch.tensor([[0.5, float("nan")]])):
+    assert sample(first, make_generator(0)).tolist() == [0, 300]
+    for bad in (np.zeros((1, 10), dtype=np.float32), arr([[0.5, -0.1, 0.6]]), arr([[0.5, float("nan")]])):
         with pytest.raises(ValueError, match="cannot sample"):
-            sample(bad, torch.Generator().manual_seed(0))
+            sample(bad, make_generator(0))
