@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import openai
 import pytest
-import torch
 from test_engine import chi2_pvalue
 from test_server import live_server
 
@@ -23,6 +23,7 @@ from specwise.constraints import (
     JsonSchema,
     Regex,
     constrain_logits,
+    constrain_probs,
     max_json_bytes,
 )
 from specwise.costs import PassCosts
@@ -31,7 +32,7 @@ from specwise.engine import Engine
 from specwise.models.toy import ToyModel
 from specwise.planner import AdaptivePlanner
 from specwise.runtime import build_runtime, encode_prompt
-from specwise.sampling import SamplingParams, probs_from_logits
+from specwise.sampling import SamplingParams, make_generator, probs_from_logits
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -136,7 +137,7 @@ def test_rollback_equals_a_fresh_matcher_fed_the_accepted_prefix(smol_tokenizer)
     tokens = smol_tokenizer.encode(text, add_special_tokens=False)
     vocab, eos = len(smol_tokenizer), {smol_tokenizer.eos_token_id}
 
-    def fresh(prefix: list[int]) -> torch.Tensor:
+    def fresh(prefix: list[int]) -> np.ndarray:
         state = GrammarState(constraint, smol_tokenizer, vocab, eos)
         state.advance(prefix)
         return state.mask()
@@ -148,13 +149,14 @@ def test_rollback_equals_a_fresh_matcher_fed_the_accepted_prefix(smol_tokenizer)
         done = at
         masks, n = state.draft_masks(tokens[at : at + 4])
         assert n == 4
+        assert masks.dtype == np.bool_ and masks.shape == (5, vocab)
         for i in range(5):
-            assert torch.equal(masks[i], fresh(tokens[: at + i])), (at, i)
-        assert torch.equal(state.mask(), fresh(tokens[:at]))  # rolled back
+            np.testing.assert_array_equal(masks[i], fresh(tokens[: at + i]), err_msg=f"{at} {i}")
+        np.testing.assert_array_equal(state.mask(), fresh(tokens[:at]))  # rolled back
     bad = smol_tokenizer.encode("]", add_special_tokens=False)[0]
     masks, n = state.draft_masks(tokens[9:11] + [bad] + tokens[11:13])
     assert n == 2 and masks.shape[0] == 3
-    assert torch.equal(state.mask(), fresh(tokens[:9]))
+    np.testing.assert_array_equal(state.mask(), fresh(tokens[:9]))
 
 
 def test_each_state_mask_is_computed_once(smol_tokenizer):
@@ -164,7 +166,7 @@ def test_each_state_mask_is_computed_once(smol_tokenizer):
     tokens = smol_tokenizer.encode("the cat sat on the mat and the dog", add_special_tokens=False)
     vocab, eos = len(smol_tokenizer), {smol_tokenizer.eos_token_id}
 
-    def fresh(prefix: list[int]) -> torch.Tensor:
+    def fresh(prefix: list[int]) -> np.ndarray:
         other = GrammarState(constraint, smol_tokenizer, vocab, eos)
         other.advance(prefix)
         return other.mask()
@@ -175,20 +177,41 @@ def test_each_state_mask_is_computed_once(smol_tokenizer):
     state.advance(tokens[:2])  # two accepted, then a recovered token equal to the third drafted
     assert not state.done  # accepting: the end check reads the mask, known from the draft
     state.advance(tokens[2:3])
-    assert torch.equal(state.mask(), fresh(tokens[:3]))
+    np.testing.assert_array_equal(state.mask(), fresh(tokens[:3]))
     masks, n = state.draft_masks(tokens[3:6])  # the state after 4 tokens is known; after 5 and 6 are new
     assert n == 3 and state.masks == 7
     for i in range(4):
-        assert torch.equal(masks[i], fresh(tokens[: 3 + i]))
+        np.testing.assert_array_equal(masks[i], fresh(tokens[: 3 + i]))
 
 
 def test_a_forbidden_token_is_never_emitted_even_when_the_target_prefers_it():
-    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0]])
-    allowed = torch.tensor([False, True, True, False])
+    logits = np.array([[5.0, 1.0, 0.0, -1.0]], dtype=np.float32)
+    allowed = np.array([False, True, True, False])
     masked = constrain_logits(logits, allowed)
+    assert masked.dtype == np.float32 and masked[0, 0] == float("-inf") and masked[0, 1] == 1.0
+    assert logits[0, 0] == 5.0  # a new array
     for params in (SamplingParams(), SamplingParams(temperature=1.0, top_k=1), SamplingParams(temperature=2.0)):
         p = probs_from_logits(masked, params)
         assert float(p[0, 0]) == 0.0 and float(p[0, 3]) == 0.0 and float(p[0, 1]) > 0
+
+
+def test_constrain_probs_and_a_sampled_draft_follow_the_masks():
+    """q with the forbidden tokens at 0, renormalised (a row left without mass is all 0); a sampled draft keeps the
+    tokens the grammar allows, redraws a forbidden one from the masked q and ends there."""
+    probs = np.array([[0.5, 0.2, 0.2, 0.1], [0.9, 0.0, 0.0, 0.1]], dtype=np.float32)
+    q = constrain_probs(probs, np.array([False, True, True, False]))
+    assert q.dtype == np.float32
+    np.testing.assert_allclose(q[0], [0.0, 0.5, 0.5, 0.0])
+    assert (q[1] == 0).all()
+    state = GrammarState(Regex("[abc]{1,3}"), ToyTokenizer(), 6, {0})  # <eos> a b c ab ca
+    drafted = np.full((4, 6), 1 / 6, dtype=np.float32)
+    tokens, q, masks = state.sampled_draft([1, 2, 3, 1], drafted, make_generator(0))
+    assert tokens == [1, 2, 3, 0]  # after "abc" only the end is allowed: the fourth "a" is redrawn as it
+    assert q.shape == (4, 6) and q.dtype == np.float32 and masks.shape == (5, 6) and masks.dtype == np.bool_
+    np.testing.assert_array_equal(q[3], [1, 0, 0, 0, 0, 0])
+    assert not masks[0, 0] and masks[3].tolist() == [True] + [False] * 5
+    np.testing.assert_array_equal(state.mask(), masks[0])  # the matcher is left as it was
+    assert state.mask().flags.writeable is False  # a known mask is shared: read-only
 
 
 # ---- outputs match their schema ------------------------------------------------------------------------------
@@ -368,7 +391,7 @@ def test_forced_tokens_are_timed_as_rows_of_their_pass_and_counted_apart(tiny_ru
 
     def recording(tokens, num_logits=None):
         if num_logits != 0:  # not the prefill
-            fed.append(int(tokens.numel()))
+            fed.append(int(np.asarray(tokens).size))
         return forward(tokens, num_logits)
 
     monkeypatch.setattr(target, "forward", recording)
@@ -411,7 +434,7 @@ def test_a_batch_counts_forced_tokens_as_rows_of_its_pass(tiny_runtimes, monkeyp
     forward_batch = target.forward_batch
 
     def recording(items, num_logits=None):
-        fed.append(sum(int(tokens.numel()) for _, tokens in items))
+        fed.append(sum(int(np.asarray(tokens).size) for _, tokens in items))
         return forward_batch(items, num_logits)
 
     monkeypatch.setattr(target, "forward_batch", recording)
