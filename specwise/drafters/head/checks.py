@@ -13,9 +13,17 @@ import math
 from pathlib import Path
 from typing import Any, NoReturn
 
-import torch
+import numpy as np
 
-__all__ = ["HeadFileError", "HeadNotFoundError", "check_config", "read_config", "read_tensors"]
+__all__ = [
+    "HeadFileError",
+    "HeadNotFoundError",
+    "check_config",
+    "read_config",
+    "read_safetensors",
+    "read_tensors",
+    "write_safetensors",
+]
 
 REMAKE = "use a head written by `specwise distill`, or train one with `specwise distill --out DIR`"
 MAX_CONFIG_BYTES = 1 << 20  # a head's config.json is about 1 KB
@@ -30,8 +38,18 @@ MAX_TEXT = 4096  # a target's name may be a path
 
 TARGET_KEYS = ("name", "architecture", "vocab_size", "hidden_size", "num_layers", "fingerprint")
 # the file's dtypes as safetensors names them: trained weights (all one dtype), the rotary table, the ids
-WEIGHT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+WEIGHT_DTYPES = ("F16", "BF16", "F32")
 FIXED_DTYPES = {"inv_freq": "F32", "vocab_ids": "I64"}
+# every dtype of the safetensors format: its element size, and the numpy dtype this reader gives it (None: read
+# nowhere here; such a tensor is refused by name, never read)
+SAFETENSORS_DTYPES = {
+    "BOOL": (1, None), "U8": (1, "u1"), "I8": (1, "i1"), "F8_E5M2": (1, None), "F8_E4M3": (1, None),
+    "I16": (2, "<i2"), "U16": (2, "<u2"), "F16": (2, "<f2"), "BF16": (2, "<u2"), "I32": (4, "<i4"),
+    "U32": (4, "<u4"), "F32": (4, "<f4"), "F64": (8, "<f8"), "I64": (8, "<i8"), "U64": (8, "<u8"),
+}  # fmt: skip
+NUMPY_NAMES = {np.dtype("<f2"): "F16", np.dtype("<f4"): "F32", np.dtype("<f8"): "F64", np.dtype("<i8"): "I64",
+               np.dtype("<i4"): "I32", np.dtype("<i2"): "I16", np.dtype("i1"): "I8", np.dtype("u1"): "U8"}  # fmt: skip
+MAX_HEADER_BYTES = 1 << 24  # a head's header is about 1.5 KB (safetensors itself allows 100 MB)
 
 
 class HeadFileError(ValueError):
@@ -167,8 +185,109 @@ def check_config(path: Path, data: dict, fields: tuple[str, ...], fmt: str, vers
 # ---- model.safetensors --------------------------------------------------------------------------------------
 
 
+class _Invalid(Exception):
+    """What makes a file not a valid safetensors file (raised inside the reader, refused with the path)."""
+
+
+def _entry(name: str, entry) -> tuple[str, tuple[int, ...], int, int]:
+    """One tensor of the header: (dtype, shape, first byte, end byte), each checked against the others."""
+    if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+        raise _Invalid(f"tensor {_shown(name)} is not an object of dtype, shape and data_offsets")
+    dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if not isinstance(dtype, str) or dtype not in SAFETENSORS_DTYPES:
+        raise _Invalid(f"tensor {_shown(name)} has an unknown dtype {_shown(dtype)}")
+    ok = isinstance(shape, list) and len(shape) <= 8
+    ok = ok and all(type(d) is int and 0 <= d < 1 << 40 for d in shape)
+    if not ok:
+        raise _Invalid(f"tensor {_shown(name)} has the shape {_shown(shape)}")
+    ok = isinstance(offsets, list) and len(offsets) == 2 and all(type(o) is int and o >= 0 for o in offsets)
+    if not ok or offsets[0] > offsets[1]:
+        raise _Invalid(f"tensor {_shown(name)} has the data offsets {_shown(offsets)}")
+    if offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_DTYPES[dtype][0]:
+        raise _Invalid(f"tensor {_shown(name)}'s data offsets do not hold its shape")
+    return dtype, tuple(shape), offsets[0], offsets[1]
+
+
+def read_safetensors(path: Path, max_bytes: int) -> tuple[dict[str, tuple[str, tuple[int, ...]]], object]:
+    """A safetensors file's header checked against the format, before any tensor is read: ``({name: (dtype,
+    shape)}, reader)`` where ``reader(name)`` is that tensor as a new numpy array (its own aligned, writable copy;
+    BF16 widened to float32, exactly). The file is untrusted: its length, the header's length, JSON, every entry's
+    dtype, shape and offsets (the tensors' bytes one after the other, covering the data exactly, as the format
+    requires) are checked; ``max_bytes`` bounds the whole file. Raises HeadFileError naming ``path``."""
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise _Invalid(f"{size} bytes, more than the {max_bytes} its tensors need")
+        data = path.read_bytes()
+        if len(data) < 8:
+            raise _Invalid(f"{len(data)} bytes, shorter than a header")
+        n = int.from_bytes(data[:8], "little")
+        if not 2 <= n <= min(MAX_HEADER_BYTES, len(data) - 8):
+            raise _Invalid(f"a header of {n} bytes in a file of {len(data)}")
+        header = json.loads(data[8 : 8 + n].decode("utf-8"))
+        if not isinstance(header, dict):
+            raise _Invalid("the header is not a JSON object")
+        metadata = header.pop("__metadata__", {})
+        if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+            raise _Invalid("__metadata__ is not an object of strings")
+        entries = {name: _entry(name, entry) for name, entry in header.items()}
+        body = memoryview(data)[8 + n :]
+        at = 0
+        for _, _, first, end in sorted(entries.values(), key=lambda e: (e[2], e[3])):
+            if first != at:
+                raise _Invalid("the tensors' data overlap or leave a gap")
+            at = end
+        if at != len(body):
+            raise _Invalid(f"the tensors hold {at} bytes of data, the file {len(body)}")
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        refuse(path, f"not a valid safetensors file (header: {_detail(e)})")
+    except _Invalid as e:
+        refuse(path, f"not a valid safetensors file ({e})")
+    except OSError as e:
+        refuse(path, f"cannot be read ({e.strerror or e})")
+
+    def reader(name: str) -> np.ndarray:
+        dtype, shape, first, end = entries[name]
+        kind = SAFETENSORS_DTYPES[dtype][1]
+        if kind is None:
+            raise ValueError(f"{path}: tensor {name!r} is {dtype}, which this reader does not read")
+        value = np.frombuffer(body[first:end], dtype=kind).reshape(shape).copy()  # aligned, owned, writable
+        if dtype == "BF16":  # the upper half of a float32
+            value = (value.astype(np.uint32) << 16).view(np.float32)
+        return value
+
+    return {name: (e[0], e[1]) for name, e in entries.items()}, reader
+
+
+def write_safetensors(
+    path: Path, tensors: dict[str, np.ndarray], kinds: dict[str, str] | None = None, metadata: dict | None = None
+) -> None:
+    """Write ``tensors`` (numpy arrays of the dtypes in ``NUMPY_NAMES``) as a safetensors file at ``path``: the
+    header (names sorted, offsets one after the other, padded with spaces to 8 bytes), then the little-endian data.
+    kinds: a tensor's dtype as the file names it where numpy has none (``"BF16"``: its bits as uint16)."""
+    header: dict = {"__metadata__": dict(metadata)} if metadata else {}
+    kinds = kinds or {}
+    blobs, at = [], 0
+    for name in sorted(tensors):
+        value = np.asarray(tensors[name])
+        little = value.dtype.newbyteorder("<") if value.dtype.itemsize > 1 else value.dtype
+        kind = kinds.get(name) or NUMPY_NAMES.get(little)
+        if kind not in SAFETENSORS_DTYPES or SAFETENSORS_DTYPES[kind][0] != value.dtype.itemsize:
+            raise ValueError(f"tensor {name!r} is {value.dtype}, which a safetensors file here does not hold")
+        raw = np.ascontiguousarray(value, dtype=little).tobytes()
+        header[name] = {"dtype": kind, "shape": list(value.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little") + text)
+        for raw in blobs:
+            f.write(raw)
+
+
 def _header(
-    path: Path, found: dict[str, tuple[str, list[int]]], expected: dict[str, tuple[torch.Size, str | None]]
+    path: Path, found: dict[str, tuple[str, tuple[int, ...]]], expected: dict[str, tuple[tuple[int, ...], str | None]]
 ) -> None:
     """The names, dtypes and shapes in the file's header (``found``: name -> (dtype name, shape)) against
     ``expected`` (name -> (shape, dtype name, or None for one of the weight dtypes)), before any tensor is read."""
@@ -192,43 +311,39 @@ def _header(
         refuse(path, f"the weights mix dtypes {', '.join(sorted(weight_dtypes))}, expected one")
 
 
-def _finite(value: torch.Tensor) -> bool:
+def _finite(value: np.ndarray) -> bool:
     """Whether every element is finite, from one sum (NaN and infinities carry through it; a float16 sum cannot
     overflow float32, a wider one cannot overflow float64): several times faster than isfinite on float16."""
-    total = value.sum(dtype=torch.float32 if value.dtype == torch.float16 else torch.float64)
-    return bool(torch.isfinite(total))
+    total = value.sum(dtype=np.float32 if value.dtype == np.float16 else np.float64)
+    return bool(np.isfinite(total))
 
 
-def _values(path: Path, tensors: dict[str, torch.Tensor], vocab_size: int) -> None:
+def _values(path: Path, tensors: dict[str, np.ndarray], vocab_size: int) -> None:
     """Finite weights, a positive rotary table, and draft-vocabulary ids sorted, distinct and in the target's
     vocabulary."""
     for name, value in tensors.items():
-        if value.is_floating_point() and not _finite(value):
+        if value.dtype.kind == "f" and not _finite(value):
             refuse(path, f"tensor {name!r} holds NaN or infinite values, expected finite weights")
     if not bool((tensors["inv_freq"] > 0).all()):
         refuse(path, "tensor 'inv_freq' holds values <= 0, expected the rotary frequencies (positive)")
     ids = tensors["vocab_ids"]
-    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         low, high = int(ids.min()), int(ids.max())
         refuse(path, f"tensor 'vocab_ids' holds ids {low}..{high}, expected ids in the target's 0..{vocab_size - 1}")
-    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+    if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
         refuse(path, "tensor 'vocab_ids' is not strictly increasing, expected sorted distinct token ids")
 
 
-def read_tensors(path: Path, expected: dict[str, tuple[torch.Size, str | None]], vocab_size: int) -> dict:
-    """The tensors of ``model.safetensors`` (on the CPU), checked: the header against ``expected`` (see
-    :func:`_header`), then the values (:func:`_values`; ``vocab_size``: the target's). One opening of the file
-    serves both (safetensors itself checks that the header's offsets stay inside the file)."""
-    from safetensors import SafetensorError, safe_open
-
+def read_tensors(path: Path, expected: dict[str, tuple[tuple[int, ...], str | None]], vocab_size: int) -> dict:
+    """The tensors of ``model.safetensors`` as numpy arrays, checked: the file against the format
+    (:func:`read_safetensors`), its header against ``expected`` (see :func:`_header`), then the values
+    (:func:`_values`; ``vocab_size``: the target's). BF16 weights come as float32 (the same values)."""
     if not path.is_file():
         raise HeadNotFoundError(f"{path.parent} has no model.safetensors: {REMAKE}")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            slices = {name: f.get_slice(name) for name in list(f.keys())}
-            _header(path, {name: (piece.get_dtype(), piece.get_shape()) for name, piece in slices.items()}, expected)
-            tensors = {name: f.get_tensor(name) for name in expected}
-    except (SafetensorError, OSError, RuntimeError) as e:
-        refuse(path, f"not a valid safetensors file ({_detail(e)})")
+    # the largest file these tensors make: 8 bytes per element (their widest dtype), and the header
+    elements = sum(math.prod(shape) for shape, _ in expected.values())
+    found, read = read_safetensors(path, 8 + MAX_HEADER_BYTES + 8 * elements)
+    _header(path, found, expected)
+    tensors = {name: read(name) for name in expected}
     _values(path, tensors, vocab_size)
     return tensors

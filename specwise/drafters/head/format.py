@@ -1,5 +1,9 @@
 """The head file format: a directory with ``config.json`` (:class:`HeadConfig`, the target's identity) and
 ``model.safetensors`` (the trained weights and the draft vocabulary), and the checks that a head meets its target.
+
+:func:`read_head` reads a directory as numpy arrays (:class:`HeadWeights`, what the drafter takes; no torch);
+:func:`load_head` and :func:`save_head` read and write the training module (:class:`EagleHead`, torch: the
+``distill`` extra).
 """
 
 from __future__ import annotations
@@ -8,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from specwise.drafters.head.checks import (
     FIXED_DTYPES,
@@ -17,6 +21,7 @@ from specwise.drafters.head.checks import (
     check_config,
     read_config,
     read_tensors,
+    write_safetensors,
 )
 from specwise.files import atomic_path, write_json_atomic
 
@@ -27,11 +32,17 @@ __all__ = [
     "HeadConfig",
     "HeadFileError",
     "HeadNotFoundError",
+    "HeadWeights",
     "TargetMismatchError",
     "check_target",
+    "check_target_shapes",
+    "head_tensor_shapes",
     "load_head",
+    "read_head",
     "save_head",
     "target_identity",
+    "target_rows",
+    "write_head",
 ]
 
 FORMAT = "specwise-head"
@@ -65,11 +76,153 @@ class HeadConfig:
         return cls(**check_config(Path(path), data, tuple(cls.__dataclass_fields__), FORMAT, FORMAT_VERSION))
 
 
+def head_tensor_shapes(config: HeadConfig) -> dict[str, tuple[int, ...]]:
+    """The tensors of a head's file and their shapes, in the order :class:`EagleHead` keeps them (its
+    ``state_dict``): the trained weights, then the draft vocabulary's ids and the rotary frequencies."""
+    c = config
+    d, hd = c.hidden_size, c.head_dim
+    return {
+        "feature_norm": (d,),
+        "embed_norm": (d,),
+        "attn_norm": (d,),
+        "mlp_norm": (d,),
+        "out_norm": (d,),
+        "vocab_ids": (c.draft_vocab_size,),
+        "inv_freq": (hd // 2,),
+        "fc.weight": (d, 2 * d),
+        "qkv.weight": ((c.num_heads + 2 * c.num_kv_heads) * hd, d),
+        "o.weight": (d, c.num_heads * hd),
+        "gate_up.weight": (2 * c.intermediate_size, d),
+        "down.weight": (d, c.intermediate_size),
+    }
+
+
+def check_target_shapes(config: HeadConfig, vocab_ids: np.ndarray, embed: tuple, output: tuple) -> None:
+    """Refuse a target whose embedding or output layer (shapes ``[vocab, hidden]``) does not fit the head: another
+    hidden size, or fewer output rows than the draft vocabulary's ids need (TargetMismatchError)."""
+    d = config.hidden_size
+    for what, shape in (("embedding", tuple(embed)), ("output layer", tuple(output))):
+        if len(shape) != 2 or shape[1] != d:
+            raise TargetMismatchError(
+                f"the head's hidden_size is {d}, but the target's {what} is {list(shape)}: use a head trained "
+                "for this target (`specwise distill`)"
+            )
+    top = int(vocab_ids.max()) if vocab_ids.size else -1
+    if top >= output[0]:
+        raise TargetMismatchError(
+            f"the head's draft vocabulary holds token {top}, outside the target's {output[0]} tokens: use a "
+            "head trained for this target (`specwise distill`)"
+        )
+
+
+def target_rows(weight, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of a target's embedding or output layer as float32 ``[n, hidden]``: a quantized target's
+    (:class:`specwise.models.quantized.TargetWeights`: read from its blocks), a numpy array, or a Hugging Face
+    model's weight (a torch tensor, on any device: read back to the host; only the hf extra makes such a target)."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    tensor = getattr(weight, "tensor", None)
+    if tensor is not None and hasattr(tensor, "rows"):
+        return tensor.rows(ids)
+    if isinstance(weight, np.ndarray):
+        return np.ascontiguousarray(weight[ids], dtype=np.float32)
+    rows = weight[ids.tolist()]
+    if hasattr(rows, "detach"):  # torch
+        rows = rows.detach().float().cpu().numpy()
+    return np.ascontiguousarray(rows, dtype=np.float32)
+
+
+class HeadWeights:
+    """A head as the drafter reads it (:func:`read_head`): its config and its tensors as numpy arrays (the
+    weights in the file's dtype, float16 or float32; a BF16 file's as float32), and once attached
+    (:meth:`attach_target`) the target's embedding and output layer, read row by row on demand.
+
+    tensors: the names and shapes of :func:`head_tensor_shapes`; ``vocab_ids`` int64, ``inv_freq`` float32.
+    """
+
+    def __init__(self, config: HeadConfig, tensors: dict[str, np.ndarray]) -> None:
+        shapes = head_tensor_shapes(config)
+        if set(tensors) != set(shapes):
+            raise ValueError(f"a head's tensors are {', '.join(shapes)}, got {', '.join(sorted(tensors))}")
+        for name, shape in shapes.items():
+            value = tensors[name]
+            if not isinstance(value, np.ndarray) or value.shape != shape:
+                got = value.shape if isinstance(value, np.ndarray) else type(value).__name__
+                raise ValueError(f"the head's {name} must be a numpy array of shape {list(shape)}, got {got}")
+        self.config = config
+        self.tensors = dict(tensors)
+        self.vocab_ids = np.ascontiguousarray(tensors["vocab_ids"], dtype=np.int64)
+        self.inv_freq = np.ascontiguousarray(tensors["inv_freq"], dtype=np.float32)
+        self.embed = None  # the target's embedding (rows read with target_rows), set by attach_target
+        self.output = None  # the target's output layer
+        self._output_rows: np.ndarray | None = None  # its draft-vocabulary rows, where given as they are
+
+    @classmethod
+    def from_module(cls, head) -> HeadWeights:
+        """The numpy view of a training module (an :class:`EagleHead`: torch), with the target it is attached to."""
+        tensors = {}
+        for name, value in head.state_dict().items():
+            value = value.detach().cpu()
+            if str(value.dtype) == "torch.bfloat16":  # no numpy dtype: the same values in float32
+                value = value.float()
+            tensors[name] = value.numpy().copy()
+        weights = cls(head.config, tensors)
+        weights.embed, weights.output = head.embed, head._target_output
+        if head._head_weight is not None:  # the output rows, gathered already (or set without a target)
+            weights._output_rows = target_rows(head._head_weight, np.arange(head._head_weight.shape[0]))
+        return weights
+
+    def attach_target(self, hf_model) -> None:
+        """Take the target's embedding and output layer (``hf_model``: a Hugging Face model or a quantized
+        target's :class:`~specwise.models.quantized.TargetWeights`), checked against the head's shapes."""
+        embed = hf_model.get_input_embeddings().weight
+        output = hf_model.get_output_embeddings().weight
+        check_target_shapes(self.config, self.vocab_ids, tuple(embed.shape), tuple(output.shape))
+        self.embed, self.output, self._output_rows = embed, output, None
+
+    def _require_target(self) -> None:
+        if self.embed is None or (self.output is None and self._output_rows is None):
+            raise RuntimeError("attach a target to the head first (attach_target)")
+
+    def embedding_rows(self, ids) -> np.ndarray:
+        """The target's embedding rows of ``ids``: float32 ``[n, hidden]``."""
+        self._require_target()
+        return target_rows(self.embed, np.asarray(ids))
+
+    def output_row_block(self, first: int, count: int) -> np.ndarray:
+        """Rows ``first .. first + count - 1`` of the output layer over the draft vocabulary, float32."""
+        self._require_target()
+        if self._output_rows is not None:
+            return np.ascontiguousarray(self._output_rows[first : first + count], dtype=np.float32)
+        return target_rows(self.output, self.vocab_ids[first : first + count])
+
+    def output_rows(self, dtype=np.float32, chunk: int = 1024) -> np.ndarray:
+        """The output layer's draft-vocabulary rows ``[draft_vocab, hidden]`` in ``dtype``, gathered ``chunk`` rows
+        at a time (no whole float32 copy on the way to float16)."""
+        n = self.vocab_ids.size
+        out = np.empty((n, self.config.hidden_size), dtype=dtype)
+        for a in range(0, n, chunk):
+            out[a : a + chunk] = self.output_row_block(a, min(chunk, n - a))
+        return out
+
+
+def read_head(directory: Path | str) -> HeadWeights:
+    """Read and check a head directory (HeadFileError, a ValueError, names what is wrong): every field of the
+    config, and every tensor's name, dtype, shape and values against it. Attach a target before drafting
+    (:meth:`HeadWeights.attach_target`, after :func:`check_target`)."""
+    directory = Path(directory)
+    cfg_path = directory / "config.json"
+    config = HeadConfig.from_json(read_config(cfg_path), cfg_path)
+    expected = {name: (shape, FIXED_DTYPES.get(name)) for name, shape in head_tensor_shapes(config).items()}
+    tensors = read_tensors(directory / "model.safetensors", expected, config.target["vocab_size"])
+    return HeadWeights(config, tensors)
+
+
 def target_identity(hf_model, name: str) -> dict:
     """What a head records about its target, to refuse another target later (see :func:`check_target`).
 
     The fingerprint is the mean of 16 slices of the output layer's weight: it tells models apart and survives
-    a change of dtype or file format of the same weights.
+    a change of dtype or file format of the same weights. A quantized target computes it itself
+    (``fingerprint()``); a Hugging Face model's weight is a torch tensor (the hf extra).
     """
     config = hf_model.config
     weight = hf_model.get_output_embeddings().weight
@@ -106,45 +259,72 @@ def check_target(config: HeadConfig, hf_model, name: str) -> None:
         )
 
 
-def save_head(head: EagleHead, directory: Path, dtype: torch.dtype = torch.float16) -> None:
-    """Write ``config.json`` and ``model.safetensors`` (trainable weights, the draft vocabulary) atomically."""
-    from safetensors.torch import save_file
+def _torch_dtype(dtype):
+    """A torch dtype from a torch dtype or its name (``"float16"``)."""
+    import torch
 
-    tensors = {}
-    for name, value in head.state_dict().items():
-        value = value.detach().cpu()
-        tensors[name] = value.to(dtype) if value.is_floating_point() and name != "inv_freq" else value
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def write_head(directory: Path | str, config: HeadConfig, tensors: dict[str, np.ndarray], kinds=None) -> None:
+    """Write a head directory atomically: ``model.safetensors`` (``tensors``, numpy arrays named and shaped as
+    :func:`head_tensor_shapes` says; ``kinds``: a tensor's file dtype where numpy has none, ``"BF16"``), then
+    ``config.json``."""
+    directory = Path(directory)
+    shapes = head_tensor_shapes(config)
+    if set(tensors) != set(shapes) or any(tuple(np.shape(tensors[k])) != v for k, v in shapes.items()):
+        got = {k: list(np.shape(v)) for k, v in tensors.items()}
+        raise ValueError(f"a head's tensors are {shapes}, got {got}")
+    directory.mkdir(parents=True, exist_ok=True)
     with atomic_path(directory / "model.safetensors") as tmp:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    write_json_atomic(directory / "config.json", head.config.to_json())
+        write_safetensors(tmp, tensors, kinds)
+    write_json_atomic(directory / "config.json", config.to_json())
 
 
-def load_head(
-    directory: Path | str, device: torch.device | str = "cpu", dtype: torch.dtype | None = torch.float32
-) -> EagleHead:
-    """Read a head directory onto ``device``; attach a target before use.
+def save_head(head: EagleHead, directory: Path | str, dtype="float16") -> None:
+    """Write the training module ``head`` as a head directory (:func:`write_head`): trainable weights in ``dtype``
+    (a torch dtype or its name), the rotary frequencies in float32 and the draft vocabulary. Needs torch."""
+    import torch
 
-    The files are checked before use (HeadFileError, a ValueError, names what is wrong): every field of the config,
-    and every tensor's name, dtype, shape and values against it. :func:`check_target` then checks the head against
-    its target.
+    dtype = _torch_dtype(dtype)
+    tensors, kinds = {}, {}
+    for name, value in head.state_dict().items():
+        value = value.detach().cpu().contiguous()
+        if value.is_floating_point() and name != "inv_freq":
+            value = value.to(dtype)
+        if value.dtype == torch.bfloat16:  # no numpy dtype: its bits, named BF16 in the file
+            tensors[name], kinds[name] = value.view(torch.int16).numpy().view(np.uint16), "BF16"
+        else:
+            tensors[name] = value.numpy()
+    write_head(directory, head.config, tensors, kinds)
 
-    dtype: the floating-point weights' dtype (float32 for training); None keeps the file's (a drafter makes the
-    copies it computes with, so a float16 file needs no float32 copy on the way).
+
+def load_head(directory: Path | str, device="cpu", dtype="float32") -> EagleHead:
+    """Read a head directory as the training module (:class:`EagleHead`, torch: the ``distill`` extra) on
+    ``device``; attach a target before use. The files are checked as :func:`read_head` checks them.
+
+    dtype: the floating-point weights' dtype (a torch dtype or its name; float32 for training); None keeps the
+    file's (a BF16 file's weights come as float32). The drafter takes :func:`read_head`'s numpy head instead.
     """
+    weights = read_head(directory)  # the files' refusals first, with or without torch
+    try:
+        import torch
+    except ModuleNotFoundError as err:
+        from specwise.extras import missing_extra
+
+        raise missing_extra(err, "distill", "the head's training module (load_head)") from err
+
     from specwise.drafters.head.module import EagleHead
 
-    directory = Path(directory)
-    cfg_path = directory / "config.json"
-    config = HeadConfig.from_json(read_config(cfg_path), cfg_path)
     with torch.device("meta"):  # shapes only: the file's tensors become the parameters (no initialisation)
-        head = EagleHead(config)
-    expected = {name: (value.shape, FIXED_DTYPES.get(name)) for name, value in head.state_dict().items()}
-    state = read_tensors(directory / "model.safetensors", expected, config.target["vocab_size"])
+        head = EagleHead(weights.config)
+    dtype = None if dtype is None else _torch_dtype(dtype)
 
-    def cast(name: str, value: torch.Tensor) -> torch.Tensor:
-        if not value.is_floating_point() or name == "inv_freq" or dtype is None:
-            return value
-        return value.to(dtype)
+    def cast(name: str, value: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(value)
+        if not tensor.is_floating_point() or name == "inv_freq" or dtype is None:
+            return tensor
+        return tensor.to(dtype)
 
-    head.load_state_dict({name: cast(name, value) for name, value in state.items()}, assign=True)
+    head.load_state_dict({name: cast(name, value) for name, value in weights.tensors.items()}, assign=True)
     return head.to(device).eval()

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import math
 
-import torch
-from torch import nn
+try:
+    import torch
+    from torch import nn
+except ModuleNotFoundError as err:  # torch code: the distill extra
+    from specwise.extras import missing_extra
 
-from specwise.drafters.head.format import HeadConfig, TargetMismatchError, target_identity
+    raise missing_extra(err, "distill", "the head's training module (specwise.drafters.head.module)") from err
+
+from specwise.drafters.head.format import HeadConfig, check_target_shapes, target_identity
 from specwise.models.layer import decoder_layer, qkv_heads, rms_norm, rotary_tables
 
 __all__ = ["EagleHead", "new_head"]
@@ -55,21 +60,9 @@ class EagleHead(nn.Module):
         self._head_weight = None
 
     def _check_target_shapes(self, embed: tuple[int, ...], output: tuple[int, ...]) -> None:
-        """Refuse a target whose embedding or output layer (``[vocab, hidden]``) does not fit the head: another
-        hidden size, or fewer output rows than the draft vocabulary's ids need (TargetMismatchError)."""
-        d = self.config.hidden_size
-        for what, shape in (("embedding", embed), ("output layer", output)):
-            if len(shape) != 2 or shape[1] != d:
-                raise TargetMismatchError(
-                    f"the head's hidden_size is {d}, but the target's {what} is {list(shape)}: use a head trained "
-                    "for this target (`specwise distill`)"
-                )
-        top = int(self.vocab_ids.max()) if self.vocab_ids.numel() else -1
-        if top >= output[0]:
-            raise TargetMismatchError(
-                f"the head's draft vocabulary holds token {top}, outside the target's {output[0]} tokens: use a "
-                "head trained for this target (`specwise distill`)"
-            )
+        """Refuse a target whose embedding or output layer (``[vocab, hidden]``) does not fit the head
+        (TargetMismatchError; :func:`~specwise.drafters.head.format.check_target_shapes`)."""
+        check_target_shapes(self.config, self.vocab_ids.cpu().numpy(), embed, output)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -96,7 +89,7 @@ class EagleHead(nn.Module):
         ids = self.vocab_ids.to(weight.device)
         out = torch.empty((ids.numel(), weight.shape[1]), dtype=dtype or weight.dtype, device=weight.device)
         for a in range(0, ids.numel(), chunk):
-            out[a : a + chunk] = weight[ids[a : a + chunk]]
+            out[a : a + chunk] = torch.as_tensor(weight[ids[a : a + chunk]])  # a quantized target's rows: numpy
         return out
 
     def output_row_block(self, first: int, count: int) -> torch.Tensor:
@@ -106,14 +99,14 @@ class EagleHead(nn.Module):
         if self._target_output is None:
             raise RuntimeError("attach a target to the head first (attach_target)")
         ids = self.vocab_ids[first : first + count].to(self._target_output.device)
-        return self._target_output[ids].float()
+        return torch.as_tensor(self._target_output[ids]).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_eps)
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Input of the layer: [..., d] from features [..., d] and token ids [...]."""
-        emb = self.embed[next_tokens]
+        emb = torch.as_tensor(self.embed[next_tokens], device=features.device)  # a quantized target's rows: numpy
         both = torch.cat([self._norm(features, self.feature_norm), self._norm(emb, self.embed_norm)], dim=-1)
         return self.fc(both)
 
@@ -191,9 +184,7 @@ def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
     return torch.cat([pad, x[..., :-n, :]], dim=-2)
 
 
-def new_head(
-    hf_model, name: str, vocab_ids: torch.Tensor, intermediate_size: int | None = None, seed: int = 0
-) -> EagleHead:
+def new_head(hf_model, name: str, vocab_ids, intermediate_size: int | None = None, seed: int = 0) -> EagleHead:
     """A freshly initialised head for ``hf_model`` (shaped like one of its layers), attached to it."""
     config = hf_model.config
     hidden = int(config.hidden_size)
@@ -205,7 +196,7 @@ def new_head(
         head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
         intermediate_size=int(intermediate_size or config.intermediate_size),
         rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
-        draft_vocab_size=int(vocab_ids.numel()),
+        draft_vocab_size=len(vocab_ids),
         target=target_identity(hf_model, name),
     )
     torch.manual_seed(seed)
@@ -213,7 +204,7 @@ def new_head(
     for module in (head.fc, head.qkv, head.o, head.gate_up, head.down):
         nn.init.normal_(module.weight, std=0.02)
     with torch.no_grad():
-        head.vocab_ids.copy_(vocab_ids)
+        head.vocab_ids.copy_(torch.as_tensor(vocab_ids))
         rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
         if rotary is not None:
             head.inv_freq.copy_(rotary.inv_freq.float())
