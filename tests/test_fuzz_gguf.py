@@ -17,7 +17,6 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from gguf_raw import (
     ARRAY,
     F32,
@@ -50,7 +49,7 @@ BIG = 1 << 64
 def load(path) -> QuantizedModel:
     """Load and decode a few tokens (what a user's first command does)."""
     model = QuantizedModel(path, precision="q8", capacity=64, huge_pages=False)
-    model.forward(torch.tensor([1, 5, 7]))
+    model.forward([1, 5, 7])
     return model
 
 
@@ -59,8 +58,8 @@ def test_the_base_model_loads_and_decodes(tmp_path):
     path.write_bytes(tiny_model().bytes())
     model = load(path)
     assert model.vocab_size == VOCAB
-    logits = model.forward(torch.tensor([3]))
-    assert logits.shape == (1, VOCAB) and torch.isfinite(logits).all()
+    logits = model.forward([3])
+    assert logits.shape == (1, VOCAB) and logits.dtype == np.float32 and np.isfinite(logits).all()
 
 
 def test_the_default_model_passes_every_check():
@@ -389,20 +388,20 @@ def test_the_native_entry_points_refuse_sizes_that_do_not_fit():
     pack.out = 40
     assert lib.specwise_q_repack(ctypes.byref(pack), raw.ctypes.data, raw.size, 0, 40) == 0
     # rows and ids outside the matrix
-    out = torch.empty((2, 64))
-    assert lib.specwise_q_row(ctypes.byref(w.struct), 40, out.data_ptr()) == SW_ERANGE
-    assert lib.specwise_q_row(ctypes.byref(w.struct), -1, out.data_ptr()) == SW_ERANGE
-    ids = torch.tensor([3, 1 << 32])
-    assert lib.specwise_q_gather(ctypes.byref(w.struct), ids.data_ptr(), 2, out.data_ptr()) == SW_ERANGE
+    out = np.empty((2, 64), dtype=np.float32)
+    assert lib.specwise_q_row(ctypes.byref(w.struct), 40, out.ctypes.data) == SW_ERANGE
+    assert lib.specwise_q_row(ctypes.byref(w.struct), -1, out.ctypes.data) == SW_ERANGE
+    ids = np.array([3, 1 << 32], dtype=np.int64)
+    assert lib.specwise_q_gather(ctypes.byref(w.struct), ids.ctypes.data, 2, out.ctypes.data) == SW_ERANGE
     block = np.zeros(2 * 18, dtype=np.uint8)  # room for one row of Q4_0, two asked
     assert lib.specwise_q_requantize_q4_0(ctypes.byref(w.struct), 0, 2, block.ctypes.data, block.size) == SW_EARG
     assert lib.specwise_q_abs_sum(ctypes.byref(w.struct), 40 * 64 - 1, 2) == -2.0
     # a matrix that is not one, and more parts than the product takes
     bad = quant.QMat(9, 32, 0, 0, 1, 40, 64, w.struct.q, w.struct.s, None, 0, None, None)
-    assert lib.specwise_q_row(ctypes.byref(bad), 0, out.data_ptr()) == SW_EARG
-    x, y = torch.zeros((1, 64)), torch.zeros((1, 9 * 40))
+    assert lib.specwise_q_row(ctypes.byref(bad), 0, out.ctypes.data) == SW_EARG
+    x, y = np.zeros((1, 64), dtype=np.float32), np.zeros((1, 9 * 40), dtype=np.float32)
     parts = (quant.QMat * 9)(*([w.struct] * 9))
-    status = lib.specwise_q_gemm(ctypes.cast(parts, ctypes.c_void_p), 9, x.data_ptr(), None, y.data_ptr(), 1, 1, 1)
+    status = lib.specwise_q_gemm(ctypes.cast(parts, ctypes.c_void_p), 9, x.ctypes.data, None, y.ctypes.data, 1, 1, 1)
     assert status == SW_EARG
     with pytest.raises(ValueError, match="2\\^30"):
         QTensor(GGML_Q8_0, raw, (1 << 32) + 40, 64)
@@ -419,9 +418,9 @@ def test_the_layer_kernel_refuses_a_shape_or_position_that_does_not_fit(tmp_path
             setattr(shape, k, v)
         try:
             with pytest.raises(ValueError, match="does not fit|refused"):
-                model.forward(torch.tensor([4]))
+                model.forward([4])
         finally:
             for k, v in saved.items():
                 setattr(shape, k, v)
     model.rollback(0)
-    model.forward(torch.tensor([4]))
+    model.forward([4])

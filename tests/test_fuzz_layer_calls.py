@@ -14,7 +14,6 @@ import ctypes
 
 import numpy as np
 import pytest
-import torch
 from gguf_raw import HIDDEN, tiny_model
 
 from specwise.models.kernels import quant
@@ -24,7 +23,16 @@ if not quant.quantized_available():
 
 from struct_calls import assert_refused_unwritten, copy_struct, edited, pointers, same_bytes  # noqa: E402
 
-from specwise.models.kernels.layers import QPass, QRows, QRun, QShape, QWork, addr  # noqa: E402
+from specwise.models.kernels.layers import (  # noqa: E402
+    QPass,
+    QRows,
+    QRun,
+    QShape,
+    QWork,
+    addr,
+    inverse_frequencies,
+    rotary_tables,
+)
 from specwise.models.quantized import QuantizedModel  # noqa: E402
 
 OK, EHEAD, EIDS, EFIT, EWORK, EBUFFER = 0, 1, 2, 5, 6, 7  # specwise.h's statuses
@@ -36,7 +44,7 @@ def model(tmp_path_factory):
     path = tmp_path_factory.mktemp("model") / "base.gguf"
     path.write_bytes(tiny_model().bytes())
     m = QuantizedModel(path, precision="q8", capacity=16, huge_pages=False)
-    m.forward(torch.tensor([1, 5, 7]))  # fills the stack's structs as a pass leaves them
+    m.forward([1, 5, 7])  # fills the stack's structs as a pass leaves them
     return m
 
 
@@ -52,32 +60,32 @@ class Call:
         self.k_cache, self.v_cache = model.k_cache, model.v_cache
         cap = self.k_cache.shape[2]
         cos, sin = model._tables(start + k)
-        self.x = torch.zeros((k, HIDDEN))
-        self.k_rows = (ctypes.c_void_p * k)(*[self.k_cache.data_ptr()] * k)
-        self.v_rows = (ctypes.c_void_p * k)(*[self.v_cache.data_ptr()] * k)
+        self.x = np.zeros((k, HIDDEN), dtype=np.float32)
+        self.k_rows = (ctypes.c_void_p * k)(*[self.k_cache.ctypes.data] * k)
+        self.v_rows = (ctypes.c_void_p * k)(*[self.v_cache.ctypes.data] * k)
         self.caps = (ctypes.c_int64 * k)(*[cap] * k)
         self.pos = (ctypes.c_int64 * k)(*range(start, start + k))
         self.shape, self.layers = copy_struct(stack.shape), copy_struct(stack.weights)
         self.rows = QRows(
-            self.x.data_ptr(), self.x.numel(), k, addr(self.k_rows), addr(self.v_rows), addr(self.caps),
-            addr(self.pos), cos.data_ptr(), sin.data_ptr(), None, None, start + k, 0,
+            self.x.ctypes.data, self.x.size, k, addr(self.k_rows), addr(self.v_rows), addr(self.caps),
+            addr(self.pos), cos.ctypes.data, sin.ctypes.data, None, None, start + k, 0,
         )  # fmt: skip
         scratch = int(self.lib.specwise_qllama_scratch_floats(addr(self.shape), k))
-        self.scratch = torch.zeros(scratch)
-        self.scores = torch.zeros(stack.n_heads * k * (start + k))
-        self.work = QWork(self.scratch.data_ptr(), scratch, self.scores.data_ptr(), self.scores.numel())
+        self.scratch = np.zeros(scratch, dtype=np.float32)
+        self.scores = np.zeros(stack.n_heads * k * (start + k), dtype=np.float32)
+        self.work = QWork(self.scratch.ctypes.data, scratch, self.scores.ctypes.data, self.scores.size)
         self.run = QRun(1, 1)
-        self.ids = torch.tensor([3, 4][:k] + [5] * (k - 2), dtype=torch.int64)
-        self.logits = torch.zeros((k, model.vocab_size))
-        self.features = torch.zeros((k, HIDDEN))
+        self.ids = np.array([3, 4][:k] + [5] * (k - 2), dtype=np.int64)
+        self.logits = np.zeros((k, model.vocab_size), dtype=np.float32)
+        self.features = np.zeros((k, HIDDEN), dtype=np.float32)
         self.pass_ = QPass(
-            self.ids.data_ptr(), k, self.features.data_ptr(), self.features.numel(), self.logits.data_ptr(),
-            self.logits.numel(),
+            self.ids.ctypes.data, k, self.features.ctypes.data, self.features.size, self.logits.ctypes.data,
+            self.logits.size,
         )  # fmt: skip
         self.ends = copy_struct(model._model_struct)
 
-    def snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in (self.x, self.k_cache, self.v_cache, self.logits, self.features)]
+    def snapshot(self) -> list[np.ndarray]:
+        return [a.copy() for a in (self.x, self.k_cache, self.v_cache, self.logits, self.features)]
 
     def status(self, entry: str, **fields) -> int:
         """The status of ``entry`` ("rows" or "forward") with ``fields`` (``struct__field`` = value, or
@@ -179,7 +187,7 @@ FORWARD_CASES = {
 def test_a_forward_whose_outputs_do_not_fit_is_refused_before_anything_is_written(model, case):
     call = Call(model)
     fields, expected = FORWARD_CASES[case]
-    fields = _resolve(fields, {"k": call.rows.rows, "logits": call.logits.numel(), "features": call.features.numel()})
+    fields = _resolve(fields, {"k": call.rows.rows, "logits": call.logits.size, "features": call.features.size})
     assert_refused_unwritten(call, expected, "forward", **fields)
 
 
@@ -217,15 +225,15 @@ def head():
 
     if not head_quantization_available():
         pytest.skip("the head's quantization needs the gguf package")
-    g = torch.Generator().manual_seed(0)
+    g = np.random.default_rng(0)
     h, heads, kv, hd, inter = 64, 2, 1, 32, 96
 
     def w(*shape):
-        return torch.randn(*shape, generator=g) * 0.1
+        return (g.standard_normal(shape) * 0.1).astype(np.float32)
 
     layer = QuantizedHeadLayer(h, heads, kv, hd, inter, 1e-5, 1 + w(h), w((heads + 2 * kv) * hd, h), w(h, heads * hd),
                                1 + w(h), w(2 * inter, h), w(h, inter))  # fmt: skip
-    norms = tuple((1 + w(h)).contiguous() for _ in range(3))
+    norms = tuple(1 + w(h) for _ in range(3))
     fc = quantize_rows(w(h, 2 * h), "fc")
     output = quantize_rows(w(40, h), "out")
     return layer, layer.ends(norms, fc), (quant.QMat * 1)(output.struct), output  # the matrix kept alive
@@ -236,14 +244,12 @@ class HeadCall:
 
     def __init__(self, head, n: int = 2, start: int = 3, cap: int = 8) -> None:
         layer, self.ends, self.output, _ = head
-        g = torch.Generator().manual_seed(1)
+        g = np.random.default_rng(1)
         self.layer = layer
-        self.features, self.emb = torch.randn(n, 64, generator=g), torch.randn(n, 64, generator=g)
-        self.k_cache, self.v_cache = torch.zeros(1, cap, 32), torch.zeros(1, cap, 32)
-        inv = 1.0 / (10000 ** (torch.arange(0, 32, 2).float() / 32))
-        angles = torch.outer(torch.arange(cap).float(), inv)
-        self.cos = torch.cat([angles.cos(), angles.cos()], 1).contiguous()
-        self.sin = torch.cat([-angles.sin(), angles.sin()], 1).contiguous()
+        self.features = g.standard_normal((n, 64)).astype(np.float32)
+        self.emb = g.standard_normal((n, 64)).astype(np.float32)
+        self.k_cache, self.v_cache = np.zeros((1, cap, 32), np.float32), np.zeros((1, cap, 32), np.float32)
+        self.cos, self.sin = rotary_tables(inverse_frequencies(32, 10000.0), cap)
         self.pred, best, top, self.logits = layer.step(
             self.features, self.emb, start, self.k_cache, self.v_cache, self.cos, self.sin, self.ends, self.output,
             True,
@@ -254,8 +260,8 @@ class HeadCall:
             "out": copy_struct(layer._out), "head": copy_struct(self.ends.struct),
         }  # fmt: skip
 
-    def snapshot(self) -> list[torch.Tensor]:
-        return [t.clone() for t in (self.k_cache, self.v_cache, self.pred, self.logits)]
+    def snapshot(self) -> list[np.ndarray]:
+        return [a.copy() for a in (self.k_cache, self.v_cache, self.pred, self.logits)]
 
     def status(self, **fields) -> int:
         own = self.structs | {"shape": self.layer._stack.shape, "layers": self.layer._stack.weights}
@@ -301,7 +307,8 @@ def test_a_head_step_that_does_not_fit_is_refused_before_anything_is_written(hea
 def test_a_head_step_through_copied_structs_gives_the_layers_bits(head):
     """The step's own numbers: run again through the copied structs, the same bits as the layer's step."""
     call = HeadCall(head)
-    pred, logits = call.pred.clone(), call.logits.clone()
+    pred, logits = call.pred.copy(), call.logits.copy()
     assert call.status() == OK
-    assert torch.equal(call.pred, pred) and torch.equal(call.logits, logits)
-    assert np.isfinite(call.logits.numpy()).all()
+    np.testing.assert_array_equal(call.pred, pred)
+    np.testing.assert_array_equal(call.logits, logits)
+    assert np.isfinite(call.logits).all()

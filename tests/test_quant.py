@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
+from specwise.models import threads as thread_count  # noqa: E402
 from specwise.models.kernels import quant  # noqa: E402
 
 if not quant.quantized_available():
@@ -120,8 +120,8 @@ def assert_same_floats(got: np.ndarray, want: np.ndarray) -> None:
     assert np.array_equal(got[nonzero].view(np.uint32), want[nonzero].view(np.uint32))
 
 
-def randn(rng, *shape) -> torch.Tensor:
-    return torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+def randn(rng, *shape) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
 
 
 # ---- 1. dequantization ------------------------------------------------------------------------------------
@@ -138,11 +138,12 @@ def test_dequantize_equals_gguf_bit_for_bit(t, shape):
     qt = qtensor(t, raw, out, n_in)
     assert qt.shape == (out, n_in)
     deq = qt.dequantize()
-    assert deq.dtype == torch.float32 and tuple(deq.shape) == (out, n_in)
-    assert_same_floats(deq.numpy(), ref)
+    assert isinstance(deq, np.ndarray) and deq.dtype == np.float32 and deq.shape == (out, n_in)
+    assert_same_floats(deq, ref)
     for i in (0, out // 2, out - 1):
-        assert_same_floats(qt.row(i).numpy(), ref[i])
-    assert_same_floats(qt.rows([out - 1, 0, out - 1]).numpy(), ref[[out - 1, 0, out - 1]])
+        assert_same_floats(qt.row(i), ref[i])
+    assert_same_floats(qt.rows([out - 1, 0, out - 1]), ref[[out - 1, 0, out - 1]])
+    assert_same_floats(qt.rows(np.array([[out - 1], [0]])), ref[[out - 1, 0]])  # any shape of ids, flattened
 
 
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q6_K], ids=lambda t: t.name)
@@ -153,15 +154,15 @@ def test_abs_sum_of_any_slice_equals_the_float64_reference(t):
     raw, want = make(rng, t, 40, 256)
     qt = qtensor(t, raw, 40, 256)
     flat = np.abs(want.astype(np.float64)).reshape(-1)
-    threads = torch.get_num_threads()
+    threads = thread_count.get_num_threads()
     try:
         for n in (1, 2):
-            torch.set_num_threads(n)
+            thread_count.set_num_threads(n)
             for first, count in ((0, flat.size), (100, 7), (250, 300), (3 * 256, 256), (1000, 9000), (5, 0)):
                 got = qt.abs_sum(first, count)
                 assert got == pytest.approx(float(flat[first : first + count].sum()), rel=1e-12, abs=1e-12)
     finally:
-        torch.set_num_threads(threads)
+        thread_count.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("t", LEGACY + KQUANTS, ids=lambda t: t.name)
@@ -171,7 +172,7 @@ def test_dequantize_random_blocks_with_any_finite_scales(t):
     raw = random_blocks(rng, t, OUT, IN, lambda n: any_finite_f16(rng, n))
     ref = reference(raw, t, OUT, IN)
     assert np.isfinite(ref).all()
-    assert_same_floats(qtensor(t, raw).dequantize().numpy(), ref)
+    assert_same_floats(qtensor(t, raw).dequantize(), ref)
 
 
 @pytest.mark.parametrize("t", (T.F16, T.BF16), ids=lambda t: t.name)
@@ -184,7 +185,7 @@ def test_dequantize_float_formats_any_finite_bits(t):
     raw = bits.view(np.uint8).reshape(OUT, -1)
     ref = reference(raw, t, OUT, 64)
     assert np.isfinite(ref).all()
-    deq = qtensor(t, raw, OUT, 64).dequantize().numpy()
+    deq = qtensor(t, raw, OUT, 64).dequantize()
     assert np.array_equal(deq.view(np.uint32), ref.view(np.uint32))  # signed zeros too
 
 
@@ -216,13 +217,13 @@ def test_repacked_bytes(t):
 # ---- 2. accuracy -------------------------------------------------------------------------------------------
 
 
-def error_bounds(ref: np.ndarray, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def error_bounds(ref: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(float64 x @ W.T, sum|w||x|, the q8 rounding bound 0.5 sum_b dx_b sum_{i in b}|w_i|), each [k, out]."""
-    w, x64 = torch.from_numpy(ref).double(), x.double()
+    w, x64 = ref.astype(np.float64), x.astype(np.float64)
     k, n_in = x.shape
-    dx = x64.abs().reshape(k, n_in // 32, 32).amax(-1) / 127  # [k, blocks]
-    w_blocks = w.abs().reshape(w.shape[0], n_in // 32, 32).sum(-1)  # [out, blocks]
-    return x64 @ w.T, x64.abs() @ w.abs().T, 0.5 * dx @ w_blocks.T
+    dx = np.abs(x64).reshape(k, n_in // 32, 32).max(-1) / 127  # [k, blocks]
+    w_blocks = np.abs(w).reshape(w.shape[0], n_in // 32, 32).sum(-1)  # [out, blocks]
+    return x64 @ w.T, np.abs(x64) @ np.abs(w).T, 0.5 * dx @ w_blocks.T
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -237,20 +238,22 @@ def test_products_match_float64_reference(t, n_in):
     x[3] *= 1e-3  # a row of a different scale (q8 steps are per row and block)
     x[5, :32] = 0.0  # an all-zero block (dx = 0)
     y64, scale, q8_step = error_bounds(ref, x)
-    exact = quant.q_gemm(qt, x, mode="exact").double()
-    assert (exact - y64).abs().le(EXACT_BOUND * U * scale).all(), ((exact - y64).abs() / (U * scale)).max()
-    q8 = quant.q_gemm(qt, x, mode="q8").double()
-    err = (q8 - y64).abs()
-    assert err.le(Q8_RIGOROUS * q8_step + EXACT_BOUND * U * scale).all()
+    exact = quant.q_gemm(qt, x, mode="exact").astype(np.float64)
+    assert (np.abs(exact - y64) <= EXACT_BOUND * U * scale).all(), (np.abs(exact - y64) / (U * scale)).max()
+    q8 = quant.q_gemm(qt, x, mode="q8").astype(np.float64)
+    err = np.abs(q8 - y64)
+    assert (err <= Q8_RIGOROUS * q8_step + EXACT_BOUND * U * scale).all()
     if t not in FLOATS and n_in >= 512:  # float weights have no integer path; 3 blocks cancel less (0.26)
-        assert err.le(Q8_TYPICAL * q8_step + EXACT_BOUND * U * scale).all(), (err / q8_step).max()
+        assert (err <= Q8_TYPICAL * q8_step + EXACT_BOUND * U * scale).all(), (err / q8_step).max()
 
 
 def test_default_mode_is_q8():
     rng = np.random.default_rng(5)
     raw, _ = make(rng, T.Q4_0)
     qt, x = qtensor(T.Q4_0, raw), randn(rng, 3, IN)
-    assert torch.equal(quant.q_gemm(qt, x), quant.q_gemm(qt, x, mode="q8"))
+    y = quant.q_gemm(qt, x)
+    assert isinstance(y, np.ndarray) and y.dtype == np.float32 and y.shape == (3, OUT) and y.flags.c_contiguous
+    np.testing.assert_array_equal(y, quant.q_gemm(qt, x, mode="q8"))
 
 
 # ---- 3. row independence, 4. instruction paths -------------------------------------------------------------
@@ -273,15 +276,15 @@ def weights():
 def test_rows_independent_of_rows_in_pass(weights, t, isa, mode):
     use_isa(isa)
     qt, x = weights[t]
-    single = torch.cat([quant.q_gemm(qt, x[i : i + 1], mode=mode) for i in range(32)])  # [32, out]
+    single = np.concatenate([quant.q_gemm(qt, x[i : i + 1], mode=mode) for i in range(32)])  # [32, out]
     for k in range(1, 33):
         head = quant.q_gemm(qt, x[:k], mode=mode)
-        assert torch.equal(head, single[:k]), (k, (head - single[:k]).abs().max())
+        np.testing.assert_array_equal(head, single[:k], err_msg=f"k={k}")
     for k in (1, 7, 16, 23, 31):
         tail = quant.q_gemm(qt, x[32 - k :], mode=mode)
-        assert torch.equal(tail, single[32 - k :]), (k, (tail - single[32 - k :]).abs().max())
+        np.testing.assert_array_equal(tail, single[32 - k :], err_msg=f"k={k}")
     for threads in (1, 2, 3):
-        assert torch.equal(quant.q_gemm(qt, x[:13], mode=mode, threads=threads), single[:13])
+        np.testing.assert_array_equal(quant.q_gemm(qt, x[:13], mode=mode, threads=threads), single[:13])
 
 
 @pytest.mark.parametrize("isa", ("avx2", "avx512"))
@@ -296,8 +299,8 @@ def test_instruction_paths_agree_bit_for_bit(weights, t, isa):
     assert quant.isa() == isa
     for mode in quant.MODES:
         for got, ref in zip([quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 2, 3, 5, 8, 17, 32)], want[mode]):
-            assert torch.equal(got, ref), (mode, got.shape, (got - ref).abs().max())
-    assert torch.equal(qt.dequantize(), deq)
+            np.testing.assert_array_equal(got, ref, err_msg=f"{mode} {got.shape}")
+    np.testing.assert_array_equal(qt.dequantize(), deq)
 
 
 def test_set_isa_clamps_and_names():
@@ -328,14 +331,17 @@ def test_parts_side_by_side_and_bias(isa, mode):
     n_out = sum(out for _, out in shapes)
     bias = randn(rng, n_out)
     for group in (parts[:1], parts[:3], parts):
-        separate = torch.cat([quant.q_gemm(p, x, mode=mode) for p in group], dim=1)
+        separate = np.concatenate([quant.q_gemm(p, x, mode=mode) for p in group], axis=1)
         joint = quant.q_gemm(group, x, mode=mode)
         assert joint.shape == (11, sum(p.shape[0] for p in group))
-        assert torch.equal(joint, separate)
+        np.testing.assert_array_equal(joint, separate)
     with_bias = quant.q_gemm(parts, x, bias=bias, mode=mode)
-    assert torch.equal(with_bias, quant.q_gemm(parts, x, mode=mode) + bias)
+    np.testing.assert_array_equal(with_bias, quant.q_gemm(parts, x, mode=mode) + bias)
     # row independence holds for the side-by-side product too
-    assert torch.equal(quant.q_gemm(parts, x[4:5], bias=bias, mode=mode), with_bias[4:5])
+    np.testing.assert_array_equal(quant.q_gemm(parts, x[4:5], bias=bias, mode=mode), with_bias[4:5])
+    # a strided x (a column slice) is taken as a C-contiguous copy
+    wide = np.concatenate([x, x], axis=1)
+    np.testing.assert_array_equal(quant.q_gemm(parts, wide[:, :IN], mode=mode), quant.q_gemm(parts, x, mode=mode))
 
 
 # ---- 6. errors -----------------------------------------------------------------------------------------------
@@ -380,23 +386,24 @@ def test_wrong_byte_count(q4, delta):
 def test_wrong_x(q4):
     _, qt = q4
     for x in (
-        torch.zeros(64),  # 1-D
-        torch.zeros(2, 63),  # wrong inputs
-        torch.zeros(2, 64, dtype=torch.float64),
-        torch.zeros(2, 64, dtype=torch.float16),
-        torch.zeros(1, 2, 64),
+        np.zeros(64, dtype=np.float32),  # 1-D
+        np.zeros((2, 63), dtype=np.float32),  # wrong inputs
+        np.zeros((2, 64), dtype=np.float64),
+        np.zeros((2, 64), dtype=np.float16),
+        np.zeros((1, 2, 64), dtype=np.float32),
+        [[0.0] * 64],  # not an array
     ):
-        with pytest.raises(ValueError, match="float32 CPU x"):
+        with pytest.raises(ValueError, match="float32 numpy array x"):
             quant.q_gemm(qt, x)
 
 
 def test_wrong_bias_and_parts(q4):
     _, qt = q4
-    x = torch.zeros(2, 64)
+    x = np.zeros((2, 64), dtype=np.float32)
     with pytest.raises(ValueError, match="bias"):
-        quant.q_gemm(qt, x, bias=torch.zeros(OUT + 1))
+        quant.q_gemm(qt, x, bias=np.zeros(OUT + 1, dtype=np.float32))
     with pytest.raises(ValueError, match="bias"):
-        quant.q_gemm(qt, x, bias=torch.zeros(OUT, dtype=torch.float64))
+        quant.q_gemm(qt, x, bias=np.zeros(OUT, dtype=np.float64))
     with pytest.raises(ValueError, match="1 to 8"):
         quant.q_gemm([], x)
     with pytest.raises(ValueError, match="1 to 8"):
@@ -409,7 +416,7 @@ def test_wrong_bias_and_parts(q4):
 def test_unknown_mode(q4):
     _, qt = q4
     with pytest.raises(ValueError, match="unknown precision"):
-        quant.q_gemm(qt, torch.zeros(2, 64), mode="int4")
+        quant.q_gemm(qt, np.zeros((2, 64), dtype=np.float32), mode="int4")
 
 
 def test_row_outside(q4):
@@ -418,6 +425,15 @@ def test_row_outside(q4):
         qt.row(OUT)
     with pytest.raises(IndexError):
         qt.row(-1)
+    with pytest.raises(IndexError):
+        qt.rows([0, OUT])
+    with pytest.raises(TypeError, match="integers"):
+        qt.rows(np.array([0.5]))
+    with pytest.raises(ValueError, match="float32"):
+        qt.row(0, out=np.empty(64, dtype=np.float64))
+    out = np.empty(64, dtype=np.float32)
+    assert qt.row(3, out=out) is out
+    np.testing.assert_array_equal(out, qt.rows([3])[0])
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -427,11 +443,11 @@ def test_requantized_q4_0_is_ggufs_q4_0_of_the_values(t):
     rng = np.random.default_rng(3)
     raw, values = make(rng, t)
     qt = quant.QTensor(int(t), raw.reshape(-1).view(np.uint8), OUT, IN)
-    assert np.array_equal(qt.dequantize().numpy(), values)
+    assert np.array_equal(qt.dequantize(), values)
     narrow = qt.requantized_q4_0()
     assert narrow.type_name == "Q4_0" and narrow.shape == (OUT, IN)
     want = gguf.quants.dequantize(gguf.quants.quantize(values, T.Q4_0), T.Q4_0).reshape(OUT, IN)
-    assert np.array_equal(narrow.dequantize().numpy(), want)
+    assert np.array_equal(narrow.dequantize(), want)
 
 
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
@@ -453,7 +469,7 @@ def test_repack_jobs_equal_tensors_repacked_one_by_one(t, tmp_path):
     for job, ref in zip(jobs, (whole, permuted)):
         for part in ("q", "s", "m", "sd", "md"):
             a, b = getattr(job, part), getattr(ref, part)
-            assert (a is None) == (b is None) and (a is None or torch.equal(a, b)), part
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a, b)), part
     short = quant.QTensor(int(t), None, out, IN, name="short")
     with pytest.raises(RuntimeError, match="short"):
         quant.repack_jobs([(short, raw.reshape(-1)[: raw.size - 1], None)])

@@ -3,8 +3,8 @@ in one pass give bit for bit the logits (and features) each gives alone, in both
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 from test_quantized_model import VARIANTS, assert_bits, ids, sequence, write_gguf
 
 from specwise.models.kernels.quant import MAX_ROWS
@@ -49,7 +49,7 @@ STEPS = [
 
 def run_steps(model: QuantizedModel, seqs: list[QuantizedModel], tokens: list[list[int]]):
     """Run STEPS in batches; returns per sequence the logits of each of its forwards (in order)."""
-    out: list[list[torch.Tensor]] = [[] for _ in seqs]
+    out: list[list[np.ndarray]] = [[] for _ in seqs]
     fed = [0] * len(seqs)  # tokens of each stream fed (rolled-back ones are fed again)
     for step in STEPS:
         items, keeps, who = [], [], []
@@ -142,8 +142,18 @@ def test_sequences_share_the_weights_not_the_cache(tiny):
     other = model.sequence()
     assert other.length == 0 and model.length == 3
     assert other._stack is model._stack and other.layers is model.layers and other.embed is model.embed
-    assert other.k_cache.data_ptr() != model.k_cache.data_ptr()
-    assert other._features.data_ptr() != model._features.data_ptr()
+    assert not np.shares_memory(other.k_cache, model.k_cache)
+    assert not np.shares_memory(other._features, model._features)
+
+
+def test_a_batch_takes_lists_of_ids_and_an_empty_batch_is_empty(tiny):
+    model = QuantizedModel(tiny[0], precision="exact")
+    other = model.sequence()
+    assert model.forward_batch([]) == []
+    got = model.forward_batch([(model, [1, 2, 3]), (other, (4, 5))], [None, 1])
+    assert all(isinstance(g, np.ndarray) and g.dtype == np.float32 and g.flags.c_contiguous for g in got)
+    assert_bits(got[0], QuantizedModel(tiny[0], precision="exact").forward(ids([1, 2, 3])))
+    assert_bits(got[1], QuantizedModel(tiny[0], precision="exact").forward(ids([4, 5]))[1:])
 
 
 def test_bad_batches_are_refused_and_change_nothing(tiny):

@@ -1,4 +1,4 @@
-"""QuantizedModel on tiny Llama and Qwen2 GGUF files written here (gguf.GGUFWriter), against a float64 torch
+"""QuantizedModel on tiny Llama and Qwen2 GGUF files written here (gguf.GGUFWriter), against a float64 numpy
 decoder written here from the file's dequantized tensors (``gguf.quants.dequantize``).
 
 The reference applies rotary embeddings the way llama.cpp does on the file's own rows (adjacent pairs for
@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
-import torch
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as T  # noqa: E402
@@ -30,6 +29,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter  # noqa: E402
 from specwise.engine import Engine  # noqa: E402
 from specwise.models.kernels import quant  # noqa: E402
+from specwise.models.threads import get_num_threads, set_num_threads  # noqa: E402
 from specwise.sampling import SamplingParams  # noqa: E402
 
 if not quant.quantized_available():
@@ -188,7 +188,7 @@ def tiny(request, tmp_path_factory):
     spec = VARIANTS[request.param]
     path = tmp_path_factory.mktemp("gguf") / f"{request.param}.gguf"
     values = write_gguf(path, spec)
-    return path, spec, {k: torch.from_numpy(v) for k, v in values.items()}
+    return path, spec, values
 
 
 @pytest.fixture(params=PRECISIONS)
@@ -199,30 +199,34 @@ def precision(request):
 # ---- the reference ------------------------------------------------------------------------------------------
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float, pairs: bool) -> torch.Tensor:
+def rope(x: np.ndarray, positions: np.ndarray, theta: float, pairs: bool) -> np.ndarray:
     """Rotary embedding of ``x`` ``[T, heads, D]``: on adjacent pairs (2i, 2i + 1) (llama.cpp's mode for the
     converter's permuted Llama rows) or on halves (i, i + D/2) (Qwen2, and Hugging Face's rotate-half)."""
     d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)  # [D/2]
-    angle = positions.double()[:, None, None] * inv  # [T, 1, D/2]
-    cos, sin = angle.cos(), angle.sin()
+    inv = 1.0 / theta ** (np.arange(0, d, 2, dtype=np.float64) / d)  # [D/2]
+    angle = positions.astype(np.float64)[:, None, None] * inv  # [T, 1, D/2]
+    cos, sin = np.cos(angle), np.sin(angle)
     a, b = (x[..., 0::2], x[..., 1::2]) if pairs else (x[..., : d // 2], x[..., d // 2 :])
     ra, rb = a * cos - b * sin, a * sin + b * cos
     if pairs:
-        return torch.stack([ra, rb], dim=-1).reshape(x.shape)
-    return torch.cat([ra, rb], dim=-1)
+        return np.stack([ra, rb], axis=-1).reshape(x.shape)
+    return np.concatenate([ra, rb], axis=-1)
 
 
-def reference(spec: Spec, w: dict[str, torch.Tensor], tokens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def reference(spec: Spec, w: dict[str, np.ndarray], tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
     """(logits ``[T, vocab]``, final-normed hidden states ``[T, hidden]``), float64, of the whole sequence."""
     n, hd, group = len(tokens), spec.head_dim, spec.heads // spec.kv_heads
-    positions = torch.arange(n)
+    positions = np.arange(n)
     x = w["token_embd.weight"][tokens]  # [T, hidden]
-    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    causal = np.tril(np.ones((n, n), dtype=bool))
     for i in range(spec.layers):
         p = f"blk.{i}."
 
@@ -236,13 +240,15 @@ def reference(spec: Spec, w: dict[str, torch.Tensor], tokens: list[int]) -> tupl
         v = proj("attn_v", h).reshape(n, spec.kv_heads, hd)
         pairs = spec.arch == "llama"
         q, k = rope(q, positions, spec.theta, pairs), rope(k, positions, spec.theta, pairs)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # query head j reads j // group
-        scores = torch.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
-        probs = scores.masked_fill(~causal, -math.inf).softmax(-1)
-        attn = torch.einsum("hts,shd->thd", probs, v).reshape(n, spec.heads * hd)
+        k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # query head j reads j // group
+        scores = np.einsum("thd,shd->hts", q, k) / math.sqrt(hd)
+        scores = np.where(causal, scores, -np.inf)
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        attn = np.einsum("hts,shd->thd", probs, v).reshape(n, spec.heads * hd)
         x = x + attn @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], spec.eps)
-        mlp = torch.nn.functional.silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
+        mlp = silu(h @ w[p + "ffn_gate.weight"].T) * (h @ w[p + "ffn_up.weight"].T)
         x = x + mlp @ w[p + "ffn_down.weight"].T
     feats = rms_norm(x, w["output_norm.weight"], spec.eps)
     head = w["token_embd.weight"] if spec.tied else w["output.weight"]
@@ -257,13 +263,14 @@ def fresh(tiny, precision: str) -> QuantizedModel:
     return QuantizedModel(tiny[0], precision=precision)
 
 
-def ids(tokens: list[int]) -> torch.Tensor:
-    return torch.tensor(tokens, dtype=torch.int64)
+def ids(tokens: list[int]) -> np.ndarray:
+    return np.array(tokens, dtype=np.int64)
 
 
-def assert_bits(got: torch.Tensor, want: torch.Tensor) -> None:
+def assert_bits(got: np.ndarray, want: np.ndarray) -> None:
+    assert isinstance(got, np.ndarray) and got.dtype == want.dtype, (type(got), getattr(got, "dtype", None))
     assert got.shape == want.shape, (got.shape, want.shape)
-    assert torch.equal(got, want), f"max difference {(got - want).abs().max().item():.3g}"
+    assert np.array_equal(got, want), f"max difference {np.abs(got - want).max():.3g}"
 
 
 # ---- numbers ------------------------------------------------------------------------------------------------
@@ -285,18 +292,20 @@ def test_logits_match_float64_reference(tiny, precision):
     want, want_feats = reference(spec, w, tokens)
     model = fresh(tiny, precision)
     model.keep_features = True
-    logits = model.forward(ids(tokens))
-    assert logits.dtype == torch.float32 and logits.shape == (24, spec.vocab)
+    logits = model.forward(tokens)  # a list of ints: any integer sequence is taken
+    assert isinstance(logits, np.ndarray) and logits.dtype == np.float32 and logits.shape == (24, spec.vocab)
+    assert logits.flags.c_contiguous
     bound = EXACT_REL if precision == "exact" else Q8_REL
-    err = (logits.double() - want).abs().max().item() / want.abs().max().item()
+    err = np.abs(logits.astype(np.float64) - want).max() / np.abs(want).max()
     assert err <= bound, f"{precision}: relative error {err:.2e} > {bound:.0e}"
-    feats = model.features(0, 24).double()
-    feat_err = (feats - want_feats).abs().max().item() / want_feats.abs().max().item()
+    feats = model.features(0, 24)
+    assert feats.dtype == np.float32
+    feat_err = np.abs(feats.astype(np.float64) - want_feats).max() / np.abs(want_feats).max()
     assert feat_err <= bound, f"{precision}: features' relative error {feat_err:.2e} > {bound:.0e}"
     # greedy choices agree with the reference wherever the reference's top two are not within the error
-    top2 = want.topk(2, dim=-1).values
-    clear = (top2[:, 0] - top2[:, 1]) > 4 * bound * want.abs().max()
-    assert torch.equal(logits.argmax(-1)[clear], want.argmax(-1)[clear])
+    top2 = np.sort(want, axis=-1)[:, -2:]
+    clear = (top2[:, 1] - top2[:, 0]) > 4 * bound * np.abs(want).max()
+    np.testing.assert_array_equal(logits.argmax(-1)[clear], want.argmax(-1)[clear])
 
 
 # ---- row independence through the whole model ----------------------------------------------------------------
@@ -312,7 +321,7 @@ def test_every_cut_of_the_sequence_gives_the_same_logits(tiny, precision):
     assert whole.shape == (n, spec.vocab)
 
     single = fresh(tiny, precision)
-    ones = torch.cat([single.forward(ids([t])) for t in tokens])
+    ones = np.concatenate([single.forward(ids([t])) for t in tokens])
     assert_bits(ones, whole)
     assert single.length == n
 
@@ -366,13 +375,13 @@ def test_thread_count_changes_no_logit(tiny, precision):
     _, spec, _ = tiny
     tokens = sequence(spec, 20, seed=14)
     want = fresh(tiny, precision).forward(ids(tokens))
-    threads = torch.get_num_threads()
+    threads = get_num_threads()
     try:
         for n in (1, 3):
-            torch.set_num_threads(n)
+            set_num_threads(n)
             assert_bits(fresh(tiny, precision).forward(ids(tokens)), want)
     finally:
-        torch.set_num_threads(threads)
+        set_num_threads(threads)
 
 
 def test_instruction_paths_give_the_same_logits(tiny, precision):
@@ -404,7 +413,7 @@ def test_float16_cache_keeps_rows_independent_and_paths_identical(tiny):
     step = QuantizedModel(path, precision="q8", kv_cache="float16")
     step.forward(ids(tokens[:20]))
     rows = [step.forward(ids([t])) for t in tokens[20:]]
-    assert_bits(torch.cat(rows), whole[20:])
+    assert_bits(np.concatenate(rows), whole[20:])
     best = quant.set_isa(None)
     try:
         for name in quant.ISAS[: quant.ISAS.index(best) + 1]:
@@ -413,7 +422,7 @@ def test_float16_cache_keeps_rows_independent_and_paths_identical(tiny):
     finally:
         quant.set_isa(None)
     f32 = QuantizedModel(path, precision="q8").forward(ids(tokens))
-    assert (whole - f32).abs().max() < 0.05 * f32.abs().max()
+    assert np.abs(whole - f32).max() < 0.05 * np.abs(f32).max()
     with pytest.raises(ValueError, match="q8 choice"):
         QuantizedModel(path, precision="exact", kv_cache="float16")
     with pytest.raises(ValueError, match="kv_cache must be"):
@@ -430,29 +439,29 @@ def test_heads_sharing_a_key_value_head_in_one_task(tmp_path, kv_cache):
 
     spec = Spec(types={"matrix": T.Q8_0}, hidden=384, ffn=256, heads=6, kv_heads=2, seed=21)
     path = tmp_path / "grouped.gguf"
-    w = {k: torch.from_numpy(v) for k, v in write_gguf(path, spec).items()}
+    w = write_gguf(path, spec)
     tokens = sequence(spec, 40, seed=22)
 
-    def run(cut: int = 0) -> torch.Tensor:
+    def run(cut: int = 0) -> np.ndarray:
         model = QuantizedModel(path, precision="q8", kv_cache=kv_cache)
         if not cut:
             return model.forward(ids(tokens))
-        return torch.cat([model.forward(ids(tokens[i : i + cut])) for i in range(0, len(tokens), cut)])
+        return np.concatenate([model.forward(ids(tokens[i : i + cut])) for i in range(0, len(tokens), cut)])
 
     want = run()
     if kv_cache == "float32":
         ref, _ = reference(spec, w, tokens)
-        assert (want.double() - ref).abs().max() / ref.abs().max() <= Q8_REL
+        assert np.abs(want.astype(np.float64) - ref).max() / np.abs(ref).max() <= Q8_REL
     for cut in (1, 3, 7):
         assert_bits(run(cut), want)
-    threads = torch.get_num_threads()
+    threads = get_num_threads()
     try:
         for n in (1, 3, 4, 5):  # ranges of tasks that start and end inside a group of heads
-            torch.set_num_threads(n)
+            set_num_threads(n)
             assert_bits(run(), want)
             assert_bits(run(3), want)
     finally:
-        torch.set_num_threads(threads)
+        set_num_threads(threads)
     best = quant.set_isa(None)
     try:
         for name in quant.ISAS[: quant.ISAS.index(best) + 1]:
@@ -469,7 +478,7 @@ def test_capacity_growth_keeps_the_cache(tiny, precision):
     tokens = sequence(spec, 50, seed=5)
     whole = fresh(tiny, precision).forward(ids(tokens))
     small = QuantizedModel(tiny[0], precision=precision, capacity=8)
-    got = torch.cat([small.forward(ids(tokens[lo : lo + 7])) for lo in range(0, 50, 7)])
+    got = np.concatenate([small.forward(ids(tokens[lo : lo + 7])) for lo in range(0, 50, 7)])
     assert_bits(got, whole)
 
 
@@ -490,7 +499,7 @@ def test_features(tiny, precision):
     feats = whole.features(0, len(tokens))
     assert feats.shape == (len(tokens), spec.hidden)
     # the features are the output layer's input: the logits are the product of them
-    assert_bits(quant.q_gemm(whole.lm_head, feats.contiguous(), mode=precision), logits)
+    assert_bits(quant.q_gemm(whole.lm_head, feats, mode=precision), logits)
 
     model = fresh(tiny, precision)
     model.keep_features = True
@@ -511,12 +520,21 @@ def test_bad_arguments(tiny):
     with pytest.raises(ValueError, match="precision"):
         QuantizedModel(tiny[0], precision="int4")
     model = fresh(tiny, "exact")
-    with pytest.raises(ValueError):
-        model.forward(torch.tensor([], dtype=torch.int64))
-    with pytest.raises(ValueError):
+    for empty in (np.array([], dtype=np.int64), []):
+        with pytest.raises(ValueError, match="non-empty"):
+            model.forward(empty)
+    with pytest.raises(ValueError, match="1-D"):
         model.forward(ids([[1, 2]]))
+    with pytest.raises(TypeError, match="integers"):
+        model.forward(np.array([1.0, 2.0]))
     with pytest.raises(ValueError, match="context"):
         model.forward(ids([1] * 257))
+    assert model.length == 0
+    # any integer dtype and layout is taken: the same logits as int64 ids
+    want = model.forward(ids([1, 2, 3]))
+    for tokens in (np.array([1, 2, 3], dtype=np.int32), np.array([1, 9, 2, 9, 3])[::2], (1, 2, 3)):
+        model.rollback(0)
+        assert_bits(model.forward(tokens), want)
 
 
 def test_a_token_outside_the_vocabulary_is_refused_and_changes_nothing(tiny):
@@ -553,7 +571,7 @@ class OneWrongDrafter(Drafter):
         draft = self.inner.propose(context, k, params, generator)
         if not len(draft):
             return draft
-        tokens = draft.tokens.clone()
+        tokens = np.array(draft.tokens, dtype=np.int64)
         j = self.steps % len(draft)
         self.steps += 1
         tokens[j] = (int(tokens[j]) + 1) % self.vocab
@@ -595,11 +613,11 @@ def test_drafting_narrows_the_wide_matrices_to_q4_0(tiny):
     for layer_p, layer_d in zip(plain.layers, draft.layers):
         for p, d in zip(layer_p, layer_d):
             assert d.type_name == ("Q4_0" if p.type_name in WIDE else p.type_name)
-            want = p.dequantize().numpy()
+            want = p.dequantize()
             if p.type_name in WIDE:
                 q4 = gguf.quants.quantize(want, T.Q4_0)
                 want = gguf.quants.dequantize(q4, T.Q4_0).reshape(want.shape)
-            assert np.array_equal(d.dequantize().numpy(), want)
+            assert np.array_equal(d.dequantize(), want)
     assert draft.embed.type_name == plain.embed.type_name
     assert draft.lm_head.type_name == ("Q4_0" if plain.lm_head.type_name in WIDE else plain.lm_head.type_name)
     assert draft.tied == (plain.tied and plain.lm_head.type_name not in WIDE)
@@ -608,7 +626,7 @@ def test_drafting_narrows_the_wide_matrices_to_q4_0(tiny):
         assert draft.weight_bytes < plain.weight_bytes + (plain.lm_head.nbytes if plain.tied else 0)
     # the narrower model's rows are still independent of how many share a pass
     tokens = ids(sequence(spec, 12))
-    one = torch.cat([draft.forward(tokens[i : i + 1]) for i in range(len(tokens))])
+    one = np.concatenate([draft.forward(tokens[i : i + 1]) for i in range(len(tokens))])
     draft.reset()
     assert_bits(draft.forward(tokens), one)
 
@@ -640,3 +658,31 @@ def test_a_model_drafter_is_loaded_narrowed(tiny, monkeypatch):
     target = type("Loaded", (), {"model": QuantizedModel(path), "tokenizer": None})()
     [drafter] = make_drafter(f"model:{path}", target)
     assert seen["drafting"] is True and drafter.model.drafting
+
+
+# ---- rotary tables --------------------------------------------------------------------------------------------
+
+
+def test_rotary_tables_are_the_correctly_rounded_values_on_every_machine():
+    """The tables' cos and sin are those of float32 angles (position * frequency) taken in float64 from additions
+    and multiplications only (the same bits everywhere, whatever math library numpy uses), rounded to float32:
+    the correctly rounded values, as numpy's float64 sin and cos rounded give them."""
+    from specwise.models.kernels.layers import inverse_frequencies, rotary_tables, sin_cos
+
+    for head_dim, theta in ((64, 1e4), (128, 1e6), (16, 5e5)):
+        inv = inverse_frequencies(head_dim, theta)
+        assert inv.dtype == np.float32 and inv.shape == (head_dim // 2,)
+        cos, sin = rotary_tables(inv, 3000)
+        assert cos.shape == sin.shape == (3000, head_dim) and cos.dtype == sin.dtype == np.float32
+        assert cos.flags.c_contiguous and sin.flags.c_contiguous
+        angles = np.outer(np.arange(3000, dtype=np.float32), inv).astype(np.float64)
+        want_cos, want_sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+        np.testing.assert_array_equal(cos, np.concatenate([want_cos, want_cos], 1))
+        np.testing.assert_array_equal(sin, np.concatenate([-want_sin, want_sin], 1))  # rotate-half's sign folded
+        some, _ = rotary_tables(inv, np.array([7, 2999]))
+        np.testing.assert_array_equal(some, cos[[7, 2999]])
+    x = np.random.default_rng(0).uniform(-(2.0**25), 2.0**25, 100_000)
+    s, c = sin_cos(x)
+    assert np.abs(s - np.sin(x)).max() <= 2.3e-16 and np.abs(c - np.cos(x)).max() <= 2.3e-16
+    with pytest.raises(ValueError, match="2\\^26"):
+        sin_cos(np.array([2.0**26]))

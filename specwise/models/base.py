@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
-import torch
+import numpy as np
 
-__all__ = ["Model"]
+__all__ = ["Model", "TokenIds", "token_ids"]
+
+TokenIds = np.ndarray | Sequence[int]  # what forward takes: anything np.asarray(x, dtype=np.int64) accepts
 
 
 class Model(ABC):
@@ -18,7 +21,7 @@ class Model(ABC):
     """
 
     vocab_size: int
-    device: torch.device
+    device: str  # "cpu", or where a torch-based model runs ("cuda:0")
     max_length: int | None = None  # the longest sequence the model supports, when known
     keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
     feeds: int | None = None  # passes and copies that wrote the cache (None: never written): who reuses a cache
@@ -30,12 +33,13 @@ class Model(ABC):
         """Number of tokens in the cache."""
 
     @abstractmethod
-    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        """Append ``tokens`` ``[k]`` (int64) at positions ``length .. length + k - 1``.
+    def forward(self, tokens: TokenIds, num_logits: int | None = None) -> np.ndarray:
+        """Append ``tokens`` ``[k]`` (token ids: an int array or a list of ints) at positions
+        ``length .. length + k - 1``.
 
-        Returns float32 logits ``[n, vocab]`` for the last ``n = num_logits`` positions (all ``k`` when None;
-        0 returns an empty tensor and may skip the output layer). Logit row i predicts the token after
-        input i.
+        Returns float32 logits ``[n, vocab]`` (a C-contiguous numpy array) for the last ``n = num_logits`` positions
+        (all ``k`` when None; 0 returns an empty array and may skip the output layer). Logit row i predicts the
+        token after input i.
         """
 
     @abstractmethod
@@ -64,8 +68,8 @@ class Model(ABC):
             raise ValueError("the source kept no features: set keep_features on both sequences before feeding")
 
     def forward_batch(
-        self, items: list[tuple[Model, torch.Tensor]], num_logits: list[int | None] | None = None
-    ) -> list[torch.Tensor]:
+        self, items: list[tuple[Model, TokenIds]], num_logits: list[int | None] | None = None
+    ) -> list[np.ndarray]:
         """``seq.forward(tokens, n)`` for each ``(seq, tokens)`` (sequences of this model: itself or made by
         :meth:`sequence`), in one pass where the implementation can (each weight read once for every row). Each
         result equals what the sequence's own forward would give; this default runs them one after another."""
@@ -74,10 +78,10 @@ class Model(ABC):
             raise ValueError(f"{len(items)} sequences need {len(items)} num_logits, got {len(keeps)}")
         return [seq.forward(tokens, keep) for (seq, tokens), keep in zip(items, keeps)]
 
-    def features(self, start: int, end: int) -> torch.Tensor:
+    def features(self, start: int, end: int) -> np.ndarray:
         """The last hidden states (after the final norm: the output layer's input) at cached positions
-        ``start .. end - 1``, as ``[end - start, hidden]``. Needs ``keep_features = True`` before those positions
-        were fed; drafters that read the target's features (the trained head) set it."""
+        ``start .. end - 1``, as float32 ``[end - start, hidden]``. Needs ``keep_features = True`` before those
+        positions were fed; drafters that read the target's features (the trained head) set it."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states")
 
     def _check_features(self, start: int, end: int) -> None:
@@ -90,16 +94,31 @@ class Model(ABC):
         """Empty the cache."""
         self.rollback(0)
 
-    def _check_forward(self, tokens: torch.Tensor) -> None:
+    def _check_forward(self, tokens: TokenIds) -> np.ndarray:
+        """Count a pass and check its tokens: a non-empty 1-D sequence of integer ids that fits the context.
+        Returns them as an int64 array (the same array when ``tokens`` already is one)."""
         self.feeds = (self.feeds or 0) + 1
-        if tokens.dim() != 1 or tokens.numel() == 0:
-            raise ValueError(f"forward takes a non-empty 1-D tensor of token ids, got shape {tuple(tokens.shape)}")
-        if self.max_length is not None and self.length + tokens.numel() > self.max_length:
+        ids = token_ids(tokens)
+        if ids.ndim != 1 or ids.size == 0:
+            raise ValueError(f"forward takes a non-empty 1-D sequence of token ids, got shape {ids.shape}")
+        if self.max_length is not None and self.length + ids.size > self.max_length:
             raise ValueError(
-                f"sequence of {self.length + tokens.numel()} tokens exceeds the model's context of "
+                f"sequence of {self.length + ids.size} tokens exceeds the model's context of "
                 f"{self.max_length}: shorten the prompt or lower max_new_tokens"
             )
+        return ids
 
     def _check_rollback(self, length: int) -> None:
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot roll back to length {length}: the cache holds {self.length} tokens")
+
+
+def token_ids(tokens: TokenIds) -> np.ndarray:
+    """``tokens`` as an int64 array of their shape (no copy when they are one already). Raises TypeError for
+    values that are not integers (floats would be truncated silently)."""
+    if isinstance(tokens, np.ndarray) and tokens.dtype == np.int64:
+        return tokens
+    ids = np.asarray(tokens)
+    if ids.size and ids.dtype.kind not in "iu":
+        raise TypeError(f"token ids must be integers, got {ids.dtype}")
+    return ids.astype(np.int64, copy=False)

@@ -23,12 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from specwise.models.base import Model
+from specwise.models.base import Model, TokenIds, token_ids
 from specwise.models.gguf_config import GEMMA3_LOCAL_BASE, GGUFConfig, checked_file, gguf_config
 from specwise.models.gguf_file import GGUFError, GGUFFile
-from specwise.models.kernels.layers import DecoderStack, LayerVariant, model_struct
+from specwise.models.kernels.layers import DecoderStack, LayerVariant, inverse_frequencies, model_struct, rotary_tables
 from specwise.models.kernels.quant import (
     GGML_Q4_0,
     MAX_ROWS,
@@ -36,12 +35,11 @@ from specwise.models.kernels.quant import (
     QMat,
     QTensor,
     _mode_id,
-    advise_huge_pages,
     bits_per_weight,
+    lazy_empty,
     repack_jobs,
     tensor_bytes,
 )
-from specwise.models.native import rotary_tables
 from specwise.models.threads import ThreadGovernor
 
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "checked_file", "TargetWeights"]
@@ -61,16 +59,17 @@ def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
 
 
 class _Rows:
-    """Rows of a quantized matrix as float32 on demand: ``rows[ids]`` (what a drafter reads of an embedding)."""
+    """Rows of a quantized matrix as float32 on demand: ``rows[ids]`` (what a drafter reads of an embedding), a
+    numpy array of shape ``ids.shape + (in,)``; the whole matrix is never expanded."""
 
     def __init__(self, tensor: QTensor) -> None:
         self.tensor = tensor
-        self.shape = torch.Size(tensor.shape)
-        self.dtype = torch.float32
-        self.device = torch.device("cpu")
+        self.shape = tuple(tensor.shape)
+        self.dtype = np.dtype(np.float32)
+        self.device = "cpu"
 
-    def __getitem__(self, ids) -> torch.Tensor:
-        ids = torch.as_tensor(ids)
+    def __getitem__(self, ids) -> np.ndarray:
+        ids = np.asarray(ids)
         flat = self.tensor.rows(ids.reshape(-1))
         return flat.reshape(*ids.shape, self.shape[1])
 
@@ -88,7 +87,7 @@ class _Module:
 
 class TargetWeights:
     """The view of a quantized target that a drafter trained on it needs (``hf_model`` in LoadedModel): its
-    config, embedding and output layer (rows read on demand), and its identity."""
+    config, embedding and output layer (``.weight[ids]``: float32 numpy rows read on demand), and its identity."""
 
     def __init__(self, model: QuantizedModel) -> None:
         self.config = model.config
@@ -104,7 +103,8 @@ class TargetWeights:
 
     def fingerprint(self, chunks: int = 16) -> list[float]:
         """Mean absolute value of ``chunks`` equal slices of the output layer's flattened weight (``torch.chunk``'s
-        slices), computed in native code without expanding the layer (the identity a trained head records)."""
+        slices: ceil(size / chunks) elements each, the last shorter), computed in native code without expanding the
+        layer (the identity a trained head records)."""
         head = self._model.lm_head
         total = head.shape[0] * head.shape[1]
         size = -(-total // chunks)
@@ -159,7 +159,7 @@ class QuantizedModel(Model):
             raise ValueError(f"kv_cache must be 'float32' or 'float16', got {kv_cache!r}")
         if kv_cache == "float16" and precision != "q8":
             raise ValueError("a float16 KV cache is a q8 choice: exact keeps the float32 reference's numbers")
-        self.kv_dtype = torch.float16 if kv_cache == "float16" else torch.float32
+        self.kv_dtype = np.dtype(np.float16 if kv_cache == "float16" else np.float32)
         self.drafting = drafting
         self.path = Path(path)
         meta = meta if meta is not None else checked_file(self.path)
@@ -170,8 +170,8 @@ class QuantizedModel(Model):
         self._hf_reference = None
         self.name = name or self.path.stem
         self.precision = precision
-        self.device = torch.device("cpu")
-        self.dtype = torch.float32
+        self.device = "cpu"
+        self.dtype = np.dtype(np.float32)
         self.hidden = config.hidden_size
         self.n_heads = config.num_attention_heads
         self.n_kv = config.num_key_value_heads
@@ -186,7 +186,7 @@ class QuantizedModel(Model):
         self._inv_freq_local = (
             self._inverse_frequencies(meta, GEMMA3_LOCAL_BASE, False) if config.family.gemma else None
         )
-        self._rotary: dict[str, torch.Tensor] = {}  # cos, sin for positions 0 .. n - 1 (shared by the sequences)
+        self._rotary: dict = {}  # cos, sin for positions 0 .. n - 1 (shared by the sequences)
         self._length = 0
         self._capacity = 0
         self._grow(min(capacity, self.max_length))
@@ -219,11 +219,11 @@ class QuantizedModel(Model):
         repack_jobs([job], release=True)
         return tensor.requantized_q4_0(self._arena) if requantize else tensor
 
-    def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> torch.Tensor:
+    def _vector(self, meta: GGUFFile, name: str, rows: np.ndarray | None = None) -> np.ndarray:
         values = meta.floats(name).reshape(-1)
         if rows is not None:
             values = values[rows]
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
+        return np.ascontiguousarray(values, dtype=np.float32)
 
     def _layer_matrices(self, meta: GGUFFile, i: int, q_rows, k_rows) -> list[QTensor]:
         """Layer i's seven matrices q, k, v, o, gate, up, down (the parts of Phi-3's fused tensors)."""
@@ -285,7 +285,7 @@ class QuantizedModel(Model):
         self.final_norm = self._vector(meta, "output_norm.weight")
         self.layers: list[list[QTensor]] = []
         self.attn_norms, self.mlp_norms, self.qkv_biases = [], [], []
-        norms: dict[str, list[torch.Tensor]] = {}
+        norms: dict[str, list[np.ndarray]] = {}
         for i in range(c.num_hidden_layers):
             p = f"blk.{i}."
             self.layers.append(self._layer_matrices(meta, i, q_rows, k_rows))
@@ -295,7 +295,7 @@ class QuantizedModel(Model):
                 if p + part + ".weight" in meta.tensors:
                     norms.setdefault(part, []).append(self._vector(meta, p + part + ".weight"))
             if p + "attn_q.bias" in meta.tensors:
-                bias = torch.cat(
+                bias = np.concatenate(
                     [
                         self._vector(meta, p + "attn_q.bias", q_rows),
                         self._vector(meta, p + "attn_k.bias", k_rows),
@@ -320,7 +320,7 @@ class QuantizedModel(Model):
         )
         self._set_head(self.lm_head)
         self._lib = self._stack._lib
-        self._x = torch.empty((MAX_ROWS, self.hidden), dtype=torch.float32)  # a decoding step's rows (forward)
+        self._x = np.empty((MAX_ROWS, self.hidden), dtype=np.float32)  # a decoding step's rows (forward)
 
     def _repack(self, alongside: Callable[[], object] | None) -> None:
         """Re-pack the matrices laid out so far in one native call, on another thread while ``alongside`` runs
@@ -347,7 +347,7 @@ class QuantizedModel(Model):
         if failure:
             raise failure[0]
 
-    def _variant(self, norms: dict[str, list[torch.Tensor]]) -> LayerVariant | None:
+    def _variant(self, norms: dict[str, list[np.ndarray]]) -> LayerVariant | None:
         """What this family's layers do beyond Llama's (None: nothing)."""
         c = self.config
         windows = c.windows()
@@ -363,24 +363,22 @@ class QuantizedModel(Model):
             post_mlp_norms=norms.get("post_ffw_norm"),
             windows=windows,
             attn_scale=scale,
-            embed_scale=float(torch.tensor(c.hidden_size**0.5, dtype=torch.float32)) if c.family.gemma else 0.0,
+            embed_scale=float(np.float32(c.hidden_size**0.5)) if c.family.gemma else 0.0,
             gelu=c.family.gemma,
         )
 
-    def _inverse_frequencies(self, meta: GGUFFile, base: float, scaled: bool = True) -> torch.Tensor:
+    def _inverse_frequencies(self, meta: GGUFFile, base: float, scaled: bool = True) -> np.ndarray:
         """The rotary inverse frequencies base^(-2i/d), divided by the file's llama3 factors (``rope_freqs``) and by
         a linear scaling factor (``scaled``: Gemma 3's windowed layers are not scaled)."""
         c = self.config
-        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float64) / self.head_dim
-        inv = 1.0 / (base**exponent)
-        inv = inv.float()  # the frequencies in float32, then divided in float32 (as llama.cpp and transformers do)
+        inv = inverse_frequencies(self.head_dim, base)  # float32, then divided in float32 (as llama.cpp, transformers)
         if scaled and "rope_freqs.weight" in meta.tensors:
-            factors = torch.from_numpy(np.array(meta.floats("rope_freqs.weight"), dtype=np.float32))
-            if not torch.isfinite(factors).all() or (factors <= 0).any():
+            factors = np.array(meta.floats("rope_freqs.weight"), dtype=np.float32).reshape(-1)
+            if not np.isfinite(factors).all() or (factors <= 0).any():
                 raise GGUFError(f"{self.path.name}: tensor rope_freqs.weight holds factors that are not positive")
             inv = inv / factors
         if scaled and c.rope_scaling == "linear":
-            inv = inv / c.rope_scaling_factor
+            inv = inv / np.float32(c.rope_scaling_factor)
         return inv
 
     def hf_reference(self):
@@ -429,12 +427,10 @@ class QuantizedModel(Model):
     def _grow(self, capacity: int) -> None:
         shape = (self.config.num_hidden_layers, self.n_kv, capacity, self.head_dim)
         # uninitialised (its pages become resident only when written): rows are written before they are read
-        k_cache = torch.empty(shape, dtype=self.kv_dtype)
-        v_cache = torch.empty(shape, dtype=self.kv_dtype)
-        if self.huge_pages and capacity >= HUGE_CACHE:  # a long context: huge pages (8-13% faster at 2,048)
-            advise_huge_pages(k_cache)
-            advise_huge_pages(v_cache)
-        feats = torch.empty((capacity, self.hidden), dtype=torch.float32)
+        huge = self.huge_pages and capacity >= HUGE_CACHE  # a long context: huge pages (8-13% faster at 2,048)
+        k_cache = lazy_empty(shape, self.kv_dtype, huge)
+        v_cache = lazy_empty(shape, self.kv_dtype, huge)
+        feats = lazy_empty((capacity, self.hidden), np.float32)
         if self._capacity:
             k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
@@ -442,16 +438,14 @@ class QuantizedModel(Model):
         self.k_cache, self.v_cache, self._features = k_cache, v_cache, feats
         self._capacity = capacity
 
-    def _tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _tables(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Rotary tables ``[>= n, head_dim]`` (rotate-half sign folded into sin), grown for every sequence; those of
         the windowed layers, where they have their own, in ``self._rotary["local"]``."""
         if "cos" not in self._rotary or self._rotary["cos"].shape[0] < n:
             size = min(max(n, 2 * self._rotary["cos"].shape[0] if self._rotary else n), self.max_length)
-            cos, sin = rotary_tables(self._inv_freq, torch.arange(size))
-            self._rotary["cos"], self._rotary["sin"] = cos.contiguous(), sin.contiguous()
+            self._rotary["cos"], self._rotary["sin"] = rotary_tables(self._inv_freq, size)
             if self._inv_freq_local is not None:
-                cos, sin = rotary_tables(self._inv_freq_local, torch.arange(size))
-                self._rotary["local"] = (cos.contiguous(), sin.contiguous())
+                self._rotary["local"] = rotary_tables(self._inv_freq_local, size)
         return self._rotary["cos"], self._rotary["sin"]
 
     def sequence(self) -> QuantizedModel:
@@ -481,37 +475,43 @@ class QuantizedModel(Model):
         self._check_rollback(length)
         self._length = length
 
-    def features(self, start: int, end: int) -> torch.Tensor:
+    def features(self, start: int, end: int) -> np.ndarray:
+        """Float32 ``[end - start, hidden]``: a view of this sequence's buffer (valid until those positions are
+        written again; copy it to keep it)."""
         self._check_features(start, end)
         return self._features[start:end]
 
     # ---- forward -----------------------------------------------------------------------------------------
 
-    def _reserve(self, tokens: torch.Tensor, num_logits: int | None) -> tuple[int, int]:
-        """Check a pass's tokens and logits kept, and make room in the cache for them: (start position, kept)."""
-        self._check_forward(tokens)
-        k = tokens.numel()
+    def _reserve(self, tokens: TokenIds, num_logits: int | None) -> tuple[np.ndarray, int, int]:
+        """Check a pass's tokens and logits kept, and make room in the cache for them: (the tokens as an int64
+        array, start position, kept)."""
+        ids = self._check_forward(tokens)
+        k = ids.size
         keep = k if num_logits is None else num_logits
         if not 0 <= keep <= k:
             raise ValueError(f"num_logits must be in [0, {k}], got {keep}")
         start = self._length
         if start + k > self._capacity:
             self._grow(min(max(2 * self._capacity, start + k), self.max_length))
-        return start, keep
+        return ids, start, keep
 
-    @torch.inference_mode()
-    def forward(self, tokens: torch.Tensor, num_logits: int | None = None) -> torch.Tensor:
-        k = tokens.numel()
-        if tokens.dim() != 1 or not 1 <= k <= MAX_ROWS or tokens.device.type != "cpu":
-            return self.forward_batch([(self, tokens)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
+    def forward(self, tokens: TokenIds, num_logits: int | None = None) -> np.ndarray:
+        ids = token_ids(tokens)
+        k = ids.size
+        if ids.ndim != 1 or not 1 <= k <= MAX_ROWS:
+            return self.forward_batch([(self, ids)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
         # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
-        start, keep = self._reserve(tokens, num_logits)
-        ids = tokens if tokens.dtype == torch.int64 and tokens.is_contiguous() else tokens.to(torch.int64).contiguous()
+        ids, start, keep = self._reserve(ids, num_logits)
+        ids = np.ascontiguousarray(ids)
         cos, sin = self._tables(start + k)
-        logits = torch.empty((keep, self.vocab_size), dtype=torch.float32)
+        logits = np.empty((keep, self.vocab_size), dtype=np.float32)
         features, room = None, 0
         if self.keep_features:
-            features, room = self._features.data_ptr() + 4 * start * self.hidden, (self._capacity - start) * self.hidden
+            features, room = (
+                self._features.ctypes.data + 4 * start * self.hidden,
+                (self._capacity - start) * self.hidden,
+            )
         threads = self.governor.threads(k)
         began = time.perf_counter()
         self._stack.forward_one(
@@ -522,10 +522,9 @@ class QuantizedModel(Model):
         self._length = start + k
         return logits
 
-    @torch.inference_mode()
     def forward_batch(
-        self, items: list[tuple[Model, torch.Tensor]], num_logits: list[int | None] | None = None
-    ) -> list[torch.Tensor]:
+        self, items: list[tuple[Model, TokenIds]], num_logits: list[int | None] | None = None
+    ) -> list[np.ndarray]:
         """One pass over several sequences (this model and others from ``sequence()``): the decoder layers read
         each weight once for all rows, and the output layer once for all kept rows. A row's logits are those of
         the same row in a pass of its own."""
@@ -538,13 +537,15 @@ class QuantizedModel(Model):
         for (seq, tokens), keep in zip(items, keeps):
             if getattr(seq, "_stack", None) is not self._stack:
                 raise ValueError("forward_batch takes sequences of this model (made by its sequence())")
-            k = tokens.numel()
-            start, keep = seq._reserve(tokens, keep)
-            ids.append(tokens.to(torch.int64).cpu().reshape(-1))
+            tokens, start, keep = seq._reserve(tokens, keep)
+            k = tokens.size
+            ids.append(tokens)
             caches.extend([(seq.k_cache, seq.v_cache)] * k)
             positions.extend(range(start, start + k))
             spans.append((seq, start, k, keep))
-        x = self.embed.rows(torch.cat(ids))  # [rows, hidden]
+        if not spans:
+            return []
+        x = self.embed.rows(np.concatenate(ids))  # [rows, hidden]
         variant = self._stack.variant
         if variant is not None and variant.embed_scale:
             x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
@@ -559,10 +560,10 @@ class QuantizedModel(Model):
             seq._length = start + k
             need.extend(range(row if seq.keep_features else row + k - keep, row + k))
             row += k
-        rows = x[need].contiguous()
-        normed = torch.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
+        rows = x if len(need) == x.shape[0] else x[need]  # [need, hidden], C-contiguous
+        normed = np.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
         self._lib.specwise_rms_norm_rows(
-            rows.data_ptr(), self.final_norm.data_ptr(), normed.data_ptr(), len(need), self.hidden, self.eps
+            rows.ctypes.data, self.final_norm.ctypes.data, normed.ctypes.data, len(need), self.hidden, self.eps
         )
         kept, at = [], 0
         for seq, start, k, keep in spans:
@@ -571,16 +572,16 @@ class QuantizedModel(Model):
                 at += k - keep
             kept.append(normed[at : at + keep])
             at += keep
-        h = torch.cat(kept).contiguous()
+        h = kept[0] if len(kept) == 1 else np.concatenate(kept)  # C-contiguous rows of normed
         n = h.shape[0]
-        logits = torch.empty((n, self.vocab_size), dtype=torch.float32)
+        logits = np.empty((n, self.vocab_size), dtype=np.float32)
         if n:
             self._lib.specwise_q_gemm(
                 ctypes.cast(self._head_struct, ctypes.c_void_p),
                 1,
-                h.data_ptr(),
+                h.ctypes.data,
                 None,
-                logits.data_ptr(),
+                logits.ctypes.data,
                 n,
                 _mode_id(self.precision),
                 threads,

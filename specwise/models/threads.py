@@ -73,7 +73,8 @@ def _bucket(rows: int) -> int:
 
 
 class ThreadGovernor:
-    """Chooses the thread count of each pass: the process's count (``most``, :func:`get_num_threads`) or one, whichever is faster now.
+    """Chooses the thread count of each pass: the process's count (``most``, :func:`get_num_threads`) or one,
+    whichever is faster now.
 
     Passes are timed per size (rows) on the count in use (a running average, weight ``ewma``). Now and then a pass
     runs on the other count, and its time over the average of passes of its size on the count in use is the ratio

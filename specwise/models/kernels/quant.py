@@ -12,7 +12,7 @@ outputs side by side) in one of two modes:
   ``vpmaddubsw``), the way llama.cpp evaluates GGUF files: faster, and lossy against the float32 reference.
 
 In both, a row's result never depends on how many rows share the pass, and the portable, AVX2 and AVX-512 paths
-agree bit for bit.
+agree bit for bit. Buffers are numpy arrays (the kernels read and write them by address).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import contextlib
 import ctypes
 
 import numpy as np
-import torch
 
 from specwise.models.gguf_file import TYPE_NAMES
 from specwise.models.kernels import kernel_error, native_library
+from specwise.models.threads import get_num_threads
 
 __all__ = [
     "MODES",
@@ -203,11 +203,11 @@ class QTensor:
         read = raw if callable(raw) else None
         n_q, n_s, n_m, n_sd, n_md = _sizes(ggml_type, out, in_features)
 
-        def buffer(n: int) -> torch.Tensor | None:
+        def buffer(n: int) -> np.ndarray | None:
             # numpy's zeros come from calloc (pages mapped lazily, no fill pass); the C code writes every byte used
             if not n:
                 return None
-            return arena.take(n) if arena is not None else torch.from_numpy(np.zeros(n, dtype=np.uint8))
+            return arena.take(n) if arena is not None else np.zeros(n, dtype=np.uint8)
 
         self.q = buffer(max(1, n_q))
         self.s = buffer(max(1, n_s))
@@ -216,7 +216,7 @@ class QTensor:
         self.md = buffer(n_md)
         pack = QPack(
             ggml_type, out, in_features, *(_ptr(b) for b in (self.q, self.s, self.m, self.sd, self.md)),
-            *(0 if b is None else b.numel() for b in (self.q, self.s, self.m, self.sd, self.md)),
+            *(0 if b is None else b.size for b in (self.q, self.s, self.m, self.sd, self.md)),
         )  # fmt: skip
         self.pack, self.row_bytes = pack, row_bytes
         step = out if read is None else max(16, (8 << 20) // max(1, row_bytes) // 16 * 16)  # slices of ~8 MB
@@ -242,8 +242,8 @@ class QTensor:
             half,
             out,
             in_features,
-            self.q.data_ptr(),
-            self.s.data_ptr() if n_s else None,
+            self.q.ctypes.data,
+            self.s.ctypes.data if n_s else None,
             _ptr(self.m),
             sub,
             _ptr(self.sd),
@@ -251,26 +251,35 @@ class QTensor:
         )
         self.nbytes = n_q + n_s + n_m + n_sd + n_md
 
-    def row(self, index: int, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Row ``index`` as float32 ``[in]`` (an embedding lookup)."""
+    def row(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Row ``index`` as float32 ``[in]`` (an embedding lookup), into ``out`` when given (a C-contiguous float32
+        array of at least ``in`` values)."""
         if not 0 <= index < self.shape[0]:
             raise IndexError(f"{self.name}: row {index} outside [0, {self.shape[0]})")
         if out is None:
-            out = torch.empty(self.shape[1], dtype=torch.float32)
-        if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() < self.shape[1]:
-            raise ValueError(f"{self.name}: out must be a contiguous float32 tensor of {self.shape[1]} values")
-        _check(_lib().specwise_q_row(ctypes.byref(self.struct), int(index), out.data_ptr()), self.name)
+            out = np.empty(self.shape[1], dtype=np.float32)
+        ok = isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous and out.flags.writeable
+        if not ok or out.size < self.shape[1]:
+            raise ValueError(
+                f"{self.name}: out must be a writable C-contiguous float32 array of {self.shape[1]} values"
+            )
+        _check(_lib().specwise_q_row(ctypes.byref(self.struct), int(index), out.ctypes.data), self.name)
         return out
 
-    def rows(self, indices) -> torch.Tensor:
-        """Rows ``indices`` as float32 ``[n, in]``."""
-        ids = torch.as_tensor(indices if torch.is_tensor(indices) else list(indices), dtype=torch.int64)
-        ids = ids.reshape(-1).contiguous()
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
+    def rows(self, indices) -> np.ndarray:
+        """Rows ``indices`` (integers: an array, a list or a range) as float32 ``[n, in]``."""
+        if isinstance(indices, range):
+            ids = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        else:
+            ids = np.asarray(indices)
+        if ids.size and ids.dtype.kind not in "iu":
+            raise TypeError(f"{self.name}: row ids must be integers, got {ids.dtype}")
+        ids = np.ascontiguousarray(ids.reshape(-1), dtype=np.int64)
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= self.shape[0]):
             raise IndexError(f"{self.name}: row ids outside [0, {self.shape[0]})")
-        out = torch.empty((ids.numel(), self.shape[1]), dtype=torch.float32)
-        if ids.numel():
-            status = _lib().specwise_q_gather(ctypes.byref(self.struct), ids.data_ptr(), ids.numel(), out.data_ptr())
+        out = np.empty((ids.size, self.shape[1]), dtype=np.float32)
+        if ids.size:
+            status = _lib().specwise_q_gather(ctypes.byref(self.struct), ids.ctypes.data, ids.size, out.ctypes.data)
             _check(status, self.name)
         return out
 
@@ -297,8 +306,8 @@ class QTensor:
 
         return QTensor(GGML_Q4_0, read, out, n_in, name=self.name, arena=arena)
 
-    def dequantize(self) -> torch.Tensor:
-        """The whole matrix as float32 ``[out, in]`` (for references and the torch path)."""
+    def dequantize(self) -> np.ndarray:
+        """The whole matrix as float32 ``[out, in]`` (for references and tests: 4 bytes per weight)."""
         return self.rows(range(self.shape[0]))
 
     def __repr__(self) -> str:
@@ -392,11 +401,11 @@ class Arena:
         if hasattr(mmap, "MADV_HUGEPAGE"):  # an optimisation: without huge pages the buffers work the same
             with contextlib.suppress(OSError):
                 self._map.madvise(mmap.MADV_HUGEPAGE)
-        self._all = torch.frombuffer(self._map, dtype=torch.uint8)
+        self._all = np.frombuffer(self._map, dtype=np.uint8)  # writable: a view of the mapping, no copy
         self._used = 0
 
-    def take(self, n: int) -> torch.Tensor:
-        """``n`` bytes (a uint8 tensor), aligned to 64 bytes."""
+    def take(self, n: int) -> np.ndarray:
+        """``n`` bytes (a uint8 array viewing the mapping), aligned to 64 bytes."""
         start = -(-self._used // self.ALIGN) * self.ALIGN
         if start + n > self.size:
             raise MemoryError(f"arena of {self.size} bytes is full: {start + n} needed")
@@ -404,14 +413,31 @@ class Arena:
         return self._all[start : start + n]
 
 
-def advise_huge_pages(t: torch.Tensor) -> None:
-    """Ask for huge pages under a large, not yet touched tensor (``madvise(MADV_HUGEPAGE)`` on the 2 MB pages
+def lazy_empty(shape: tuple[int, ...], dtype, huge_pages: bool = False) -> np.ndarray:
+    """An uninitialised C-contiguous array in an anonymous mapping of its own: its pages become resident as they
+    are first written, 4 KB at a time (numpy asks for huge pages under its own allocations of 4 MB or more, which
+    would make a whole KV cache resident as soon as every layer's first rows are written). huge_pages: ask for
+    2 MB pages after all (``madvise(MADV_HUGEPAGE)``: a long cache that attention streams through). The mapping
+    is unmapped with the last array viewing it."""
+    import mmap
+
+    count = int(np.prod(shape, dtype=np.int64))
+    size = count * np.dtype(dtype).itemsize
+    mapping = mmap.mmap(-1, max(1, size), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if huge_pages and hasattr(mmap, "MADV_HUGEPAGE"):  # an optimisation: without huge pages it works the same
+        with contextlib.suppress(OSError):
+            mapping.madvise(mmap.MADV_HUGEPAGE)
+    return np.frombuffer(mapping, dtype=dtype, count=count).reshape(shape)
+
+
+def advise_huge_pages(a: np.ndarray) -> None:
+    """Ask for huge pages under a large, not yet touched array (``madvise(MADV_HUGEPAGE)`` on the 2 MB pages
     inside its buffer): a KV cache that attention streams through every pass. Does nothing where unsupported."""
     import mmap
 
     advice = getattr(mmap, "MADV_HUGEPAGE", None)
     huge = 2 << 20
-    start, size = t.data_ptr(), t.numel() * t.element_size()
+    start, size = a.ctypes.data, a.nbytes
     lo, hi = -(-start // huge) * huge, (start + size) // huge * huge
     if advice is None or hi <= lo:
         return
@@ -419,8 +445,8 @@ def advise_huge_pages(t: torch.Tensor) -> None:
     libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), ctypes.c_int(advice))
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
+def _ptr(a: np.ndarray | None) -> int | None:
+    return None if a is None else a.ctypes.data
 
 
 def _structs(parts: list[QTensor]):
@@ -430,12 +456,14 @@ def _structs(parts: list[QTensor]):
 
 def q_gemm(
     parts: QTensor | list[QTensor],
-    x: torch.Tensor,
-    bias: torch.Tensor | None = None,
+    x: np.ndarray,
+    bias: np.ndarray | None = None,
     mode: str = "q8",
     threads: int | None = None,
-) -> torch.Tensor:
-    """``x @ [W_0; W_1; ...].T (+ bias)`` for float32 x ``[k, in]`` (k >= 1): float32 ``[k, sum of outs]``."""
+) -> np.ndarray:
+    """``x @ [W_0; W_1; ...].T (+ bias)`` for float32 x ``[k, in]`` (k >= 1) and a float32 bias ``[sum of outs]``
+    or None (numpy arrays): a new float32 ``[k, sum of outs]`` array. threads: None for
+    :func:`specwise.models.threads.get_num_threads`."""
     mode_id = _mode_id(mode)
     parts = [parts] if isinstance(parts, QTensor) else list(parts)
     if not parts or len(parts) > 8:
@@ -443,25 +471,28 @@ def q_gemm(
     n_in = parts[0].shape[1]
     if any(p.shape[1] != n_in for p in parts):
         raise ValueError(f"the weights' inputs differ: {[p.shape for p in parts]}")
-    if x.dim() != 2 or x.shape[1] != n_in or x.dtype != torch.float32 or x.device.type != "cpu":
-        raise ValueError(f"q_gemm takes float32 CPU x [k, {n_in}], got {tuple(x.shape)} {x.dtype} {x.device}")
+    if not isinstance(x, np.ndarray) or x.ndim != 2 or x.shape[1] != n_in or x.dtype != np.float32:
+        got = f"{x.shape} {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
+        raise ValueError(f"q_gemm takes a float32 numpy array x [k, {n_in}], got {got}")
     n_out = sum(p.shape[0] for p in parts)
-    if bias is not None and (bias.numel() != n_out or bias.dtype != torch.float32):
-        raise ValueError(f"bias must be float32 [{n_out}]")
-    x = x.contiguous()
-    y = torch.empty((x.shape[0], n_out), dtype=torch.float32)
+    if bias is not None and (not isinstance(bias, np.ndarray) or bias.size != n_out or bias.dtype != np.float32):
+        raise ValueError(f"bias must be a float32 numpy array of {n_out} values")
+    x = np.ascontiguousarray(x)
+    y = np.empty((x.shape[0], n_out), dtype=np.float32)
     if x.shape[0] == 0:
         return y
+    if bias is not None:
+        bias = np.ascontiguousarray(bias)
     structs = _structs(parts)
     status = _lib().specwise_q_gemm(
         ctypes.cast(structs, ctypes.c_void_p),
         len(parts),
-        x.data_ptr(),
-        None if bias is None else bias.contiguous().data_ptr(),
-        y.data_ptr(),
+        x.ctypes.data,
+        None if bias is None else bias.ctypes.data,
+        y.ctypes.data,
         x.shape[0],
         mode_id,
-        threads or torch.get_num_threads(),
+        threads or get_num_threads(),
     )
     _check(status, "q_gemm")
     return y
