@@ -24,8 +24,6 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import torch
-
 from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run, kept_prefix
 from specwise.models.base import Model
 from specwise.planner import PlanState
@@ -279,7 +277,7 @@ class BatchEngine:
         for slot, chunk in zip(active, feeds):
             if chunk is not None:
                 self.prefill_fed += len(chunk)
-                items.append((slot.target, torch.tensor(chunk, device=slot.target.device)))
+                items.append((slot.target, chunk))
                 keeps.append(0)
                 plans.append(None)
                 fed.append((slot, chunk))

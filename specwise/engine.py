@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from specwise.constraints import GrammarState, constrain_logits
 from specwise.drafters.base import Draft, Drafter, common_prefix
@@ -188,7 +188,7 @@ class Run:
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens
         self.eos = eos
-        self.generator = params.generator(target.device) if not params.greedy else None
+        self.generator = params.generator() if not params.greedy else None
         self.uniforms = params.uniforms() if not params.greedy else None
         self.stats = SpecStats(prompt_tokens=len(prompt_ids))
         self.text: StopText | None = None
@@ -199,7 +199,7 @@ class Run:
         self.logprobs: LogprobOptions | None = None  # what to record of the emitted tokens (None: nothing)
         self.grammar: GrammarState | None = None  # the constraint's matcher (params.constraint), advanced by steps
         self.jumped: list[int] = []  # tokens the grammar forced this step (jump-forward): fed before the draft
-        self.masks: torch.Tensor | None = None  # [k + 1, vocab]: the grammar's masks for verifying this step's draft
+        self.masks: np.ndarray | None = None  # bool [k + 1, vocab]: the grammar's masks for verifying this step's draft
         self.t0 = time.perf_counter()
 
     @property
@@ -215,12 +215,13 @@ class Run:
     def prefilled(self, seconds: float) -> None:
         self.stats.prefill_seconds = seconds
 
-    def feed(self, proposal: Proposal) -> torch.Tensor:
-        """A step's input: the last emitted token, the tokens the grammar forced, then the draft."""
+    def feed(self, proposal: Proposal) -> list[int]:
+        """A step's input (token ids for ``Model.forward``): the last emitted token, the tokens the grammar forced,
+        then the draft."""
         tokens = self.context[-1:] + self.jumped
         if len(proposal.draft):
-            tokens = tokens + proposal.draft.ids
-        return torch.tensor(tokens, dtype=torch.int64, device=self.target.device)
+            tokens += proposal.draft.ids
+        return tokens
 
 
 def kept_prefix(
@@ -341,7 +342,7 @@ class Engine:
         run = self.start(self.target, self._state, *request)
         prefill = run.prefill_tokens()
         if prefill:
-            self.target.forward(torch.tensor(prefill, device=self.target.device), num_logits=0)
+            self.target.forward(prefill, num_logits=0)
         run.prefilled(time.perf_counter() - run.t0)
         governor = getattr(self.target, "governor", None)  # the thread count of the native model's passes
         while run.finish is None:
@@ -438,7 +439,7 @@ class Engine:
         reason = proposal.reason or (None if len(cut) else "grammar")
         return Proposal(cut, proposal.source, reason, alternatives=proposal.alternatives)
 
-    def finish_step(self, run: Run, proposal: Proposal, logits: torch.Tensor, t_pass: float) -> GenerationEvent:
+    def finish_step(self, run: Run, proposal: Proposal, logits: np.ndarray, t_pass: float) -> GenerationEvent:
         """Verify ``proposal`` against ``logits`` ``[k + 1, vocab]`` of the pass begun at ``t_pass`` (a
         ``perf_counter`` time), roll the cache back to the kept tokens, and return the step's event."""
         draft, params, stats = proposal.draft, run.params, run.stats
@@ -540,22 +541,32 @@ class Engine:
 
 
 def token_logprobs(
-    logits: torch.Tensor, tokens: list[int], options: LogprobOptions, params: SamplingParams
+    logits: np.ndarray, tokens: list[int], options: LogprobOptions, params: SamplingParams
 ) -> list[TokenLogprob]:
     """The log-probability of ``tokens[i]`` under row ``i`` of ``logits`` ``[len(tokens), vocab]``, with each
-    row's ``options.top`` most likely tokens (those of probability 0 left out)."""
+    row's ``options.top`` most likely tokens (most likely first, ties by the lowest id, as the greedy choice; those
+    of probability 0 left out)."""
     if not tokens:
         return []
     lp = log_probs(logits, params if options.sampled else None)  # [n, vocab]
-    ids = torch.tensor(tokens, dtype=torch.int64, device=lp.device)
-    chosen = lp.gather(-1, ids[:, None])[:, 0].tolist()
+    chosen = lp[np.arange(len(tokens)), tokens].tolist()
     top = min(options.top, lp.shape[-1])
     alternatives: list[list[tuple[int, float]]] = [[] for _ in tokens]
     if top:
-        values, indices = torch.topk(lp, top, dim=-1)  # [n, top], most likely first
-        for row, (vs, ix) in enumerate(zip(values.tolist(), indices.tolist())):
-            alternatives[row] = [(i, v) for i, v in zip(ix, vs) if v != float("-inf")]
+        for row in range(len(tokens)):
+            alternatives[row] = _most_likely(lp[row], top)
     return [TokenLogprob(t, c, a) for t, c, a in zip(tokens, chosen, alternatives)]
+
+
+def _most_likely(row: np.ndarray, top: int) -> list[tuple[int, float]]:
+    """The ``top`` largest finite values of ``row`` as (index, value), largest first, equal values by the lowest
+    index: a partition finds the ``top``-th largest value, and only the entries at or above it are sorted."""
+    vocab = row.shape[0]
+    kth = np.partition(row, vocab - top)[vocab - top] if top < vocab else -np.inf
+    candidates = np.flatnonzero(row >= kth) if kth > -np.inf else np.flatnonzero(row > -np.inf)
+    values = row[candidates]
+    order = np.argsort(-values, kind="stable")[:top]  # stable: equal values keep their ascending ids
+    return list(zip(candidates[order].tolist(), values[order].tolist()))
 
 
 def _as_sources(drafter: Drafter | Sequence[Drafter] | None, target: Model) -> list[Drafter]:

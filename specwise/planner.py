@@ -55,7 +55,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid
 from specwise.costs import ALONE, PassCosts, Shared
@@ -159,7 +159,7 @@ class Planner(ABC):
         context: list[int],
         limit: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: np.random.Generator | None,
         batch: tuple[int, float] | None = None,
     ) -> Proposal:
         """Ask the sources for at most ``limit`` tokens continuing ``context``; the draft to verify.
@@ -204,7 +204,7 @@ class Planner(ABC):
         context: list[int],
         k: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: np.random.Generator | None,
         stop: float,
     ) -> tuple[Draft, bool]:
         """Ask ``source`` for up to ``k`` tokens; cut its draft where its confidence falls below ``stop``.

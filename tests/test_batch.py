@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 from test_engine import chi2_pvalue, exact_joint
-from test_quantized_model import VARIANTS, write_gguf
 
 from specwise.batch import BatchEngine, Request
 from specwise.drafters import Draft, Drafter, NgramDrafter, NoDrafter
@@ -20,6 +19,13 @@ GREEDY = SamplingParams()
 
 @pytest.fixture(scope="module")
 def gguf_path(tmp_path_factory):
+    pytest.importorskip("gguf")
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("the native quantized kernels are not built")
+    from test_quantized_model import VARIANTS, write_gguf
+
     path = tmp_path_factory.mktemp("batch") / "tiny.gguf"
     write_gguf(path, VARIANTS["llama-Q4_1"])
     return path
@@ -27,10 +33,10 @@ def gguf_path(tmp_path_factory):
 
 def prompts(n: int, vocab: int = 100, seed: int = 0) -> list[list[int]]:
     """Prompts of different lengths, some repetitive (prompt lookup drafts there)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = np.random.default_rng(seed)
     out = []
     for i in range(n):
-        base = torch.randint(0, vocab, (3 + i % 4,), generator=gen).tolist()
+        base = gen.integers(0, vocab, 3 + i % 4).tolist()
         out.append((base * (1 + i % 3))[: 2 + 3 * i])
     return out
 
@@ -143,7 +149,7 @@ class Always(Drafter):
     name = "always"
 
     def propose(self, context, k, params, generator, stop=0.0) -> Draft:
-        return Draft(torch.ones(k, dtype=torch.int64))
+        return Draft(np.ones(k, dtype=np.int64))
 
 
 def test_planner_drafts_less_when_the_batch_makes_the_pass_dear():

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
+from conftest import needs_hf
 from specwise.drafters import (
     Drafter,
     ModelDrafter,
@@ -15,13 +16,34 @@ from specwise.drafters import (
     make_drafter,
 )
 from specwise.models.toy import ToyModel
-from specwise.sampling import SamplingParams
+from specwise.sampling import SamplingParams, make_generator
 
 GREEDY = SamplingParams()
 
 
 def propose(drafter, context, k=4):
     return drafter.propose(context, k, GREEDY, None).tokens.tolist()
+
+
+def test_draft_holds_ids_as_a_list_and_tokens_as_an_int64_array():
+    from specwise.drafters import Draft
+
+    listed = Draft([3, 1, 4], confidence=[0.9, 0.8, 0.7], kind=2)
+    assert listed.ids == [3, 1, 4] and len(listed) == 3
+    assert isinstance(listed.tokens, np.ndarray) and listed.tokens.dtype == np.int64
+    assert listed.tokens.tolist() == [3, 1, 4]
+    q = np.full((3, 5), 0.2, dtype=np.float32)
+    arrayed = Draft(np.array([3, 1, 4], dtype=np.int32), q)
+    assert arrayed.tokens.dtype == np.int64 and arrayed.ids == [3, 1, 4] and all(type(t) is int for t in arrayed.ids)
+    cut = arrayed.prefix(2)
+    assert cut.ids == [3, 1] and cut.probs.shape == (2, 5) and cut.tokens.dtype == np.int64
+    assert listed.prefix(1).confidence == [0.9] and listed.prefix(1).kind == 2
+    empty = Draft.empty()
+    assert len(empty) == 0 and empty.ids == [] and empty.tokens.shape == (0,) and empty.tokens.dtype == np.int64
+    assert len(Draft(np.zeros(0, dtype=np.int64))) == 0
+    for bad in (np.array([1.0, 2.0]), np.array([[1, 2]])):
+        with pytest.raises(ValueError, match="1-D array of integer ids"):
+            Draft(bad)
 
 
 def test_ngram_proposes_continuation_of_longest_recent_match():
@@ -96,10 +118,10 @@ def test_model_drafter_greedy_confidence_stops_drafting_at_the_stop_level():
     """Greedy with a stop level: each drafted token carries the draft model's probability of it, and drafting stops
     at the first token where their product falls below the level (that token is the last drafted, with no pass
     after it); without a level, no confidences and the whole draft."""
-    table = torch.full((1, 4, 4), 0.0)
+    table = np.zeros((1, 4, 4), dtype=np.float32)
     for token, (nxt, logit) in enumerate([(1, 4.0), (2, 3.0), (3, 0.5), (0, 4.0)]):
         table[0, token, nxt] = logit  # token -> nxt with probability e^logit / (e^logit + 3)
-    p = [torch.softmax(table[0, t], -1).max().item() for t in range(4)]
+    p = [float(np.exp(table[0, t].max()) / np.exp(table[0, t]).sum()) for t in range(4)]
     drafter = ModelDrafter(ToyModel(table))
     drafter.begin([0])
     whole = drafter.propose([0], 4, GREEDY, None)
@@ -127,7 +149,7 @@ def test_model_drafter_greedy_confidence_stops_drafting_at_the_stop_level():
 def test_model_drafter_lookup_drafts_the_same_tokens_in_fewer_passes():
     """Greedy drafting that checks lookup continuations in the draft model's passes (lookup=N) gives exactly the
     token-by-token draft at every step of a repetitive context, resyncing after rejections, with fewer passes."""
-    table = torch.full((1, 6, 6), -5.0)
+    table = np.full((1, 6, 6), -5.0, dtype=np.float32)
     for token in range(6):  # the toy model continues 0 1 2 3 4 0 1 2 ... (5 sends it back to 0)
         table[0, token, (token + 1) % 5] = 5.0
     plain, staged = ModelDrafter(ToyModel(table)), ModelDrafter(ToyModel(table), lookup=3)
@@ -158,9 +180,10 @@ def test_model_drafter_lookup_option_is_checked():
 def test_model_drafter_sampling_returns_q_rows():
     drafter = ModelDrafter(ToyModel.random(8, seed=4))
     drafter.begin([1])
-    draft = drafter.propose([1, 2], 3, SamplingParams(temperature=1.0, top_k=4), torch.Generator().manual_seed(0))
-    assert draft.probs.shape == (3, 8)
-    torch.testing.assert_close(draft.probs.sum(-1), torch.ones(3))
+    draft = drafter.propose([1, 2], 3, SamplingParams(temperature=1.0, top_k=4), make_generator(0))
+    assert isinstance(draft.probs, np.ndarray) and draft.probs.dtype == np.float32 and draft.probs.shape == (3, 8)
+    assert isinstance(draft.tokens, np.ndarray) and draft.tokens.dtype == np.int64
+    np.testing.assert_allclose(draft.probs.sum(-1), np.ones(3), rtol=1e-5)
     assert all(draft.probs[i, t] > 0 for i, t in enumerate(draft.tokens.tolist()))
     assert ((draft.probs > 0).sum(-1) <= 4).all()
 
@@ -216,7 +239,7 @@ def drafts_in_turn(drafters, steps, params=GREEDY, seeds=None, before=None, k=4,
     """Each drafter proposes for its own sequence's contexts (``steps[i]``), the drafters taking turns step by step;
     ``before[i](context)`` runs before drafter i is asked (its target's pass). Returns each one's drafts."""
     seeds = seeds or list(range(len(drafters)))
-    gens = [torch.Generator().manual_seed(100 + s) for s in seeds]
+    gens = [make_generator(100 + s) for s in seeds]
     out = [[] for _ in drafters]
     for step in range(max(map(len, steps))):
         for i, drafter in enumerate(drafters):
@@ -266,6 +289,7 @@ def test_forks_of_the_model_drafter_draft_on_their_own_sequence(params):
 
 
 def test_forks_of_a_native_model_drafter_share_its_weights():
+    needs_hf()
     from conftest import tiny_llama
     from specwise.models.native import NativeModel
 
@@ -319,8 +343,8 @@ def test_a_draft_model_with_a_narrower_padded_output_layer_drafts_for_the_wider_
     [drafter] = make_drafter("model:toy", target)
     assert drafter.vocab_size == 20 and drafter.vocab_ids.tolist() == list(range(16))
     params = SamplingParams(temperature=0.8)
-    draft = drafter.propose([1, 2, 3], 3, params, torch.Generator().manual_seed(0))
-    assert draft.probs.shape == (3, 20) and float(draft.probs[:, 16:].abs().sum()) == 0.0
+    draft = drafter.propose([1, 2, 3], 3, params, make_generator(0))
+    assert draft.probs.shape == (3, 20) and float(np.abs(draft.probs[:, 16:]).sum()) == 0.0
     plain = Engine(target.model, None, gamma=0).generate([1, 2, 3], SamplingParams(), 24, eos_token_ids=[])
     spec = Engine(target.model, make_drafter("model:toy", target), gamma=3).generate(
         [1, 2, 3], SamplingParams(), 24, eos_token_ids=[]
@@ -383,6 +407,6 @@ def test_model_drafter_keeps_the_prefix_a_new_request_shares_and_drafts_as_a_fre
     assert a.ids == b.ids and a.intake == len(turn) - len(first) - 2 and b.intake == len(turn)
     assert kept.model.tokens[: len(turn)] == turn
     # another writer of the draft model's cache: the next request starts empty
-    kept.model.forward(torch.tensor([3]))
+    kept.model.forward([3])
     kept.begin(turn)
     assert kept.pending(turn) == len(turn) and kept.model.length == 0

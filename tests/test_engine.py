@@ -3,19 +3,55 @@
 from __future__ import annotations
 
 import itertools
+import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
-from scipy.stats import chisquare
 
+from conftest import needs_hf
 from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
-from specwise.engine import Engine, StopText
+from specwise.engine import Engine, LogprobOptions, StopText, token_logprobs
 from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams, probs_from_logits
 
 VOCAB = 4
 LENGTH = 3
+
+# The engine's exactness on real decoders (a KV cache rolled back after rejections) runs on two kinds of models:
+# tiny GGUF files through the quantized native model (the core install) and tiny Hugging Face Llamas (the hf extra)
+KINDS = ("gguf", "hf")
+
+
+@pytest.fixture(scope="module")
+def gguf_files(tmp_path_factory):
+    """Two tiny GGUF Llamas of one vocabulary (100 tokens): the target's and an unrelated draft's."""
+    pytest.importorskip("gguf")
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("the native quantized kernels are not built")
+    from test_quantized_model import VARIANTS, write_gguf
+
+    folder = tmp_path_factory.mktemp("engine")
+    target, draft = folder / "target.gguf", folder / "draft.gguf"
+    write_gguf(target, VARIANTS["llama-Q8_0"])
+    write_gguf(draft, VARIANTS["llama-Q4_0"])
+    return target, draft
+
+
+@pytest.fixture(params=KINDS)
+def models(request):
+    """A target, an unrelated draft model of its vocabulary and a second instance of the target (draft = target),
+    as tiny GGUF files on the quantized model or tiny Hugging Face Llamas."""
+    if request.param == "hf":
+        needs_hf()
+        get = request.getfixturevalue
+        return SimpleNamespace(target=get("tiny_target"), draft=get("tiny_draft"), twin=get("tiny_target_twin"))
+    from specwise.models.quantized import QuantizedModel
+
+    target, draft = request.getfixturevalue("gguf_files")
+    return SimpleNamespace(target=QuantizedModel(target), draft=QuantizedModel(draft), twin=QuantizedModel(target))
 
 
 def exact_joint(model: ToyModel, prompt: list[int], params: SamplingParams, length: int) -> dict:
@@ -31,6 +67,44 @@ def exact_joint(model: ToyModel, prompt: list[int], params: SamplingParams, leng
     return out
 
 
+def chi2_sf(x: float, df: int) -> float:
+    """P(X >= x) for X chi-square with ``df`` degrees of freedom: the regularized upper incomplete gamma function
+    Q(df / 2, x / 2), by its power series below a + 1 and its continued fraction (modified Lentz) above, where each
+    converges quickly (checked against scipy where it is installed)."""
+    a, z = df / 2.0, x / 2.0
+    if z <= 0.0:
+        return 1.0
+    front = math.exp(a * math.log(z) - z - math.lgamma(a))  # z^a e^-z / Gamma(a)
+    if z < a + 1.0:  # P(a, z) = front * sum_n z^n / (a (a + 1) ... (a + n))
+        term = total = 1.0 / a
+        n = a
+        while term > total * 1e-16:
+            n += 1.0
+            term *= z / n
+            total += term
+        return max(0.0, 1.0 - front * total)
+    tiny = 1e-300  # Q(a, z) = front / (b_0 + a_1 / (b_1 + a_2 / (b_2 + ...))), a_i = -i (i - a), b_i = z + 2i + 1 - a
+    b = z + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    fraction = d
+    for i in range(1, 100_000):
+        an, b = -i * (i - a), b + 2.0
+        d = an * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + an / c
+        c = c if abs(c) > tiny else tiny
+        fraction *= d * c
+        if abs(d * c - 1.0) < 1e-16:
+            break
+    return front * fraction
+
+
+def chisquare(observed, expected) -> float:
+    """Pearson's goodness-of-fit test: the p-value of the counts ``observed`` against ``expected``."""
+    observed, expected = np.asarray(observed, dtype=np.float64), np.asarray(expected, dtype=np.float64)
+    return chi2_sf(float(((observed - expected) ** 2 / expected).sum()), len(observed) - 1)
+
+
 def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
     """Chi-square goodness of fit; cells with zero probability must never be observed."""
     for seq, c in counts.items():
@@ -43,7 +117,17 @@ def chi2_pvalue(counts: dict, probs: dict, n: int) -> float:
         obs.append(sum(counts.get(k, 0) for k in rest))
         exp.append(sum(probs[k] for k in rest) * n)
     exp = np.array(exp) * (sum(obs) / sum(exp))
-    return chisquare(obs, exp).pvalue
+    return chisquare(obs, exp)
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 7, 30, 63, 200])
+def test_chi2_sf_equals_scipys(df):
+    stats = pytest.importorskip("scipy.stats")
+    for x in (0.0, 0.01, 0.5, df / 2, df - 1.0, df, df + 1.5, 2.0 * df, df + 10.0 * math.sqrt(df), 5.0 * df + 40.0):
+        want = float(stats.chi2.sf(x, df))
+        assert chi2_sf(x, df) == pytest.approx(want, rel=1e-9, abs=1e-300), (x, df)
+    observed, expected = [18, 25, 31, 26], [25.0, 25.0, 25.0, 25.0]
+    assert chisquare(observed, expected) == pytest.approx(stats.chisquare(observed, expected).pvalue, rel=1e-9)
 
 
 class RepeatDrafter(Drafter):
@@ -55,7 +139,7 @@ class RepeatDrafter(Drafter):
         self.token = token
 
     def propose(self, context, k, params, generator, stop=0.0) -> Draft:
-        return Draft(torch.full((k,), self.token, dtype=torch.int64))
+        return Draft(np.full(k, self.token, dtype=np.int64))
 
 
 def run_many(engine: Engine, params: SamplingParams, n: int) -> dict:
@@ -119,19 +203,22 @@ def greedy_ids(engine: Engine, prompt: list[int], n: int) -> list[int]:
 
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
-def test_greedy_identity_tiny_llama(tiny_target, tiny_draft, tiny_target_twin, gamma):
+def test_greedy_identity(models, gamma):
     prompts = [[1, 5, 9, 2], [7], [3, 3, 3, 3, 3, 3, 40, 41, 42, 3, 3]]
+    target = models.target
     for prompt in prompts:
-        plain = greedy_ids(Engine(tiny_target, NoDrafter()), prompt, 40)
-        same = Engine(tiny_target, ModelDrafter(tiny_target_twin), gamma=gamma)
-        other = Engine(tiny_target, ModelDrafter(tiny_draft), gamma=gamma)
-        ngram = Engine(tiny_target, NgramDrafter(), gamma=gamma)
+        plain = greedy_ids(Engine(target, NoDrafter()), prompt, 40)
+        same = Engine(target, ModelDrafter(models.twin), gamma=gamma)
+        other = Engine(target, ModelDrafter(models.draft), gamma=gamma)
+        ngram = Engine(target, NgramDrafter(), gamma=gamma)
         assert greedy_ids(same, prompt, 40) == plain
         assert greedy_ids(other, prompt, 40) == plain
         assert greedy_ids(ngram, prompt, 40) == plain
 
 
-def test_plain_greedy_matches_transformers_generate(tiny_target):
+def test_plain_greedy_matches_transformers_generate(request):
+    torch = needs_hf()
+    tiny_target = request.getfixturevalue("tiny_target")
     prompt = [1, 5, 9, 2]
     ours = greedy_ids(Engine(tiny_target, NoDrafter()), prompt, 24)
     ref = tiny_target.model.generate(
@@ -140,8 +227,8 @@ def test_plain_greedy_matches_transformers_generate(tiny_target):
     assert ours == ref[0, len(prompt) :].tolist()
 
 
-def test_draft_equal_to_target_accepts_everything(tiny_target, tiny_target_twin):
-    result = Engine(tiny_target, ModelDrafter(tiny_target_twin), gamma=4).generate(
+def test_draft_equal_to_target_accepts_everything(models):
+    result = Engine(models.target, ModelDrafter(models.twin), gamma=4).generate(
         [1, 2, 3], SamplingParams(), max_new_tokens=41, eos_token_ids=[]
     )
     stats = result.stats
@@ -151,8 +238,8 @@ def test_draft_equal_to_target_accepts_everything(tiny_target, tiny_target_twin)
     assert stats.acceptance_by_position == [1.0, 1.0, 1.0, 1.0]
 
 
-def test_random_draft_is_rarely_accepted(tiny_target, tiny_draft):
-    result = Engine(tiny_target, ModelDrafter(tiny_draft), gamma=4).generate(
+def test_random_draft_is_rarely_accepted(models):
+    result = Engine(models.target, ModelDrafter(models.draft), gamma=4).generate(
         [1, 2, 3], SamplingParams(), max_new_tokens=40, eos_token_ids=[]
     )
     assert result.stats.acceptance_rate < 0.3
@@ -174,12 +261,12 @@ def test_all_accepted_then_sampling_still_exact_in_toy():
 # ---- boundaries -------------------------------------------------------------------------------------------
 
 
-def test_stops_exactly_at_eos_inside_an_accepted_draft(tiny_target, tiny_target_twin):
+def test_stops_exactly_at_eos_inside_an_accepted_draft(models):
     prompt = [1, 5, 9, 2]
-    plain = greedy_ids(Engine(tiny_target, NoDrafter()), prompt, 30)
+    plain = greedy_ids(Engine(models.target, NoDrafter()), prompt, 30)
     eos = plain[10]
     first = plain.index(eos)
-    result = Engine(tiny_target, ModelDrafter(tiny_target_twin), gamma=4).generate(
+    result = Engine(models.target, ModelDrafter(models.twin), gamma=4).generate(
         prompt, SamplingParams(), max_new_tokens=30, eos_token_ids=[eos]
     )
     assert result.token_ids == plain[: first + 1]
@@ -188,9 +275,9 @@ def test_stops_exactly_at_eos_inside_an_accepted_draft(tiny_target, tiny_target_
 
 
 @pytest.mark.parametrize("max_new", [1, 2, 5, 7, 13])
-def test_max_new_tokens_is_exact(tiny_target, tiny_target_twin, max_new):
-    plain = greedy_ids(Engine(tiny_target, NoDrafter()), [4, 4], max_new)
-    result = Engine(tiny_target, ModelDrafter(tiny_target_twin), gamma=4).generate(
+def test_max_new_tokens_is_exact(models, max_new):
+    plain = greedy_ids(Engine(models.target, NoDrafter()), [4, 4], max_new)
+    result = Engine(models.target, ModelDrafter(models.twin), gamma=4).generate(
         [4, 4], SamplingParams(), max_new_tokens=max_new, eos_token_ids=[]
     )
     assert len(plain) == max_new
@@ -208,9 +295,9 @@ def test_context_limit_ends_with_length():
     assert len(result.token_ids) == 10 - 3 + 1  # the last token need not be fed
 
 
-def test_seeded_sampling_repeats_exactly(tiny_target, tiny_draft):
+def test_seeded_sampling_repeats_exactly(models):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=123)
-    engine = Engine(tiny_target, ModelDrafter(tiny_draft), gamma=3)
+    engine = Engine(models.target, ModelDrafter(models.draft), gamma=3)
     a = engine.generate([1, 2], params, max_new_tokens=30, eos_token_ids=[])
     b = engine.generate([1, 2], params, max_new_tokens=30, eos_token_ids=[])
     c = engine.generate([1, 2], SamplingParams(temperature=0.9, top_p=0.95, seed=124), 30, eos_token_ids=[])
@@ -218,36 +305,37 @@ def test_seeded_sampling_repeats_exactly(tiny_target, tiny_draft):
     assert a.token_ids != c.token_ids
 
 
-def test_rollback_keeps_target_cache_equal_to_context(tiny_target, tiny_draft):
-    engine = Engine(tiny_target, ModelDrafter(tiny_draft), gamma=4)
+def test_rollback_keeps_target_cache_equal_to_context(models):
+    target = models.target
+    engine = Engine(target, ModelDrafter(models.draft), gamma=4)
     prompt = [1, 2, 3]
     emitted = []
     for event in engine.stream(prompt, SamplingParams(), max_new_tokens=20, eos_token_ids=[]):
         emitted += event.token_ids
-        assert tiny_target.length == len(prompt) + len(emitted) - 1
-    fresh_logits = _logits_of(tiny_target, prompt + emitted)
-    tiny_target.rollback(len(prompt) + len(emitted) - 1)
-    cached = tiny_target.forward(torch.tensor(emitted[-1:]))
-    torch.testing.assert_close(cached[-1], fresh_logits[-1], atol=1e-5, rtol=1e-5)
+        assert target.length == len(prompt) + len(emitted) - 1
+    fresh_logits = _logits_of(target, prompt + emitted)
+    target.rollback(len(prompt) + len(emitted) - 1)
+    cached = target.forward(np.array(emitted[-1:], dtype=np.int64))
+    np.testing.assert_allclose(cached[-1], fresh_logits[-1], atol=1e-5, rtol=1e-5)
 
 
 def _logits_of(model, ids):
     model.reset()
-    return model.forward(torch.tensor(ids))
+    return model.forward(ids)
 
 
-def test_invalid_requests_raise(tiny_target):
-    engine = Engine(tiny_target, None)
+def test_invalid_requests_raise():
+    engine = Engine(ToyModel.random(96, max_length=512), None)
     with pytest.raises(ValueError, match="prompt is empty"):
         engine.generate([], max_new_tokens=3)
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.generate([1], max_new_tokens=0)
     with pytest.raises(ValueError, match="outside the vocabulary"):
-        engine.generate([10_000], max_new_tokens=3)
+        engine.generate([96], max_new_tokens=3)
     with pytest.raises(ValueError, match="context"):
         engine.generate([1] * 600, max_new_tokens=3)
     with pytest.raises(ValueError, match="gamma"):
-        Engine(tiny_target, None, gamma=-1)
+        Engine(engine.target, None, gamma=-1)
     with pytest.raises(ValueError, match="tokenizer"):
         engine.generate([1], max_new_tokens=3, stop=["x"])
 
@@ -272,9 +360,9 @@ def test_stop_text_never_emits_a_stop_string_or_past_it():
     assert st.token_ids == [0, 1, 2, 3, 4]
 
 
-def test_stop_string_through_engine(tiny_target):
+def test_stop_string_through_engine(models):
     tok = _CharTokenizer()
-    engine = Engine(tiny_target, NgramDrafter(), gamma=3, tokenizer=tok)
+    engine = Engine(models.target, NgramDrafter(), gamma=3, tokenizer=tok)
     full = engine.generate([1, 5], max_new_tokens=30, eos_token_ids=[])
     stop = full.text[7:9]
     cut = full.text.index(stop)
@@ -287,10 +375,10 @@ def test_stop_string_through_engine(tiny_target):
     assert result.stats.new_tokens == len(result.token_ids)
 
 
-def test_engine_default_eos_ids_and_request_override(tiny_target):
-    plain = greedy_ids(Engine(tiny_target, NoDrafter()), [1, 5, 9, 2], 20)
+def test_engine_default_eos_ids_and_request_override(models):
+    plain = greedy_ids(Engine(models.target, NoDrafter()), [1, 5, 9, 2], 20)
     eos = plain[5]
-    engine = Engine(tiny_target, NgramDrafter(), gamma=3, eos_token_ids=[eos])
+    engine = Engine(models.target, NgramDrafter(), gamma=3, eos_token_ids=[eos])
     assert engine.generate([1, 5, 9, 2], max_new_tokens=20).token_ids == plain[: plain.index(eos) + 1]
     assert engine.generate([1, 5, 9, 2], max_new_tokens=20, eos_token_ids=[]).token_ids == plain
 
@@ -331,3 +419,52 @@ def test_stop_text_incremental_equals_full_decode(smol_tokenizer):
             i += n
             assert st._base_text == smol_tokenizer.decode(ids[: st._base], skip_special_tokens=True)
         assert "".join(out) == smol_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# ---- log-probabilities ------------------------------------------------------------------------------------
+
+
+def _reference_top(row: np.ndarray, top: int) -> list[tuple[int, float]]:
+    """The ``top`` most likely finite entries, largest first, equal values by the lowest id: a full sort."""
+    order = sorted(range(row.shape[0]), key=lambda i: (-row[i], i))
+    return [(i, float(row[i])) for i in order[:top] if row[i] != -np.inf]
+
+
+def test_token_logprobs_lists_the_most_likely_first_and_ties_by_the_lowest_id():
+    logits = np.array([[0.0, 2.0, 1.0, 2.0, -np.inf, 1.0], [5.0] * 6], dtype=np.float32)
+    out = token_logprobs(logits, [2, 3], LogprobOptions(top=3), SamplingParams())
+    lp = logits - np.log(np.exp(logits.astype(np.float64)).sum(-1, keepdims=True))
+    assert [t.token_id for t in out] == [2, 3]
+    assert [t.logprob for t in out] == pytest.approx([lp[0, 2], lp[1, 3]], abs=1e-6)
+    assert [i for i, _ in out[0].top] == [1, 3, 2]  # 2 and 5 tie for the third place: the lower id
+    assert [i for i, _ in out[1].top] == [0, 1, 2]
+    assert all(isinstance(i, int) and isinstance(v, float) for t in out for i, v in t.top)
+    everything = token_logprobs(logits, [2, 3], LogprobOptions(top=10), SamplingParams())
+    assert [i for i, _ in everything[0].top] == [1, 3, 2, 5, 0]  # probability 0 (id 4) is never listed
+    assert [i for i, _ in everything[1].top] == list(range(6))
+    assert token_logprobs(logits, [2, 3], LogprobOptions(top=0), SamplingParams())[0].top == []
+    assert token_logprobs(logits[:0], [], LogprobOptions(top=3), SamplingParams()) == []
+
+
+def test_token_logprobs_of_the_sampled_distribution_leave_out_what_it_cut():
+    logits = np.array([[0.0, 2.0, 1.0, 2.0, -1.0, 1.0]], dtype=np.float32)
+    out = token_logprobs(logits, [3], LogprobOptions(top=4, sampled=True), SamplingParams(temperature=1.0, top_k=2))
+    assert [i for i, _ in out[0].top] == [1, 3]  # top-k 2 keeps the two tied tokens, nothing else
+    assert [v for _, v in out[0].top] == pytest.approx([np.log(0.5)] * 2, abs=1e-6)
+    assert out[0].logprob == pytest.approx(np.log(0.5), abs=1e-6)
+
+
+@pytest.mark.parametrize("top", [1, 3, 17, 64])
+def test_token_logprobs_top_equals_a_full_sort(top):
+    """Random rows with many equal values (small integers) and some -inf: the partition's choice at the boundary
+    equals a full sort's."""
+    rng = np.random.default_rng(top)
+    logits = rng.integers(-3, 3, size=(6, 40)).astype(np.float32)
+    logits[rng.random((6, 40)) < 0.2] = -np.inf
+    tokens = [int(np.flatnonzero(row > -np.inf)[0]) for row in logits]
+    out = token_logprobs(logits, tokens, LogprobOptions(top=top), SamplingParams())
+    lp = [row - np.float32(np.log(np.exp(row[row > -np.inf]).sum())) for row in logits]
+    for entry, row in zip(out, lp):
+        want = _reference_top(row, top)
+        assert [i for i, _ in entry.top] == [i for i, _ in want]
+        assert [v for _, v in entry.top] == pytest.approx([v for _, v in want], abs=1e-5)

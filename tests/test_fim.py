@@ -13,9 +13,10 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
-import torch
 
+from conftest import needs_hf
 from specwise.drafters import NgramDrafter
 from specwise.engine import Engine
 from specwise.fim import STYLES, FimTokens, FimUnsupported, fim_prompt, fim_stop_ids, fim_tokens, require_fim
@@ -65,7 +66,9 @@ def _vocab_writer(names: list[str], metadata: dict[str, int]):
 
 
 def write_fim_gguf(path: Path, names: list[str] = QWEN, metadata: dict[str, int] | None = None, seed: int = 0) -> Path:
-    """A tiny random Qwen2 (Q8_0) whose vocabulary holds ``names`` from id 257 on."""
+    """A tiny random Qwen2 (Q8_0) whose vocabulary holds ``names`` from id 257 on (written from a Hugging Face model:
+    needs the hf extra)."""
+    torch = needs_hf()
     import transformers
 
     from specwise.models import gguf_write
@@ -219,7 +222,7 @@ TOY_FIM = FimTokens(PRE, SUF, MID, pad=PAD)
 
 def successor_model() -> ToyModel:
     """Greedy continues 20, 21, 22, ... after the middle token and ends with the padding token after 40."""
-    table = torch.full((1, TOY_VOCAB, TOY_VOCAB), -8.0)
+    table = np.full((1, TOY_VOCAB, TOY_VOCAB), -8.0, dtype=np.float32)
     for token in range(TOY_VOCAB):
         table[0, token, token + 1 if token < 40 else PAD] = 8.0
     table[0, MID, :] = -8.0

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
-import torch
+from test_engine import gguf_files, models  # noqa: F401 (fixtures: tiny GGUF and Hugging Face models)
 
 from specwise.costs import PassCosts
 from specwise.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, NoDrafter
@@ -19,7 +20,7 @@ GREEDY = SamplingParams()
 
 
 def draft_of(n: int) -> Draft:
-    return Draft(torch.zeros(n, dtype=torch.int64))
+    return Draft(np.zeros(n, dtype=np.int64))
 
 
 def start(planner, sources: int = 1):
@@ -197,17 +198,18 @@ def test_limit_and_make_planner():
             make_planner(bad)
 
 
-def test_greedy_identity_with_gamma_auto(tiny_target, tiny_target_twin, tiny_draft):
+def test_greedy_identity_with_gamma_auto(models):  # noqa: F811 (the fixture)
+    target = models.target
     prompt = [1, 5, 9, 2]
-    plain = Engine(tiny_target, NoDrafter()).generate(prompt, SamplingParams(), 40, eos_token_ids=[])
-    for drafter in (ModelDrafter(tiny_target_twin), ModelDrafter(tiny_draft), NgramDrafter()):
-        spec = Engine(tiny_target, drafter, gamma="auto").generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+    plain = Engine(target, NoDrafter()).generate(prompt, SamplingParams(), 40, eos_token_ids=[])
+    for drafter in (ModelDrafter(models.twin), ModelDrafter(models.draft), NgramDrafter()):
+        spec = Engine(target, drafter, gamma="auto").generate(prompt, SamplingParams(), 40, eos_token_ids=[])
         assert spec.token_ids == plain.token_ids
         assert sum(spec.stats.plain_step_reasons.values()) == spec.stats.gamma_histogram.get(0, 0)
     # one engine serving requests one after the other (its schedule carries what it learnt): still exact
     prompts = [prompt, [3, 3, 7], [1, 5, 9, 2, 8, 8]]
-    plains = [Engine(tiny_target, NoDrafter()).generate(p, SamplingParams(), 30, eos_token_ids=[]) for p in prompts]
-    engine = Engine(tiny_target, NgramDrafter(), gamma="auto")
+    plains = [Engine(target, NoDrafter()).generate(p, SamplingParams(), 30, eos_token_ids=[]) for p in prompts]
+    engine = Engine(target, NgramDrafter(), gamma="auto")
     for p, expected in zip(prompts * 2, plains * 2):
         assert engine.generate(p, SamplingParams(), 30, eos_token_ids=[]).token_ids == expected.token_ids
 
@@ -224,7 +226,7 @@ class OracleDrafter(Drafter):
         ctx = list(context)
         for _ in range(k):
             ctx.append(int(self.model.next_logits(len(ctx) - 1, ctx[-1]).argmax()))
-        return Draft(torch.tensor(ctx[len(context) :], dtype=torch.int64))
+        return Draft(np.array(ctx[len(context) :], dtype=np.int64))
 
 
 class WrongDrafter(Drafter):
@@ -237,7 +239,7 @@ class WrongDrafter(Drafter):
 
     def propose(self, context, k, params, generator, stop=0.0) -> Draft:
         best = int(self.model.next_logits(len(context) - 1, context[-1]).argmax())
-        return Draft(torch.tensor([(best + 1) % self.model.vocab_size] * k, dtype=torch.int64))
+        return Draft([(best + 1) % self.model.vocab_size] * k)
 
 
 class Scripted(Drafter):
@@ -334,10 +336,10 @@ def test_a_new_request_keeps_the_measured_times_and_a_bounded_acceptance_prior()
 
 def test_the_engine_gives_the_planner_the_cost_curve():
     curve = {1: 1.0, 2: 1.02, 3: 1.05}
-    engine = Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto", cost_curve=curve)
+    engine = Engine(ToyModel(np.zeros((1, 16, 16))), NgramDrafter(), gamma="auto", cost_curve=curve)
     assert engine.planner.costs.prior_curve == curve
     assert engine.planner.verify_time(3) == pytest.approx(1.05)  # before any pass is measured
-    assert Engine(ToyModel(torch.zeros(1, 16, 16)), NgramDrafter(), gamma="auto").planner.verify_time(3) == 1.2
+    assert Engine(ToyModel(np.zeros((1, 16, 16))), NgramDrafter(), gamma="auto").planner.verify_time(3) == 1.2
 
 
 def test_the_runtime_hands_the_saved_cost_curve_to_the_planner(tmp_path, monkeypatch, tiny_dir):
@@ -504,7 +506,7 @@ def test_fixed_gamma_chooses_between_two_sources_by_their_measured_acceptance():
 def test_a_sampled_draft_is_used_as_drawn():
     """Choosing among sampled drafts by what they contain would bias them away from q: a sampled draft is taken as
     soon as it is drawn, even when a later source has the better record."""
-    sampled = Draft(torch.tensor([1, 2]), torch.full((2, 4), 0.25))
+    sampled = Draft(np.array([1, 2]), np.full((2, 4), 0.25, dtype=np.float32))
     first, second = Scripted("a", lambda c, k: sampled), Scripted("b", lambda c, k: draft_of(k))
     p = FixedPlanner(4)
     state = p.new_state([first, second])
@@ -527,7 +529,7 @@ def test_empty_drafts_are_counted_as_no_draft():
 
 
 def test_a_draft_is_cut_where_its_confidence_falls_below_the_stop_level():
-    confident = Draft(torch.tensor([5, 6, 7, 8]), confidence=[0.9, 0.8, 0.5, 0.9])
+    confident = Draft([5, 6, 7, 8], confidence=[0.9, 0.8, 0.5, 0.9])
     drafter = Scripted("c", lambda c, k: confident)
     p = FixedPlanner(4, stop=0.5)
     state = p.new_state([drafter])
@@ -563,10 +565,10 @@ def test_prompt_lookup_is_held_back_by_the_measured_acceptance_of_its_match_leng
     assert p.draft(state, one, 4, GREEDY, None).draft.tokens.tolist() == [8, 2]
 
 
-def test_low_confidence_plain_steps_are_counted_and_output_is_unchanged(tiny_target):
+def test_low_confidence_plain_steps_are_counted_and_output_is_unchanged(models):  # noqa: F811 (the fixture)
     prompt = [1, 5, 9, 2, 1, 5, 9, 2, 1, 5]
-    plain = Engine(tiny_target, NoDrafter()).generate(prompt, GREEDY, 24, eos_token_ids=[])
-    strict = Engine(tiny_target, NgramDrafter(), gamma=FixedPlanner(4, stop=0.99))  # above the prior: held back
+    plain = Engine(models.target, NoDrafter()).generate(prompt, GREEDY, 24, eos_token_ids=[])
+    strict = Engine(models.target, NgramDrafter(), gamma=FixedPlanner(4, stop=0.99))  # above the prior: held back
     result = strict.generate(prompt, GREEDY, 24, eos_token_ids=[])
     assert result.token_ids == plain.token_ids
     assert result.stats.drafted == 0
@@ -624,7 +626,7 @@ def test_an_ask_that_catches_up_on_the_context_is_not_timed(monkeypatch):
 
         def propose(self, context, k, params, generator, stop=0.0):
             clock[0] += self.cost
-            return Draft(torch.zeros(k, dtype=torch.int64), intake=self.catch_up)
+            return Draft(np.zeros(k, dtype=np.int64), intake=self.catch_up)
 
     drafter = Timed()
     s = AdaptivePlanner(max_gamma=2)
@@ -640,7 +642,7 @@ def test_an_ask_that_catches_up_on_the_context_is_not_timed(monkeypatch):
 
 
 def test_the_model_drafter_reports_what_it_caught_up_on():
-    drafter = ModelDrafter(ToyModel(torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(0))))
+    drafter = ModelDrafter(ToyModel(np.random.default_rng(0).standard_normal((1, 16, 16))))
     context = list(range(10))
     drafter.begin(context)
     first = drafter.propose(context, 3, SamplingParams(), None)
@@ -677,7 +679,7 @@ def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch
             intake = len(context) - self.fed
             clock[0] += 0.002 * intake + 0.001 * k  # 2 ms a token taken in, 1 ms a drafted token
             self.fed, self.asks = len(context) + k - 1, self.asks + 1  # as a draft model: all but its last draft
-            return Draft(torch.zeros(k, dtype=torch.int64), intake=intake)
+            return Draft(np.zeros(k, dtype=np.int64), intake=intake)
 
     drafter = Lagging()
     s = AdaptivePlanner(max_gamma=3)

@@ -4,7 +4,6 @@ prompt shares (a system prompt, the earlier turns of a chat), and its output is 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specwise.drafters import NgramDrafter
 from specwise.engine import Engine
@@ -36,7 +35,7 @@ class Recording:
         forward = model.forward
 
         def recording(tokens, num_logits=None):
-            self.fed.append(int(tokens.numel()))
+            self.fed.append(len(tokens))
             return forward(tokens, num_logits)
 
         model.forward = recording
@@ -74,7 +73,7 @@ def test_a_cache_written_by_anyone_else_is_not_kept(model_path):
     first = answer(engine, prompt)
     # someone feeds the target between two requests: same length, other tokens
     engine.target.rollback(10)
-    engine.target.forward(torch.tensor(sequence(spec, len(prompt) - 11, seed=6)), num_logits=0)
+    engine.target.forward(sequence(spec, len(prompt) - 11, seed=6), num_logits=0)
     fed = Recording(engine.target).fed
     again = answer(engine, prompt)
     assert again.token_ids == first.token_ids

@@ -6,12 +6,10 @@ model share its weights, not their caches, and each gives the logits it would gi
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-import torch
 
 from conftest import tiny_llama
-from specwise.models import HFModel
-from specwise.models.native import NativeModel
 from specwise.models.toy import ToyModel
 
 KINDS = ("toy", "native", "hf")
@@ -22,18 +20,23 @@ JUNK = [11, 11, 12]
 
 @pytest.fixture(scope="module")
 def hf_module():
-    return tiny_llama(seed=1)
+    return tiny_llama(seed=1)  # skips where the hf extra is not installed
 
 
-def make(kind: str, hf_module):
-    """A fresh model of ``kind`` (the toy table and the Hugging Face weights are the same for every call)."""
+@pytest.fixture
+def make(kind, request):
+    """Makes a fresh model of ``kind`` (the toy table and the Hugging Face weights are the same for every call);
+    the torch-based kinds need the hf extra, the toy runs everywhere."""
     if kind == "toy":
-        return ToyModel.random(16, seed=0)
-    return NativeModel(hf_module) if kind == "native" else HFModel(hf_module)
+        return lambda: ToyModel.random(16, seed=0)
+    hf_module = request.getfixturevalue("hf_module")
+    from specwise.models import HFModel, NativeModel
+
+    return lambda: NativeModel(hf_module) if kind == "native" else HFModel(hf_module)
 
 
-def ids(tokens: list[int]) -> torch.Tensor:
-    return torch.tensor(tokens, dtype=torch.int64)
+def ids(tokens: list[int]) -> np.ndarray:
+    return np.array(tokens, dtype=np.int64)
 
 
 def apply(model, op):
@@ -51,17 +54,17 @@ OPS_B = [("forward", B[:3], 1), ("forward", B[3:7], None), ("forward", JUNK, Non
          ("forward", B[7:8], None), ("forward", B[8:], 3)]  # fmt: skip
 
 
-def assert_same(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.shape == want.shape
-    assert torch.equal(got, want), f"max difference {(got - want).abs().max().item():.3g}"
+def assert_same(got: np.ndarray, want: np.ndarray) -> None:
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_interleaved_sequences_give_each_its_own_logits(kind, hf_module):
+def test_interleaved_sequences_give_each_its_own_logits(kind, make):
     """Two sequences of one model, fed in turn (with rollbacks), give bit for bit what a fresh model fed each one
     alone gives. The Hugging Face model is bitwise too: the same module runs the same operators on the same
     shapes for a sequence whether or not another one has its own cache beside it."""
-    first = make(kind, hf_module)
+    first = make()
     first.forward(ids([6, 6]))  # a sequence made from a model with tokens in its cache starts empty
     first.reset()
     second = first.sequence()
@@ -74,7 +77,7 @@ def test_interleaved_sequences_give_each_its_own_logits(kind, hf_module):
         assert first.length == length_a  # the other's forward or rollback leaves this one alone
     assert (first.length, second.length) == (len(A), len(B))
     for ops, got in ((OPS_A, got_a), (OPS_B, got_b)):
-        alone = make(kind, hf_module)
+        alone = make()
         for op, logits in zip(ops, got):
             want = apply(alone, op)
             if want is not None:
@@ -82,8 +85,8 @@ def test_interleaved_sequences_give_each_its_own_logits(kind, hf_module):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_sequences_share_the_weights_not_the_cache(kind, hf_module):
-    model = make(kind, hf_module)
+def test_sequences_share_the_weights_not_the_cache(kind, make):
+    model = make()
     other = model.sequence()
     assert type(other) is type(model) and other is not model
     if kind == "toy":
@@ -98,12 +101,12 @@ def test_sequences_share_the_weights_not_the_cache(kind, hf_module):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_default_forward_batch_equals_separate_forwards(kind, hf_module):
-    model = make(kind, hf_module)
+def test_default_forward_batch_equals_separate_forwards(kind, make):
+    model = make()
     seqs = [model, model.sequence(), model.sequence()]
     first = model.forward_batch([(seqs[0], ids(A[:6])), (seqs[1], ids(B[:2])), (seqs[2], ids(A[:1]))], [None, 1, 0])
     then = model.forward_batch([(s, ids(t)) for s, t in zip(seqs, ([7], B[2:6], A[1:3]))])
-    alone = [make(kind, hf_module) for _ in seqs]
+    alone = [make() for _ in seqs]
     want_first = [m.forward(ids(t), n) for m, t, n in zip(alone, (A[:6], B[:2], A[:1]), (None, 1, 0))]
     want_then = [m.forward(ids(t)) for m, t in zip(alone, ([7], B[2:6], A[1:3]))]
     for got, want in zip(first + then, want_first + want_then):
@@ -114,8 +117,8 @@ def test_default_forward_batch_equals_separate_forwards(kind, hf_module):
 
 
 @pytest.mark.parametrize("kind", ["native", "hf"])
-def test_features_are_kept_per_sequence(kind, hf_module):
-    model = make(kind, hf_module)
+def test_features_are_kept_per_sequence(kind, make):
+    model = make()
     model.keep_features = True
     other = model.sequence()
     assert not other.keep_features  # a new sequence keeps none until asked
@@ -123,7 +126,7 @@ def test_features_are_kept_per_sequence(kind, hf_module):
     other.forward(ids(B[:4]))
     with pytest.raises(RuntimeError, match="keep_features"):
         other.features(0, 1)
-    alone = make(kind, hf_module)
+    alone = make()
     alone.keep_features = True
     alone.forward(ids(A[:6]))
     assert_same(model.features(0, 6), alone.features(0, 6))
@@ -132,7 +135,7 @@ def test_features_are_kept_per_sequence(kind, hf_module):
     model.forward(ids(A[6:]))
     alone.forward(ids(A[6:]))
     assert_same(model.features(0, len(A)), alone.features(0, len(A)))
-    alone_b = make(kind, hf_module)
+    alone_b = make()
     alone_b.forward(ids(B[:4]))
     alone_b.keep_features = True
     alone_b.forward(ids(B[4:]))

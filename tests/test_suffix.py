@@ -8,7 +8,9 @@ import random
 
 import numpy as np
 import pytest
+from test_engine import gguf_files, models  # noqa: F401 (fixtures: tiny GGUF and Hugging Face models)
 
+from conftest import needs_hf
 from specwise.drafters.suffix import (
     SEP,
     IndexTargetMismatchError,
@@ -23,6 +25,7 @@ from specwise.drafters.suffix import (
 from specwise.engine import Engine
 from specwise.index import build_index
 from specwise.models.loader import LoadedModel
+from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -283,10 +286,10 @@ def test_calibration_fits_each_source_on_held_out_answers():
         assert abs(fit["mean_confidence"] - fit["acceptance"]) < 0.1  # calibrated on average
 
 
-def test_the_drafter_uses_the_index_calibration(tmp_path, tiny_target):
+def test_the_drafter_uses_the_index_calibration(tmp_path):
     from specwise.drafters.suffix import DEFAULT_PRIORS, index_identity
 
-    target = tiny_loaded(tiny_target.model, "tiny-target")
+    target = toy_loaded("tiny-target")
     info = {"target": index_identity(target), "calibration": {"index": {"smooth": 4.0, "half": 8.0, "events": 99}}}
     SuffixIndex.from_sequences(SEQS, info=info).save(tmp_path / "idx")
     drafter = make_suffix_drafter(str(tmp_path / "idx"), target)
@@ -302,9 +305,17 @@ def tiny_loaded(hf_model, name):
     return LoadedModel(HFModel(hf_model, name=name), None, name, hf_model)
 
 
-def test_wrong_target_is_refused(tmp_path, tiny_target, tiny_draft):
+def toy_loaded(name, vocab: int = 96):
+    """A loaded target without weights at hand (its identity: name and vocabulary size)."""
+    return LoadedModel(ToyModel.random(vocab), None, name)
+
+
+def test_wrong_target_is_refused(tmp_path, request):
+    """Names, and the weights' fingerprint where they are at hand (a Hugging Face model's)."""
     from specwise.drafters.suffix import index_identity
 
+    needs_hf()
+    tiny_target, tiny_draft = request.getfixturevalue("tiny_target"), request.getfixturevalue("tiny_draft")
     target = tiny_loaded(tiny_target.model, "tiny-target")
     other = tiny_loaded(tiny_draft.model, "tiny-draft")
     SuffixIndex.from_sequences(SEQS, info={"target": index_identity(target)}).save(tmp_path / "idx")
@@ -320,11 +331,22 @@ def test_wrong_target_is_refused(tmp_path, tiny_target, tiny_draft):
         check_index_target(load_index(tmp_path / "idx").info, same_name)
 
 
-def test_make_drafter_knows_suffix(tmp_path, tiny_target):
+def test_a_target_without_weights_at_hand_is_told_by_name_and_vocabulary(tmp_path):
+    from specwise.drafters.suffix import index_identity
+
+    target = toy_loaded("tiny-target")
+    SuffixIndex.from_sequences(SEQS, info={"target": index_identity(target)}).save(tmp_path / "idx")
+    assert make_suffix_drafter(str(tmp_path / "idx"), target).index is not None
+    for other in (toy_loaded("tiny-draft"), toy_loaded("tiny-target", vocab=97)):
+        with pytest.raises(IndexTargetMismatchError, match="index built for 'tiny-target'"):
+            make_suffix_drafter(str(tmp_path / "idx"), other)
+
+
+def test_make_drafter_knows_suffix(tmp_path):
     from specwise.drafters import make_drafter
     from specwise.drafters.suffix import index_identity
 
-    target = tiny_loaded(tiny_target.model, "tiny-target")
+    target = toy_loaded("tiny-target")
     SuffixIndex.from_sequences(SEQS, info={"target": index_identity(target)}).save(tmp_path / "idx")
     [drafter] = make_drafter(f"suffix:{tmp_path / 'idx'}", target)
     assert isinstance(drafter, SuffixDrafter) and len(drafter.index) == sum(map(len, SEQS))
@@ -341,9 +363,10 @@ def greedy_ids(engine, prompt, n):
 
 
 @pytest.mark.parametrize("gamma", [3, "auto"])
-def test_greedy_identity_tiny_llama(tiny_target, gamma):
+def test_greedy_identity(models, gamma):  # noqa: F811 (the fixture)
     from specwise.drafters import NoDrafter
 
+    tiny_target = models.target
     prompts = [[1, 5, 9, 2], [7], [3, 3, 3, 3, 3, 3, 40, 41, 42, 3, 3]]
     plain = {tuple(p): greedy_ids(Engine(tiny_target, NoDrafter()), p, 40) for p in prompts}
     # the target's own answers (a prefix of them) and unrelated text: drafts that are right and drafts that are not
@@ -361,8 +384,6 @@ def test_greedy_identity_tiny_llama(tiny_target, gamma):
 def test_sampling_is_exact_with_the_suffix_drafter():
     """At temperature 1 the first emitted tokens follow the target's joint distribution (the engine tests' check)."""
     from test_engine import LENGTH, SETTINGS, VOCAB, chi2_pvalue, exact_joint, run_many
-
-    from specwise.models.toy import ToyModel
 
     target = ToyModel.random(VOCAB, seed=11)
     seqs = [[1, 0, 2, 1, 3], [1, 0, 2, 2], [1, 3, 3, 0], [0, 1, 1, 2, 3, 0]]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from specwise.sampling import SamplingParams
 
@@ -27,10 +28,11 @@ def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
 class Draft:
     """Proposed tokens and the distribution each was drawn from.
 
-    tokens: ``[k]`` int64, or the same ids as a list (k may be smaller than asked, even 0: nothing to propose);
-        ``tokens`` is always the tensor and ``ids`` the list, each made from the other when first asked for (a
-        drafter that has a list passes it, and a greedy step never makes the tensor).
-    probs: ``[k, vocab]`` q for each token, or None when the drafter proposes single tokens (q is one-hot).
+    tokens: the ``k`` token ids as a list of ints or an integer array (k may be smaller than asked, even 0: nothing
+        to propose); ``tokens`` is always an int64 array ``[k]`` and ``ids`` the list, each made from the other when
+        first asked for (a drafter that has a list passes it, and a greedy step never makes the array).
+    probs: float32 ``[k, vocab]`` (a numpy array): q for each token, or None when the drafter proposes single
+        tokens (q is one-hot).
     confidence: optional, per token: the drafter's estimate of the probability that token i is accepted when the
         tokens before it are. The planner cuts the draft where their product falls below its stop level.
     kind: optional label of what the draft was drawn from, when that predicts its acceptance (prompt lookup: the
@@ -39,29 +41,32 @@ class Draft:
     intake: tokens of context the drafter took in before drafting it (a draft model catching up after steps it
         was not asked in, or on the prompt): such a draft's time is not what drafting a token costs, and the planner
         prices it apart (a drafter asked every step takes in one or two: the bonus token and its own last draft).
+    device: where the drafter ran ("cpu", "cuda:0"), a label only: the arrays are numpy, in host memory.
     """
 
     __slots__ = ("_tokens", "_ids", "probs", "confidence", "kind", "device", "intake")
 
     def __init__(
         self,
-        tokens: torch.Tensor | list[int],
-        probs: torch.Tensor | None = None,
+        tokens: np.ndarray | Sequence[int],
+        probs: np.ndarray | None = None,
         confidence: list[float] | None = None,
         kind: int | None = None,
-        device: torch.device | str = "cpu",
+        device: str = "cpu",
         intake: int = 0,
     ) -> None:
-        if isinstance(tokens, torch.Tensor):
-            self._tokens, self._ids, self.device = tokens, None, tokens.device
+        if isinstance(tokens, np.ndarray):
+            if tokens.ndim != 1 or (tokens.size and tokens.dtype.kind not in "iu"):
+                raise ValueError(f"draft tokens must be a 1-D array of integer ids, got {tokens.dtype} {tokens.shape}")
+            self._tokens, self._ids = tokens.astype(np.int64, copy=False), None
         else:
-            self._tokens, self._ids, self.device = None, [int(t) for t in tokens], device
-        self.probs, self.confidence, self.kind, self.intake = probs, confidence, kind, intake
+            self._tokens, self._ids = None, [int(t) for t in tokens]
+        self.probs, self.confidence, self.kind, self.device, self.intake = probs, confidence, kind, device, intake
 
     @property
-    def tokens(self) -> torch.Tensor:
+    def tokens(self) -> np.ndarray:
         if self._tokens is None:
-            self._tokens = torch.tensor(self._ids, dtype=torch.int64, device=self.device)
+            self._tokens = np.array(self._ids, dtype=np.int64)
         return self._tokens
 
     @property
@@ -71,11 +76,11 @@ class Draft:
         return self._ids
 
     @classmethod
-    def empty(cls, device: torch.device | str = "cpu") -> Draft:
+    def empty(cls, device: str = "cpu") -> Draft:
         return cls([], device=device)
 
     def __len__(self) -> int:
-        return len(self._ids) if self._ids is not None else int(self._tokens.numel())
+        return len(self._ids) if self._ids is not None else self._tokens.shape[0]
 
     def __repr__(self) -> str:
         return f"Draft({self.ids}, probs={None if self.probs is None else tuple(self.probs.shape)}, kind={self.kind})"
@@ -133,7 +138,7 @@ class Drafter(ABC):
         context: list[int],
         k: int,
         params: SamplingParams,
-        generator: torch.Generator | None,
+        generator: np.random.Generator | None,
         stop: float = 0.0,
     ) -> Draft:
         """Propose up to ``k`` tokens continuing ``context`` (prompt and everything emitted so far).

@@ -6,8 +6,6 @@ occurrence. Useful when answers copy from the prompt (summaries, code edits, ret
 
 from __future__ import annotations
 
-import torch
-
 from specwise.drafters.base import Draft, Drafter
 from specwise.sampling import SamplingParams
 
@@ -25,7 +23,7 @@ class NgramDrafter(Drafter):
     name = "ngram"
     copies = True  # copies of the context: long runs where they keep being accepted
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: torch.device | str = "cpu") -> None:
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device: str = "cpu") -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram sizes must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.max_ngram = max_ngram

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-
 from specwise.drafters.base import Draft, Drafter
 from specwise.sampling import SamplingParams
 
@@ -13,7 +11,7 @@ class NoDrafter(Drafter):
 
     name = "none"
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: str = "cpu") -> None:
         self.device = device
 
     def _forked(self, target) -> None:

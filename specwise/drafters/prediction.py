@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-import torch
-
 from specwise.drafters.base import Draft, Drafter
 from specwise.metrics import PREDICTION
 from specwise.sampling import SamplingParams
@@ -38,9 +36,7 @@ class PredictionDrafter(Drafter):
     name = PREDICTION  # its drafted and accepted tokens: SpecStats.by_drafter["prediction"]
     copies = True  # deterministic copies of known text: the planner may let it draft long runs
 
-    def __init__(
-        self, prediction: list[int], max_ngram: int = 8, min_ngram: int = 1, device: torch.device | str = "cpu"
-    ) -> None:
+    def __init__(self, prediction: list[int], max_ngram: int = 8, min_ngram: int = 1, device: str = "cpu") -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"ngram sizes must satisfy 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.prediction = [int(t) for t in prediction]

@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections import deque
 from pathlib import Path
 
-import torch
-
 from specwise.drafters.base import Draft, Drafter
 from specwise.drafters.suffix.index import DEFAULT_PRIORS, DEPTH, LEAD, SuffixIndex, confidence
 from specwise.drafters.suffix.load import load_index, shipped_index_dir
@@ -153,7 +151,7 @@ class SuffixDrafter(Drafter):
         min_match: int = 2,
         priors: dict[str, tuple[float, float]] | None = None,
         overlay_tokens: int = 100_000,
-        device: torch.device | str = "cpu",
+        device: str = "cpu",
     ) -> None:
         if not 1 <= min_match <= max_match:
             raise ValueError(f"match lengths must satisfy 1 <= min_match <= max_match, got {min_match}, {max_match}")
