@@ -40,6 +40,7 @@ __all__ = [
     "engine_answers",
     "gather_prompts",
     "passage_prompts",
+    "progress_bar",
     "record_command",
     "request_cache",
     "request_seed",
@@ -239,6 +240,55 @@ def engine_answers(engine, max_new_tokens: int) -> Generate:
     return generate
 
 
+class _LineBar:
+    """A progress bar without tqdm (which the core install does not have): a line on stderr at most every
+    ``every`` seconds, and one at the end."""
+
+    def __init__(self, total: int, initial: int = 0, desc: str = "", unit: str = "it", every: float = 30.0) -> None:
+        self.total, self.n, self.desc, self.unit, self.every = total, initial, desc, unit, every
+        self.postfix = ""
+        self._shown = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if time.monotonic() - self._shown >= self.every:
+            self._show()
+
+    def set_postfix(self, **values) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def _show(self) -> None:
+        self._shown = time.monotonic()
+        extra = f" ({self.postfix})" if self.postfix else ""
+        print(f"{self.desc}: {self.n}/{self.total} {self.unit}s{extra}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._show()
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, **values) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, unit: str, initial: int = 0, progress: bool = True):
+    """tqdm's bar where tqdm is installed, else a line on stderr now and then; nothing without ``progress``. Its
+    methods: ``update(n)``, ``set_postfix(**values)``, ``close()``."""
+    if not progress:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        return _LineBar(total, initial, desc, unit)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit)
+
+
 @dataclass
 class Answered:
     """The answers of :func:`answer_in_chunks`: per chunk, up to and with the first one the budget cut short."""
@@ -265,15 +315,13 @@ def answer_in_chunks(
     Request j is answered at ``temperatures[j % n]`` with seed :func:`answer_seed` ``(seed, j)``; the budget (tokens
     of all answers) is checked before each answer. The caller records the plan (:func:`check_plan`).
     """
-    from tqdm import tqdm
-
     data_dir.mkdir(parents=True, exist_ok=True)
     done = Answered([], 0, 0, 0.0)
 
     def over_budget() -> bool:
         return budget_tokens is not None and done.generated >= budget_tokens
 
-    bar = tqdm(total=len(requests), desc="answering", unit="answer", disable=not progress)
+    bar = progress_bar(len(requests), "answering", "answer", progress=progress)
     for c in range(0, -(-len(requests) // chunk)):
         block = requests[c * chunk : (c + 1) * chunk]
         path = data_dir / f"chunk_{c:05d}.json"

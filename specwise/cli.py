@@ -238,9 +238,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     import platform
 
-    import torch
-
-    from specwise.models.native import GEMM_BACKENDS, NativeModel
+    from specwise.models.threads import get_num_threads
     from specwise.profile import cost_curve, drafter_cost, profile_path, save_profile
     from specwise.runtime import build_runtime
 
@@ -253,8 +251,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
-    if isinstance(model, NativeModel):
-        for backend in GEMM_BACKENDS:
+    native = sys.modules.get("specwise.models.native")  # the float32 native model (torch): loaded only where used
+    if native is not None and isinstance(model, native.NativeModel):
+        for backend in native.GEMM_BACKENDS:
             if backend == "kernel" and not model.kernel_usable:
                 continue
             model.set_gemm(default=backend)
@@ -273,8 +272,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "model": runtime.target.name,
         "implementation": type(model).__name__,
         "device": runtime.device,
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
+        "threads": get_num_threads(),
         "machine": platform.machine(),
         "context": args.context,
         "forward_seconds": {str(k): v for k, v in seconds.items()},
@@ -285,6 +283,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "drafter_seconds_per_token": drafter_s,
         "drafter_relative_cost": drafter_s / seconds[1],
     }
+    torch_version = _torch_version()
+    if torch_version is not None:  # the hf extra is installed
+        data["torch"] = torch_version
     from specwise.models.loader import profile_device
 
     path = profile_path(runtime.target.name, profile_device(runtime.device, model))
@@ -300,6 +301,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(f"drafter {runtime.drafter_spec}: {drafter_s * 1000:.3f} ms per token = {relative:.4f} of c(1)")
     print(f"saved to {path}")
     return 0
+
+
+def _torch_version() -> str | None:
+    """torch's version where the hf extra is installed (None without it), for the profile's record."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return None
 
 
 def debug_requested(argv: list[str] | None) -> bool:
@@ -361,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     """The ``specwise`` program: the exit status of the subcommand (see the module's docstring for errors)."""
     code, args = run(argv)
     if argv is None and code == 0 and args is not None and args.func is cmd_generate:
-        # run as the `specwise` program: the answer is out, and tearing down the interpreter (torch's modules and
-        # the loaded model) would add about 0.3 s to it; nothing is left to write
+        # run as the `specwise` program: the answer is out, and tearing down the interpreter (the loaded model, and
+        # torch's modules where the hf path loaded them) only adds time to it; nothing is left to write
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code or 0)

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specwise.files import profiles_dir, safe_name, write_json_atomic
 
@@ -29,11 +30,18 @@ __all__ = [
 
 
 def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
+    """Wait for a CUDA device's queued work (only torch models run there, so torch is loaded then)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and str(device).startswith("cuda"):
         torch.cuda.synchronize(device)
 
 
-def _timed_forward(model, ids: torch.Tensor, context: int, k: int) -> float:
+def _random_ids(high: int, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` token ids uniform in ``[0, high)``, the same on every machine (a seeded Philox generator)."""
+    return np.random.Generator(np.random.Philox(seed)).integers(0, high, size=n, dtype=np.int64)
+
+
+def _timed_forward(model, ids: np.ndarray, context: int, k: int) -> float:
     """Seconds of one forward of ``ids[context : context + k]`` after rolling the cache back to ``context``."""
     model.rollback(context)
     _sync(model.device)
@@ -64,8 +72,7 @@ def cost_curve(model, max_k: int = 16, repeats: int = 30, context: int = 64) -> 
         )
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    ids = torch.randint(0, model.vocab_size, (context + max_k,), generator=torch.Generator().manual_seed(0))
-    ids = ids.to(model.device)
+    ids = _random_ids(model.vocab_size, context + max_k)
     model.reset()
     model.forward(ids[:context], num_logits=0)
     ks = list(range(1, max_k + 1))
@@ -87,8 +94,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
     """
     from specwise.sampling import SamplingParams
 
-    gen = torch.Generator().manual_seed(0)
-    base = torch.randint(0, vocab_size, (context // 2,), generator=gen).tolist()
+    base = _random_ids(vocab_size, context // 2).tolist()
     ctx = base + base  # repeats, so that prompt lookup finds matches
     params = SamplingParams()
     times = []
@@ -97,7 +103,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
             raise ValueError(f"drafter {drafter.name!r} reads the target's features: pass target=")
         target.reset()
         target.keep_features = True
-        target.forward(torch.tensor(ctx[:-1], device=target.device), num_logits=0)
+        target.forward(np.asarray(ctx[:-1], dtype=np.int64), num_logits=0)
     drafter.begin(ctx)
     for _ in range(repeats + 1):  # the first proposal builds the drafter's state (index, cache) and is not counted
         t0 = time.perf_counter()

@@ -13,16 +13,34 @@ from specwise.planner import make_planner
 __all__ = ["Runtime", "build_runtime", "encode_chat", "encode_prompt", "resolve_device", "saved_cost_prior"]
 
 
-def resolve_device(name: str) -> str:
-    """`auto` picks CUDA when available, else the CPU."""
+def _torch_if_installed():
+    """torch when the hf (or cuda) extra is installed, else None; imported only here, on request."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return None
     import torch
 
+    return torch
+
+
+def resolve_device(name: str) -> str:
+    """`auto` picks CUDA when torch is installed and sees a GPU, else the CPU; `cpu` never imports torch.
+
+    `cuda` (or `cuda:N`) without torch raises MissingExtraError naming the cuda extra."""
+    if name == "cpu":
+        return name
+    if name != "auto" and not name.startswith(("cuda", "mps", "xpu")):
+        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    torch = _torch_if_installed()
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+    if torch is None:
+        from specwise.extras import require
+
+        require("cuda" if name.startswith("cuda") else "hf", f"device {name!r}")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device {name!r}: CUDA is not available on this machine; use cpu")
-    if name != "cpu" and not name.startswith(("cuda", "mps", "xpu")):
-        raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
     return name
 
 
@@ -75,8 +93,6 @@ def build_runtime(
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
     precision: ``q8`` or ``exact`` for GGUF models on the quantized native path (None: the default, q8).
     """
-    import torch
-
     from specwise.drafters import build_drafter, resolve_drafter_spec
     from specwise.models import load_model
     from specwise.models.loader import DEFAULT_PRECISION, release_free_memory
@@ -84,7 +100,7 @@ def build_runtime(
     planner = make_planner(gamma)  # gamma decided (and checked) once, before anything is loaded
     device = resolve_device(device)
     precision = precision or DEFAULT_PRECISION
-    loaded = load_model(target, device=device, dtype=torch.float32, impl=impl, precision=precision)
+    loaded = load_model(target, device=device, dtype=None, impl=impl, precision=precision)  # None: float32
     drafter = resolve_drafter_spec(drafter, loaded)
     draft = build_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
     release_free_memory()  # what building the drafter left free (its weights' conversions)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 
-import torch
+import numpy as np
 
 from specwise.models.kernels.layers import addr
 
@@ -36,9 +36,15 @@ def pointers(structs: dict[str, ctypes.Structure | None], order) -> list:
     return [None if structs[name] is None else addr(structs[name]) for name in order]
 
 
-def same_bytes(before: list[torch.Tensor], after: list[torch.Tensor]) -> bool:
-    """Whether the buffers hold the same bytes (a cache's unwritten positions may hold NaN bits)."""
-    return all(a.numpy().tobytes() == b.numpy().tobytes() for a, b in zip(before, after))
+def _raw(buffer) -> bytes:
+    """A buffer's bytes: a numpy array, or a CPU tensor of the float32 model (torch)."""
+    return (buffer.numpy() if hasattr(buffer, "numpy") else np.asarray(buffer)).tobytes()
+
+
+def same_bytes(before: list, after: list) -> bool:
+    """Whether the buffers (numpy arrays or CPU tensors) hold the same bytes (a cache's unwritten positions may
+    hold NaN bits)."""
+    return all(_raw(a) == _raw(b) for a, b in zip(before, after))
 
 
 def assert_refused_unwritten(call, expected: int, *args, **fields) -> None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import pytest
 
+from conftest import needs_hf
 from specwise import answers
 from specwise.answers import AnswerOptions, answer_in_chunks, answer_seed, check_plan, gather_prompts
 
@@ -67,6 +69,8 @@ def test_distill_and_index_share_their_arguments_and_options():
 def test_bad_shared_arguments_get_one_line(command, extra, message, capsys):
     from specwise.cli import main
 
+    if command == "distill":  # its extra is checked first
+        needs_hf()
     assert main([command, "--out", "x", "--prompts-dir", "p", *extra]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
@@ -183,3 +187,17 @@ def test_index_end_to_end_on_a_tiny_target_then_resumed(tmp_path, tiny_dir, caps
     second = json.loads(capsys.readouterr().out)
     assert second["generated_this_run"] == 0 and second["generated_tokens"] == first["generated_tokens"]
     assert load_index(tmp_path / "index").info["build"]["requests"] == {"prompts": 9, "passages": 2}
+
+
+def test_progress_without_tqdm_is_a_line_on_stderr(monkeypatch, capsys):
+    """The core install has no tqdm: answering shows its progress as lines on stderr instead."""
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    bar = answers.progress_bar(3, "answering", "answer", progress=True)
+    bar.update(2)
+    bar.set_postfix(tokens=7)
+    bar.close()
+    assert capsys.readouterr().err == "answering: 2/3 answers (tokens=7)\n"
+    quiet = answers.progress_bar(3, "answering", "answer", progress=False)
+    quiet.update(1)
+    quiet.close()
+    assert capsys.readouterr().err == ""

@@ -10,11 +10,23 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_llama
+from conftest import needs_hf, tiny_llama
 from specwise.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
 from specwise.bench.report import PLOT_FILES, render_markdown
 from specwise.bench.runner import SCHEMA, BenchSettings, hf_module, make_configs, run_bench, validate_results
 from specwise.cli import main
+
+
+def needs_extra(extra: str) -> None:
+    """Skip the calling test unless the modules of ``extra`` are installed (the command checks them first)."""
+    import importlib.util
+
+    from specwise.extras import EXTRAS
+
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs the {extra} extra ({', '.join(missing)} not installed)")
+
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -32,6 +44,7 @@ QUESTIONS = [
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama with the default model's tokenizer (same vocabulary), saved as a directory."""
+    needs_hf()
     from transformers import AutoTokenizer
 
     from specwise.models.loader import converted_gguf_dir, default_gguf_path
@@ -233,9 +246,11 @@ def test_configurations():
 
 
 def test_hf_baselines_need_a_hugging_face_model():
+    from specwise.extras import MissingExtraError
     from specwise.models.toy import ToyModel
 
-    with pytest.raises(ValueError, match="--no-hf"):
+    # without the hf extra, the extra is named first
+    with pytest.raises((ValueError, MissingExtraError), match="--no-hf"):
         hf_module(ToyModel.random(4), "target")
 
 
@@ -274,6 +289,7 @@ def test_default_prompts_are_our_own():
     ],
 )
 def test_bench_argument_errors(tmp_path, capsys, flags, message):
+    needs_extra("bench")
     code = main(["bench", "--out", str(tmp_path / "out"), "--target", "/no/such/model", "--quiet", *flags])
     assert code == 2
     assert message in capsys.readouterr().err
@@ -286,6 +302,7 @@ def test_bench_gamma_is_an_integer_or_auto(capsys):
 
 
 def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
+    needs_extra("bench")
     code = main(["simulate", "--out", str(tmp_path), "--samples", "400", "--gammas", "1", "4", "--alphas", "0.8"])
     out = capsys.readouterr().out
     assert code == 0
@@ -303,7 +320,19 @@ def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
     assert exp["tv_emitted_vs_p"] < 0.2  # ... yet what is emitted follows p (sampling noise only)
 
 
+def test_simulate_exactness_experiment_without_the_plots():
+    """The experiment itself is numpy (the core install): emitted sequences follow p, the same on every run."""
+    from specwise.bench.simulate import SimulateSettings, exactness_experiment
+
+    settings = SimulateSettings(samples=400)
+    exp = exactness_experiment(settings)
+    assert sum(exp["p"]) == pytest.approx(1.0) and sum(exp["emitted"]) == pytest.approx(1.0)
+    assert exp["tv_q_vs_p"] > 0.5 and exp["tv_emitted_vs_p"] < 0.2 and exp["tv_iid_sample_vs_p"] < 0.2
+    assert exactness_experiment(settings) == exp  # seeded: the same runs
+
+
 def test_simulate_rejects_bad_settings(tmp_path, capsys):
+    needs_extra("bench")
     assert main(["simulate", "--out", str(tmp_path), "--alphas", "1.0"]) == 2
     assert "alphas must be in [0, 1)" in capsys.readouterr().err
 

@@ -361,9 +361,11 @@ def test_greedy_from_text_uses_the_chat_template(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_target(tmp_path_factory):
     """A tiny random Llama with the default model's tokenizer, loaded."""
+    from conftest import needs_hf, tiny_llama
+
+    needs_hf()
     from transformers import AutoTokenizer
 
-    from conftest import tiny_llama
     from specwise.models import load_model
     from specwise.models.loader import converted_gguf_dir, default_gguf_path
 

@@ -18,6 +18,18 @@ from specwise.bench.workloads.report import check_results, render_markdown, writ
 from specwise.bench.workloads.runner import WorkloadSettings, run_workloads
 from specwise.bench.workloads.servers import CONFIG_IDS, make_configs
 
+
+def needs_extra(extra: str) -> None:
+    """Skip the calling test unless the modules of ``extra`` are installed (the command checks them first)."""
+    import importlib.util
+
+    from specwise.extras import EXTRAS
+
+    missing = [name for name in EXTRAS[extra] if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"needs the {extra} extra ({', '.join(missing)} not installed)")
+
+
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -274,6 +286,7 @@ def test_runner_pairs_against_own_plain_llama_cpp_plain_and_llama_cpp_best():
 
 
 def test_greedy_check_flags_a_specwise_output_that_differs_from_plain_and_the_report_says_so(tmp_path):
+    needs_extra("bench")  # the report's plots
     results, _ = _fake_run(wrong={"specwise:auto+prediction", "llama.cpp:ngram-mod"}, rounds=1)
     check = results["greedy_check"]
     assert check["all_identical"] is False
@@ -335,6 +348,7 @@ def _plain_and_drafted(target: str, requests: list[Request]) -> None:
 def test_one_request_of_each_workload_through_a_live_specwise_server():
     """The default model: a code edit, an agent turn (the answer after a file was read) and an agent tool call;
     its FIM request is refused with a 400 naming the missing FIM tokens (it has none)."""
+    needs_extra("server")
     import openai
 
     from specwise.bench.workloads.client import send
@@ -352,4 +366,5 @@ QWEN_FIM = Path("~/.cache/specwise/gguf/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
 @pytest.mark.slow
 @pytest.mark.skipif(not QWEN_FIM.is_file(), reason=f"needs {QWEN_FIM} (a model with FIM tokens)")
 def test_a_fim_request_through_a_live_specwise_server_on_a_code_model():
+    needs_extra("server")
     _plain_and_drafted(str(QWEN_FIM), [workload_requests("fim", 1)[0]])

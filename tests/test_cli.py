@@ -92,11 +92,14 @@ def test_bad_arguments_exit_nonzero_with_a_clear_message(capsys, tiny_dir, flags
     args = ["generate", "hi", "--target", tiny_dir, *flags]
     if "--target" in flags:
         args = ["generate", "hi", *flags]
-    if flags[0] == "--device":
-        import torch
+    if flags[0] == "--device":  # without torch: the cuda extra named; with it and no GPU: no CUDA here
+        import importlib.util
 
-        if torch.cuda.is_available():
-            pytest.skip("CUDA present")
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                pytest.skip("CUDA present")
     try:
         code = main(args)
     except SystemExit as exit_:  # argparse rejects badly typed values itself
@@ -177,8 +180,23 @@ BAD_INPUT = {
 }
 
 
+# the cases whose command checks its extra first (without it, the line names the extra instead)
+NEEDS_EXTRA = {"a truncated GGUF served": "server", "results that are not JSON": "bench"}
+
+
+def _installed(extra: str) -> bool:
+    import importlib.util
+
+    from specwise.extras import EXTRAS
+
+    return all(importlib.util.find_spec(name) is not None for name in EXTRAS[extra])
+
+
 @pytest.mark.parametrize(("args", "fragment"), BAD_INPUT.values(), ids=BAD_INPUT.keys())
-def test_bad_input_is_one_line_on_stderr_and_a_nonzero_status(bad_files, args, fragment):
+def test_bad_input_is_one_line_on_stderr_and_a_nonzero_status(bad_files, args, fragment, request):
+    extra = NEEDS_EXTRA.get(request.node.callspec.id)
+    if extra is not None and not _installed(extra):
+        fragment = f"pip install 'specwise[{extra}]'"
     proc = specwise(*(arg.format(**bad_files) for arg in args))
     assert_one_line(proc, fragment)
 
@@ -221,3 +239,33 @@ def test_one_line_joins_the_lines_of_a_message():
         "results do not match: a: missing; b: missing"
     )
     assert one_line(ValueError()) == "ValueError"
+
+
+def test_the_cpu_device_needs_no_torch():
+    """``--device cpu`` and ``auto`` without torch choose the CPU without importing torch."""
+    script = (
+        "import sys, importlib.util as u\n"
+        "real = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name == 'torch' else real(name, *a)\n"
+        "from specwise.runtime import resolve_device\n"
+        "assert resolve_device('cpu') == 'cpu' and resolve_device('auto') == 'cpu'\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+
+
+def test_cuda_without_torch_names_the_extra(monkeypatch, capsys):
+    import importlib.util
+
+    from specwise.extras import MissingExtraError
+    from specwise.runtime import resolve_device
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"pip install 'specwise\[cuda\]'"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="unknown device"):
+        resolve_device("tpu")
+    assert main(["generate", "hi", "--device", "cuda:0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "specwise[cuda]" in err

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from gguf_raw import ARRAY, STRING, tiny_model
 from test_engine import LENGTH, VOCAB, chi2_pvalue, exact_joint, run_many
 
@@ -24,7 +23,7 @@ from specwise.drafters.vocab import (
 from specwise.engine import Engine
 from specwise.models.base import Model
 from specwise.models.toy import ToyModel
-from specwise.sampling import SamplingParams
+from specwise.sampling import SamplingParams, make_generator
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -63,18 +62,19 @@ def test_subset_logits_equal_the_full_models_at_those_ids(tiny, precision, draft
     part.restrict_output(ids)
     assert part.vocab_size == 37 and full.vocab_size == spec.vocab
     assert part.lm_head.type_name == full.lm_head.type_name  # the same rows, re-packed (and narrowed) alike
-    tokens = torch.tensor(sequence(spec, 12), dtype=torch.int64)
-    want = full.forward(tokens)[:, torch.from_numpy(ids)]
+    tokens = np.asarray(sequence(spec, 12), dtype=np.int64)
+    want = full.forward(tokens)[:, ids]
     got = part.forward(tokens)  # [12, 37]
-    assert torch.equal(got, want)
+    assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, want)
     # a pass shared with another sequence (forward_batch): the same numbers
     other = part.sequence()
-    more = torch.tensor(sequence(spec, 5, seed=3), dtype=torch.int64)
+    more = np.asarray(sequence(spec, 5, seed=3), dtype=np.int64)
     part.rollback(0)
     got_a, got_b = part.forward_batch([(part, tokens), (other, more)], [None, 2])
-    assert torch.equal(got_a, want)
+    np.testing.assert_array_equal(got_a, want)
     full.rollback(0)
-    assert torch.equal(got_b, full.forward(more)[-2:, torch.from_numpy(ids)])
+    np.testing.assert_array_equal(got_b, full.forward(more)[-2:, ids])
 
 
 def test_restrict_output_refuses_bad_ids(tiny):
@@ -94,7 +94,7 @@ def subset_drafter(path, ids, **kw) -> ModelDrafter:
     model = QuantizedModel(path, **kw)
     full = model.vocab_size
     model.restrict_output(ids)
-    return ModelDrafter(model, torch.from_numpy(np.asarray(ids)), full)
+    return ModelDrafter(model, np.asarray(ids), full)
 
 
 def test_greedy_speculative_with_a_draft_vocabulary_equals_plain(tiny):
@@ -122,7 +122,7 @@ class SubsetModel(Model):
     """A model's logits at ``ids`` only (column j: token ids[j]): what restrict_output gives, for any model."""
 
     def __init__(self, inner: Model, ids: list[int]) -> None:
-        self.inner, self.ids = inner, torch.tensor(ids)
+        self.inner, self.ids = inner, np.asarray(ids, dtype=np.int64)
         self.device, self.vocab_size = inner.device, len(ids)
         self.max_length = inner.max_length
 
@@ -137,7 +137,7 @@ class SubsetModel(Model):
         self.inner.reset()
 
     def forward(self, tokens, num_logits=None):
-        return self.inner.forward(tokens, num_logits)[:, self.ids]
+        return np.ascontiguousarray(self.inner.forward(tokens, num_logits)[:, self.ids])
 
 
 @pytest.mark.parametrize(("setting", "gamma"), [("t1", 2), ("t07-topk3", 3), ("topp-minp", 3)])
@@ -149,7 +149,7 @@ def test_sampled_output_with_a_draft_vocabulary_follows_the_target(setting, gamm
     params = SETTINGS[setting]
     target = ToyModel.random(VOCAB, seed=11)
     ids = [3, 0, 2]
-    drafter = ModelDrafter(SubsetModel(ToyModel.random(VOCAB, seed=12), ids), torch.tensor(ids), VOCAB)
+    drafter = ModelDrafter(SubsetModel(ToyModel.random(VOCAB, seed=12), ids), np.asarray(ids), VOCAB)
     n = 6000
     counts = run_many(Engine(target, drafter, gamma=gamma), params, n)
     pvalue = chi2_pvalue(counts, exact_joint(target, [1], params, LENGTH), n)
@@ -158,12 +158,14 @@ def test_sampled_output_with_a_draft_vocabulary_follows_the_target(setting, gamm
 
 def test_sampled_q_is_zero_outside_the_draft_vocabulary():
     ids = [3, 0, 2]
-    drafter = ModelDrafter(SubsetModel(ToyModel.random(VOCAB, seed=12), ids), torch.tensor(ids), VOCAB)
+    drafter = ModelDrafter(SubsetModel(ToyModel.random(VOCAB, seed=12), ids), ids, VOCAB)
     drafter.begin([1])
-    draft = drafter.propose([1], 3, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    draft = drafter.propose([1], 3, SamplingParams(temperature=1.0), make_generator(0))
+    assert isinstance(draft.probs, np.ndarray) and draft.probs.dtype == np.float32
     assert draft.probs.shape == (3, VOCAB)
-    assert torch.all(draft.probs[:, 1] == 0)
-    assert torch.allclose(draft.probs.sum(-1), torch.ones(3))
+    assert np.all(draft.probs[:, 1] == 0)
+    np.testing.assert_allclose(draft.probs.sum(-1), np.ones(3), rtol=1e-6)
+    assert draft.tokens.dtype == np.int64
     for token, q in zip(draft.ids, draft.probs):
         assert token in ids and q[token] > 0
 
@@ -171,7 +173,7 @@ def test_sampled_q_is_zero_outside_the_draft_vocabulary():
 def test_a_draft_vocabulary_must_match_the_models_logits():
     model = ToyModel.random(VOCAB, seed=1)
     with pytest.raises(ValueError, match="draft vocabulary of 2 ids"):
-        ModelDrafter(model, torch.tensor([0, 1]), VOCAB)
+        ModelDrafter(model, np.asarray([0, 1]), VOCAB)
 
 
 # ---- ranking files -------------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specwise.cli import main
-from specwise.models import NativeModel, load_model
+from specwise.models import load_model
 from specwise.profile import load_profile, profile_path, save_profile
 
 
@@ -79,6 +79,8 @@ def test_cost_curve_interleaves_the_passes_and_takes_the_median(monkeypatch):
 
 
 def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
+    from specwise.models.native import NativeModel
+
     save_profile(profile_path(tiny_dir, "cpu"), {"gemm": {"1": "torch", "2": "torch", "3": "torch"}})
     model = load_model(tiny_dir).model
     assert isinstance(model, NativeModel)
@@ -86,9 +88,36 @@ def test_loader_applies_the_saved_backend_choice(cache, tiny_dir):
 
 
 def test_loader_ignores_a_broken_profile(cache, tiny_dir):
+    from specwise.models.native import NativeModel
+
     path = profile_path(tiny_dir, "cpu")
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert isinstance(load_model(tiny_dir).model, NativeModel)
     save_profile(path, {"gemm": {"1": "warp-drive"}})
     assert isinstance(load_model(tiny_dir).model, NativeModel)
+
+
+def test_cost_curve_and_drafter_cost_on_a_gguf_model(tmp_path):
+    """The core path: a quantized model's cost curve from random ids (numpy), and a draft model's cost."""
+    from gguf_raw import tiny_model
+
+    from specwise import profile
+    from specwise.drafters import ModelDrafter, NgramDrafter
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("the native quantized kernels are not built")
+    from specwise.models.quantized import QuantizedModel
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(tiny_model().bytes())
+    model = QuantizedModel(path)
+    curve = profile.cost_curve(model, max_k=3, repeats=2, context=8)
+    assert set(curve) == {1, 2, 3} and all(v > 0 for v in curve.values())
+    assert model.length == 0  # reset after measuring
+    ids = profile._random_ids(model.vocab_size, 20)
+    assert ids.dtype.name == "int64" and ids.min() >= 0 and ids.max() < model.vocab_size
+    assert ids.tolist() == profile._random_ids(model.vocab_size, 20).tolist()  # the same ids every run
+    assert profile.drafter_cost(ModelDrafter(QuantizedModel(path)), model.vocab_size, k=3, context=16) > 0
+    assert profile.drafter_cost(NgramDrafter(), model.vocab_size, context=16) > 0

@@ -2,10 +2,11 @@
 speculative statistics in usage, exactness, errors, continuous batching (every answer equal to the one the same
 request gets alone), disconnects, metrics, CLI and a schema fuzz.
 
-The model is a tiny random Llama with the default model's tokenizer and a 128-token context; torch runs on one
+The model is a tiny random Llama with the default model's tokenizer and a 128-token context, run on one
 thread here (the machines are shared and small). Every live server listens on 127.0.0.1 only.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import asyncio
@@ -21,9 +22,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
+
+# the server extra (fastapi, uvicorn) and the clients the tests speak through (httpx, openai: the dev tools)
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason="needs the server extra and httpx, openai: pip install 'specwise[server,dev]'")
+
 import httpx
 import openai
-import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 

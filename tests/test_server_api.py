@@ -1,10 +1,11 @@
 """What API users ask for, through the official openai client over HTTP: API keys, log-probabilities (the target's,
 the same with and without speculation) and several choices per request (``n``).
 
-The model is a tiny random Llama with the default model's tokenizer (a 512-token context); torch runs on one
-thread. Every live server listens on 127.0.0.1 only.
+The model is a tiny random Llama with the default model's tokenizer (a 512-token context), run on one thread.
+Every live server listens on 127.0.0.1 only.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import asyncio
@@ -18,12 +19,18 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
-import openai
 import pytest
-import torch
+
+# the server extra (fastapi, uvicorn) and the clients the tests speak through (httpx, openai: the dev tools)
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason="needs the server extra and httpx, openai: pip install 'specwise[server,dev]'")
+
+import httpx
+import numpy as np
+import openai
 from test_server import live_server
 
+from conftest import needs_hf
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams, probs_from_logits
 from specwise.server.app import choice_seed, create_app
@@ -250,6 +257,7 @@ def test_chat_logprobs_are_the_same_with_and_without_speculation(plain, ngram, t
 def test_logprobs_are_the_targets_own(plain, tiny_dir):
     """Each logprob is log_softmax of the target's logits at its position: a Hugging Face forward pass over the
     prompt and the output gives the same values; greedy, the emitted token is the top alternative."""
+    torch = needs_hf()
     from transformers import AutoModelForCausalLM
 
     reply = chat(plain[0], max_tokens=24, temperature=0, logprobs=True, top_logprobs=3)
@@ -308,7 +316,7 @@ def test_sampled_mode_is_probs_from_logits():
     """The engine's "sampled" log-probabilities are log(probs_from_logits): what the token was drawn from."""
     from specwise.engine import LogprobOptions, token_logprobs
 
-    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits = (np.random.default_rng(0).standard_normal((3, 50)) * 3).astype(np.float32)
     params = SamplingParams(temperature=0.6, top_p=0.8)
     probs = probs_from_logits(logits, params)
     tokens = [int(probs[i].argmax()) for i in range(3)]
@@ -317,7 +325,9 @@ def test_sampled_mode_is_probs_from_logits():
         assert abs(entry.logprob - math.log(float(probs[row, tokens[row]]))) < 1e-6
         assert len(entry.top) == int((probs[row] > 0).sum())  # tokens of probability 0 are not listed
     raw = token_logprobs(logits, tokens, LogprobOptions(top=2), params)
-    assert raw[0].logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[tokens[0]]), abs=1e-6)
+    row = logits[0].astype(np.float64)
+    log_softmax = row - row.max() - np.log(np.exp(row - row.max()).sum())
+    assert raw[0].logprob == pytest.approx(float(log_softmax[tokens[0]]), abs=1e-6)
     with pytest.raises(ValueError, match="top"):
         LogprobOptions(top=-1)
 

@@ -6,15 +6,21 @@ Models: the tiny random Qwen2 GGUF with Qwen's FIM tokens of ``test_fim.py``, an
 whose greedy middle is ``abcde`` and then ``<|fim_pad|>``.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import json
 import re
 
-import httpx
-import openai
 import pytest
-import torch
+
+# the server extra (fastapi, uvicorn) and the clients the tests speak through (httpx, openai: the dev tools)
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason="needs the server extra and httpx, openai: pip install 'specwise[server,dev]'")
+
+import httpx
+import numpy as np
+import openai
 from fastapi.testclient import TestClient
 from test_fim import CONTEXT, FIRST_SPECIAL, VOCAB, special_id, write_fim_gguf
 from test_server import live_server
@@ -160,7 +166,7 @@ def table_runtime(path, drafter) -> Runtime:
     from specwise.models import load_model
 
     tokenizer = load_model(str(path)).tokenizer
-    table = torch.full((1, VOCAB, VOCAB), -8.0)
+    table = np.full((1, VOCAB, VOCAB), -8.0, dtype=np.float32)
     table[0, :, ord("q")] = 8.0
     for token, after in {MID: "a", **{c: n for c, n in zip("abcd", "bcde")}}.items():
         token = ord(token) if isinstance(token, str) else token

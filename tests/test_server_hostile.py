@@ -2,10 +2,11 @@
 and hostile JSON (a 4xx error body each, never a 5xx or a traceback in the log), prompts longer than the context
 (400 before any decoding), and ``/health`` answering while a 5 MB body is refused or a long prompt is tokenized.
 
-The model is a tiny random Llama with the default model's tokenizer (a 512-token context); torch runs on one
+The model is a tiny random Llama with the default model's tokenizer (a 512-token context), run on one
 thread. ``benchmarks/hostile_body.py`` measures ``/health``'s latency under the same load against the real model.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import json
@@ -14,8 +15,13 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
+
+# the server extra (fastapi, uvicorn) and the clients the tests speak through (httpx, openai: the dev tools)
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason="needs the server extra and httpx, openai: pip install 'specwise[server,dev]'")
+
+import httpx
 from fastapi.testclient import TestClient
 from test_server import live_server
 

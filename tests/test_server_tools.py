@@ -4,13 +4,19 @@ calls (the same answer as unstreamed), bad requests refused with a 400 naming th
 template (the native Hermes format), with ``<tool_call>`` as text and as a special token.
 """
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import json
 
+import pytest
+
+# the server extra (fastapi, uvicorn) and the clients the tests speak through (httpx, openai: the dev tools)
+for _module in ("fastapi", "uvicorn", "httpx", "openai"):
+    pytest.importorskip(_module, reason="needs the server extra and httpx, openai: pip install 'specwise[server,dev]'")
+
 import httpx
 import openai
-import pytest
 from test_server import live_server
 from test_tools import NAMED, QUESTION, QWEN_TEMPLATE, TIME, WEATHER, tiny_tool_gguf
 

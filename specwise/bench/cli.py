@@ -65,7 +65,7 @@ def _add_bench(subparsers) -> None:
     p.add_argument("--min-p", type=float, default=0.0, help="0 disables (default: 0)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0], metavar="S", help="one run per prompt and seed")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads of the model's passes (default: all)")
     p.add_argument("--precision", choices=["q8", "exact"], default=None, help="a GGUF target's numerics (default: q8)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate and assisted baselines")
     p.add_argument(
@@ -226,14 +226,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         results["paired"] = paired_summary(results["configurations"], results["runs"], results["categories"])
         return _finish(results, out)
 
-    import torch
-
+    from specwise.models.threads import set_num_threads
     from specwise.runtime import resolve_device
 
+    if not args.no_hf:  # checked before anything loads
+        require("hf", "specwise bench's Hugging Face baselines (--no-hf skips them)")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     settings = _settings(args, resolve_device(args.device))
     prompts = _prompts(args)
     results = run_bench(settings, prompts, progress=not args.quiet, command=bench_command(args))

@@ -48,14 +48,35 @@ def emit_json(result: dict, out: str | None) -> None:
         print(json.dumps(result, indent=1))
 
 
+def _version(distribution: str) -> str | None:
+    """An installed distribution's version (None where it is not installed), read without importing it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def _device_name(device: str) -> str:
+    """The GPU's name on a CUDA device (torch is installed there), else the CPU's."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return cpu_name()
+
+
 def machine_info(device: str) -> dict:
-    """Where the benchmark ran: hardware, software versions, threads and load."""
-    import torch
-    import transformers
+    """Where the benchmark ran: hardware, software versions, threads and load.
 
+    ``torch`` and ``transformers`` are None where the hf extra is not installed; ``torch_threads`` (its name kept
+    for the records' schema) is the thread count of the model's passes
+    (:func:`specwise.models.threads.get_num_threads`).
+    """
     import specwise
+    from specwise.models.threads import get_num_threads
 
-    device_name = torch.cuda.get_device_name(device) if str(device).startswith("cuda") else cpu_name()
     return {
         "platform": platform.platform(),
         "cpu": cpu_name(),
@@ -64,12 +85,12 @@ def machine_info(device: str) -> dict:
         "kernel_isa": _kernel_isa(),
         "cpu_count": os.cpu_count() or 0,
         "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
         "specwise": specwise.__version__,
         "device": str(device),
-        "device_name": device_name,
-        "torch_threads": torch.get_num_threads(),
+        "device_name": _device_name(device),
+        "torch_threads": get_num_threads(),
         "load_average_start": load_average(),
         "load_average_end": None,
     }

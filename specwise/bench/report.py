@@ -79,6 +79,12 @@ def _has_hf(results: dict) -> bool:
 # ---------------------------------------------------------------------------------------------------- markdown
 
 
+def _hf_versions(machine: dict) -> str:
+    """``torch X, transformers Y, `` where the hf extra was installed (empty where not)."""
+    parts = [f"{name} {machine[name]}" for name in ("torch", "transformers") if machine.get(name)]
+    return "".join(part + ", " for part in parts)
+
+
 def _generation(machine: dict) -> str:
     """`` (AuthenticAMD family 26 model 2; avx512 kernels)``, from what the results recorded (older runs: less)."""
     parts = [machine["cpu_generation"]] if machine.get("cpu_generation") else []
@@ -100,14 +106,14 @@ def _header(results: dict) -> list[str]:
         else f"up to {s['max_new_tokens']} new tokens, stopping at EOS (runs may differ in length)"
     )
     load = f"{m['load_average_start']} → {m['load_average_end']}"
-    cpus = f"{m['cpu_count']} CPUs, {m['torch_threads']} torch threads"
+    cpus = f"{m['cpu_count']} CPUs, {m['torch_threads']} threads"
     source = "the project's own prompt set" if s["prompt_source"] == "specwise-default" else f"`{s['prompt_source']}`"
     rows = [
         ["target", f"{s['target_name']} ({s['model_class']}) on {m['device']}"],
         ["machine", f"{m['device_name']}{_generation(m)}; {cpus}; load {load}"],
         [
             "software",
-            f"Python {m['python']}, torch {m['torch']}, transformers {m['transformers']}, specwise {m['specwise']}",
+            f"Python {m['python']}, {_hf_versions(m)}specwise {m['specwise']}",
         ],
         ["prompts", f"{s['num_prompts']} in {len(results['categories'])} categories from {source}"],
         ["decoding", f"{decoding}; {length}; seeds {s['seeds']}; {s['rounds']} round(s)"],

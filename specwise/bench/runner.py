@@ -21,8 +21,6 @@ import os
 import sys
 import time
 
-import torch
-
 from specwise.bench.configs import (
     HF_GENERATE,
     HF_GENERATE_ID,
@@ -47,6 +45,7 @@ from specwise.bench.schema import (
     validate_results,
 )
 from specwise.engine import Engine
+from specwise.models.threads import get_num_threads
 from specwise.sampling import SamplingParams
 
 # Importable from here as before the split (benchmark scripts use script_header, emit_json and machine_info; the
@@ -93,7 +92,10 @@ class SpecwiseRunner:
 
 def hf_module(model, what: str):
     """The transformers module behind a specwise Model (the HF adapter's ``.model``, a native model's
-    ``.hf_model``), for the Hugging Face baselines; a clear error when there is none."""
+    ``.hf_model``), for the Hugging Face baselines; a clear error when there is none (or no hf extra)."""
+    from specwise.extras import require
+
+    require("hf", "the Hugging Face baselines (--no-hf skips them)")
     from transformers import PreTrainedModel
 
     for name in ("model", "hf_model"):
@@ -157,6 +159,8 @@ class HFRunner:
         if params.greedy:
             return {"do_sample": False, "repetition_penalty": 1.0}
         if params.seed is not None:
+            import torch
+
             torch.manual_seed(params.seed)
         return {
             "do_sample": True,
@@ -168,6 +172,8 @@ class HFRunner:
         }
 
     def run(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, eos: list[int]) -> Outcome:
+        import torch  # the Hugging Face baselines run only where the hf extra is installed
+
         device = next(self.module.parameters()).device
         input_ids = torch.tensor([prompt_ids], device=device)
         kwargs = {**self._peer_kwargs(), **self._sampling_kwargs(params)}
@@ -258,7 +264,7 @@ def build_runners(
         if config.method == LLAMA_CPP:
             if gguf is None:
                 raise ValueError("the llama.cpp peer needs a GGUF target: --target default or a .gguf file")
-            runners[config.id] = LlamaCppRunner(gguf, loaded.tokenizer, torch.get_num_threads())
+            runners[config.id] = LlamaCppRunner(gguf, loaded.tokenizer, get_num_threads())
             continue
         if config.method == SPECWISE:
             if config.drafter not in drafters:
@@ -412,7 +418,7 @@ def run_bench(
     machine["load_average_end"] = load_average()
     peer = None
     if gguf is not None:  # untimed, after the measured runs
-        threads = torch.get_num_threads()
+        threads = get_num_threads()
         _check_llama_cpp(records, llama_cpp_tokens(gguf, encoded, settings.max_new_tokens, threads))
         peer = llama_cpp_info(gguf, settings.max_new_tokens, threads)
     results = assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)

@@ -303,12 +303,12 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "cpu": (str,),
         "cpu_count": (int,),
         "python": (str,),
-        "torch": (str,),
-        "transformers": (str,),
+        "torch": (str, _NONE),  # None: the hf extra is not installed
+        "transformers": (str, _NONE),
         "specwise": (str,),
         "device": (str,),
         "device_name": (str,),
-        "torch_threads": (int,),
+        "torch_threads": (int,),  # the threads of the model's passes (the name is the schema's since version 1)
         "load_average_start": (list, _NONE),
         "load_average_end": (list, _NONE),
     },

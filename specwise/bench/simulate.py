@@ -15,14 +15,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specwise.drafters.model import ModelDrafter
 from specwise.engine import Engine
 from specwise.extras import missing_extra
 from specwise.metrics import SpecStats, expected_tau
 from specwise.models.toy import ToyModel
-from specwise.sampling import SamplingParams, probs_from_logits
+from specwise.sampling import SamplingParams, make_generator, probs_from_logits
 
 __all__ = ["SIMULATE_FILES", "SimulateSettings", "exactness_experiment", "run_simulate", "speedup", "summary_lines"]
 
@@ -81,7 +81,7 @@ def speedup_curves(alphas: tuple[float, ...], gamma: int, points: int = 100) -> 
 # ---------------------------------------------------------------------------------------------------- exactness
 
 
-def exact_joint(model: ToyModel, length: int, params: SamplingParams) -> torch.Tensor:
+def exact_joint(model: ToyModel, length: int, params: SamplingParams) -> np.ndarray:
     """Probability ``[vocab ** length]`` of every continuation of the prompt ``[0]``, in lexicographic order."""
     cond = probs_from_logits(model.table, params)  # [periods, vocab, vocab]: next token given position, token
     periods, vocab = cond.shape[0], cond.shape[-1]
@@ -92,7 +92,7 @@ def exact_joint(model: ToyModel, length: int, params: SamplingParams) -> torch.T
             p *= float(cond[position % periods, prev, token])
             prev = token
         probs.append(p)
-    return torch.tensor(probs, dtype=torch.float64)
+    return np.asarray(probs, dtype=np.float64)
 
 
 def _index(tokens: list[int], vocab: int) -> int:
@@ -102,9 +102,9 @@ def _index(tokens: list[int], vocab: int) -> int:
     return index
 
 
-def _tv(a: torch.Tensor, b: torch.Tensor) -> float:
+def _tv(a: np.ndarray, b: np.ndarray) -> float:
     """Total variation distance between two distributions."""
-    return 0.5 * float((a - b).abs().sum())
+    return 0.5 * float(np.abs(a - b).sum())
 
 
 def exactness_experiment(s: SimulateSettings) -> dict:
@@ -115,7 +115,7 @@ def exactness_experiment(s: SimulateSettings) -> dict:
     p, q = exact_joint(target, s.length, params), exact_joint(draft, s.length, params)
     gamma = min(s.gamma, s.length - 1)  # the engine drafts at most length - 1 tokens before the last one
     engine = Engine(target, ModelDrafter(draft), gamma=gamma)
-    counts = torch.zeros_like(p)
+    counts = np.zeros_like(p)
     stats = SpecStats()
     for i in range(s.samples):
         run_params = SamplingParams(temperature=s.temperature, seed=s.seed * 1_000_003 + i)
@@ -123,8 +123,8 @@ def exactness_experiment(s: SimulateSettings) -> dict:
         counts[_index(result.token_ids, s.vocab)] += 1
         stats.merge(result.stats)
     emitted = counts / s.samples
-    gen = torch.Generator().manual_seed(s.seed)
-    iid = torch.bincount(torch.multinomial(p, s.samples, replacement=True, generator=gen), minlength=len(p))
+    gen = make_generator(s.seed)
+    iid = gen.multinomial(s.samples, p / p.sum())  # counts of an i.i.d. sample of p
     return {
         "vocab": s.vocab,
         "length": s.length,
@@ -136,7 +136,7 @@ def exactness_experiment(s: SimulateSettings) -> dict:
         "q": q.tolist(),
         "emitted": emitted.tolist(),
         "tv_emitted_vs_p": _tv(emitted, p),
-        "tv_iid_sample_vs_p": _tv(iid.double() / s.samples, p),
+        "tv_iid_sample_vs_p": _tv(iid / s.samples, p),
         "tv_q_vs_p": _tv(q, p),
         "acceptance_rate": stats.acceptance_rate,
         "mean_accepted_length": stats.mean_accepted_length,

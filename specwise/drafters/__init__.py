@@ -3,8 +3,9 @@ head on the target's features)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from specwise.drafters.base import Draft, Drafter
-from specwise.drafters.head import HeadDrafter, TargetMismatchError
 from specwise.drafters.model import LOOKAHEAD, ModelDrafter
 from specwise.drafters.ngram import NgramDrafter
 from specwise.drafters.none import NoDrafter
@@ -25,6 +26,16 @@ __all__ = [
     "make_drafter",
     "resolve_drafter_spec",
 ]
+
+
+def __getattr__(name: str):
+    """The head drafter's names, imported when first asked for (the head package is loaded only where it is used)."""
+    if name in ("HeadDrafter", "TargetMismatchError"):
+        from specwise.drafters import head
+
+        return getattr(head, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 DRAFTER_HELP = (
     "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else "
@@ -118,8 +129,6 @@ def _build_one(spec: str, target, device, dtype, impl: str, precision: str | Non
             raise ValueError(f"bad drafter {spec!r}: ngram takes integers, as in ngram:3 or ngram:3:2") from None
         return NgramDrafter(max_ngram=max_n, min_ngram=min_n, device=device)
     if kind == "model" and arg:
-        import torch
-
         from specwise.drafters.vocab import lookahead_option, lookup_option, parse_model_spec
         from specwise.models.loader import DEFAULT_PRECISION, load_model
 
@@ -127,15 +136,14 @@ def _build_one(spec: str, target, device, dtype, impl: str, precision: str | Non
         if not model_id:
             raise ValueError(f"bad drafter {spec!r}: name the draft model, as in model:PATH.gguf?vocab=32768")
         precision = precision or DEFAULT_PRECISION
-        draft = load_model(
-            model_id, device=device, dtype=dtype or torch.float32, impl=impl, precision=precision, drafting=True
-        )
+        # dtype None: float32 (the loader's default)
+        draft = load_model(model_id, device=device, dtype=dtype, impl=impl, precision=precision, drafting=True)
         check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
         lookup, lookahead = lookup_option(options), lookahead_option(options)
         if "vocab" in options:
             return _vocab_model_drafter(draft, target, options, lookup, lookahead)
         if draft.model.vocab_size < target.model.vocab_size:  # the target's output layer has more padding rows
-            ids = torch.arange(draft.model.vocab_size, dtype=torch.int64)
+            ids = np.arange(draft.model.vocab_size, dtype=np.int64)
             full = int(target.model.vocab_size)
             size = int(draft.model.vocab_size)
             return ModelDrafter(draft.model, ids, full, size, lookup=lookup, lookahead=lookahead)
@@ -191,8 +199,6 @@ def _vocab_model_drafter(
     draft, target, options: dict[str, str], lookup: int = 0, lookahead: float = LOOKAHEAD
 ) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
-    import torch
-
     from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
     from specwise.runtime import eos_ids
 
@@ -206,7 +212,7 @@ def _vocab_model_drafter(
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
     draft.model.restrict_output(ids)
     width = max(full, int(target.model.vocab_size))
-    return ModelDrafter(draft.model, torch.from_numpy(ids), width, full, lookup=lookup, lookahead=lookahead)
+    return ModelDrafter(draft.model, ids, width, full, lookup=lookup, lookahead=lookahead)
 
 
 def shipped_head_dir(target_name: str):
@@ -227,7 +233,7 @@ def quantized_head(model) -> bool:
 
 
 def _head_drafter(arg: str, target, device) -> Drafter:
-    from specwise.drafters.head import HeadDrafter, check_target, load_head
+    from specwise.drafters.head import HeadDrafter, check_target, read_head
 
     directory = arg or shipped_head_dir(target.name)
     if directory is None:
@@ -235,9 +241,11 @@ def _head_drafter(arg: str, target, device) -> Drafter:
             f"no head is shipped for target {target.name!r}: train one with `specwise distill --target "
             f"{target.name} --out DIR`, then use --drafter head:DIR"
         )
-    head = load_head(directory, device=device, dtype=None)  # the drafter makes the copies it computes with
+    head = read_head(directory)  # numpy, as in the file: the drafter makes the copies it computes with
     if target.hf_model is None:
-        raise ValueError("the head drafter needs a target loaded from Hugging Face weights (hf_model)")
+        raise ValueError(
+            "the head drafter needs the target's weights (a GGUF file's, or a Hugging Face model's: hf_model)"
+        )
     check_target(head.config, target.hf_model, target.name)
     head.attach_target(target.hf_model)
     return HeadDrafter(head, target.model, quantized=quantized_head(target.model))

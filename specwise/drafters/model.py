@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import torch
+import numpy as np
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.ngram import NgramDrafter
@@ -16,6 +16,17 @@ from specwise.sampling import SamplingParams, probs_from_logits, sample
 # on the draft model's probabilities along the target's answers (benchmarks/draft_policy.py): 0.5 was within 1% of
 # the best guess on both coding (MBPP) and chat (OASST) prompts for Qwen2.5-Coder-1.5B with its 0.5B sibling.
 LOOKAHEAD = 0.5
+
+
+def _top_probability(logits: np.ndarray) -> float:
+    """The softmax's largest value over a row of logits (the probability of its argmax): 1 / sum(exp(l - max))."""
+    shifted = logits - logits.max()
+    return float(1.0 / np.exp(shifted, dtype=np.float32).sum(dtype=np.float32))
+
+
+def _draw(probs: np.ndarray, generator: np.random.Generator | None) -> int:
+    """One token drawn from a row of probabilities (``sample`` with the run's generator)."""
+    return int(np.asarray(sample(probs, generator)).reshape(-1)[0])
 
 
 class ModelDrafter(Drafter):
@@ -44,7 +55,7 @@ class ModelDrafter(Drafter):
     def __init__(
         self,
         model: Model,
-        vocab_ids: torch.Tensor | None = None,
+        vocab_ids: np.ndarray | list[int] | None = None,
         vocab_size: int | None = None,
         input_size: int | None = None,
         lookup: int = 0,
@@ -59,10 +70,10 @@ class ModelDrafter(Drafter):
         self.device = model.device
         self._fed: list[int] = []  # tokens in the draft model's cache
         if vocab_ids is not None:
-            vocab_ids = torch.as_tensor(vocab_ids, dtype=torch.int64, device=self.device).reshape(-1)
-            if vocab_size is None or vocab_ids.numel() != model.vocab_size:
+            vocab_ids = np.ascontiguousarray(vocab_ids, dtype=np.int64).reshape(-1)
+            if vocab_size is None or vocab_ids.size != model.vocab_size:
                 raise ValueError(
-                    f"a draft vocabulary of {vocab_ids.numel()} ids needs a model with logits over as many "
+                    f"a draft vocabulary of {vocab_ids.size} ids needs a model with logits over as many "
                     f"(this one has {model.vocab_size}) and the full vocabulary's size"
                 )
         self.vocab_ids = vocab_ids
@@ -95,7 +106,7 @@ class ModelDrafter(Drafter):
     def pending(self, context: list[int]) -> int:
         return len(context) - common_prefix(self._fed, context, limit=len(context) - 1)
 
-    def _sync(self, context: list[int]) -> tuple[torch.Tensor | None, int]:
+    def _sync(self, context: list[int]) -> tuple[np.ndarray | None, int]:
         """Bring the cache to ``context[:-1]`` plus the last token; return logits for the next token (None when
         the context holds a token the draft model cannot take in) and how many tokens were taken in."""
         common = common_prefix(self._fed, context, limit=len(context) - 1)
@@ -104,29 +115,34 @@ class ModelDrafter(Drafter):
             return None, 0
         self.model.rollback(common)
         del self._fed[common:]
-        logits = self.model.forward(torch.tensor(new, dtype=torch.int64, device=self.device), num_logits=1)
+        logits = self.model.forward(np.asarray(new, dtype=np.int64), num_logits=1)
         self._fed.extend(new)
         return logits[-1], len(new)
 
     def propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float = 0.0
+        self,
+        context: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: np.random.Generator | None,
+        stop: float = 0.0,
     ) -> Draft:
         draft = self._propose(context, k, params, generator, stop)
         self._mark = (self.model.feeds, self.model.length)
         return draft
 
     def _propose(
-        self, context: list[int], k: int, params: SamplingParams, generator: torch.Generator | None, stop: float
+        self, context: list[int], k: int, params: SamplingParams, generator: np.random.Generator | None, stop: float
     ) -> Draft:
         if k <= 0:
-            return Draft.empty(self.device)
+            return Draft.empty()
         logits, intake = self._sync(context)  # [vocab]
         if logits is None:
-            return Draft.empty(self.device)
+            return Draft.empty()
         if params.greedy and self.lookup is not None:
             return Draft(self._staged(context, k, logits), None, intake=intake)
         tokens: list[int] = []
-        probs: list[torch.Tensor] = []
+        probs: list[np.ndarray] = []
         ids = self._vocab_list
         # greedy with a stop level: each token's confidence is the draft model's probability of it (its largest),
         # the planner's estimate that the target's greedy choice is the same; drafting stops at the first token
@@ -137,40 +153,38 @@ class ModelDrafter(Drafter):
             if params.greedy:
                 token = self._argmax(logits)
                 if confidence is not None:
-                    confidence.append(float(torch.softmax(logits, -1).max()))
+                    confidence.append(_top_probability(logits))
                     reach *= confidence[-1]
                     if reach < stop:
                         tokens.append(token)
                         break
             elif ids is None:
                 q = probs_from_logits(logits, params)  # [vocab]
-                token = int(sample(q, generator))
+                token = _draw(q, generator)
                 probs.append(q)
             else:
                 # top-k, top-p and min-p over the draft vocabulary equal those over the full vocabulary with -inf
                 # outside it; q is then placed in the full vocabulary (zero elsewhere) for the rejection rule
                 q_draft = probs_from_logits(logits, params)  # [draft_vocab]
-                token = ids[int(sample(q_draft, generator))]
-                q = torch.zeros(self.vocab_size, dtype=q_draft.dtype, device=self.device)
+                token = ids[_draw(q_draft, generator)]
+                q = np.zeros(self.vocab_size, dtype=q_draft.dtype)
                 q[self.vocab_ids] = q_draft
                 probs.append(q)  # [vocab]
             tokens.append(token)
             if i + 1 < k:
                 if confidence is not None and reach * self.lookahead < stop:
                     break  # the next token would likely be cut: no pass spent to see it (this one is fed later)
-                logits = self.model.forward(torch.tensor([token], device=self.device), num_logits=1)[-1]
+                logits = self.model.forward(np.asarray([token], dtype=np.int64), num_logits=1)[-1]
                 self._fed.append(token)
-        draft_probs = torch.stack(probs) if probs else None
-        return Draft(
-            torch.tensor(tokens, dtype=torch.int64, device=self.device), draft_probs, confidence, intake=intake
-        )
+        draft_probs = np.stack(probs) if probs else None  # [k, vocab] float32
+        return Draft(tokens, draft_probs, confidence, intake=intake)
 
-    def _argmax(self, logits: torch.Tensor) -> int:
+    def _argmax(self, logits: np.ndarray) -> int:
         """The greedy token of a row of the draft model's logits (a column of the draft vocabulary mapped back)."""
-        best = int(logits.argmax())
+        best = int(np.argmax(logits))
         return best if self._vocab_list is None else self._vocab_list[best]
 
-    def _staged(self, context: list[int], k: int, logits: torch.Tensor) -> list[int]:
+    def _staged(self, context: list[int], k: int, logits: np.ndarray) -> list[int]:
         """``k`` greedy draft tokens, each draft pass also checking a lookup continuation (see ``lookup``): the
         same tokens as drafting one by one, in fewer passes where the continuation agrees."""
         self.lookup.index(context)
@@ -184,7 +198,7 @@ class ModelDrafter(Drafter):
                 return tokens
             guess, _ = self.lookup.lookup(sequence, k - len(tokens))
             feed = [token] + guess
-            rows = self.model.forward(torch.tensor(feed, dtype=torch.int64, device=self.device), num_logits=len(feed))
+            rows = self.model.forward(np.asarray(feed, dtype=np.int64), num_logits=len(feed))
             self._fed.extend(feed)
             kept = 0
             while kept < len(guess) and len(tokens) < k and self._argmax(rows[kept]) == guess[kept]:

@@ -194,16 +194,14 @@ def calibrate(
 def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, progress: bool = True) -> list[str]:
     """``count`` user requests the target writes itself (sampled at temperature 1 from the opening of a user turn,
     as in Magpie), cached in ``path`` (written after each one: an interrupted run continues)."""
-    from tqdm import tqdm
-
-    from specwise.answers import request_cache, request_seed, user_turn_prefix
+    from specwise.answers import progress_bar, request_cache, request_seed, user_turn_prefix
     from specwise.sampling import SamplingParams
 
     state = request_cache(path, user_turn_prefix(tokenizer), seed, "tries")
     prefix, kept = state["prefix"], state["prompts"]
     seen = set(kept)
     initial = min(len(kept), count)
-    bar = tqdm(total=count, initial=initial, desc="writing requests", unit="request", disable=not progress)
+    bar = progress_bar(count, "writing requests", "request", initial, progress)
     while len(kept) < count:
         if state["tries"] > 4 * count + 16:
             raise RuntimeError(f"the target wrote too few usable requests ({len(kept)} of {count})")

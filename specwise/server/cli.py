@@ -66,7 +66,11 @@ def register(subparsers) -> None:
         "default: 1M, or 16 bytes per token of the model's context where that is more)",
     )
     p.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 suits small shared CPUs)"
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads of the model's passes (default: the cores this process may run on; 1 suits small shared "
+        "CPUs)",
     )
     p.add_argument(
         "--api-key",
@@ -159,9 +163,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specwise.server.auth import exposure_warning
 
     if args.threads is not None:
-        import torch
+        from specwise.models.threads import set_num_threads
 
-        torch.set_num_threads(args.threads)
+        set_num_threads(args.threads)
     key = api_key(args)
     runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
     app = serving_app(runtime, args, key)

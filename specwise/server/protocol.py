@@ -45,7 +45,7 @@ __all__ = [
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256  # each stop string's length: the generation thread looks for every one after each pass
-SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # any 64-bit seed, signed or not (make_generator takes it modulo 2**64)
 MAX_N = 16  # choices per request
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as at OpenAI
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs, as at OpenAI

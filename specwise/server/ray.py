@@ -5,7 +5,7 @@ Two deployments make the application:
 - ``SpecwiseEngine``: the replicas. Each loads the model and the drafter (``build_runtime``, checked against the
   target as in ``specwise serve``), builds the same app as ``specwise serve`` (``create_app``: every route, its
   batching worker, its limits and errors) and runs HTTP requests through it in-process, yielding the response's
-  ASGI messages as they come. Its torch threads are the CPUs Ray gives it. A replica gets traffic only once its
+  ASGI messages as they come. Its threads are the CPUs Ray gives it. A replica gets traffic only once its
   model is loaded and its health check (the generation thread is alive) passes.
 - ``SpecwiseGateway``: the HTTP ingress behind Ray Serve's proxy. It reads a request (within the body limit) and
   forwards it to a replica through a deployment handle. When the replica fails before the response has started
@@ -81,7 +81,7 @@ class ClusterOptions:
     api_key: str | None = None
     replicas: int = 1  # the number of replicas (the least, with autoscaling)
     max_replicas: int | None = None  # with autoscaling: the most (None: a fixed number of replicas)
-    cpus_per_replica: float = 1.0  # Ray's CPUs per replica, and so its torch threads
+    cpus_per_replica: float = 1.0  # Ray's CPUs per replica, and so its threads
     gateways: int = 1  # gateway replicas (each forwards requests; they hold no model)
 
     def check(self) -> None:
@@ -112,7 +112,7 @@ def import_ray():
 
 
 def replica_threads(assigned: dict) -> int:
-    """The torch threads of a replica given Ray's resources for it (``{"CPU": 2.0, ...}``): one per whole CPU,
+    """The threads of a replica given Ray's resources for it (``{"CPU": 2.0, ...}``): one per whole CPU,
     at least one."""
     return max(1, int(assigned.get("CPU", 1)))
 
@@ -188,16 +188,16 @@ class SpecwiseEngine:
     Serve deployment made by ``build_application``)."""
 
     async def __init__(self, options: dict) -> None:
-        import torch
         from ray import serve
 
+        from specwise.models.threads import set_num_threads
         from specwise.runtime import build_runtime
         from specwise.server.cli import serving_app
 
         ray = import_ray()
         opts = ClusterOptions(**options)
         self.threads = replica_threads(ray.get_runtime_context().get_assigned_resources())
-        torch.set_num_threads(self.threads)
+        set_num_threads(self.threads)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
         _check_target_here(opts.target)
