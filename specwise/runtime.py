@@ -24,14 +24,25 @@ def _torch_if_installed():
     return torch
 
 
+def _nvidia_driver() -> bool:
+    """Whether this machine has an NVIDIA driver loaded (Linux: /proc/driver/nvidia): without one CUDA cannot be
+    available, and ``auto`` need not import torch to find that out."""
+    import os
+
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidia0")
+
+
 def resolve_device(name: str) -> str:
-    """`auto` picks CUDA when torch is installed and sees a GPU, else the CPU; `cpu` never imports torch.
+    """`auto` picks CUDA when torch is installed and sees a GPU, else the CPU; `cpu`, and `auto` on a machine without
+    an NVIDIA driver, never import torch.
 
     `cuda` (or `cuda:N`) without torch raises MissingExtraError naming the cuda extra."""
     if name == "cpu":
         return name
     if name != "auto" and not name.startswith(("cuda", "mps", "xpu")):
         raise ValueError(f"unknown device {name!r}: use auto, cpu, cuda or cuda:N")
+    if name == "auto" and not _nvidia_driver():
+        return "cpu"
     torch = _torch_if_installed()
     if name == "auto":
         return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"

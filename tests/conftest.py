@@ -40,6 +40,7 @@ def tiny_llama(seed: int, vocab: int = 96, layers: int = 2, hidden: int = 32, st
 
 @pytest.fixture(scope="session")
 def tiny_target():
+    needs_hf()
     from specwise.models import HFModel
 
     return HFModel(tiny_llama(seed=1), name="tiny-target")
@@ -47,6 +48,7 @@ def tiny_target():
 
 @pytest.fixture(scope="session")
 def tiny_draft():
+    needs_hf()
     from specwise.models import HFModel
 
     return HFModel(tiny_llama(seed=2, layers=1), name="tiny-draft")
@@ -55,6 +57,7 @@ def tiny_draft():
 @pytest.fixture(scope="session")
 def tiny_target_twin():
     """A second instance of the target's weights (draft = target)."""
+    needs_hf()
     from specwise.models import HFModel
 
     return HFModel(tiny_llama(seed=1), name="tiny-target-twin")
@@ -71,6 +74,7 @@ def smollm():
 @pytest.fixture(scope="session")
 def smollm_hf():
     """The default model as the float32 Hugging Face model (the reference), dequantized from the same GGUF."""
+    needs_hf()
     from specwise.models import load_model
 
     return load_model("default", impl="hf")

@@ -25,6 +25,9 @@ import pytest
 # the driver finds the nodes started on 127.0.0.1 (their own address would otherwise be the machine's).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 
+for _name in ("httpx", "openai", "fastapi"):
+    pytest.importorskip(_name, reason="needs the server extra and the test tools: pip install 'specwise[dev]'")
+
 import httpx  # noqa: E402
 import openai  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402

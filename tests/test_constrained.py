@@ -2,16 +2,21 @@
 (greedy token for token, sampled in distribution), the grammar rolls back with rejected drafts, the server's
 response_format."""
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import json
 from collections import Counter
 
 import numpy as np
-import openai
 import pytest
-from test_engine import chi2_pvalue
-from test_server import live_server
+
+for _name, _extra in (("llguidance", "constrained"), ("fastapi", "server"), ("openai", "dev")):
+    pytest.importorskip(_name, reason=f"needs the {_extra} extra: pip install 'specwise[{_extra}]'")
+
+import openai  # noqa: E402
+from test_engine import chi2_pvalue  # noqa: E402
+from test_server import live_server  # noqa: E402
 
 from specwise.batch import BatchEngine, Request
 from specwise.bench.schemas import EXTRACTION, SUITE

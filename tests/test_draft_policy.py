@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+from conftest import needs_hf  # noqa: E402
+
+needs_hf()  # the script measures torch-side drafting
 spec = importlib.util.spec_from_file_location("benchmarks_draft_policy", ROOT / "benchmarks" / "draft_policy.py")
 draft_policy = importlib.util.module_from_spec(spec)
 sys.modules["benchmarks_draft_policy"] = draft_policy

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+pytest.importorskip("fastapi", reason="needs the server extra: pip install 'specwise[server]'")
+
 from specwise.server.ray import _pending
 
 DONE = object()

@@ -1,10 +1,13 @@
 """Greedy identity on the real default model (SmolLM2-135M-Instruct): speculative == plain, token for token."""
 
+# ruff: noqa: E402
 from __future__ import annotations
 
 import pytest
 
-from conftest import tiny_llama
+from conftest import needs_hf, tiny_llama
+
+needs_hf()
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
 from specwise.models import HFModel, load_model

@@ -417,7 +417,7 @@ def test_top_p_keeps_every_token_tied_with_the_last_kept_one():
 
 def test_sample_follows_the_distribution_on_a_large_vocabulary():
     """Inverse-CDF sampling: chi-square goodness of fit, zero-probability tokens never drawn."""
-    from scipy.stats import chisquare
+    from test_engine import chisquare
 
     vocab = 49152
     ids = np.array([3, 17, 1000, 20000, 49151])
@@ -429,7 +429,7 @@ def test_sample_follows_the_distribution_on_a_large_vocabulary():
     assert bool(np.isin(tokens, ids).all())
     counts = np.array([(tokens == i).sum() for i in ids], dtype=np.float64)
     expected = weights.astype(np.float64) / weights.astype(np.float64).sum() * counts.sum()
-    assert chisquare(counts, expected).pvalue > 1e-4
+    assert chisquare(counts, expected) > 1e-4
 
 
 def test_sample_accepts_unnormalised_rows_and_rejects_invalid_ones():
