@@ -223,6 +223,37 @@ def _array(meta: GGUFFile, key: str):
     return value
 
 
+def _special_ids(meta: GGUFFile, name: str, model: str, tokens: list[str]) -> dict[str, int | None]:
+    """The ids of the BOS, EOS, unknown and padding tokens (None where the file gives none, or one that is not a
+    token id, with a warning); a SentencePiece vocabulary's unknown token is ``<unk>`` where the file names none."""
+    n = len(tokens)
+    special_ids: dict[str, int | None] = {}
+    for role, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+        value = meta.get(f"tokenizer.ggml.{key}_token_id")
+        if value is None or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
+            if value is not None:
+                warnings.warn(
+                    f"{name}: tokenizer.ggml.{key}_token_id {value!r} is not a token id (0..{n - 1}): ignored",
+                    stacklevel=3,
+                )
+            value = None
+        special_ids[f"{role}_token"] = value
+    if model == "llama" and special_ids["unk_token"] is None and "<unk>" in tokens:
+        special_ids["unk_token"] = tokens.index("<unk>")
+    return special_ids
+
+
+def _chat_templates(meta: GGUFFile) -> tuple[str | None, dict[str, str]]:
+    """The file's chat template (None where it has none) and its named ones (``tokenizer.chat_template.NAME``)."""
+    template = meta.get("tokenizer.chat_template")
+    named = {
+        key.removeprefix("tokenizer.chat_template."): value
+        for key, value in meta.metadata.items()
+        if key.startswith("tokenizer.chat_template.") and isinstance(value, str) and value
+    }
+    return (template if isinstance(template, str) and template else None), named
+
+
 def read_vocab(meta: GGUFFile) -> GGUFVocab:
     """The tokenizer metadata of a GGUF file, checked; raises GGUFError naming what is wrong."""
     name = meta.path.name
@@ -255,19 +286,7 @@ def read_vocab(meta: GGUFFile) -> GGUFVocab:
     if model == "llama" and merges is None and scores is None:
         fail("a SentencePiece vocabulary needs tokenizer.ggml.scores or tokenizer.ggml.merges")
 
-    special_ids: dict[str, int | None] = {}
-    for role, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
-        value = meta.get(f"tokenizer.ggml.{key}_token_id")
-        if value is None or isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < n:
-            if value is not None:
-                warnings.warn(
-                    f"{name}: tokenizer.ggml.{key}_token_id {value!r} is not a token id (0..{n - 1}): ignored",
-                    stacklevel=2,
-                )
-            value = None
-        special_ids[f"{role}_token"] = value
-    if model == "llama" and special_ids["unk_token"] is None and "<unk>" in tokens:
-        special_ids["unk_token"] = tokens.index("<unk>")
+    special_ids = _special_ids(meta, name, model, tokens)
 
     def flag(key: str, default: bool) -> bool:
         value = meta.get(f"tokenizer.ggml.{key}")
@@ -282,12 +301,7 @@ def read_vocab(meta: GGUFFile) -> GGUFVocab:
     else:
         add_bos_default = True
         space_default = architecture not in _GEMMA
-    template = meta.get("tokenizer.chat_template")
-    named = {
-        key.removeprefix("tokenizer.chat_template."): value
-        for key, value in meta.metadata.items()
-        if key.startswith("tokenizer.chat_template.") and isinstance(value, str) and value
-    }
+    template, named = _chat_templates(meta)
     return GGUFVocab(
         name=name,
         model=model,
@@ -302,7 +316,7 @@ def read_vocab(meta: GGUFFile) -> GGUFVocab:
         add_bos=flag("add_bos_token", add_bos_default),
         add_eos=flag("add_eos_token", False),
         add_space_prefix=flag("add_space_prefix", space_default) if model == "llama" else False,
-        chat_template=template if isinstance(template, str) and template else None,
+        chat_template=template,
         chat_templates=named,
     )
 
@@ -453,70 +467,71 @@ def _json_merges(merges: list[tuple[str, str]]) -> list:
     return [[a, b] for a, b in merges]
 
 
-def build_json(vocab: GGUFVocab, spelled: tuple[list[str], set[int]] | None = None) -> dict:
-    """The ``tokenizer.json`` (as a dict) of a GGUF file's vocabulary; ``spelled``: its
-    :func:`spelled_tokens`, where already known."""
-    tokens, respelled = spelled if spelled is not None else spelled_tokens(vocab)
-    types = vocab.types.tolist()
-    n = len(tokens)
-    added: list[dict] = []
-    if vocab.model == "gpt2":
+def _byte_level_parts(vocab: GGUFVocab) -> tuple[list, dict | None, dict | None, dict, dict]:
+    """A byte-level BPE vocabulary's merges, normalizer, pre-tokenizer, decoder and model settings."""
+    merges = _file_merges(vocab)
+    pre_name = vocab.pre or "default"
+    pre = PRE_TOKENIZERS.get(pre_name)
+    if pre is None:
+        warnings.warn(
+            f"{vocab.name}: pre-tokenizer {pre_name!r} is not known to specwise: text is split as GPT-2 splits it",
+            stacklevel=3,
+        )
+        pre = _GPT2_PRE
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    model = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": pre.ignore_merges,
+    }
+    return merges, None, _pre_tokenizer(pre), decoder, model
+
+
+def _sentencepiece_parts(vocab: GGUFVocab, tokens: list[str]) -> tuple[list, dict | None, dict | None, dict, dict]:
+    """A SentencePiece-style vocabulary's merges (the file's, or derived), normalizer, pre-tokenizer, decoder and
+    model settings."""
+    if vocab.merges is not None:
         merges = _file_merges(vocab)
-        pre_name = vocab.pre or "default"
-        pre = PRE_TOKENIZERS.get(pre_name)
-        if pre is None:
-            warnings.warn(
-                f"{vocab.name}: pre-tokenizer {pre_name!r} is not known to specwise: text is split as GPT-2 splits it",
-                stacklevel=2,
-            )
-            pre = _GPT2_PRE
-        normalizer = None
-        pre_tokenizer = _pre_tokenizer(pre)
-        decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-        model = {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None,
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": False,
-            "byte_fallback": False,
-            "ignore_merges": pre.ignore_merges,
-        }
+    elif vocab.architecture in _GEMMA:
+        merges = _json_merges(_derived_merges(tokens, -np.arange(len(tokens), dtype=np.float64)))
     else:
-        gemma = vocab.architecture in _GEMMA
-        if vocab.merges is not None:
-            merges = _file_merges(vocab)
-        elif gemma:
-            merges = _json_merges(_derived_merges(tokens, -np.arange(n, dtype=np.float64)))
-        else:
-            merges = _json_merges(_derived_merges(tokens, vocab.scores.astype(np.float64)))
-        unk = vocab.special_ids["unk_token"]
-        space = [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
-        if vocab.add_space_prefix:  # before the text and after each added token, as llama.cpp puts it
-            space.insert(0, {"type": "Prepend", "prepend": SPACE})
-        normalizer = space[0] if len(space) == 1 else {"type": "Sequence", "normalizers": space}
-        pre_tokenizer = None
-        steps = [
-            {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
-            {"type": "ByteFallback"},
-            {"type": "Fuse"},
-        ]
-        if vocab.add_space_prefix:
-            steps.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
-        decoder = {"type": "Sequence", "decoders": steps}
-        model = {
-            "type": "BPE",
-            "dropout": None,
-            "unk_token": None if unk is None else tokens[unk],
-            "continuing_subword_prefix": None,
-            "end_of_word_suffix": None,
-            "fuse_unk": True,
-            "byte_fallback": True,
-            "ignore_merges": False,
-        }
+        merges = _json_merges(_derived_merges(tokens, vocab.scores.astype(np.float64)))
+    unk = vocab.special_ids["unk_token"]
+    space = [{"type": "Replace", "pattern": {"String": " "}, "content": SPACE}]
+    if vocab.add_space_prefix:  # before the text and after each added token, as llama.cpp puts it
+        space.insert(0, {"type": "Prepend", "prepend": SPACE})
+    normalizer = space[0] if len(space) == 1 else {"type": "Sequence", "normalizers": space}
+    steps = [
+        {"type": "Replace", "pattern": {"String": SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if vocab.add_space_prefix:
+        steps.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    decoder = {"type": "Sequence", "decoders": steps}
+    model = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None if unk is None else tokens[unk],
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": True,
+        "byte_fallback": True,
+        "ignore_merges": False,
+    }
+    return merges, normalizer, None, decoder, model
+
+
+def _added_tokens(vocab: GGUFVocab, tokens: list[str], respelled: set[int]) -> list[dict]:
+    """The added tokens: control and unknown tokens special, user-defined ones plain (none respelled or empty)."""
     phi3 = _is_phi3(vocab)
-    for i, kind in enumerate(types):
+    added: list[dict] = []
+    for i, kind in enumerate(vocab.types.tolist()):
         if i in respelled or not tokens[i]:
             continue
         special = kind in (CONTROL, UNKNOWN)
@@ -524,14 +539,24 @@ def build_json(vocab: GGUFVocab, spelled: tuple[list[str], set[int]] | None = No
             # llama.cpp's Phi-3 rule: the whitespace after a special token belongs to it, but for these three
             rstrip = phi3 and tokens[i] not in ("<unk>", "<s>", "<|endoftext|>")
             added.append(_added(tokens[i], i, special, rstrip))
-    vocab_map = {token: i for i, token in enumerate(tokens)}
-    model["vocab"] = vocab_map
+    return added
+
+
+def build_json(vocab: GGUFVocab, spelled: tuple[list[str], set[int]] | None = None) -> dict:
+    """The ``tokenizer.json`` (as a dict) of a GGUF file's vocabulary; ``spelled``: its
+    :func:`spelled_tokens`, where already known."""
+    tokens, respelled = spelled if spelled is not None else spelled_tokens(vocab)
+    if vocab.model == "gpt2":
+        merges, normalizer, pre_tokenizer, decoder, model = _byte_level_parts(vocab)
+    else:
+        merges, normalizer, pre_tokenizer, decoder, model = _sentencepiece_parts(vocab, tokens)
+    model["vocab"] = {token: i for i, token in enumerate(tokens)}
     model["merges"] = merges  # "a b" strings read faster than pairs
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "added_tokens": _added_tokens(vocab, tokens, respelled),
         "normalizer": normalizer,
         "pre_tokenizer": pre_tokenizer,
         "post_processor": _template(vocab, tokens),
