@@ -38,15 +38,17 @@ PROMPTS = (
 
 
 class Side:
-    def __init__(self, name: str, python: str, tree: str | None) -> None:
-        self.name, self.python, self.tree = name, python, tree
+    """An interpreter, a source tree first on its path (or none) and a cache directory of its own (versions may keep
+    their caches in different forms: a tokenizer cache one of them removes would be rebuilt at every other run)."""
+
+    def __init__(self, name: str, python: str, tree: str | None, cache: str) -> None:
+        self.name, self.python, self.tree, self.cache = name, python, tree, cache
 
     def env(self, cache: str | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         if self.tree:
             env["PYTHONPATH"] = str(Path(self.tree).resolve())
-        if cache:
-            env["SPECWISE_CACHE"] = cache
+        env["SPECWISE_CACHE"] = cache or self.cache
         return env
 
 
@@ -89,13 +91,14 @@ def startup(sides: list[Side], model: str, rounds: int, cold: bool) -> dict:
     }
 
 
-def decode(sides: list[Side], model: str, drafter: str, rounds: int, max_new: int) -> dict:
+def decode(sides: list[Side], model: str, drafter: str, rounds: int, max_new: int, precision: str = "q8") -> dict:
     """Tokens per second of greedy answers (the engine's own count), paired per prompt and round; greedy answers
     compared token for token."""
     pairs, runs, same = [], [], True
     for r in range(rounds):
         for i, prompt in enumerate(PROMPTS):
             args = [prompt, "--target", model, "--max-new-tokens", str(max_new), "--drafter", drafter]
+            args += ["--precision", precision]
             got = {}
             for s in sides if (r + i) % 2 == 0 else sides[::-1]:
                 wall, rss, answer = _run(s, args)
@@ -118,6 +121,7 @@ def decode(sides: list[Side], model: str, drafter: str, rounds: int, max_new: in
     peak = {s.name: max(x["rss_mib"] for x in runs if x["side"] == s.name) for s in sides}
     return {
         "drafter": drafter,
+        "precision": precision,
         "median_tokens_per_second": medians,
         "peak_rss_mib": peak,
         "ratio_new_over_old": geometric_interval(pairs),
@@ -169,11 +173,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--start-rounds", type=int, default=7)
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument(
+        "--exact", action="append", default=[], help="models to decode with --precision exact too (repeatable)"
+    )
     ap.add_argument("--env", action="append", default=[], help="a virtual environment to size (repeatable)")
     ap.add_argument("--install", action="store_true", help="time a fresh core install of this checkout")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    sides = [Side("old", args.old_python, args.old_tree), Side("new", args.new_python, args.new_tree)]
+    caches = tempfile.TemporaryDirectory()
+    sides = [
+        Side("old", args.old_python, args.old_tree, os.path.join(caches.name, "old")),
+        Side("new", args.new_python, args.new_tree, os.path.join(caches.name, "new")),
+    ]
     result: dict = {**script_header(argv), "sides": {s.name: {"python": s.python, "tree": s.tree} for s in sides}}
     result["envs_mib"] = {env: du_mib(Path(env)) for env in args.env}
     if args.install:
@@ -189,6 +200,8 @@ def main(argv: list[str] | None = None) -> None:
         cell["decode"] = [
             decode(sides, model, drafter, args.rounds, args.max_new_tokens) for drafter in args.drafter or ["none"]
         ]
+        if model in args.exact:
+            cell["decode"].append(decode(sides, model, "none", args.rounds, args.max_new_tokens, "exact"))
         result["models"][model] = cell
         print(f"{model}: done", file=sys.stderr)
     emit_json(result, args.out)
