@@ -42,7 +42,7 @@ class Side:
     their caches in different forms: a tokenizer cache one of them removes would be rebuilt at every other run)."""
 
     def __init__(self, name: str, python: str, tree: str | None, cache: str) -> None:
-        self.name, self.python, self.tree, self.cache = name, python, tree, cache
+        self.name, self.python, self.tree, self.cache = name, os.path.abspath(python), tree, cache
 
     def env(self, cache: str | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
