@@ -32,6 +32,7 @@ USER_ERRORS = (ValueError, NotImplementedError, OSError, MissingExtraError, Memo
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
 _SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli", "specwise.index.cli"]
+_BUILTIN = ("generate", "profile")  # parsed without importing the other subcommands' modules (start-up time)
 
 
 def parse_gamma(value: str) -> int | str:
@@ -88,7 +89,9 @@ class Parser(argparse.ArgumentParser):
         self.exit(ERROR_STATUS, f"specwise: error: {message} (see `{self.prog} --help`)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(builtin_only: bool = False) -> argparse.ArgumentParser:
+    """The command line's parser; ``builtin_only``: without the subcommands of the other modules (``bench``,
+    ``serve``, ...), whose parsers import more than ``generate`` and ``profile`` need."""
     parser = Parser(prog="specwise", description="Exact speculative decoding for causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     gen = sub.add_parser("generate", help="generate a reply to a prompt, streaming it, then print statistics")
@@ -135,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--json", action="store_true", help="print the profile as JSON")
     prof.set_defaults(func=cmd_profile)
-    for module in _SUBCOMMAND_MODULES:
+    for module in [] if builtin_only else _SUBCOMMAND_MODULES:
         try:
             importlib.import_module(module).register(sub)
         except ModuleNotFoundError as err:
@@ -349,7 +352,9 @@ def run(argv: list[str] | None = None) -> tuple[int, argparse.Namespace | None]:
     debug = debug_requested(argv)
     args = None
     try:
-        args = build_parser().parse_args(argv)
+        words = sys.argv[1:] if argv is None else argv
+        builtin = bool(words) and words[0] in _BUILTIN and not {"-h", "--help"} & set(words)
+        args = build_parser(builtin_only=builtin).parse_args(argv)
         return args.func(args) or 0, args
     except KeyboardInterrupt as err:
         if debug:
