@@ -178,6 +178,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--env", action="append", default=[], help="a virtual environment to size (repeatable)")
     ap.add_argument("--install", action="store_true", help="time a fresh core install of this checkout")
+    ap.add_argument("--install-only", action="store_true", help="only the sizes and the fresh install: no model runs")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     caches = tempfile.TemporaryDirectory()
@@ -187,10 +188,10 @@ def main(argv: list[str] | None = None) -> None:
     ]
     result: dict = {**script_header(argv), "sides": {s.name: {"python": s.python, "tree": s.tree} for s in sides}}
     result["envs_mib"] = {env: du_mib(Path(env)) for env in args.env}
-    if args.install:
+    if args.install or args.install_only:
         result["fresh_install"] = fresh_install(Path(__file__).resolve().parents[1])
     result["models"] = {}
-    for model in args.model or ["default"]:
+    for model in [] if args.install_only else args.model or ["default"]:
         cell: dict = {}
         if model.endswith(".gguf"):
             cell["file_mib"] = Path(model).stat().st_size / 2**20

@@ -1,7 +1,7 @@
 """The optional parts of specwise and the extras that install them (``[project.optional-dependencies]``).
 
 Decoding a GGUF file on a CPU (the library, ``specwise generate``, ``profile``, ``simulate``, ``index``) needs only
-the core dependencies (numpy, gguf, tokenizers, jinja2, safetensors). The other parts need more: Hugging Face
+the core dependencies (numpy, gguf, tokenizers, jinja2). The other parts need more: Hugging Face
 checkpoints and the float32 models ``pip install 'specwise[hf]'``, GPUs ``specwise[cuda]``, training heads
 ``specwise[distill]``, the server ``specwise[server]``, the benchmarks' plots ``specwise[bench]``, constrained output
 ``specwise[constrained]``. Where one
