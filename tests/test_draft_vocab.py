@@ -375,6 +375,24 @@ def test_find_sibling_takes_a_smaller_model_of_the_same_vocabulary(tmp_path):
     assert auto_model_spec(target, None, [folder]) == f"ngram+model:{folder / 'e-sibling.gguf'}"
 
 
+def test_find_sibling_reads_the_token_list_only_for_a_candidate(tmp_path, monkeypatch):
+    """The target's token list (262,144 strings for Gemma 3) is read only when a smaller file of the same
+    vocabulary size is there to compare it with."""
+    import specwise.drafters.sibling as sibling
+
+    base = _named(tiny_model(), "Tiny")
+    target = _write(tmp_path / "target.gguf", base)
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    _write(folder / "same-size.gguf", base)
+    read = []
+    tokens = sibling._tokens
+    monkeypatch.setattr(sibling, "_tokens", lambda meta: read.append(1) or tokens(meta))
+    assert find_sibling(target, [folder]) is None and read == []
+    _write(folder / "smaller.gguf", _one_layer(base))
+    assert find_sibling(target, [folder]) == folder / "smaller.gguf" and len(read) == 2
+
+
 def test_auto_uses_the_sibling_in_the_fetch_cache(tmp_path, monkeypatch):
     import specwise.files
 

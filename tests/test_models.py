@@ -189,6 +189,26 @@ def test_the_default_gguf_file_loads_and_runs_without_torch():
     assert _run_alone(code) == "[]"
 
 
+@pytest.mark.slow
+def test_a_large_vocabulary_loads_its_tokenizer_before_the_weights_to_the_same_model(monkeypatch, smollm):
+    """Above SERIAL_TOKENIZER tokens the tokenizer is read before the weights instead of beside them (a lower
+    peak of memory): the loaded model and tokenizer are the same either way."""
+    import numpy as np
+
+    from specwise.models import loader
+
+    monkeypatch.setattr(loader, "SERIAL_TOKENIZER", 0)
+    serial = loader.load_model("default")
+    text = "def f(x):\n    return x  # café 東京"
+    ids = smollm.tokenizer.encode(text)
+    assert serial.tokenizer.encode(text) == ids and serial.tokenizer.decode(ids) == smollm.tokenizer.decode(ids)
+    np.testing.assert_array_equal(
+        serial.model.forward(np.array(ids, dtype=np.int64), num_logits=1),
+        smollm.model.forward(np.array(ids, dtype=np.int64), num_logits=1),
+    )
+    smollm.model.rollback(0)
+
+
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"

@@ -53,9 +53,10 @@ def find_sibling(target_path: Path | str, folders: list[Path] | None = None) -> 
     target = _gguf(target_path)
     if target is None:
         return None
-    target_tokens = _tokens(target)
-    if not target_tokens:
+    count = target.array_length("tokenizer.ggml.tokens")
+    if not count:
         return None
+    target_tokens: list | None = None  # read only when a candidate has as many tokens (262,144 strings: 40 MiB)
     target_size = _parameters(target)
     family = (target.get("general.basename"), str(target.get("general.finetune") or "").split("-")[0])
     best = None
@@ -64,10 +65,14 @@ def find_sibling(target_path: Path | str, folders: list[Path] | None = None) -> 
             if path.resolve() == target_path.resolve():
                 continue
             meta = _gguf(path)
-            if meta is None or meta.array_length("tokenizer.ggml.tokens") != len(target_tokens):
+            if meta is None or meta.array_length("tokenizer.ggml.tokens") != count:
                 continue
             size = _parameters(meta)
-            if size >= target_size or _tokens(meta) != target_tokens:
+            if size >= target_size:
+                continue
+            if target_tokens is None:
+                target_tokens = _tokens(target)
+            if _tokens(meta) != target_tokens:
                 continue
             try:
                 if GGUFConfig(meta).unsupported(meta) is not None:

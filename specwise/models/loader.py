@@ -252,16 +252,32 @@ def compact_merges(path: Path) -> bool:
     return True
 
 
+# vocabularies larger than this load their tokenizer before the weights rather than beside them (less memory at
+# the peak of loading, a little more time)
+SERIAL_TOKENIZER = 65536
+
+
 def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
     from specwise.models.gguf_config import fim_token_ids
     from specwise.models.quantized import QuantizedModel, TargetWeights, checked_file
 
     meta = checked_file(path)  # refuses a damaged file (GGUFError) or one it cannot run (NotImplementedError) first
-    # the tokenizer is read while the weights are re-packed (one native call on another thread)
-    model = QuantizedModel(
-        path, precision=precision, name=name, drafting=drafting, meta=meta, alongside=lambda: gguf_tokenizer(path, meta)
-    )
-    tokenizer = model.alongside
+    if (meta.array_length("tokenizer.ggml.tokens") or 0) > SERIAL_TOKENIZER:
+        # a large vocabulary's tokenizer allocates about twice its final size while it loads (Gemma 3's 262,144
+        # tokens: 200 MiB for 90): loaded before the weights, that peak does not add to theirs
+        tokenizer = gguf_tokenizer(path, meta)
+        release_free_memory()
+        model = QuantizedModel(path, precision=precision, name=name, drafting=drafting, meta=meta)
+    else:  # the tokenizer is read while the weights are re-packed (one native call on another thread)
+        model = QuantizedModel(
+            path,
+            precision=precision,
+            name=name,
+            drafting=drafting,
+            meta=meta,
+            alongside=lambda: gguf_tokenizer(path, meta),
+        )
+        tokenizer = model.alongside
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
     eos = model.eos_token_id
     loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
