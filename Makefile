@@ -2,7 +2,7 @@
 # the core and the full environment, then test in both).
 VENV := .venv/bin
 CORE := .venv-core/bin
-PROMPT ?= Name three primary colors.
+PROMPT ?= Write a Python function to find the largest element in a list.
 
 .PHONY: setup setup-core demo test test-core test-full lint format sanitize
 
@@ -15,7 +15,7 @@ setup-core:
 	./scripts/setup.sh core
 
 demo: setup-core
-	$(CORE)/specwise generate "$(PROMPT)" --max-new-tokens 128
+	$(CORE)/specwise generate "$(PROMPT)" --max-new-tokens 128 --compare
 
 # the suite twice: on the core alone (tests that need an extra are skipped, with the extra named), then with every
 # extra

@@ -119,6 +119,12 @@ def build_parser(builtin_only: bool = False) -> argparse.ArgumentParser:
         "for a model with FIM tokens",
     )
     fim.add_argument("--suffix-file", metavar="FILE", help="--suffix read from a text file (- for stdin)")
+    gen.add_argument(
+        "--compare",
+        action="store_true",
+        help="after the reply, decode the same request plainly (no drafter) on the same model and print both side "
+        "by side: tokens/s, tokens per target pass, speed-up, and whether the texts are identical",
+    )
     gen.set_defaults(func=cmd_generate)
 
     prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
@@ -224,18 +230,60 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt_ids, request["eos_token_ids"] = _fim_request(runtime, args.prompt, suffix)
     if args.json:
         result = engine.generate(prompt_ids, params, args.max_new_tokens, **request)
-        print(json.dumps(result.to_dict()))
+        out = result.to_dict()
+        if args.compare:
+            out["plain"] = _plain_result(runtime, prompt_ids, params, args.max_new_tokens, request).to_dict()
+        print(json.dumps(out))
         return 0
+    ids: list[int] = []
     for event in engine.stream(prompt_ids, params, args.max_new_tokens, **request):
         sys.stdout.write(event.text)
         sys.stdout.flush()
+        ids.extend(event.token_ids)
         if event.finish_reason is not None:
             print(
                 f"\n\n[finish: {event.finish_reason}; target {target.name}, drafter {runtime.drafter_spec}, "
                 f"gamma {args.gamma}]"
             )
             print(event.stats.summary())
+            if args.compare:
+                plain = _plain_result(runtime, prompt_ids, params, args.max_new_tokens, request)
+                print(
+                    comparison(
+                        runtime.drafter_spec, event.stats, ids, plain.stats, plain.token_ids, params.temperature > 0
+                    )
+                )
     return 0
+
+
+def _plain_result(runtime, prompt_ids: list[int], params, max_new_tokens: int, request: dict):
+    """The same request decoded plainly (no drafter, no prediction) on the runtime's model: the reference that
+    speculative decoding must equal (greedy: token for token). It runs after the speculative reply, on a warm
+    model, so any one-off cost of a first run falls on the speculative side."""
+    from specwise.engine import Engine
+
+    engine = runtime.engine
+    plain = Engine(engine.target, None, gamma=0, tokenizer=engine.tokenizer, eos_token_ids=engine.eos_token_ids)
+    return plain.generate(prompt_ids, params, max_new_tokens, **{**request, "prediction": None})
+
+
+def comparison(drafter: str, spec, spec_ids: list[int], plain, plain_ids: list[int], sampled: bool = False) -> str:
+    """Plain and speculative decoding of one request side by side: tokens/s (prefill included), tokens per target
+    pass, the speed-up and whether the two replies are the same tokens."""
+    rows = [("plain", plain), (f"speculative ({drafter})", spec)]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'':{width}}  {'tokens':>6}  {'passes':>6}  {'tokens/pass':>11}  {'tokens/s':>8}"]
+    for name, stats in rows:
+        per_pass = stats.new_tokens / stats.target_passes if stats.target_passes else 0.0
+        lines.append(
+            f"{name:{width}}  {stats.new_tokens:>6}  {stats.target_passes:>6}  {per_pass:>11.2f}  "
+            f"{stats.tokens_per_second:>8.1f}"
+        )
+    speedup = spec.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second > 0 else 0.0
+    same = "identical" if spec_ids == plain_ids else "DIFFERENT"
+    note = "" if spec_ids == plain_ids or not sampled else " (sampled: equal in distribution, not token for token)"
+    lines.append(f"speed-up {speedup:.2f}x; the replies are {same}{note}")
+    return "\n".join(lines)
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

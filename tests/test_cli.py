@@ -269,3 +269,29 @@ def test_cuda_without_torch_names_the_extra(monkeypatch, capsys):
     assert main(["generate", "hi", "--device", "cuda:0"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "specwise[cuda]" in err
+
+
+def test_compare_decodes_plainly_too_and_says_whether_the_replies_are_identical(capsys):
+    """--compare on the default model: the same request decoded plainly after the speculative reply, both rows of
+    the table, and (greedy) the same tokens; with --json the plain result rides along under "plain"."""
+    prompt = ["generate", "Write a Python function to find the largest element in a list.", "--max-new-tokens", "24"]
+    assert main([*prompt, "--compare"]) == 0
+    out = capsys.readouterr().out
+    assert "plain " in out and "speculative (" in out and "the replies are identical" in out
+    data = run_json(capsys, *prompt[1:], "--compare")
+    assert data["plain"]["token_ids"] == data["token_ids"] and data["plain"]["stats"]["drafted"] == 0
+    assert data["plain"]["stats"]["target_passes"] == data["plain"]["stats"]["new_tokens"]
+
+
+def test_comparison_names_a_difference():
+    from types import SimpleNamespace
+
+    from specwise.cli import comparison
+
+    def stats(tokens, passes, rate):
+        return SimpleNamespace(new_tokens=tokens, target_passes=passes, tokens_per_second=rate)
+
+    text = comparison("ngram", stats(8, 4, 200.0), [1, 2], stats(8, 8, 100.0), [1, 3])
+    assert "speed-up 2.00x" in text and "DIFFERENT" in text and "2.00" in text.splitlines()[2]
+    assert "in distribution" in comparison("ngram", stats(8, 4, 200.0), [1], stats(8, 8, 100.0), [2], sampled=True)
+    assert "identical" in comparison("ngram", stats(8, 4, 200.0), [1], stats(8, 8, 100.0), [1])
