@@ -17,16 +17,14 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -76,7 +74,11 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="default")
     ap.add_argument("--drafters", nargs="+", default=["none", "auto"])
-    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", nargs="*", default=None)
     ap.add_argument("--rounds", type=int, default=3)
@@ -86,7 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    prompts = select_prompts(load_questions(args.questions), args.categories, args.per_category)
+    prompts = select_prompts(
+        (load_questions(args.questions) if args.questions else default_prompts()), args.categories, args.per_category
+    )
     runtimes = {d: build_runtime(args.target, d, "auto", "cpu") for d in args.drafters}
     encoded = [encode_prompt(runtimes[args.drafters[0]].tokenizer, p.text, chat=True) for p in prompts]
     cells: dict[str, list[float]] = {}

@@ -28,19 +28,17 @@ import json
 import math
 import statistics
 import time
-from pathlib import Path
 
 import jsonschema
 import torch
 
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
 from specwise.bench.schemas import EXTRACTION, SUITE, extraction_prompt
 from specwise.constraints import GrammarState, JsonSchema, max_json_bytes
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 DRAFTERS = ("per_token", "none", "auto")  # plain one pass per token, plain with jump-forward, speculative
 
 
@@ -74,7 +72,9 @@ def items(args) -> list[dict]:
         for name in (args.shapes or list(SUITE))
     ]
     if args.spec_bench:
-        prompts = select_prompts(load_questions(args.questions), args.categories, args.spec_bench)
+        prompts = select_prompts(
+            (load_questions(args.questions) if args.questions else default_prompts()), args.categories, args.spec_bench
+        )
         out += [
             {"id": f"spec_bench/{p.id}", "kind": "spec_bench", "text": extraction_prompt(p.text), "schema": EXTRACTION}
             for p in prompts
@@ -87,7 +87,11 @@ def items(args) -> list[dict]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="*", choices=sorted(SUITE), help="the suite's shapes to run (default: all 20)")
-    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     ap.add_argument("--categories", nargs="+", default=["extraction"])
     ap.add_argument("--spec-bench", type=int, default=10, help="Spec-Bench questions per category (0: none)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
 from specwise.models import load_model
@@ -64,7 +64,11 @@ def logit_gap(hf_model, ids: list[int], tokens: list[int], at: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--questions", default="../shared/data/spec_bench/question.jsonl")
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reference", default=None, help="the CPU's JSON (made with --device cpu)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -75,7 +79,9 @@ def main() -> int:
     loaded = load_model("default", device=args.device)
     hf_loaded = load_model("default", device=args.device, impl="hf")
     tok, n = loaded.tokenizer, args.max_new_tokens
-    questions = select_prompts(load_questions(args.questions), None, 1)  # the first of each category
+    questions = select_prompts(
+        (load_questions(args.questions) if args.questions else default_prompts()), None, 1
+    )  # the first of each category
     prompts = [encode_prompt(tok, q.text, chat=True) for q in questions]
     reference = json.loads(Path(args.reference).read_text()) if args.reference else None
     plain_engine = Engine(loaded.model, None, gamma=0)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from specwise.bench.llamacpp import LlamaServer, find_llama_cpp, llama_bench
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import machine_info
 from specwise.engine import Engine
 from specwise.models import load_model
@@ -36,7 +36,6 @@ from specwise.models.quantized import QuantizedModel
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 GREEDY = SamplingParams(temperature=0.0)
 
 
@@ -73,7 +72,11 @@ def depth_rate(model, depth: int, n_new: int = 64) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="default", help="default or a .gguf file")
-    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     ap.add_argument("--categories", nargs="*", default=None)
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -92,7 +95,9 @@ def main() -> int:
     gguf = gguf_source(args.target)
     if gguf is None or (args.no_llama_cpp is None and find_llama_cpp() is None):
         raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/bench/llamacpp.py)")
-    prompts = select_prompts(load_questions(args.questions), args.categories, args.per_category)
+    prompts = select_prompts(
+        (load_questions(args.questions) if args.questions else default_prompts()), args.categories, args.per_category
+    )
     q8, exact = load_model(args.target, precision="q8"), load_model(args.target, precision="exact")
     q8_model = q8.model if args.kv_cache == "float32" else QuantizedModel(gguf, precision="q8", kv_cache=args.kv_cache)
     encoded = [encode_prompt(q8.tokenizer, p.text, chat=True) for p in prompts]

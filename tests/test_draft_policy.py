@@ -1,5 +1,5 @@
-"""benchmarks/draft_policy.py: replaying drafting rules on the draft model's agreement and probabilities, checked
-against hand-computed steps (issue #35: how far a better rule for when to stop drafting could go)."""
+"""benchmarks/experiments/draft_policy.py: replaying drafting rules on the draft model's agreement and probabilities,
+checked against hand-computed steps (how far a better rule for when to stop drafting could go)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 from conftest import needs_hf  # noqa: E402
 
 needs_hf()  # the script measures torch-side drafting
-spec = importlib.util.spec_from_file_location("benchmarks_draft_policy", ROOT / "benchmarks" / "draft_policy.py")
+spec = importlib.util.spec_from_file_location(
+    "benchmarks_draft_policy", ROOT / "benchmarks" / "experiments" / "draft_policy.py"
+)
 draft_policy = importlib.util.module_from_spec(spec)
 sys.modules["benchmarks_draft_policy"] = draft_policy
 spec.loader.exec_module(draft_policy)

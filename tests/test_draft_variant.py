@@ -1,5 +1,5 @@
-"""benchmarks/draft_variant.py: a draft model's file with 3-bit matrices (in Q4_0's layout) or fewer layers, which
-the quantized model loads as it loads the original (issue #35, lever 1)."""
+"""benchmarks/experiments/draft_variant.py: a draft model's file with 3-bit matrices (in Q4_0's layout) or fewer
+layers, which the quantized model loads as it loads the original."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"benchmarks_{name}", ROOT / "benchmarks" / "experiments" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[f"benchmarks_{name}"] = module
     spec.loader.exec_module(module)

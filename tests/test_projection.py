@@ -1,5 +1,6 @@
-"""The 7B projection's tools: benchmarks/random_gguf.py (a random-weight file of a real model's shapes, loaded by
-the quantized model) and benchmarks/project_pair.py (the projection's arithmetic, by hand-computed cases)."""
+"""The 7B projection's tools: benchmarks/experiments/random_gguf.py (a random-weight file of a real model's shapes,
+loaded by the quantized model) and benchmarks/experiments/project_pair.py (the projection's arithmetic, by
+hand-computed cases)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(
+        f"benchmarks_{name}", ROOT / "benchmarks" / "experiments" / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[f"benchmarks_{name}"] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)

@@ -11,7 +11,7 @@ __all__ = ["DRAFT_VOCAB_SIZE", "auto_model_spec", "find_sibling", "missing_sibli
 # the draft vocabulary `auto` gives a sibling when a ranking is shipped for the target's tokenizer: on
 # Qwen2.5-Coder-1.5B with the 0.5B sibling (5 coding prompts, greedy, a busy machine: indicative), 65,536 tokens
 # kept the full vocabulary's first-position acceptance (0.93 / 0.91) with a 43 MB smaller output layer; 32,768 and
-# 49,152 lost acceptance on code (benchmarks/draft_vocab.py measures coverage, acceptance and cost by size)
+# 49,152 lost acceptance on code (benchmarks/experiments/draft_vocab.py measures coverage, acceptance and cost by size)
 DRAFT_VOCAB_SIZE = 65536
 _SIZE = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)[bB](?![a-zA-Z])")
 

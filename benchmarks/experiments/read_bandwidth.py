@@ -1,5 +1,8 @@
-"""How fast this machine reads memory on one thread and on two, quiet and beside one busy process: the ceiling of
-memory-bound decoding on a busy machine (docs/FIGURES.md "A busy machine").
+"""How fast this machine reads memory on one thread and on two, quiet and beside one busy process.
+
+Question: what is the ceiling of memory-bound decoding on a busy 2-core machine? Answer: beside one busy process
+the best read is 0.47 of two quiet threads (quiet 18.3 GB/s on one thread, 34.2 on two; beside it 16.0 on one, 12.6
+on two) (benchmarks/results/read_bandwidth.json; docs/FIGURES.md "A busy machine").
 
 A 192 MB float32 matrix (larger than a model's pass, far larger than the private caches) times a vector (torch's
 matrix-vector product, which reads the matrix once) on 1 and 2 threads, in alternating rounds, then again beside
@@ -8,7 +11,7 @@ so one thread's share of two threads' speed bounds what decoding keeps when anot
 two-thread figure beside the busy process shows what a statically split read loses when one of its threads is
 descheduled.
 
-    python benchmarks/read_bandwidth.py --out benchmarks/results/read_bandwidth.json
+    python benchmarks/experiments/read_bandwidth.py --out benchmarks/results/read_bandwidth.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """What speculation can gain when sampling at temperature 1: how often any drafter's token can be the target's.
 
+Question: why does speculation gain nothing measurable at temperature 1, and what would a drafter need? Answer: the
+target's largest probability averages 0.49 and the head's Σ min(p, q) 0.42 over 1,749 positions; with Zen 5's pass
+costs even a free drafter of the head's acceptance gives at most 1.36×, and 1.3× needs Σ min(p, q) of 0.42 at 3%
+of a pass or 0.51 at 10% (benchmarks/results/sampled_ceiling_zen5.json; docs/FIGURES.md).
+
 On held-out prompts (never Spec-Bench; by default the 30 of ``default_drafter_choice_heldout/prompts.jsonl``) the
 target decodes at temperature 1 with the head drafting one token a step (γ = 1, so every position is scored), and
 at every drafted position the script keeps p (the target's distribution) and q (the head's, at its first drafting
@@ -17,7 +22,7 @@ step from the target's true features). From them:
   acceptance and cost can give;
 - ``needed``: per drafting cost, the least i.i.d. acceptance whose ceiling reaches ``--goal``.
 
-    python benchmarks/sampled_ceiling.py --profile benchmarks/results/profile_zen5_q8.json --out …
+    python benchmarks/experiments/sampled_ceiling.py --profile benchmarks/results/profile_zen5_q8.json --out …
 """
 
 from __future__ import annotations
@@ -28,13 +33,13 @@ from pathlib import Path
 
 import numpy as np
 
-import specwise.engine as engine_module
+import specwise.rejection as rejection
 from specwise.bench.runner import emit_json, machine_info
 from specwise.metrics import expected_tau
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
-HELDOUT = Path(__file__).resolve().parent / "results" / "default_drafter_choice_heldout" / "prompts.jsonl"
+HELDOUT = Path(__file__).resolve().parents[1] / "results" / "default_drafter_choice_heldout" / "prompts.jsonl"
 
 
 def position_figures(q: np.ndarray, p: np.ndarray) -> dict[str, float]:
@@ -93,19 +98,19 @@ def main() -> int:
 
     runtime = build_runtime("default", "head", gamma=1)
     rows: list[dict[str, float]] = []
-    inner = engine_module.verify_stochastic
+    inner = rejection.verify_stochastic  # the rule verify() applies to a drafted distribution
 
     def recording(tokens, q, p, generator):
-        rows.append(position_figures(q[0, 0].double().numpy(), p[0, 0].double().numpy()))
+        rows.append(position_figures(np.asarray(q[0, 0], np.float64), np.asarray(p[0, 0], np.float64)))
         return inner(tokens, q, p, generator)
 
-    engine_module.verify_stochastic = recording
+    rejection.verify_stochastic = recording
     lines = args.prompts.read_text(encoding="utf-8").splitlines()
     questions = [json.loads(line)["turns"][0] for line in lines if line.strip()][: args.limit]
     for seed, question in enumerate(questions):
         ids = encode_prompt(runtime.tokenizer, question, chat=True)
         runtime.engine.generate(ids, SamplingParams(temperature=1.0, seed=seed), max_new_tokens=args.max_new_tokens)
-    engine_module.verify_stochastic = inner
+    rejection.verify_stochastic = inner
 
     means = {name: float(np.mean([r[name] for r in rows])) for name in rows[0]}
     profile = json.loads(args.profile.read_text())
@@ -115,7 +120,7 @@ def main() -> int:
         for name in ("max_p", "head_alpha", "head_coupled")
     }
     result = {
-        "command": "python benchmarks/sampled_ceiling.py "
+        "command": "python benchmarks/experiments/sampled_ceiling.py "
         + " ".join(
             f"--{k.replace('_', '-')} {' '.join(map(str, v)) if isinstance(v, list) else v}"
             for k, v in vars(args).items()

@@ -1,25 +1,29 @@
-"""Draft passes against draft tokens for model drafters: how many passes of the draft model each answer took, how
-many rows they fed, and the step's time split (draft, verify), per question, greedy. It shows whether the draft
-model speculating on itself (``model:…?lookup=N``) saves draft passes.
+"""Draft passes against draft tokens for model drafters, per question, greedy.
 
-    python benchmarks/draft_passes.py --target …/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
-        --drafters "model:…0.5B…gguf?vocab=65536" "model:…0.5B…gguf?vocab=65536&lookup=3" --questions 4 \\
-        --out benchmarks/results/xeon_qwen15_staged_coding/draft_passes.json
+Question: does the draft model speculating on itself (``model:…?lookup=N``: prompt-lookup continuations checked in
+its own passes) save draft passes? Answer: few: 99–117 passes for 100–136 draft tokens with ``&lookup=3`` against
+one pass a token without, and no end-to-end gain (benchmarks/results/xeon_qwen15_staged_coding/draft_passes.json,
+and results.json beside it).
+
+Per question: how many passes of the draft model the answer took, how many rows they fed, and the step's time split
+(draft, verify). The questions are the first ``--questions`` of ``--category`` (the project's own prompts, or a
+Spec-Bench question file with ``--questions-file``).
+
+    python benchmarks/experiments/draft_passes.py --target …/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
+        --drafters "model:…0.5B…gguf?vocab=65536" "model:…0.5B…gguf?vocab=65536&lookup=3" \\
+        --questions-file question.jsonl --questions 4 --out draft_passes.json
 """
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
-
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,13 +31,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--target", required=True)
     ap.add_argument("--drafters", nargs="+", required=True)
     ap.add_argument("--category", default="coding")
-    ap.add_argument("--questions", type=int, default=4)
+    ap.add_argument("--questions", type=int, default=4, help="how many questions of --category")
+    ap.add_argument(
+        "--questions-file", help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)"
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    chosen = select_prompts(load_questions(QUESTIONS), [args.category], args.questions)
+    chosen = select_prompts(
+        load_questions(args.questions_file) if args.questions_file else default_prompts(),
+        [args.category],
+        args.questions,
+    )
     out = {}
     for spec in args.drafters:
         runtime = build_runtime(args.target, spec, "auto", "cpu")

@@ -1,6 +1,11 @@
 """A draft model's draft vocabulary: what a drafted token costs and how often the draft still agrees with the target,
 by draft vocabulary size.
 
+Question: how many tokens should a sibling draft model keep in its output layer (``model:…?vocab=N``)? Answer:
+65,536 for the Qwen2.5 pair: it kept the full vocabulary's first-position acceptance with a 43 MB smaller output
+layer, where 32,768 and 49,152 lost acceptance on code (specwise/drafters/sibling.py; end to end, 65,536 against
+32,768: benchmarks/results/xeon_qwen15_vocab32768_coding/).
+
 For each size N (the first N ids of a ranking, ``python -m specwise.drafters.vocab``): the milliseconds of one
 draft-model token (a 1-row pass with its logits, after a 64-token prefill; rounds interleaved, medians), the share
 of the target's held-out answer tokens inside the vocabulary (coverage), and the greedy first-token acceptance:
@@ -11,14 +16,15 @@ The held-out answers are those of the answers file (``--answers``, as the rankin
 ``--heldout-from`` on, which the ranking must not have seen; their prompts are re-made from the same prompt files,
 count and seed as the builder's.
 
-    python benchmarks/draft_vocab.py --draft D.gguf --ranking R.npy --answers A.jsonl \
-        --heldout-from 300 --prompts ../shared/data/prompts/{mbpp,oasst_en,gsm8k_train}.prompts.jsonl \
-        --per-file 120 --out benchmarks/results/draft_vocab.json
+    python benchmarks/experiments/draft_vocab.py --draft D.gguf --ranking R.npy --answers A.jsonl \\
+        --heldout-from 300 --prompts $SPECWISE_PROMPTS/{mbpp,oasst_en,gsm8k_train}.prompts.jsonl \\
+        --per-file 120 --out draft_vocab.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -27,10 +33,34 @@ import numpy as np
 import torch
 
 from specwise.bench.runner import emit_json, script_header
-from specwise.drafters.vocab import _prompts, _read_answers, read_ranking
+from specwise.drafters.vocab import read_ranking
 from specwise.models import load_model
 from specwise.models.quantized import QuantizedModel
 from specwise.runtime import encode_prompt
+
+
+def sampled_prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
+    """The prompts the ranking's builder (``python -m specwise.drafters.vocab``) answered, in its order: a seeded
+    sample of up to ``per_file`` prompts from each file, the files taken in turn."""
+    rng = np.random.default_rng(seed)
+    picked = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:  # lines end at "\n" only (a prompt may hold U+2028)
+            rows = [json.loads(line)["prompt"] for line in f if line.strip()]
+        picked.append([rows[i] for i in rng.permutation(len(rows))[:per_file]])
+    longest = max((len(rows) for rows in picked), default=0)
+    return [rows[i] for i in range(longest) for rows in picked if i < len(rows)]
+
+
+def read_answers(path: Path) -> list[list[int]]:
+    """The builder's answers file: one JSON list of token ids a line (a cut last line is dropped)."""
+    answers = []
+    for line in path.read_text().split("\n"):
+        try:
+            answers.append([int(t) for t in json.loads(line)])
+        except (ValueError, TypeError):
+            break
+    return answers
 
 
 def token_ms(model: QuantizedModel, steps: int = 32) -> float:
@@ -63,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     draft, tok = loaded.model, loaded.tokenizer
     vocab = int(draft.vocab_size)
     ranking = read_ranking(args.ranking, vocab)
-    prompts = _prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
-    answers = _read_answers(Path(args.answers))
+    prompts = sampled_prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
+    answers = read_answers(Path(args.answers))
     pairs = list(zip(prompts, answers))[args.heldout_from : args.heldout_from + args.heldout]
     sizes = [n for n in args.sizes if n <= len(ranking)]
     member = {n: np.zeros(vocab, dtype=bool) for n in sizes}

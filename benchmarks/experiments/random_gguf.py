@@ -1,5 +1,8 @@
 """A random-weight GGUF file with the shapes and block formats of a real model, to time a target this machine has no
-weights for (issue #35, lever 7: the Qwen pair past this machine).
+weights for.
+
+Question: what does a pass of Qwen2.5-7B-Instruct cost here, without its weights? Answer: 203 ms for one token,
+c(2..9) 1.16–1.93 (benchmarks/results/profile_qwen7b_random_q8.json), the input of project_pair.py's projection.
 
 The values are noise; what a pass costs depends on the bytes it reads and the shapes it multiplies, and those are
 the real model's: every matrix has its shape and GGML block format, the tokenizer metadata is copied from a real
@@ -15,7 +18,7 @@ Blocks are random bytes with their float16 scales set to small finite values (a 
 1/sqrt(row length)), so that activations stay finite; norms are ones, biases zeros. Tensor data is written in
 chunks of rows (the 7B file is ~4.7 GB; at most one chunk is held in memory).
 
-    python benchmarks/random_gguf.py --shape qwen2.5-7b \\
+    python benchmarks/experiments/random_gguf.py --shape qwen2.5-7b \\
         --tokenizer-from ~/.cache/specwise/gguf/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
         --out ~/.cache/specwise/synthetic/Qwen2.5-7B-Instruct-random-Q4_K_M.gguf
 """

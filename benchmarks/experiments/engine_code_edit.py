@@ -1,12 +1,18 @@
-"""The code-edit workload in the library, without a server: where the server's figures fall short of the engine's.
+"""The code-edit workload in the library, without a server: `Engine` against `BatchEngine` on the same requests.
+
+Question: is the server's shortfall on code edits the engine's? Answer: no: in the library both verify the first
+edit at about the same speed (median 49 and 51 decode tokens/s, passes of 61 and 73 ms) where the server's passes
+took 130 ms (benchmarks/results/zen4_engine_code_edit.json; docs/FIGURES.md). batch_solo_overhead.py asks the same
+of short questions.
 
 Each of the first ``--limit`` code edits of ``specwise bench --workload code-edit`` (chat, greedy, the original as
 ``prediction`` unless ``--no-prediction``) runs through the runtime's ``Engine`` and through a ``BatchEngine`` (the
 server's loop) in one process, ``--rounds`` times, alternating; per run: tokens, target passes, the seconds of
 verification passes and of drafting, decode tokens/s (tokens over the seconds after the prompt's pass).
 
-    python benchmarks/engine_code_edit.py --target ~/.cache/specwise/gguf/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
-        --drafter auto --limit 2 --rounds 2 --out results.json
+    python benchmarks/experiments/engine_code_edit.py \\
+        --target ~/.cache/specwise/gguf/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf --drafter auto --limit 2 --rounds 2 \\
+        --out results.json
 """
 
 from __future__ import annotations

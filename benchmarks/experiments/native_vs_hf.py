@@ -1,10 +1,11 @@
-"""The float32 paths for a model directory (safetensors): the native float32 model (`native.py`, `llama.c`) against
-the Hugging Face adapter on the same weights, plain greedy decode tokens/s, interleaved rounds.
+"""The float32 paths for a model directory (safetensors): the native float32 model against the Hugging Face adapter on
+the same weights, plain greedy decode tokens/s, interleaved rounds.
 
-Whether the float32 native stack earns its place beside the quantized model (GGUF files) and the Hugging Face
-reference is decided by this figure: it serves model directories of the Llama family on CPUs.
+Question: does the native float32 stack earn its place beside the quantized model (GGUF files) and the Hugging Face
+reference? Answer: yes for model directories of the Llama family on CPUs: 41.1 against 29.8 decode tokens/s, 1.39×
+(benchmarks/results/native_vs_hf_default.json).
 
-    python benchmarks/native_vs_hf.py --out benchmarks/results/native_vs_hf_default.json
+    python benchmarks/experiments/native_vs_hf.py --out benchmarks/results/native_vs_hf_default.json
 """
 
 from __future__ import annotations

@@ -1,5 +1,10 @@
 """A cheaper variant of a draft model's GGUF file, to measure what it costs in acceptance before a kernel is built
-for it (issue #35, lever 1: fewer bits for the draft's matrices, or fewer layers).
+for it: fewer bits for the draft's matrices, or fewer layers.
+
+Question: would a 3-bit or a shallower draft model pay? Answer: no. The Qwen pair on 10 coding questions: the 0.5B
+draft as it is 1.63× plain (acceptance 0.85), in 3 bits 1.50× (0.75), without layers 18–21 1.10× (0.60); a native
+3-bit kind projected at most 1.64× (benchmarks/results/xeon_qwen15_draft_variants_coding/: report.md,
+projection_3bit.json).
 
 ``--bits 3`` writes every matrix of the layers and the output layer with 3-bit values: per block of 32 weights a
 float16 scale ``d`` and levels -4 .. 3, the scale chosen per block to minimise the squared error (the largest
@@ -18,9 +23,11 @@ bytes a 3-bit block reads against Q4_0's; an upper bound on the saving, since a 
 does not scale with the weights' bytes), paired with plain's run of the same prompt and round as the bench pairs
 them (geometric mean over rounds per prompt, then over prompts).
 
-    python benchmarks/draft_variant.py --source ~/.cache/specwise/gguf/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf \\
+    python benchmarks/experiments/draft_variant.py \\
+        --source ~/.cache/specwise/gguf/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf \\
         --bits 3 --out ~/.cache/specwise/variants/Qwen2.5-Coder-0.5B-Instruct-q3levels.gguf
-    python benchmarks/draft_variant.py --project benchmarks/results/xeon_qwen15_draft_variants_coding/results.json \\
+    python benchmarks/experiments/draft_variant.py \\
+        --project benchmarks/results/xeon_qwen15_draft_variants_coding/results.json \\
         --scale q3levels --out benchmarks/results/xeon_qwen15_draft_variants_coding/projection_3bit.json
 """
 

@@ -1,6 +1,11 @@
-"""A projection of speculative decoding's speedup for a target this machine has no weights for (issue #35, lever 7):
-Qwen2.5-7B-Instruct (a random-weight file of its shapes, ``benchmarks/random_gguf.py``) with the
-Qwen2.5-Coder-0.5B-Instruct draft model, from
+"""A projection of speculative decoding's speedup for a target this machine has no weights for.
+
+Question: what would the Qwen pair give past this machine, with Qwen2.5-7B-Instruct as the target? Answer: with
+the 1.5B pair's acceptance by position, 7B + 0.5B projected 2.87× plain at γ 7, 2.31× calibrated by the 1.5B check
+(projected 1.60×, measured 1.29×) (benchmarks/results/projection_qwen7b.json; docs/FIGURES.md "Past this machine").
+
+The target is Qwen2.5-7B-Instruct (a random-weight file of its shapes, ``benchmarks/experiments/random_gguf.py``)
+with the Qwen2.5-Coder-0.5B-Instruct draft model, from
 
 - the target's measured pass times t(k) over k = 1 .. 9 tokens (``specwise profile --json``),
 - the draft's measured cost per drafted token: ``drafter_seconds_per_token`` of a profile run with
@@ -29,7 +34,7 @@ tokens, sampling, Python) is reported and applied to the 7B projection as a seco
     specwise profile --target ~/.cache/specwise/gguf/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf \\
         --drafter model:$HOME/.cache/specwise/gguf/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf \\
         --max-k 9 --repeats 12 --json > benchmarks/results/profile_qwen15_draft05_q8.json
-    python benchmarks/project_pair.py \\
+    python benchmarks/experiments/project_pair.py \\
         --target-profile benchmarks/results/profile_qwen7b_random_q8.json \\
         --check-profile benchmarks/results/profile_qwen15_draft05_q8.json \\
         --acceptance benchmarks/results/qwen15_coding/results.json --category coding \\
