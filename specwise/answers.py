@@ -6,6 +6,14 @@ answers in a data directory whose plan (``manifest.json``) must match the run's,
 ``temperatures[j % n]`` with seed :func:`answer_seed` ``(seed, j)``. They differ in what they keep of an answer:
 ``index`` keeps its tokens (:func:`answer_in_chunks`, through the engine, any target), ``distill`` also the
 target's features (:func:`specwise.distill.data.generate_shards`, a Hugging Face model in batches).
+
+The inputs are the user's files, in two plain formats:
+
+- a prompts directory (``--prompts-dir``; default ``$SPECWISE_PROMPTS``, else the prompts shipped with specwise in
+  ``specwise/shipped/prompts/``): every ``*.prompts.jsonl`` file in it, one JSON object a line with the prompt in
+  ``"prompt"`` (other keys are ignored), e.g. ``{"prompt": "How do I care for a succulent?"}``;
+- a corpus directory (``--corpus-dir``, for ``--passages``): plain-text ``*.txt`` files, searched recursively,
+  whose paragraphs are separated by blank lines.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from specwise.files import write_json_atomic
 __all__ = [
     "PROMPT_FILES",
     "PASSAGE_TASKS",
+    "SHIPPED_PROMPTS",
     "AnswerOptions",
     "PromptSource",
     "Answered",
@@ -41,15 +50,23 @@ __all__ = [
     "gather_prompts",
     "passage_prompts",
     "progress_bar",
+    "prompt_files",
+    "prompts_dir_label",
     "record_command",
     "request_cache",
     "request_seed",
+    "resolve_prompts_dir",
     "user_turn_prefix",
 ]
 
-# the shared data layout (see ../shared/data/README.md), with how many prompts of each file to use (None: all)
+# Prompt files with a limit of their own (default_prompt_limits), read first and in this order where a prompts
+# directory holds them: Open-Assistant prompts, MBPP task statements and GSM8K *training* questions. Any other
+# *.prompts.jsonl file of the directory is read after them, by name, all of its rows.
 PROMPT_FILES = ("oasst_en.prompts.jsonl", "mbpp.prompts.jsonl", "gsm8k_train.prompts.jsonl")
 GSM8K = "gsm8k_train.prompts.jsonl"
+
+# the prompts shipped with specwise (a public subset, its sources and licences in README.md there): the default
+SHIPPED_PROMPTS = Path(__file__).resolve().parent / "shipped" / "prompts"
 
 # generate(prompt ids, temperature, seed) -> the answer's token ids (its end-of-sequence token included)
 Generate = Callable[[list[int], float, int], list[int]]
@@ -90,15 +107,63 @@ class PromptSource:
     limit: int | None = None
 
 
+def resolve_prompts_dir(flag: str | Path | None = None) -> Path:
+    """The prompts directory to read: ``flag`` (``--prompts-dir``) when given, else ``$SPECWISE_PROMPTS`` when set,
+    else the prompts shipped with specwise (:data:`SHIPPED_PROMPTS`)."""
+    if flag is not None:
+        return Path(flag)
+    env = os.environ.get("SPECWISE_PROMPTS")
+    return Path(env) if env else SHIPPED_PROMPTS
+
+
+def prompts_dir_label(directory: str | Path) -> str:
+    """How a run's metadata names its prompts directory: the shipped one by its place in the package."""
+    path = Path(directory)
+    if path.resolve() == SHIPPED_PROMPTS:
+        return "the prompts shipped with specwise (specwise/shipped/prompts)"
+    return f"`{path}`"
+
+
+def prompt_files(directory: Path, limits: dict[str, int | None]) -> list[PromptSource]:
+    """The ``*.prompts.jsonl`` files of ``directory`` with their limits: those named in ``limits`` first (in its
+    order, where present), then the others by name (all their rows)."""
+    directory = Path(directory)
+    found = {p.name: p for p in directory.glob("*.prompts.jsonl") if p.is_file()} if directory.is_dir() else {}
+    if not found:
+        raise FileNotFoundError(
+            f"no *.prompts.jsonl files in {directory}: pass --prompts-dir DIR holding files of one "
+            '{"prompt": "..."} object a line'
+        )
+    named = [PromptSource(found.pop(name), limit) for name, limit in limits.items() if name in found]
+    return named + [PromptSource(found[name]) for name in sorted(found)]
+
+
+def _read_prompts(path: Path) -> list[str]:
+    lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: prompts may hold U+2028
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise ValueError(f'{path}:{n}: not a JSON object with a "prompt" string: write one such object a line')
+        rows.append(row["prompt"])
+    return rows
+
+
 def collect_prompts(sources: list[PromptSource], seed: int) -> list[str]:
     """Prompts from the given files, each subsampled with ``seed`` to its limit, then shuffled together."""
     rng = random.Random(seed)
     prompts: list[str] = []
     for source in sources:
         if not source.path.exists():
-            raise FileNotFoundError(f"prompts file {source.path} not found: pass --prompts-dir pointing at shared/data")
-        lines = source.path.read_text(encoding="utf-8").split("\n")  # not splitlines: prompts may hold U+2028
-        rows = [json.loads(line)["prompt"] for line in lines if line.strip()]
+            raise FileNotFoundError(
+                f"prompts file {source.path} not found: pass --prompts-dir DIR holding *.prompts.jsonl files"
+            )
+        rows = _read_prompts(source.path)
         if source.limit is not None and source.limit < len(rows):
             rows = rng.sample(rows, source.limit)
         prompts.extend(r for r in rows if r.strip())
@@ -110,7 +175,10 @@ def corpus_files(directory: Path) -> list[Path]:
     """The ``*.txt`` files under ``directory`` (recursively), sorted."""
     files = sorted(Path(directory).rglob("*.txt"))
     if not files:
-        raise FileNotFoundError(f"no .txt files under {directory}: pass --corpus-dir pointing at shared/data/corpora")
+        raise FileNotFoundError(
+            f"no .txt files under {directory}: pass --corpus-dir DIR holding plain-text files (paragraphs separated "
+            "by blank lines)"
+        )
     return files
 
 
@@ -159,17 +227,16 @@ def passage_prompts(paths: list[Path], count: int, seed: int, words: int = 150) 
 def check_sources(opts: AnswerOptions) -> None:
     """Refuse, before any model loads, options whose requests cannot be gathered."""
     if opts.prompts_dir is None:
-        raise ValueError("no prompts directory: pass --prompts-dir (shared/data/prompts) or set SPECWISE_PROMPTS")
+        raise ValueError("no prompts directory: pass --prompts-dir DIR (*.prompts.jsonl files) or set SPECWISE_PROMPTS")
     if opts.passages > 0 and opts.corpus_dir is None:
-        raise ValueError("passage tasks need a corpus: pass --corpus-dir (shared/data/corpora) with --passages")
+        raise ValueError("passage tasks need a corpus: pass --corpus-dir DIR (plain-text *.txt files) with --passages")
 
 
 def gather_prompts(opts: AnswerOptions) -> tuple[list[str], list[str]]:
     """(human-written prompts, tasks on corpus passages) of ``opts``, both seeded by ``opts.seed``; the requests
     the target writes itself need the model (:func:`user_turn_prefix`, :func:`request_cache`)."""
     check_sources(opts)
-    sources = [PromptSource(Path(opts.prompts_dir) / name, limit) for name, limit in opts.prompt_limits.items()]
-    prompts = collect_prompts(sources, opts.seed)
+    prompts = collect_prompts(prompt_files(Path(opts.prompts_dir), opts.prompt_limits), opts.seed)
     tasks = []
     if opts.passages > 0:
         tasks = passage_prompts(corpus_files(Path(opts.corpus_dir)), opts.passages, opts.seed)
@@ -353,11 +420,12 @@ def answer_in_chunks(
 
 HELPS = {
     "target": "default | a .gguf file | a model directory | a hub id",
-    "prompts_dir": "directory of *.prompts.jsonl files (shared/data/prompts; default: $SPECWISE_PROMPTS)",
+    "prompts_dir": 'directory of *.prompts.jsonl files, one {"prompt": "..."} object a line (default: '
+    "$SPECWISE_PROMPTS, else the 300 prompts shipped with specwise)",
     "data_dir": "cache of the target's answers (default: under the cache)",
     "gsm8k_limit": "GSM8K prompts to use, sampled (default: 1000)",
     "max_prompts": "answer at most this many prompts (default: all)",
-    "corpus_dir": "plain-text corpora (*.txt, e.g. shared/data/corpora) for --passages",
+    "corpus_dir": "directory of plain-text *.txt files (paragraphs separated by blank lines) for --passages",
     "passages": "also have the target answer this many tasks on --corpus-dir passages (summarise, ...; default: 0)",
     "self_prompts": "also have the target write this many user requests itself and answer them (default: 0)",
 }
@@ -372,7 +440,7 @@ def add_arguments(p: argparse.ArgumentParser, *, out_help: str, max_new_tokens: 
     h = {**HELPS, **helps}
     p.add_argument("--target", default="default", help=h["target"])
     p.add_argument("--out", required=True, type=Path, help=out_help)
-    p.add_argument("--prompts-dir", type=Path, default=os.environ.get("SPECWISE_PROMPTS"), help=h["prompts_dir"])
+    p.add_argument("--prompts-dir", type=Path, default=None, help=h["prompts_dir"])
     p.add_argument("--data-dir", type=Path, default=None, help=h["data_dir"])
     p.add_argument("--gsm8k-limit", type=int, default=1000, help=h["gsm8k_limit"])
     p.add_argument("--max-prompts", type=int, default=None, help=h["max_prompts"])
@@ -400,7 +468,7 @@ def answer_options(args: argparse.Namespace) -> dict:
         "target": args.target,
         "out": args.out,
         "data_dir": args.data_dir,
-        "prompts_dir": args.prompts_dir,
+        "prompts_dir": resolve_prompts_dir(args.prompts_dir),
         "prompt_limits": limits,
         "corpus_dir": args.corpus_dir,
         "passages": args.passages,

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwise.answers import AnswerOptions
+from specwise.answers import AnswerOptions, prompts_dir_label
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
 __all__ = ["LOSSES", "DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
@@ -303,6 +303,7 @@ def write_model_card(out: Path, report: dict, config, opts: DistillOptions) -> N
     )
     when = "before this run" if training.get("init") else "before training"
     limits = ", ".join(f"{k}: {'all' if v is None else v}" for k, v in opts.prompt_limits.items())
+    source = prompts_dir_label(opts.prompts_dir) if opts.prompts_dir is not None else "a prompts directory"
     text = f"""# Head drafter for {report["target"]} ({config.target.get("name")})
 
 A specwise head drafter: one decoder layer (hidden {config.hidden_size}, {config.num_heads} heads,
@@ -316,7 +317,7 @@ target's distribution whatever the head proposes.
 
 - Command: `{training.get("command") or "(library call)"}`
 - Data: the target's own answers (max {opts.max_new_tokens} new tokens; temperatures {list(opts.temperatures)} by
-  batch) to human-written prompts from `shared/data/prompts` ({limits}; first {opts.max_prompts or "all"}
+  batch) to human-written prompts from {source} ({limits}; first {opts.max_prompts or "all"}
   prompts of the seeded shuffle).{corpus} No Spec-Bench question was used.
   {report["train_tokens"]} training tokens, {report["held_out_tokens"]} held-out tokens (every 10th shard).
 - Training:{start} loss `{training.get("loss")}`, {training.get("steps_unrolled")} drafting steps unrolled, {

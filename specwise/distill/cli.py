@@ -25,8 +25,8 @@ def register(sub) -> None:
         out_help="directory for the head (config.json, model.safetensors)",
         max_new_tokens=192,
         data_dir="cache of generated data: answers and the target's features (default: under the cache)",
-        corpus_dir="plain-text corpora (*.txt, e.g. shared/data/corpora) for --passages and added to the training "
-        "data (default: none)",
+        corpus_dir="directory of plain-text *.txt files (paragraphs separated by blank lines) for --passages and "
+        "added to the training data (default: none)",
     )
     p.add_argument("--corpus-tokens", type=int, default=100_000, help="tokens of corpus text to use (default: 100000)")
     p.add_argument(

@@ -1,8 +1,9 @@
 """Building the `suffix` drafter's global index: ``specwise index``.
 
 The target answers requests one at a time through the engine (greedy, and sampled at the temperatures given in
-turn): human-written prompts (``shared/data/prompts``), tasks on corpus passages (``shared/data/corpora``) and
-requests the target writes itself. Never benchmark questions. Each answer is kept with the last few tokens of its
+turn): human-written prompts (``*.prompts.jsonl`` files; by default the prompts shipped with specwise), tasks on
+passages of the user's plain-text corpus (``--corpus-dir``) and requests the target writes itself (the formats:
+:mod:`specwise.answers`). Never benchmark questions. Each answer is kept with the last few tokens of its
 prompt (:data:`specwise.drafters.suffix.LEAD`) and indexed by :class:`specwise.drafters.suffix.SuffixIndex`.
 
 The answers are saved in chunks under a data directory as they come, so an interrupted run continues where it

@@ -1,2 +1,2 @@
-"""Data shipped with specwise: trained heads (heads/) and suffix indexes (indexes/) for the default model, and draft
-vocabulary rankings (vocabs/)."""
+"""Data shipped with specwise: trained heads (heads/) and suffix indexes (indexes/) for the default model, draft
+vocabulary rankings (vocabs/), and the default instruction prompts of ``distill`` and ``index`` (prompts/)."""
