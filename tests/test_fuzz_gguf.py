@@ -401,7 +401,7 @@ def test_the_native_entry_points_refuse_sizes_that_do_not_fit():
     assert lib.specwise_q_row(ctypes.byref(bad), 0, out.ctypes.data) == SW_EARG
     x, y = np.zeros((1, 64), dtype=np.float32), np.zeros((1, 9 * 40), dtype=np.float32)
     parts = (quant.QMat * 9)(*([w.struct] * 9))
-    status = lib.specwise_q_gemm(ctypes.cast(parts, ctypes.c_void_p), 9, x.ctypes.data, None, y.ctypes.data, 1, 1, 1)
+    status = lib.specwise_q_gemm(parts, 9, x.ctypes.data, None, y.ctypes.data, 1, 1, 1)
     assert status == SW_EARG
     with pytest.raises(ValueError, match="2\\^30"):
         QTensor(GGML_Q8_0, raw, (1 << 32) + 40, 64)

@@ -448,7 +448,7 @@ def native_draft(lib, text, sa, lo, hi, depth, k=4, n=None, m=None, scan=32, cap
     index = SfxIndex(ptr(text), n, ptr(sa), m)
     opts = SfxDraft(depth, 64, k, 0.0, 1.0, 2.0, scan)
     outs = SfxOut(*(ptr(a) for a in out), max(k, 1) if capacity is None else capacity)
-    args = [None if name in structs else ctypes.addressof(s) for name, s in (("index", index), ("opts", opts),
+    args = [None if name in structs else ctypes.pointer(s) for name, s in (("index", index), ("opts", opts),
                                                                              ("out", outs))]  # fmt: skip
     return lib.specwise_suffix_draft(args[0], lo, hi, args[1], args[2]), out[0]
 

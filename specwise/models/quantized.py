@@ -16,7 +16,6 @@ draft gives the logits plain decoding would.
 from __future__ import annotations
 
 import copy
-import ctypes
 import threading
 import time
 from collections.abc import Callable
@@ -577,7 +576,7 @@ class QuantizedModel(Model):
         logits = np.empty((n, self.vocab_size), dtype=np.float32)
         if n:
             self._lib.specwise_q_gemm(
-                ctypes.cast(self._head_struct, ctypes.c_void_p),
+                self._head_struct,
                 1,
                 h.ctypes.data,
                 None,

@@ -229,7 +229,7 @@ class QuantizedHeadLayer:
         step.k_cache, step.v_cache, step.cap = k_cache.ctypes.data, v_cache.ctypes.data, k_cache.shape[1]
         step.cos, step.sin, step.table_rows = cos.ctypes.data, sin.ctypes.data, cos.shape[0]
         f_at, e_at, p_at, row = features.ctypes.data, emb.ctypes.data, pred.ctypes.data, 4 * hidden
-        head = ctypes.addressof(ends.struct)
+        head = addr(ends.struct)
         for lo in range(0, n, self.STEP_ROWS):
             hi = min(n, lo + self.STEP_ROWS)
             last = hi == n and output is not None
@@ -237,7 +237,7 @@ class QuantizedHeadLayer:
             step.n, step.start = hi - lo, start + lo
             if last:
                 logits = np.empty(output[0].out, dtype=np.float32)
-                out.out_w, out.logits, out.logits_floats = ctypes.addressof(output), logits.ctypes.data, logits.size
+                out.out_w, out.logits, out.logits_floats = addr(output), logits.ctypes.data, logits.size
                 out.top_prob = addr(self._top) if confidence else None
             else:
                 out.out_w = None

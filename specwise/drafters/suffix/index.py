@@ -131,7 +131,8 @@ def _native():
         lib.specwise_suffix_match.argtypes = [p, i64, p, i64, p, i64, i64, p, p]
         lib.specwise_suffix_match.restype = i64
         # (sfxindex *, lo, hi, sfxdraft *, sfxout *) -> drafted, or -1 for arguments out of bounds
-        lib.specwise_suffix_draft.argtypes = [p, i64, i64, p, p]
+        ptr = ctypes.POINTER
+        lib.specwise_suffix_draft.argtypes = [ptr(SfxIndex), i64, i64, ptr(SfxDraft), ptr(SfxOut)]
         lib.specwise_suffix_draft.restype = i64
         lib._suffix_declared = True
     return lib
@@ -163,8 +164,8 @@ class SuffixIndex:
         self._index = SfxIndex(self._ptr[0], len(self.text), self._ptr[1], len(self.sa))
         self._draft_opts = SfxDraft(scan=SCAN)
         self._draft_out = SfxOut()
-        self._draft_ptrs = (ctypes.addressof(self._index), ctypes.addressof(self._draft_opts),
-                            ctypes.addressof(self._draft_out))  # fmt: skip
+        self._draft_ptrs = (ctypes.pointer(self._index), ctypes.pointer(self._draft_opts),
+                            ctypes.pointer(self._draft_out))  # fmt: skip
 
     @classmethod
     def from_sequences(cls, sequences, depth: int = DEPTH, info: dict | None = None, native: bool = True):

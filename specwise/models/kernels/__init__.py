@@ -63,24 +63,6 @@ def library_path() -> Path | None:
     return None
 
 
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    from specwise.models.kernels import quant
-
-    quant.declare(lib)
-    if not hasattr(lib, "specwise_small_gemm"):  # not x86-64: only the quantized kernels (portable path) exist
-        return lib
-    fn = lib.specwise_small_gemm
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    half = lib.specwise_small_gemm_f16
-    half.restype = ctypes.c_int
-    half.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int] * 4
-    layers = lib.specwise_llama_layers  # (qshape *, flayers *, frows *, qwork *, qrun *): see layers.py
-    layers.restype = ctypes.c_int
-    layers.argtypes = [ctypes.c_void_p] * 5
-    return lib
-
-
 def _load():
     global _lib, _error, _tried
     if not _tried:
@@ -95,7 +77,9 @@ def _load():
             )
         else:
             try:
-                _lib = _declare(ctypes.CDLL(str(path)))
+                from specwise.models.kernels.abi import declare
+
+                _lib = declare(ctypes.CDLL(str(path)))
             except (OSError, AttributeError) as err:
                 _error = f"loading the native kernels failed: {err}"
     return _lib
@@ -191,7 +175,7 @@ class LayerKernel:
     MAX_ROWS = 32
 
     def __init__(self, lib, shape: tuple[int, int, int, int, int], eps: float, weights: list[list], half: bool):
-        from specwise.models.kernels.layers import FLayers, FRows, QRun, QShape, QWork
+        from specwise.models.kernels.abi import FLayers, FRows, QRun, QShape, QWork, pointer_to
 
         self._lib = lib
         self._shape = shape  # hidden, heads, kv_heads, head_dim, intermediate
@@ -215,7 +199,7 @@ class LayerKernel:
         self._rows = FRows()
         self._work = QWork(self._scratch.ctypes.data, int(size), None, 0)
         self._run = QRun(1, 0)  # MODE_EXACT
-        self._addresses = [ctypes.addressof(s) for s in (self._dims, self._layers, self._rows, self._work, self._run)]
+        self._addresses = [pointer_to(s) for s in (self._dims, self._layers, self._rows, self._work, self._run)]
         self._cache_floats = n_layers * shape[2] * shape[3]  # per position of the caches
 
     def run(

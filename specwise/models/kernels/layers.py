@@ -16,6 +16,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specwise.models.kernels.abi import (
+    FLayers,
+    FRows,
+    QArch,
+    QHead,
+    QLayers,
+    QLogits,
+    QModel,
+    QPass,
+    QRows,
+    QRun,
+    QShape,
+    QStep,
+    QWork,
+    pointer_to,
+)
 from specwise.models.kernels.quant import MAX_ROWS, QMat, QTensor, _lib, _mode_id
 from specwise.models.threads import get_num_threads
 
@@ -40,165 +56,6 @@ __all__ = [
     "inverse_frequencies",
     "sin_cos",
 ]
-
-_p, _i64, _i32, _f = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_float
-
-
-class QArch(ctypes.Structure):
-    """The C ``qarch`` of quant.h: what the layers do beyond the Llama layer."""
-
-    _fields_ = [
-        ("q_norm", _p),
-        ("k_norm", _p),
-        ("post_attn_norm", _p),
-        ("post_mlp_norm", _p),
-        ("window", _p),
-        ("attn_scale", _f),
-        ("embed_scale", _f),
-        ("act", ctypes.c_int),
-    ]
-
-
-class QShape(ctypes.Structure):
-    """The C ``qshape``: the shape of a stack of decoder layers."""
-
-    _fields_ = [
-        ("layers", _i64),
-        ("hidden", _i64),
-        ("heads", _i64),
-        ("kv_heads", _i64),
-        ("head_dim", _i64),
-        ("inter", _i64),
-        ("eps", _f),
-    ]
-
-
-class QLayers(ctypes.Structure):
-    """The C ``qlayers``: the layers' norms, matrices (7 per layer), biases and variant."""
-
-    _fields_ = [
-        ("attn_norm", _p),
-        ("weights", _p),
-        ("n_weights", _i64),
-        ("qkv_bias", _p),
-        ("mlp_norm", _p),
-        ("arch", _p),
-    ]
-
-
-class QRows(ctypes.Structure):
-    """The C ``qrows``: a pass's rows, their caches, capacities and positions, and the rotary tables."""
-
-    _fields_ = [
-        ("x", _p),
-        ("x_floats", _i64),
-        ("rows", _i64),
-        ("k_rows", _p),
-        ("v_rows", _p),
-        ("cap", _p),
-        ("pos", _p),
-        ("cos", _p),
-        ("sin", _p),
-        ("cos_local", _p),
-        ("sin_local", _p),
-        ("table_rows", _i64),
-        ("kv_half", _i32),
-    ]
-
-
-class QWork(ctypes.Structure):
-    """The C ``qwork``: the scratch and scores buffers with the floats each holds."""
-
-    _fields_ = [("scratch", _p), ("scratch_floats", _i64), ("scores", _p), ("scores_floats", _i64)]
-
-
-class QRun(ctypes.Structure):
-    """The C ``qrun``: threads and mode of a call."""
-
-    _fields_ = [("threads", _i64), ("mode", _i32)]
-
-
-class QModel(ctypes.Structure):
-    """The C ``qmodel``: a model's embedding, final norm and output layer."""
-
-    _fields_ = [("embed", _p), ("final_norm", _p), ("final_eps", _f), ("head", _p)]
-
-
-class QPass(ctypes.Structure):
-    """The C ``qpass``: one sequence's tokens, and where its features and logits go."""
-
-    _fields_ = [
-        ("ids", _p),
-        ("keep", _i64),
-        ("features", _p),
-        ("features_floats", _i64),
-        ("logits", _p),
-        ("logits_floats", _i64),
-    ]
-
-
-class QHead(ctypes.Structure):
-    """The C ``qhead``: the head drafter's norms and input projection around its layer."""
-
-    _fields_ = [("feature_norm", _p), ("embed_norm", _p), ("fc", _p), ("out_norm", _p)]
-
-
-class QStep(ctypes.Structure):
-    """The C ``qstep``: one step of the head over n positions of its cache."""
-
-    _fields_ = [
-        ("features", _p),
-        ("emb", _p),
-        ("n", _i64),
-        ("k_cache", _p),
-        ("v_cache", _p),
-        ("cap", _i64),
-        ("start", _i64),
-        ("cos", _p),
-        ("sin", _p),
-        ("table_rows", _i64),
-        ("pred", _p),
-    ]
-
-
-class QLogits(ctypes.Structure):
-    """The C ``qlogits``: the output layer over a head step's last row, and where its results go."""
-
-    _fields_ = [("out_w", _p), ("logits", _p), ("logits_floats", _i64), ("best", _p), ("top_prob", _p)]
-
-
-class FLayers(ctypes.Structure):
-    """The C ``flayers``: the float32 layers' weights (one table of addresses per kind, one entry per layer)."""
-
-    _fields_ = [
-        ("entries", _i64),
-        ("attn_norm", _p),
-        ("qkv_w", _p),
-        ("qkv_b", _p),
-        ("o_w", _p),
-        ("o_b", _p),
-        ("mlp_norm", _p),
-        ("gate_up_w", _p),
-        ("down_w", _p),
-        ("half", _i32),
-    ]
-
-
-class FRows(ctypes.Structure):
-    """The C ``frows``: one sequence's rows for the float32 layers, its caches and the rotary tables."""
-
-    _fields_ = [
-        ("x", _p),
-        ("x_floats", _i64),
-        ("rows", _i64),
-        ("start", _i64),
-        ("k_cache", _p),
-        ("v_cache", _p),
-        ("cap", _i64),
-        ("cos", _p),
-        ("sin", _p),
-        ("table_rows", _i64),
-    ]
 
 
 def inverse_frequencies(head_dim: int, base: float) -> np.ndarray:
@@ -307,9 +164,15 @@ def layer_status(status: int) -> None:
         raise ValueError(f"the quantized layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
 
 
-def addr(struct: ctypes.Structure) -> int:
-    """The address of a ctypes struct, as the kernels' pointer arguments take it (the struct must stay alive)."""
-    return ctypes.addressof(struct)
+def addr(obj):
+    """What the kernels take for a ctypes object: a typed pointer to a struct (or to the first of an array of
+    structs), as their struct arguments and struct-pointer fields are declared (``abi.py``), and the address of any
+    other object (an array of data pointers, of int64 or of floats). The object must stay alive meanwhile."""
+    if isinstance(obj, ctypes.Structure) or (
+        isinstance(obj, ctypes.Array) and issubclass(obj._type_, ctypes.Structure)
+    ):
+        return pointer_to(obj)
+    return ctypes.addressof(obj)
 
 
 @dataclass
@@ -367,7 +230,7 @@ def _address(a: np.ndarray, what: str, dtype=np.float32) -> int:
 def model_struct(embed: QTensor, final_norm: np.ndarray, final_eps: float, head) -> tuple[QModel, tuple]:
     """The ``qmodel`` of a model's embedding, final norm (float32) and output layer (a one-element QMat array), and
     what its pointers point into (to be kept alive beside it)."""
-    struct = QModel(addr(embed.struct), _address(final_norm, "the final norm"), final_eps, ctypes.addressof(head))
+    struct = QModel(addr(embed.struct), _address(final_norm, "the final norm"), final_eps, addr(head))
     return struct, (embed, final_norm, head)
 
 
@@ -494,9 +357,9 @@ class DecoderStack:
         p = self.pass_
         p.ids, p.keep, p.features, p.features_floats = ids.ctypes.data, keep, features, features_floats
         p.logits, p.logits_floats = logits.ctypes.data, logits.size
-        status = self._lib.specwise_qllama_forward(*self._addrs, ctypes.addressof(model), self._pass_addr)
+        status = self._lib.specwise_qllama_forward(*self._addrs, ctypes.byref(model), self._pass_addr)
         if status == 2:
-            raise IndexError(f"row ids outside the embedding (its {QMat.from_address(model.embed).out} rows)")
+            raise IndexError(f"row ids outside the embedding (its {model.embed.contents.out} rows)")
         layer_status(status)
 
     def _set_tables(self, cos: np.ndarray, sin: np.ndarray, local) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from specwise.models.gguf_file import TYPE_NAMES
 from specwise.models.kernels import kernel_error, native_library
+from specwise.models.kernels.abi import QJob, QMat, QPack
 from specwise.models.threads import get_num_threads
 
 __all__ = [
@@ -52,91 +53,6 @@ GGML_Q4_0 = 2
 # status codes of quant.h (SW_*)
 SW_OK, SW_EARG, SW_ENOMEM, SW_ERANGE = 0, -1, -2, -3
 QMAX_DIM = 1 << 30  # quant.h: the most output rows or inputs of one matrix
-
-
-class QPack(ctypes.Structure):
-    """The C ``qpack`` of quant.h: where specwise_q_repack writes a tensor's tiles, with each buffer's bytes."""
-
-    _fields_ = [
-        ("type", ctypes.c_int32),
-        ("out", ctypes.c_int64),
-        ("in_", ctypes.c_int64),
-        ("q", ctypes.c_void_p),
-        ("s", ctypes.c_void_p),
-        ("m", ctypes.c_void_p),
-        ("sd", ctypes.c_void_p),
-        ("md", ctypes.c_void_p),
-        ("q_bytes", ctypes.c_int64),
-        ("s_bytes", ctypes.c_int64),
-        ("m_bytes", ctypes.c_int64),
-        ("sd_bytes", ctypes.c_int64),
-        ("md_bytes", ctypes.c_int64),
-    ]
-
-
-class QJob(ctypes.Structure):
-    """The C ``qjob`` of quant.h: one tensor for specwise_q_repack_jobs."""
-
-    _fields_ = [
-        ("dst", QPack),
-        ("raw", ctypes.c_void_p),
-        ("raw_bytes", ctypes.c_int64),
-        ("rows", ctypes.c_void_p),
-        ("release", ctypes.c_int32),
-    ]
-
-
-class QMat(ctypes.Structure):
-    """The C ``qmat`` of quant.h."""
-
-    _fields_ = [
-        ("kind", ctypes.c_int),
-        ("block", ctypes.c_int),
-        ("offset", ctypes.c_int),
-        ("has_m", ctypes.c_int),
-        ("half", ctypes.c_int),
-        ("out", ctypes.c_int),
-        ("in_", ctypes.c_int),
-        ("q", ctypes.c_void_p),
-        ("s", ctypes.c_void_p),
-        ("m", ctypes.c_void_p),
-        ("sub", ctypes.c_int),
-        ("sd", ctypes.c_void_p),
-        ("md", ctypes.c_void_p),
-    ]
-
-
-def declare(lib: ctypes.CDLL) -> None:
-    """Argument types of the quantized kernels' functions (called once when the library loads)."""
-    i, p, i64 = ctypes.c_int, ctypes.c_void_p, ctypes.c_int64
-    table = {
-        "specwise_q_isa": ([], i),
-        "specwise_q_isa_supported": ([], i),
-        "specwise_q_set_isa": ([i], i),
-        "specwise_q_layout": ([i] + [ctypes.POINTER(i)] * 8, i),
-        "specwise_q_sizes": ([i, i64, i64] + [ctypes.POINTER(i64)] * 5, i),
-        "specwise_q_repack": ([p, p, i64, i64, i64], i),
-        "specwise_q_repack_jobs": ([p, i64, ctypes.POINTER(i64)], i),
-        "specwise_q_gemm": ([p, i, p, p, p, i, i, i], i),
-        "specwise_q_row": ([p, i64, p], i),
-        "specwise_q_gather": ([p, p, i64, p], i),
-        "specwise_q_abs_sum": ([p, i64, i64], ctypes.c_double),
-        "specwise_q_requantize_q4_0": ([p, i64, i64, p, i64], i),
-        "specwise_logits_scan": ([p, i, i, p], i),
-        "specwise_probs": ([p, i, i, ctypes.c_float, i, ctypes.c_double, ctypes.c_float, p], i),
-        "specwise_sample": ([p, i, i, p, p], i),
-        # the layer kernels take pointers to the structs of layers.py (qshape, qlayers, qrows, qwork, qrun, ...)
-        "specwise_qllama_scratch_floats": ([p, i64], i64),
-        "specwise_qllama_timings": ([i, p], None),
-        "specwise_qllama_rows": ([p] * 5, i),
-        "specwise_qllama_forward": ([p] * 7, i),
-        "specwise_rms_norm_rows": ([p, p, p, i, i, ctypes.c_float], None),
-        "specwise_head_step": ([p] * 7, i),
-    }
-    for name, (args, res) in table.items():
-        fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = res
 
 
 def _lib():
@@ -485,7 +401,7 @@ def q_gemm(
         bias = np.ascontiguousarray(bias)
     structs = _structs(parts)
     status = _lib().specwise_q_gemm(
-        ctypes.cast(structs, ctypes.c_void_p),
+        structs,
         len(parts),
         x.ctypes.data,
         None if bias is None else bias.ctypes.data,

@@ -1,8 +1,9 @@
 /*
  * Every function the native library exports, declared here once; every .c file of the library includes this header,
- * so the compiler checks each definition against its declaration. Python binds each one with ctypes (in
- * kernels/__init__.py, kernels/quant.py and drafters/suffix.py); tests/test_native_interface.py checks those
- * bindings against the prototypes below and that the built library exports exactly these functions.
+ * so the compiler checks each definition against its declaration. Python binds each one with ctypes (kernels/abi.py:
+ * a Structure per struct and every signature; the suffix index's in drafters/suffix/index.py); tests/test_bindings.py
+ * parses this header and checks those bindings against its prototypes and structs, and that the built library
+ * exports exactly these functions.
  *
  * Conventions: matrices are row-major; k is a pass's row count; `threads` the OpenMP threads to use; the quantized
  * entry points return 0 on success or a status (SW_* of quant.h, or the codes their comments in the .c files give).

@@ -1,10 +1,13 @@
-"""The native library's one interface: specwise/models/kernels/specwise.h.
+"""The native library's one interface: specwise/models/kernels/specwise.h, and its ctypes bindings checked against it.
 
-Every ctypes binding in the package is checked against the header's prototypes (argument count, each C type
-mapped to its ctypes type, the return type); every function the built library exports is declared there, and
-every declared one is bound. Every ctypes ``Structure`` of the package is checked against its ``typedef struct`` in
-quant.h or specwise.h (field names, order, each C type mapped to its ctypes type; a struct held by value inside
-another by its name), and every struct there has its binding.
+The header is parsed here (its prototypes and ``typedef struct``s, with quant.h's). Every signature of
+``kernels/abi.py`` and every function bound on the loaded library is checked against the prototypes (argument
+count, each C type mapped to its ctypes type, the return type; a pointer to a struct must be a typed pointer to
+that struct's Structure, a pointer to data may be ``c_void_p``); every function the built library exports is
+declared there, and every declared one is bound. Every ctypes ``Structure`` of the package is checked against its C
+struct: field names, order, each C type mapped to its ctypes type (a struct held by value by its name), and the size
+and offset of every field as the C compiler lays it out on x86-64 and other LP64 machines. A header edited as a
+signature change would edit it must fail these checks (tested on the real header's text).
 """
 
 import ctypes
@@ -91,7 +94,8 @@ def accepts(ctype, c: tuple[str, int]) -> bool:
             raise ValueError(f"the test does not know the C type {base!r}: add it to SCALARS")
         return ctype is SCALARS[base]
     if ctype is ctypes.c_void_p:
-        return True  # any pointer may be passed as an address
+        # a data pointer may be passed as an address (a numpy array's); a pointer to a struct must be typed
+        return stars > 1 or base in SCALARS
     pointee = getattr(ctype, "_type_", None)
     if not (isinstance(pointee, type) and issubclass(ctype, ctypes._Pointer)):
         return False
@@ -144,6 +148,53 @@ def struct_mismatches(cls, fields: list[tuple[str, tuple[str, int]]]) -> list[st
         elif not accepts(ctype, c):
             shown = f"{c[0]}{' ' + '*' * c[1] if c[1] else ''}"
             wrong.append(f"{name}.{field} is {getattr(ctype, '__name__', ctype)}, the C struct's {c_field} is {shown}")
+    return wrong
+
+
+# sizes of the header's scalar types on x86-64 and the other LP64 targets the library is built for (each type's
+# alignment is its size)
+SIZES = {
+    "int": 4,
+    "float": 4,
+    "double": 8,
+    "size_t": 8,
+    "int64_t": 8,
+    "int32_t": 4,
+    "uint32_t": 4,
+    "uint16_t": 2,
+    "uint8_t": 1,
+}
+
+
+def c_layout(name: str, structs: dict) -> tuple[int, int, list[int]]:
+    """(size, alignment, [offset of each field]) of the C struct ``name`` as the compiler lays it out: each field at
+    the next multiple of its alignment, the size rounded up to the struct's alignment."""
+    offsets, at, align = [], 0, 1
+    for _, (base, stars) in structs[name]:
+        if stars:
+            size = field_align = 8
+        elif base in structs:
+            size, field_align, _ = c_layout(base, structs)
+        elif base in SIZES:
+            size = field_align = SIZES[base]
+        else:
+            raise ValueError(f"the test does not know the size of {base!r}: add it to SIZES")
+        at = -(-at // field_align) * field_align
+        offsets.append(at)
+        at += size
+        align = max(align, field_align)
+    return -(-at // align) * align, align, offsets
+
+
+def layout_mismatches(cls, structs: dict) -> list[str]:
+    """Where the ctypes Structure ``cls`` puts its fields, or its size, apart from the C struct of its name."""
+    size, _, offsets = c_layout(cls.__name__.lower(), structs)
+    wrong = []
+    if ctypes.sizeof(cls) != size:
+        wrong.append(f"{cls.__name__}: {ctypes.sizeof(cls)} bytes, the C struct {size}")
+    for (field, *_), offset in zip(cls._fields_, offsets):
+        if getattr(cls, field).offset != offset:
+            wrong.append(f"{cls.__name__}.{field} at byte {getattr(cls, field).offset}, the C struct's at {offset}")
     return wrong
 
 
@@ -248,12 +299,19 @@ def test_the_parser_reads_prototypes_and_the_checker_finds_wrong_bindings():
 
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     assert not mismatches("specwise_a", fn([p, i64, ctypes.POINTER(QMat)], i64), found["specwise_a"])
-    assert not mismatches("specwise_a", fn([ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), i64, p], i64),
-                          found["specwise_a"])  # fmt: skip
+    assert not mismatches("specwise_a", fn([ctypes.POINTER(ctypes.POINTER(ctypes.c_float)), i64, ctypes.POINTER(QMat)],
+                                           i64), found["specwise_a"])  # fmt: skip
+    assert mismatches("specwise_a", fn([p, i64, p], i64), found["specwise_a"])  # a struct pointer as void *
+
+    class QPack(ctypes.Structure):
+        _fields_ = [("x", ctypes.c_int)]
+
+    assert mismatches("specwise_a", fn([p, i64, ctypes.POINTER(QPack)], i64), found["specwise_a"])  # another struct
     assert mismatches("specwise_a", fn([p, ctypes.c_int, p], i64), found["specwise_a"])  # int64_t bound as int
+    qm = ctypes.POINTER(QMat)
     assert mismatches("specwise_a", fn([p, i64], i64), found["specwise_a"])  # an argument missing
-    assert mismatches("specwise_a", fn([p, i64, p], ctypes.c_int), found["specwise_a"])  # wrong return type
-    assert mismatches("specwise_a", fn([i64, i64, p], i64), found["specwise_a"])  # a pointer bound as an integer
+    assert mismatches("specwise_a", fn([p, i64, qm], ctypes.c_int), found["specwise_a"])  # wrong return type
+    assert mismatches("specwise_a", fn([i64, i64, qm], i64), found["specwise_a"])  # a pointer bound as an integer
     assert mismatches("specwise_b", fn([], ctypes.c_int), found["specwise_b"])  # void bound as int
     with pytest.raises(ValueError, match="declared twice"):
         parse_header("int specwise_c(int a);\nint specwise_c(int a);")
@@ -285,6 +343,11 @@ def test_the_struct_parser_reads_fields_and_the_checker_finds_wrong_ones():
     assert struct_mismatches(structure(right[1], right[0], *right[2:]), fields)  # two fields swapped
     assert struct_mismatches(structure(*right[:-1], ("scale", ctypes.c_double)), fields)  # float bound as double
     assert struct_mismatches(structure(*right[:-1], ("scales", f)), fields)  # a field misnamed
+    # the compiler's layout: kind at 0, out at 8 (aligned), ..., scale at 48, 56 bytes in all (rounded up to 8)
+    assert c_layout("thing", found) == (56, 8, [0, 8, 16, 24, 32, 40, 48])
+    assert not layout_mismatches(structure(*right), found)
+    packed = type("Thing", (ctypes.Structure,), {"_fields_": right, "_pack_": 4})
+    assert layout_mismatches(packed, found)  # out at 4: another layout with the same types
     assert struct_mismatches(structure(*right[:3], ("norm", i64), *right[4:]), fields)  # a pointer as an integer
     with pytest.raises(ValueError, match="defined twice"):
         parse_structs("typedef struct { int a; } x;\ntypedef struct { int b; } x;")
@@ -305,6 +368,8 @@ def test_every_structure_matches_its_c_struct():
         f"{unknown}"
     )
     wrong = [problem for name, cls in ours.items() for problem in struct_mismatches(cls, structs[name.lower()])]
+    assert not wrong, "\n".join(wrong)
+    wrong = [problem for cls in ours.values() for problem in layout_mismatches(cls, structs)]
     assert not wrong, "\n".join(wrong)
 
 
@@ -345,3 +410,73 @@ def test_every_source_file_includes_the_header():
     assert sources
     missing = [s.name for s in sources if s.name != "module.c" and '#include "specwise.h"' not in s.read_text()]
     assert not missing, f"these kernels do not include specwise.h, so nothing checks their definitions: {missing}"
+
+
+def abi_mismatches(header: str, types: str) -> list[str]:
+    """What is wrong with kernels/abi.py's signatures and Structures against a header's text (and quant.h's)."""
+    from specwise.models.kernels import abi
+
+    declared_ = parse_header(header)
+    structs = parse_structs(types) | parse_structs(header)
+    wrong = []
+    for name, (args, res) in abi.SIGNATURES.items():
+        if name not in declared_:
+            wrong.append(f"{name}: bound in abi.py, not declared in the header")
+            continue
+        fn = ctypes.CFUNCTYPE(None)()  # a foreign function object, to carry the signature
+        fn.argtypes, fn.restype = args, res
+        wrong += mismatches(name, fn, declared_[name])
+    for name in abi.__all__:
+        cls = getattr(abi, name)
+        if isinstance(cls, type) and issubclass(cls, ctypes.Structure):
+            if cls.__name__.lower() not in structs:
+                wrong.append(f"{cls.__name__}: no struct {cls.__name__.lower()} in the header")
+                continue
+            wrong += struct_mismatches(cls, structs[cls.__name__.lower()]) or layout_mismatches(cls, structs)
+    return wrong
+
+
+def test_the_signatures_and_structures_match_the_header_without_the_library(declared):
+    """kernels/abi.py against the header: also where the library is not built (a core install without a compiler)."""
+    from specwise.models.kernels import abi
+
+    assert not abi_mismatches(HEADER.read_text(), TYPES.read_text())
+    unbound = sorted(set(declared) - set(abi.SIGNATURES) - {n for n in declared if n.startswith("specwise_suffix_")})
+    assert not unbound, f"declared in {HEADER.name} with no signature in abi.py: {unbound}"
+
+
+# each: an edit of the real header as a change of the C side would make it, and the binding it must be found in
+CHANGES = [
+    ("an argument's type", r"(specwise_q_gemm\(const qmat \*parts, )int( nparts)", r"\1int64_t\2", "specwise_q_gemm"),
+    ("an argument removed", r"(specwise_q_row\(const qmat \*w, )int64_t row, ", r"\1", "specwise_q_row"),
+    (
+        "a struct pointer's struct",
+        r"(specwise_qllama_scratch_floats\(const )qshape",
+        r"\1qrows",
+        "specwise_qllama_scratch_floats",
+    ),
+    ("the return type", r"\bdouble (specwise_q_abs_sum)", r"float \1", "specwise_q_abs_sum"),
+    ("a field added", r"(float eps;[^\n]*\n)(\} qshape;)", r"\1    int64_t extra;\n\2", "QShape"),
+    ("a field's type", r"int32_t (kv_half;)", r"int64_t \1", "QRows"),
+    ("two fields swapped", r"(float \*scratch;[^\n]*\n)(\s*int64_t scratch_floats;)", r"\2\n\1", "QWork"),
+    ("a struct field's struct", r"const qmat (\*fc;)", r"const qarch \1", "QHead"),
+]
+
+
+@pytest.mark.parametrize("what, pattern, replacement, where", CHANGES, ids=[c[0] for c in CHANGES])
+def test_a_changed_header_fails_the_check(what, pattern, replacement, where):
+    header = HEADER.read_text()
+    changed, count = re.subn(pattern, replacement, header)
+    assert count == 1, f"the pattern for {what} no longer matches {HEADER.name} once: update the test's edit"
+    wrong = abi_mismatches(changed, TYPES.read_text())
+    assert wrong, f"{what} went unnoticed"
+    assert all(problem.startswith(where) for problem in wrong), wrong
+
+
+def test_the_library_is_bound_with_abi_signatures(lib):
+    from specwise.models.kernels import abi
+
+    for name, (args, res) in abi.SIGNATURES.items():
+        if hasattr(lib, name):
+            fn = getattr(lib, name)
+            assert list(fn.argtypes) == list(args) and fn.restype == res, name
