@@ -113,7 +113,7 @@ class HeadDrafter(Drafter):
         # prompt. The head then attends to fewer positions than it was trained with, which may change q (never the
         # output: verification uses the q the draft was drawn from). None: the whole context. On long passage
         # prompts from the corpora (not Spec-Bench) the shipped head's greedy acceptance at gamma 1 was 0.379 with
-        # the whole context, 0.386 with 128 positions and 4 sinks, 0.374 with 32 (docs/ENGINE.md, session 9).
+        # the whole context, 0.386 with 128 positions and 4 sinks, 0.374 with 32 (docs/ENGINE.md).
         if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
             raise ValueError(f"window must be a positive number of positions or None, got {window!r}")
         if isinstance(sinks, bool) or not isinstance(sinks, int) or sinks < 0:
