@@ -1,8 +1,8 @@
 """The same results on CUDA as on the CPU: the models, greedy identity, sampled distributions, distillation.
 
-Skipped where CUDA is not available (CI has no GPU) or torch is not installed (the hf extra); `scripts/device_check.sh`
-runs them on a GPU machine. The models take token ids on the CPU and return numpy logits on the CPU whatever their
-device (the Model contract).
+Skipped where CUDA is not available (CI has no GPU) or torch is not installed (the hf extra); `scripts/gpu_check.sh`
+runs them on a GPU machine (its `tests` stage; docs/GPU.md). The models take token ids on the CPU and return numpy
+logits on the CPU whatever their device (the Model contract).
 """
 
 from __future__ import annotations
