@@ -6,8 +6,9 @@ and vLLM's structured output do: a forced token costs a pass like any other); ``
 which feeds the tokens the grammar forces in the next pass (jump-forward, exact); ``auto`` is the default drafter
 (or ``--drafter``) with jump-forward. Ratios are given against both plain decoders.
 
-The items are the suite's 20 shapes with their prompts (specwise/bench/schemas.py) and Spec-Bench questions
-(extraction by default) asked for an answer in the suite's extraction shape (measurement only). Every shape is
+The items are the suite's 20 shapes with their prompts (specwise/bench/schemas.py) and questions of
+``--categories`` (extraction by default: the project's own prompts, or a Spec-Bench file with ``--questions``) asked
+for an answer in the suite's extraction shape. Every shape is
 bounded and each request gets max_json_bytes(schema) new tokens, so every answer ends complete: the goal is 100%
 valid. Each round runs the three configurations on every item, each first in turn; tokens/s end to end, the paired
 ratio per item (geometric mean over rounds; also on decode tokens/s, after the prefill, which dominates the short
@@ -19,6 +20,7 @@ time per target pass.
     python benchmarks/constrained_suite.py --rounds 3 --out benchmarks/results/constrained_suite.json
     python benchmarks/constrained_suite.py --shapes flat enums --spec-bench 1 --rounds 1   # a smoke run
     python benchmarks/constrained_suite.py --drafter ngram+head --rounds 1   # another drafter against plain
+    python benchmarks/constrained_suite.py --questions question.jsonl --categories extraction writing --spec-bench 3
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ DRAFTERS = ("per_token", "none", "auto")  # plain one pass per token, plain with
 def mask_cost(runtime, tokens: list[int], constraint) -> float:
     """Seconds per token of a fresh grammar state replaying ``tokens`` (one mask and one step each)."""
     engine = runtime.engine
-    state = GrammarState(constraint, runtime.tokenizer, engine.target.vocab_size, engine._eos_ids(None))
+    eos = set(engine.eos_token_ids or ())  # the tokens that end an answer, as the engine was built with
+    state = GrammarState(constraint, runtime.tokenizer, engine.target.vocab_size, eos)
     start = time.perf_counter()
     for token in tokens:
         state.mask()

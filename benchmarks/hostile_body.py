@@ -5,7 +5,7 @@ longer than the context), a conversation of as many tiny messages as fit, and a 
 Starts `specwise serve` (default model and drafter) as its own process on 127.0.0.1, or uses --url. Each scenario
 posts its bodies one after another from a thread while the main thread polls `/health` on a kept-alive
 connection; the latencies of the polls answered while the posting ran are recorded (median, p90, max), beside a
-quiet baseline. The goal of issue #32: `/health` under 100 ms throughout. Writes JSON with the command.
+quiet baseline. The goal: `/health` under 100 ms throughout. Writes JSON with the command.
 
     python benchmarks/hostile_body.py --out benchmarks/results/hostile_body_default.json
 """

@@ -1,6 +1,7 @@
 """In-process A/B of the weight products between builds of the native library: every decoder layer's products
 (fused QKV, attention output, fused gate/up, down) and the output layer of a GGUF model, for each number of rows k,
-the builds timed alternately in one process (two cores drift between processes; see benchmarks/results/README.md).
+the builds timed alternately in one process (two cores drift between processes), their products compared bit for
+bit. pass_ab.py times whole passes of each build in fresh processes.
 
     # the baseline: the library of another commit, built in a worktree
     git worktree add /tmp/base <commit> && (cd /tmp/base && python setup.py build_ext --inplace)
@@ -16,12 +17,13 @@ import statistics
 import sys
 import time
 
-import torch
+import numpy as np
 
 from specwise.bench.runner import emit_json, machine_info
-from specwise.models.kernels import quant
+from specwise.models.kernels import abi, quant
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel
+from specwise.models.threads import get_num_threads
 
 
 def main() -> int:
@@ -37,7 +39,7 @@ def main() -> int:
     libs = []
     for path in args.libs:
         lib = ctypes.CDLL(path)
-        quant.declare(lib)
+        abi.declare(lib)
         if args.isa:
             lib.specwise_q_set_isa(quant.ISAS.index(args.isa))
         libs.append(lib)
@@ -46,12 +48,13 @@ def main() -> int:
     for layer in model.layers:
         groups += [layer[0:3], layer[3:4], layer[4:6], layer[6:7]]
     groups.append([model.lm_head])
-    calls = [(quant._structs(g), g[0].shape[1], sum(p.shape[0] for p in g)) for g in groups]
-    mode, threads = 1 if args.mode == "q8" else 0, torch.get_num_threads()
+    calls = [((abi.QMat * len(g))(*[p.struct for p in g]), g[0].shape[1], sum(p.shape[0] for p in g)) for g in groups]
+    mode, threads = 1 if args.mode == "q8" else 0, get_num_threads()
     rows = {}
     for k in args.ks:
-        xs = {n_in: torch.randn(k, n_in) for _, n_in, _ in calls}
-        ys = [{n_out: torch.empty(k, n_out) for _, _, n_out in calls} for _ in libs]
+        rng = np.random.default_rng(0)
+        xs = {n_in: rng.standard_normal((k, n_in), dtype=np.float32) for _, n_in, _ in calls}
+        ys = [{n_out: np.empty((k, n_out), dtype=np.float32) for _, _, n_out in calls} for _ in libs]
         same = [True for _ in libs]
         times = [[] for _ in libs]
         for rep in range(args.reps):
@@ -61,11 +64,11 @@ def main() -> int:
                 t0 = time.perf_counter()
                 for structs, n_in, n_out in calls:
                     fn(
-                        ctypes.cast(structs, ctypes.c_void_p),
+                        structs,
                         len(structs),
-                        xs[n_in].data_ptr(),
+                        xs[n_in].ctypes.data,
                         None,
-                        ys[i][n_out].data_ptr(),
+                        ys[i][n_out].ctypes.data,
                         k,
                         mode,
                         threads,
@@ -74,7 +77,7 @@ def main() -> int:
                 if (
                     rep == 0
                 ):  # the products (the last call of each output width) equal the baseline build's, bit for bit
-                    same[i] = all(torch.equal(ys[i][n], ys[0][n]) for n in ys[0]) if i else True
+                    same[i] = all(np.array_equal(ys[i][n], ys[0][n]) for n in ys[0]) if i else True
         med = [statistics.median(t) * 1e3 for t in times]
         ratios = [[b / a for a, b in zip(times[0], t)] for t in times[1:]]
         rows[k] = {

@@ -3,7 +3,7 @@ of concurrent clients (each submits its next request when the last one ends), fo
 interleaved over rounds: total tokens/s and the median time to first token.
 
     python benchmarks/max_batch.py --clients 16 --requests 32 --limits 4 8 16 --rounds 2 \\
-        --questions ../shared/data/spec_bench/question.jsonl --out benchmarks/results/server_load/max_batch.json
+        --questions question.jsonl --out benchmarks/results/server_load/max_batch.json
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.prompts import interleave_categories, load_questions
+from specwise.bench.prompts import default_prompts, interleave_categories, load_questions
 from specwise.bench.runner import machine_info
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams
@@ -60,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="auto")
-    p.add_argument("--questions", required=True)
+    p.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=32)
     p.add_argument("--limits", type=int, nargs="+", default=[4, 8, 16])
@@ -71,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto")
-    texts = [q.text for q in interleave_categories(load_questions(args.questions))[: args.requests]]
+    texts = [
+        q.text
+        for q in interleave_categories(load_questions(args.questions) if args.questions else default_prompts())[
+            : args.requests
+        ]
+    ]
     prompts = [encode_chat(runtime.tokenizer, [{"role": "user", "content": t}]) for t in texts]
     runs: dict[int, list[dict]] = {limit: [] for limit in args.limits}
     for r in range(args.rounds):

@@ -3,7 +3,7 @@
 Stages, each a new interpreter: Python with numpy; importing torch; importing specwise; the tokenizer alone (from
 the cache, as a decode loads it); the weights alone (the quantized model, tokenizer not read); and the whole of what
 a user runs, ``load_model`` then decoding ``--new-tokens`` tokens. For each: resident memory now and at its peak
-(VmRSS, VmHWM), anonymous and file-backed. The parts are the differences between stages; the goal of #33 (peak
+(VmRSS, VmHWM), anonymous and file-backed. The parts are the differences between stages; the goal (peak
 resident memory at most twice the file) is checked against the whole.
 
     python benchmarks/memory_parts.py --target ~/.cache/specwise/gguf/gemma-3-270m-Q4_K_M.gguf \

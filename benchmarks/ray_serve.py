@@ -7,7 +7,7 @@ servers, this process's clients).
 Every configuration runs alone in its turn (started, warmed up, measured, stopped), interleaved over --rounds, so
 that an idle Ray cluster does not slow the plain servers nor the other way round. Each measured level sends the
 same --requests streamed chat requests (greedy, --max-tokens each, Spec-Bench questions with --questions, else the
-prompts of server_load.py) from --clients concurrent clients with the official openai client, each client sending
+project's own prompts) from --clients concurrent clients with the official openai client, each client sending
 its share one after another. Records tokens/s over all clients per round and the answers: every configuration's
 greedy answers must be equal (reported, and the run fails if not). The ratio reported is Ray's tokens/s over the
 two plain servers', per round, and its median.
@@ -18,7 +18,7 @@ ended with an error, and requests lost without having streamed anything (the goa
 deployment's recovery (the kill until two replicas run again) and the first answer from the new replica.
 
     python benchmarks/ray_serve.py --target default --drafter auto --max-batch 8 --clients 8 --requests 32 \
-        --max-tokens 128 --rounds 3 --single --kill --questions ../shared/data/spec_bench/question.jsonl \
+        --max-tokens 128 --rounds 3 --single --kill --questions question.jsonl \
         --out benchmarks/results/ray_serve/ray_serve.json
 """
 
@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=32, help="requests per configuration and round (default 32)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3, help="rounds, every configuration once per round (default 3)")
-    p.add_argument("--questions", default=None, help="a Spec-Bench question.jsonl (default: server_load's prompts)")
+    p.add_argument("--questions", default=None, help="a Spec-Bench question.jsonl (default: the project's own prompts)")
     p.add_argument("--single", action="store_true", help="also one plain server with 2 threads")
     p.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
     p.add_argument("--kill", action="store_true", help="also the replica-kill run (after the rounds)")
@@ -215,7 +215,7 @@ def ray_deployment(args: argparse.Namespace):
             replicas=2,
             cpus_per_replica=1,
         )
-        url = deploy(options, "127.0.0.1", server_load._free_port(), proxy_location="HeadOnly")
+        url = deploy(options, "127.0.0.1", server_load.free_port(), proxy_location="HeadOnly")
         import httpx
 
         model = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]

@@ -2,15 +2,15 @@
 
 Every server runs as its own process on 127.0.0.1 with the same threads: `specwise serve` once per --drafter (with
 --max-batch), and with --llama-cpp, `llama-server -np MAX_BATCH` on the same GGUF file. Every level sends the same
---requests streamed chat requests (Spec-Bench questions with --questions, else the prompts below, in turn; greedy,
---max-tokens each) with the official openai client, split over that many concurrent clients, each sending its
-share one after another. Every (server, level) pair runs once per round, interleaved over --rounds, so that drift
+--requests streamed chat requests (Spec-Bench questions with --questions, else the project's own prompts, in turn;
+greedy, --max-tokens each) with the official openai client, split over that many concurrent clients, each sending
+its share one after another. Every (server, level) pair runs once per round, interleaved over --rounds, so that drift
 in the machine's load hits them alike. Records per request: time to first token, end-to-end latency, tokens and
 (for specwise) the speculative statistics from `usage`; per level and round: wall time, aggregate tokens/s and
 requests/s. Writes JSON (with the command that made it) and prints a Markdown table of medians.
 
     python benchmarks/server_load.py --target default --drafter auto --max-batch 8 --llama-cpp \
-        --concurrency 1 8 --questions ../shared/data/spec_bench/question.jsonl --requests 16 --rounds 3 \
+        --concurrency 1 8 --questions question.jsonl --requests 16 --rounds 3 \
         --max-tokens 128 --threads 2 --out benchmarks/results/server_load/server_load.json
 """
 
@@ -31,17 +31,6 @@ from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-PROMPTS = [
-    "Name three primary colors.",
-    "Write a haiku about rain.",
-    "What is the capital of France? Answer in one sentence.",
-    "Give two tips for writing clear code.",
-    "Summarize: The cat sat on the mat because the mat was warm and the cat was cold.",
-    "List the days of the week.",
-    "Explain what a prime number is in one sentence.",
-    "Translate 'good morning' into French and Spanish.",
-]
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -56,7 +45,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--impl", default="auto", choices=["auto", "native", "hf"], help="model implementation")
     p.add_argument("--threads", type=int, default=2, help="threads of every server (default: 2)")
     p.add_argument("--ctx-size", type=int, default=1024, help="llama-server's context per slot (default: 1024)")
-    p.add_argument("--questions", default=None, help="a Spec-Bench question.jsonl (default: the prompts here)")
+    p.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=16, help="requests per level and round (default: 16)")
     p.add_argument("--rounds", type=int, default=2, help="passes over all levels, interleaved (default: 2)")
@@ -67,7 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -94,7 +87,7 @@ def specwise_server(args: argparse.Namespace, drafter: str, max_batch: int):
     """`specwise serve` in its own process on a free port; yields its url, model id and command."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     command = [sys.executable, "-m", "specwise", "serve", "--target", args.target, "--drafter", drafter]
     command += ["--gamma", str(args.gamma), "--device", args.device, "--impl", args.impl, "--port", str(port)]
     command += ["--threads", str(args.threads), "--max-batch", str(max_batch), "--log-level", "warning"]
@@ -257,12 +250,13 @@ async def run_all(servers: dict[str, dict], args: argparse.Namespace) -> dict[st
 
 
 def prompt_texts(args: argparse.Namespace) -> list[str]:
-    """The requests' user messages: Spec-Bench's first turns, one category after another in turn, or PROMPTS."""
-    if not args.questions:
-        return list(PROMPTS)
-    from specwise.bench.prompts import interleave_categories, load_questions
+    """The requests' user messages, one category after another in turn: the first turns of a Spec-Bench question
+    file, or the project's own prompts."""
+    from specwise.bench.prompts import default_prompts, interleave_categories, load_questions
 
-    return [q.text for q in interleave_categories(load_questions(args.questions))]
+    return [
+        q.text for q in interleave_categories(load_questions(args.questions) if args.questions else default_prompts())
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,8 +14,8 @@ import collections
 import json
 import sys
 import time
-from pathlib import Path
 
+from specwise.bench.prompts import default_prompts, load_questions
 from specwise.bench.runner import emit_json, machine_info
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
@@ -23,14 +23,16 @@ from specwise.models.loader import load_model
 from specwise.runtime import encode_prompt, saved_cost_prior
 from specwise.sampling import SamplingParams
 
-QUESTIONS = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="default")
     ap.add_argument("--drafters", nargs="+", default=["none", "suffix"])
-    ap.add_argument("--questions", default=str(QUESTIONS))
+    ap.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category): every 40th",
+    )
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; else sampled with seed 0")
@@ -39,8 +41,12 @@ def main() -> int:
     args = ap.parse_args()
     loaded = load_model(args.target)
     model, tok = loaded.model, loaded.tokenizer
-    questions = [json.loads(line) for line in Path(args.questions).read_text(encoding="utf-8").splitlines()]
-    prompts = [encode_prompt(tok, q["turns"][0], True) for q in questions[::40]][: args.prompts]
+    texts = (
+        [q.text for q in load_questions(args.questions)[::40]]
+        if args.questions
+        else [p.text for p in default_prompts()]
+    )
+    prompts = [encode_prompt(tok, text, True) for text in texts][: args.prompts]
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=0)
     spent: dict[str, float] = collections.defaultdict(float)
     decoding = [False]  # inside a decoding pass's step (not a prefill)

@@ -4,7 +4,7 @@ a long context.
 
 Speed against llama.cpp is ``specwise bench``'s (interleaved rounds, paired intervals):
 
-    specwise bench --out /tmp/vs-llamacpp --questions ../shared/data/spec_bench/question.jsonl \\
+    specwise bench --out /tmp/vs-llamacpp --questions question.jsonl \\
         --limit-per-category 2 --rounds 3 --drafter none auto --gamma auto --no-hf --llama-cpp --threads 2
 
 This script decodes every question greedily (128 tokens, EOS ignored) with specwise ``q8`` plain, specwise

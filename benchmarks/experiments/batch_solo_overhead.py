@@ -24,7 +24,7 @@ import torch
 
 from specwise.batch import BatchEngine, Request
 from specwise.bench.paired import geometric_interval
-from specwise.bench.prompts import load_questions, select_prompts
+from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import machine_info
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams
@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="default")
     p.add_argument("--drafter", default="auto")
-    p.add_argument("--questions", required=True)
+    p.add_argument(
+        "--questions",
+        default=None,
+        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+    )
     p.add_argument("--per-category", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -44,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto")
     engine = runtime.engine
-    prompts = select_prompts(load_questions(args.questions), None, args.per_category)
+    prompts = select_prompts(
+        load_questions(args.questions) if args.questions else default_prompts(), None, args.per_category
+    )
     ids = [encode_chat(runtime.tokenizer, [{"role": "user", "content": q.text}]) for q in prompts]
     greedy = SamplingParams()
 

@@ -39,17 +39,6 @@ class Result:
 FOLLOW_UPS = ("Can you give a concrete example?", "Summarize your answers so far in three bullet points.")
 
 
-def _fresh_begin(drafter):
-    """The drafter's ``begin`` as it was before the cache was kept: the draft model's cache emptied every request."""
-    keep = drafter.begin
-
-    def begin(prompt, keep=keep, drafter=drafter):
-        drafter._mark = None
-        keep(prompt)
-
-    return begin
-
-
 def _paired(ratios: dict[int, list[float]]) -> dict:
     """Geometric mean over conversations (each the geometric mean over its turns) and a 95% t interval (the bench's
     ``geometric_interval``)."""
@@ -62,6 +51,7 @@ def _paired(ratios: dict[int, list[float]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from specwise.batch import BatchEngine, Request
     from specwise.bench.runner import emit_json, script_header
     from specwise.drafters.model import ModelDrafter
     from specwise.runtime import build_runtime, encode_chat
@@ -86,34 +76,25 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto", "cpu")
     engine, tokenizer = runtime.engine, runtime.tokenizer
-    batch = None
-    if args.batch:
-        from specwise.batch import BatchEngine, Request
-
-        batch = BatchEngine(engine, max_batch=2)
-        reusable = batch._reusable
-    sources = [d for s in batch._slots for d in s.state.sources] if batch is not None else engine.drafters
-    drafters = [d for d in sources if isinstance(d, ModelDrafter)]
-    if not drafters:
+    drafts = [d.model for d in engine.drafters if isinstance(d, ModelDrafter)]
+    if not drafts:
         raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
-    kept_begin = [d.begin for d in drafters]
-    ways = {"kept": kept_begin, "fresh": [_fresh_begin(d) for d in drafters]}
+    ways = ("kept", "fresh")
     runs, answers = [], {}
     for c, opening in enumerate(openings):
-        order = list(ways) if c % 2 == 0 else list(reversed(ways))
-        for way in order:
-            for d, begin in zip(drafters, ways[way]):
-                d.begin = begin
-                d.model.reset()
-                d._fed, d._mark = [], None
-            engine._cache = None  # an empty target cache at each conversation's start
-            if batch is not None:
-                for slot in batch._slots:
-                    slot.cache = None
-                batch._reusable = reusable if way == "kept" else (lambda slot, prompt: 0)
+        for way in ways if c % 2 == 0 else tuple(reversed(ways)):
+            for model in (engine.target, *drafts):  # every conversation from empty caches
+                model.reset()
+            batch = BatchEngine(engine, max_batch=2) if args.batch else None
             messages = [{"role": "user", "content": opening}]
             for turn in range(1 + len(FOLLOW_UPS)):
                 ids = encode_chat(tokenizer, messages)
+                if way == "fresh":
+                    if batch is not None:  # a new batch engine: no slot holds this conversation's caches
+                        batch = BatchEngine(engine, max_batch=2)
+                    else:  # the draft models' caches emptied: each drafter begins from an empty one
+                        for model in drafts:
+                            model.reset()
                 t0 = time.perf_counter()
                 if batch is None:
                     result = engine.generate(ids, SamplingParams(), args.max_new_tokens)
@@ -143,8 +124,6 @@ def main(argv: list[str] | None = None) -> None:
                 messages += [{"role": "assistant", "content": result.text}]
                 if turn < len(FOLLOW_UPS):
                     messages += [{"role": "user", "content": FOLLOW_UPS[turn]}]
-    for d, begin in zip(drafters, kept_begin):
-        d.begin = begin
     by = {(r["conversation"], r["way"], r["turn"]): r for r in runs}
     summary = {}
     for turns, label in (((2, 3), "turns 2-3"), ((1,), "turn 1")):

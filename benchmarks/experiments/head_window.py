@@ -30,7 +30,7 @@ from specwise.sampling import SamplingParams
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus-dir", default="../shared/data/corpora")
+    ap.add_argument("--corpus-dir", required=True, help="a directory of plain-text corpora (*.txt)")
     ap.add_argument("--prompts", type=int, default=10)
     ap.add_argument("--words", type=int, default=450, help="passage length in words")
     ap.add_argument("--seed", type=int, default=4242)
