@@ -24,26 +24,11 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from specwise.engine import Engine, GenerationEvent, LogprobOptions, Run, kept_prefix
+from specwise.engine import CheckedRequest, Engine, GenerationEvent, Request, Run, kept_prefix
 from specwise.models.base import Model
 from specwise.planner import PlanState
-from specwise.sampling import SamplingParams
 
 __all__ = ["BatchEngine", "BatchStep", "Request"]
-
-
-@dataclass
-class Request:
-    """What to generate: the arguments of ``Engine.stream`` (``prediction``: the request's predicted output, a
-    draft source of its own in its slot)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=list)
-    eos_token_ids: list[int] | None = None
-    logprobs: LogprobOptions | None = None
-    prediction: list[int] | None = None
 
 
 @dataclass
@@ -100,7 +85,7 @@ class BatchEngine:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self._slots: list[_Slot] = []
-        self._queue: deque[tuple[int, Request]] = deque()
+        self._queue: deque[tuple[int, CheckedRequest]] = deque()
         self._next_id = 0
         self._admitted = 0
         self._finished = 0
@@ -117,11 +102,10 @@ class BatchEngine:
 
     def submit(self, request: Request) -> int:
         """Queue ``request``; returns its id. Raises ValueError at once for a bad request (nothing is queued)."""
-        prompt = [int(t) for t in request.prompt_ids]
-        self.engine.check_request(prompt, request.max_new_tokens, request.stop, prediction=request.prediction)
+        checked = self.engine.check_request(request)
         rid = self._next_id
         self._next_id += 1
-        self._queue.append((rid, request))
+        self._queue.append((rid, checked))
         return rid
 
     def cancel(self, rid: int) -> None:
@@ -173,7 +157,7 @@ class BatchEngine:
         each client's chat keeps its cache for its next turn. Any prefix the chosen slot holds is kept."""
         while self._queue:
             rid, req = self._queue[0]
-            prompt = [int(t) for t in req.prompt_ids]
+            prompt = req.prompt_ids
             free = [s for s in self._slots if s.run is None]
             kept = {id(s): self._reusable(s, prompt) for s in free}
             # a slot whose cache this prompt continues (a chat's next turn): it shares most of what the slot holds,
@@ -193,18 +177,7 @@ class BatchEngine:
             keep = kept.get(id(slot), 0)  # a new slot holds nothing
             self._queue.popleft()
             slot.cache = None
-            slot.run = self.engine.start(
-                slot.target,
-                slot.state,
-                req.prompt_ids,
-                req.params,
-                req.max_new_tokens,
-                req.stop,
-                req.eos_token_ids,
-                req.logprobs,
-                keep,
-                req.prediction,
-            )
+            slot.run = self.engine.start(slot.target, slot.state, req, keep)
             slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
 

@@ -9,6 +9,7 @@ the step is a plain decoding step, so the baseline runs through the same code.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,7 +27,17 @@ from specwise.planner import Planner, PlanState, Proposal, make_planner
 from specwise.rejection import verify
 from specwise.sampling import SamplingParams, log_probs
 
-__all__ = ["Engine", "GenerationEvent", "GenerationResult", "LogprobOptions", "Run", "StopText", "TokenLogprob"]
+__all__ = [
+    "CheckedRequest",
+    "Engine",
+    "GenerationEvent",
+    "GenerationResult",
+    "LogprobOptions",
+    "Request",
+    "Run",
+    "StopText",
+    "TokenLogprob",
+]
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,35 @@ class StopText:
         return piece
 
 
+@dataclass
+class Request:
+    """What to generate: the arguments of :meth:`Engine.stream` (``prediction``: the request's predicted output, a
+    draft source of its own). ``Engine.check_request`` checks one for both engines."""
+
+    prompt_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 128
+    stop: list[str] = field(default_factory=list)
+    eos_token_ids: list[int] | None = None
+    logprobs: LogprobOptions | None = None
+    prediction: list[int] | None = None
+
+
+@dataclass
+class CheckedRequest:
+    """A request that passed :meth:`Engine.check_request`: its fields as the step uses them (token ids as ints,
+    the end tokens resolved) and its grammar's matcher built; nothing about it is refused later."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    stop: list[str]
+    eos: set[int]
+    logprobs: LogprobOptions | None
+    prediction: list[int]
+    grammar: GrammarState | None
+
+
 class Run:
     """One request being generated: its target sequence, the planner's state of its drafters, its randomness,
     text, statistics and context (prompt and output so far)."""
@@ -279,43 +319,57 @@ class Engine:
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
-            return set(eos_token_ids)
+            return set(_token_ids(eos_token_ids, "eos_token_ids"))
         if self.eos_token_ids is not None:
             return set(self.eos_token_ids)
         eos = getattr(self.tokenizer, "eos_token_id", None)
         return {eos} if eos is not None else set()
 
-    def check_request(
-        self,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        stop: Iterable[str] = (),
-        constraint=None,
-        prediction: Sequence[int] | None = None,
-    ) -> None:
-        """Raise ValueError naming the problem when a request cannot run (``start`` and the batch use this)."""
+    def check_request(self, request: Request) -> CheckedRequest:
+        """``request`` checked and made ready to start, or ValueError naming the problem (what ``stream`` and
+        ``BatchEngine.submit`` both call, so that a request one refuses the other refuses with the same message).
+        Its grammar is built here: a constraint the matcher rejects fails now, not in a step."""
+        params = SamplingParams() if request.params is None else request.params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a specwise.sampling.SamplingParams, got {type(params).__name__}")
+        params = dataclasses.replace(params)  # its own checks again (an instance edited after them is refused)
+        logprobs = request.logprobs
+        if logprobs is not None and not isinstance(logprobs, LogprobOptions):
+            raise ValueError(f"logprobs must be a LogprobOptions or None, got {type(logprobs).__name__}")
+        if isinstance(request.stop, str) or not all(isinstance(s, str) for s in request.stop):
+            raise ValueError("stop must be a list of strings")
+        stop = list(request.stop)
         if stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer: pass tokenizer= to the Engine")
-        if constraint is not None and self.tokenizer is None:
+        if params.constraint is not None and self.tokenizer is None:
             raise ValueError("a constraint needs a tokenizer: pass tokenizer= to the Engine")
-        if not prompt_ids:
+        prompt = _token_ids(request.prompt_ids, "the prompt")
+        if not prompt:
             raise ValueError("the prompt is empty: give at least one token")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        max_new = request.max_new_tokens
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new!r}")
         limit = self.target.max_length
-        if limit is not None and len(prompt_ids) >= limit:
+        if limit is not None and len(prompt) >= limit:
             raise ValueError(
-                f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}: shorten the prompt"
+                f"the prompt has {len(prompt)} tokens but the model's context is {limit}: shorten the prompt"
             )
-        bad = [t for t in prompt_ids if not 0 <= t < self.target.vocab_size]
+        vocab = self.target.vocab_size
+        bad = [t for t in prompt if not 0 <= t < vocab]
         if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1})")
-        bad = [t for t in _token_ids(prediction, "prediction") if not 0 <= t < self.target.vocab_size]
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        prediction = _token_ids(request.prediction, "prediction")
+        bad = [t for t in prediction if not 0 <= t < vocab]
         if bad:
             raise ValueError(
-                f"prediction token id {bad[0]} is outside the vocabulary (0..{self.target.vocab_size - 1}): "
+                f"prediction token id {bad[0]} is outside the vocabulary (0..{vocab - 1}): "
                 "give token ids of the target's tokenizer"
             )
+        eos = self._eos_ids(request.eos_token_ids)
+        grammar = None
+        if params.constraint is not None:
+            grammar = GrammarState(params.constraint, self.tokenizer, vocab, eos)
+        return CheckedRequest(prompt, params, max_new, stop, eos, logprobs, prediction, grammar)
 
     def stream(
         self,
@@ -334,12 +388,13 @@ class Engine:
             revise): drafted by a source of this request's own, asked before the engine's drafters
             (:class:`~specwise.drafters.prediction.PredictionDrafter`). The output is the one without it; its
             drafted and accepted tokens are ``stats.by_drafter["prediction"]``."""
+        request = Request(prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, prediction)
+        checked = self.check_request(request)
         if self._state is None or not _same(self._state.sources, self.drafters):
             self._state = self.planner.new_state(self.drafters)
-        keep = self._reusable(prompt_ids)
+        keep = self._reusable(checked.prompt_ids)
         self._cache = None
-        request = (prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, keep, prediction)
-        run = self.start(self.target, self._state, *request)
+        run = self.start(self.target, self._state, checked, keep)
         prefill = run.prefill_tokens()
         if prefill:
             self.target.forward(prefill, num_logits=0)
@@ -363,42 +418,24 @@ class Engine:
         shared system prompt or the turns of a chat are not fed again). Exact by the Model contract (rolling back
         and feeding gives the logits of a fresh cache); 0 when anything else wrote the cache since, or when the
         request needs features that were not kept. The last prompt token is always fed, for the first step."""
-        return kept_prefix(self._cache, self.target, self._state.sources, [int(t) for t in prompt_ids])
+        return kept_prefix(self._cache, self.target, self._state.sources, prompt_ids)
 
-    def start(
-        self,
-        target: Model,
-        state: PlanState,
-        prompt_ids: list[int],
-        params: SamplingParams | None,
-        max_new_tokens: int,
-        stop: Iterable[str] = (),
-        eos_token_ids: Iterable[int] | None = None,
-        logprobs: LogprobOptions | None = None,
-        keep: int = 0,
-        prediction: Sequence[int] | None = None,
-    ) -> Run:
+    def start(self, target: Model, state: PlanState, request: CheckedRequest, keep: int = 0) -> Run:
         """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
-        ``state``'s sources (and by ``prediction``'s, asked first): checked, its drafters begun, its cache emptied
-        but its first ``keep`` positions (already the prompt's: see ``_reusable``; the rest of the prompt is not fed
+        ``state``'s sources (and by its prediction's, asked first): its drafters begun, its cache emptied but its
+        first ``keep`` positions (already the prompt's: see ``_reusable``; the rest of the prompt is not fed
         yet)."""
-        params = params or SamplingParams()
-        prompt_ids = [int(t) for t in prompt_ids]
-        stop = list(stop)
-        self.check_request(prompt_ids, max_new_tokens, stop, params.constraint, prediction)
-        predicted = _token_ids(prediction, "prediction")
-        if predicted:
-            state = self.planner.for_request(state, PredictionDrafter(predicted, device=target.device))
-        run = Run(target, state, params, prompt_ids, max_new_tokens, self._eos_ids(eos_token_ids))
-        run.logprobs = logprobs
-        if params.constraint is not None:
-            run.grammar = GrammarState(params.constraint, self.tokenizer, target.vocab_size, run.eos)
-        run.text = StopText(self.tokenizer, stop)
+        if request.prediction:
+            state = self.planner.for_request(state, PredictionDrafter(request.prediction, device=target.device))
+        run = Run(target, state, request.params, request.prompt_ids, request.max_new_tokens, request.eos)
+        run.logprobs = request.logprobs
+        run.grammar = request.grammar
+        run.text = StopText(self.tokenizer, request.stop)
         target.rollback(keep)
         run.stats.cached_tokens = keep
         target.keep_features = any(d.needs_features for d in state.sources)
         for drafter in state.sources:
-            drafter.begin(prompt_ids)
+            drafter.begin(request.prompt_ids)
         self.planner.begin(state)
         return run
 
