@@ -134,23 +134,24 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
-def test_the_readme_and_docs_link_to_what_exists():
+def test_links_into_the_docs_name_headings_that_exist():
+    """Anchors (``docs/FIGURES.md#a-busy-machine``) in the README and the docs name a heading of the page they link
+    to (that the files exist is tests/test_doc_links.py's check)."""
     broken, checked = [], 0
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.DOTALL)  # links, not code
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
-            if re.match(r"[a-z]+:", target) or not re.search(r"[./#]", target):
+            path, _, anchor = target.partition("#")
+            if not anchor or re.match(r"[a-z]+:", target):
+                continue
+            linked = (page.parent / path).resolve() if path else page
+            if linked.suffix != ".md" or not linked.exists():
                 continue
             checked += 1
-            path, _, anchor = target.partition("#")
-            linked = (page.parent / path).resolve() if path else page
-            if not linked.exists():
-                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
-            elif anchor and linked.suffix == ".md":
-                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), flags=re.MULTILINE)
-                if anchor not in {_slug(h) for h in headings}:
-                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
-    assert checked > 50 and broken == [], "\n".join(broken)
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), flags=re.MULTILINE)
+            if anchor not in {_slug(h) for h in headings}:
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert checked > 20 and broken == [], "\n".join(broken)
 
 
 def test_slugs_follow_the_renderers_rule():
