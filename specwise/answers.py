@@ -423,7 +423,8 @@ HELPS = {
     "prompts_dir": 'directory of *.prompts.jsonl files, one {"prompt": "..."} object a line (default: '
     "$SPECWISE_PROMPTS, else the 300 prompts shipped with specwise)",
     "data_dir": "cache of the target's answers (default: under the cache)",
-    "gsm8k_limit": "GSM8K prompts to use, sampled (default: 1000)",
+    "gsm8k_limit": "rows of gsm8k_train.prompts.jsonl to use where the prompts directory has it, sampled (default: "
+    "1000)",
     "max_prompts": "answer at most this many prompts (default: all)",
     "corpus_dir": "directory of plain-text *.txt files (paragraphs separated by blank lines) for --passages",
     "passages": "also have the target answer this many tasks on --corpus-dir passages (summarise, ...; default: 0)",
