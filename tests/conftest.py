@@ -10,6 +10,22 @@ import pytest
 
 HF_REASON = "needs the hf extra (torch, transformers): pip install 'specwise[hf]'"
 
+# Data that is not part of the project (Spec-Bench questions, corpora): only through this variable, a directory laid
+# out as data/README.md of the development machines says (spec_bench/question.jsonl, prompts/, corpora/). Unset, the
+# tests that read it look beside the repository (../shared/data) and skip or narrow what they check when it is absent.
+SHARED_DATA_ENV = "SPECWISE_TEST_DATA"
+
+
+def shared_data(relative: str):
+    """The path of ``relative`` under $SPECWISE_TEST_DATA (default: the development machines' data folder beside the
+    repository), or None when it is not there."""
+    import os
+    from pathlib import Path
+
+    root = os.environ.get(SHARED_DATA_ENV) or Path(__file__).resolve().parents[2] / "shared" / "data"
+    path = Path(root) / relative
+    return path if path.exists() else None
+
 
 def needs_hf():
     """Skip the calling test (or module, at import) unless torch and transformers are installed; returns torch."""

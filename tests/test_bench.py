@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import needs_hf, tiny_llama
+from conftest import needs_hf, shared_data, tiny_llama
 from specwise.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
 from specwise.bench.report import PLOT_FILES, render_markdown
 from specwise.bench.runner import SCHEMA, BenchSettings, hf_module, make_configs, run_bench, validate_results
@@ -29,7 +29,7 @@ def needs_extra(extra: str) -> None:
 
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC_BENCH = ROOT.parent / "shared" / "data" / "spec_bench" / "question.jsonl"
+SPEC_BENCH = shared_data("spec_bench/question.jsonl")  # None where the data is not on this machine
 NEW_TOKENS = 10
 
 # Made-up questions in the Spec-Bench format (never real Spec-Bench questions).
@@ -273,9 +273,29 @@ def test_default_prompts_are_our_own():
     prompts = default_prompts()
     assert len({p.id for p in prompts}) == len(prompts) >= 5
     assert len({p.category for p in prompts}) == len(prompts)
-    if SPEC_BENCH.is_file():
+    if SPEC_BENCH is not None:
         spec_bench = SPEC_BENCH.read_text(encoding="utf-8")
         assert not any(p.text[:60] in spec_bench for p in prompts)
+
+
+def test_the_shipped_prompts_hold_no_spec_bench_question():
+    """The prompts `distill` and `index` fall back to must not teach a drafter the benchmark's questions."""
+    if SPEC_BENCH is None:
+        pytest.skip("no Spec-Bench questions on this machine: set $SPECWISE_TEST_DATA to a folder holding spec_bench/")
+    from specwise.answers import SHIPPED_PROMPTS
+
+    turns = {
+        t.strip()[:80]
+        for line in SPEC_BENCH.read_text(encoding="utf-8").splitlines()
+        for t in json.loads(line)["turns"]
+    }
+    shipped = [
+        json.loads(line)["prompt"].strip()[:80]
+        for path in sorted(SHIPPED_PROMPTS.glob("*.prompts.jsonl"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    assert len(shipped) >= 100 and not turns & set(shipped)
 
 
 @pytest.mark.parametrize(
