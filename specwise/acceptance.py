@@ -31,6 +31,28 @@ class SourceRecord:
         self.probing = False  # the last choice for this source was a probe
         self.skip = 0  # steps for which the last "not worth asking" still stands (AdaptivePlanner.REUSE)
 
+    def chose(self, probing: bool, skip: int = 0) -> None:
+        """The planner's choice for this source this step: whether it is a probe, and for how many steps a choice
+        not to ask it stands."""
+        self.probing, self.skip = probing, skip
+
+    def skipped(self) -> None:
+        """A step for which the last choice not to ask this source stood."""
+        self.skip -= 1
+        self.probing = False
+
+    def asked(self) -> bool:
+        """This source was asked in the current step. Returns whether its asks are timed (a request's first ask
+        also takes in the prompt: not a typical ask's time)."""
+        self.asked_now = True
+        timed, self.time_asks = self.time_asks, True
+        return timed
+
+    def stepped(self) -> None:
+        """The step is over: count the steps since this source was last asked."""
+        self.plain_run = 0 if self.asked_now else self.plain_run + 1
+        self.asked_now = False
+
     def begin(self, carry: float) -> None:
         self.plain_run = 0
         self.skip = 0

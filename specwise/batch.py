@@ -19,48 +19,24 @@ pass dear and comes back as it thins.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from specwise.engine import CheckedRequest, Engine, GenerationEvent, Request, Run, kept_prefix
+from specwise.engine import BatchStep, CheckedRequest, Engine, GenerationEvent, Request, Slot, kept_prefix
 from specwise.models.base import Model
-from specwise.planner import PlanState
 
 __all__ = ["BatchEngine", "BatchStep", "Request"]
 
 
 @dataclass
-class _Slot:
-    """A sequence of the target with its drafters and their planner state, reused by request after request."""
+class _Slot(Slot):
+    """A slot of the batch, reused by request after request: the engine's :class:`~specwise.engine.Slot` with
+    what the batch's scheduling keeps of it."""
 
-    target: Model
-    state: PlanState
-    run: Run | None = None
-    rid: int | None = None
-    prefill_at: int = 0  # prompt tokens fed so far (prefill runs in chunks)
     cancelled: bool = False
     order: int = 0  # when its request was admitted (the earliest of several with one prompt prefills it)
-    # what its target's cache holds after its last finished request: (context, the cache's feeds, features kept);
-    # a request whose prompt shares a prefix with it keeps that prefix (prompt caching, as Engine does)
-    cache: tuple[list[int], int | None, bool] | None = None
     finished: int = -1  # when its last request finished (a count of finished requests; -1: none)
-
-
-@dataclass
-class BatchStep:
-    """What one step did: the events per request id (finished requests' last events included), how many
-    sequences and rows shared the pass, how long it took, and the requests that failed on their own (a ValueError
-    from their plan or verification, e.g. a temperature so low that their logits overflow): those are dropped, the
-    others go on."""
-
-    events: list[tuple[int, GenerationEvent]]
-    sequences: int = 0
-    rows: int = 0
-    seconds: float = 0.0
-    errors: list[tuple[int, ValueError]] = field(default_factory=list)
-    prefill_copied: int = 0  # prompt tokens copied from another sequence's cache instead of fed
 
 
 # A request continues a free slot's conversation when the prefix its prompt shares with the slot's cache is at least
@@ -115,7 +91,7 @@ class BatchEngine:
                 del self._queue[i]
                 return
         for slot in self._slots:
-            if slot.rid == rid:
+            if slot.run is not None and slot.rid == rid:
                 slot.cancelled = True
 
     @property
@@ -176,13 +152,12 @@ class BatchEngine:
                 return
             keep = kept.get(id(slot), 0)  # a new slot holds nothing
             self._queue.popleft()
-            slot.cache = None
-            slot.run = self.engine.start(slot.target, slot.state, req, keep)
-            slot.rid, slot.prefill_at, slot.cancelled = rid, 0, False
+            self.engine.begin(slot, req, keep)
+            slot.rid, slot.cancelled = rid, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
 
     def _release(self, slot: _Slot) -> None:
-        slot.run, slot.rid, slot.cancelled = None, None, False
+        slot.run, slot.cancelled = None, False
 
     def _share_prefill(self, active: list[_Slot]) -> list[_Slot]:
         """Requests with one prompt (a request's ``n`` choices) prefill it once: a sequence yet to begin its prefill
@@ -213,7 +188,7 @@ class BatchEngine:
                     continue
                 slot.prefill_at = len(rest)
                 self.prefill_copied += len(rest)
-                slot.run.prefilled(time.perf_counter() - slot.run.t0)
+                slot.run.prefilled()
                 out.append(slot)
             elif not same:
                 out.append(slot)
@@ -223,7 +198,8 @@ class BatchEngine:
     # ---- a step ----------------------------------------------------------------------------------------------
 
     def step(self) -> BatchStep:
-        """Admit what fits, then one target pass for every running request. Returns the events it made."""
+        """Admit what fits, then one target pass for every running request (``Engine.step``). Returns the events
+        it made."""
         for slot in self._slots:
             if slot.cancelled:
                 self._release(slot)
@@ -233,72 +209,16 @@ class BatchEngine:
             return BatchStep([])
         copied = self.prefill_copied
         active = self._share_prefill(active)
-        copied = self.prefill_copied - copied
-        engine = self.engine
-        governor = getattr(engine.target, "governor", None)  # the thread count of the native model's passes
-        if governor is not None:
-            engine.planner.use_threads(governor.in_use())
-        # each sequence puts at least one row in the pass (a prefill chunk puts its tokens)
-        feeds: list[list[int] | None] = []
+        out = self.engine.step(active, self.prefill_chunk)
+        out.prefill_copied = self.prefill_copied - copied
+        self.prefill_fed += out.prefill_fed
         for slot in active:
-            rest = slot.run.prefill_tokens()[slot.prefill_at :]
-            feeds.append(rest[: self.prefill_chunk] if rest else None)
-        rows = sum(len(f) if f is not None else 1 for f in feeds)
-        tokens = float(sum(f is None for f in feeds))
-        items, keeps, plans, fed = [], [], [], []
-        errors: list[tuple[int, ValueError]] = []
-        for slot, chunk in zip(active, feeds):
-            if chunk is not None:
-                self.prefill_fed += len(chunk)
-                items.append((slot.target, chunk))
-                keeps.append(0)
-                plans.append(None)
-                fed.append((slot, chunk))
-                continue
-            try:
-                proposal = engine.plan(slot.run, batch=(rows - 1, tokens - 1.0))
-            except ValueError as err:  # this request's own failure: it alone ends
-                errors.append((slot.rid, err))
+            finish = slot.run.finish
+            if finish is not None:
+                if finish != "error":
+                    slot.finished, self._finished = self._finished, self._finished + 1
                 self._release(slot)
-                rows, tokens = rows - 1, tokens - 1.0
-                continue
-            drafted, forced = len(proposal.draft), len(slot.run.jumped)  # the grammar's forced tokens: rows too
-            rows += drafted + forced
-            tokens += engine.planner.expected_gain(slot.run.state, proposal) + forced
-            items.append((slot.target, slot.run.feed(proposal)))
-            keeps.append(drafted + 1)
-            plans.append(proposal)
-            fed.append((slot, chunk))
-        if not items:
-            return BatchStep([], errors=errors, prefill_copied=copied)
-        t_pass = time.perf_counter()
-        outputs = engine.target.forward_batch(items, keeps)
-        seconds_pass = time.perf_counter() - t_pass
-        if governor is not None:  # the pass may have been a try of the other count
-            engine.planner.use_threads(governor.last)
-        events: list[tuple[int, GenerationEvent]] = []
-        for (slot, chunk), proposal, logits in zip(fed, plans, outputs):
-            run = slot.run
-            if proposal is None:
-                slot.prefill_at += len(chunk)
-                if slot.prefill_at >= len(run.prefill_tokens()):
-                    run.prefilled(time.perf_counter() - run.t0)
-                continue
-            try:
-                event = engine.finish_step(run, proposal, logits, t_pass)
-            except ValueError as err:  # this request's own failure: it alone ends
-                errors.append((slot.rid, err))
-                self._release(slot)
-                continue
-            engine.planner.observe(run.state, proposal, run.last_accepted, None if len(items) > 1 else seconds_pass)
-            events.append((slot.rid, event))
-            if event.finish_reason is not None:
-                slot.cache = (list(run.context), slot.target.feeds, slot.target.keep_features)
-                slot.finished, self._finished = self._finished, self._finished + 1
-                self._release(slot)
-        if len(items) > 1:
-            engine.planner.observe_pass(rows, seconds_pass)
-        return BatchStep(events, len(items), rows, time.perf_counter() - t_pass, errors, copied)
+        return out
 
     def run_all(self, requests: Iterable[Request]) -> list[list[GenerationEvent]]:
         """Submit ``requests`` and step until all are done; each request's events in order (a convenience for

@@ -212,39 +212,30 @@ class CheckedRequest:
 
 
 class Run:
-    """One request being generated: its target sequence, the planner's state of its drafters, its randomness,
-    text, statistics and context (prompt and output so far)."""
+    """One request being generated on a sequence: the planner's state of its drafters, its randomness, text,
+    statistics and context (prompt and output so far). The engine's step advances it; nothing else writes it."""
 
-    def __init__(
-        self,
-        target: Model,
-        state: PlanState,
-        params: SamplingParams,
-        prompt_ids: list[int],
-        max_new_tokens: int,
-        eos: set[int],
-    ) -> None:
+    def __init__(self, target: Model, state: PlanState, request: CheckedRequest, tokenizer, cached: int = 0) -> None:
+        params = request.params
         self.target, self.state, self.params = target, state, params
-        self.prompt_ids = prompt_ids
-        self.max_new_tokens = max_new_tokens
-        self.eos = eos
+        self.prompt_ids = request.prompt_ids
+        self.max_new_tokens = request.max_new_tokens
+        self.eos = request.eos
+        self.logprobs = request.logprobs  # what to record of the emitted tokens (None: nothing)
+        self.grammar = request.grammar  # the constraint's matcher (params.constraint), advanced by the steps
         self.generator = params.generator() if not params.greedy else None
         self.uniforms = params.uniforms() if not params.greedy else None
-        self.stats = SpecStats(prompt_tokens=len(prompt_ids))
-        self.text: StopText | None = None
-        self.context = list(prompt_ids)
+        self.stats = SpecStats(prompt_tokens=len(self.prompt_ids), cached_tokens=cached)
+        self.text = StopText(tokenizer, request.stop)
+        self.context = list(self.prompt_ids)
         self.produced = 0
         self.finish: str | None = None
-        self.last_accepted = 0
-        self.logprobs: LogprobOptions | None = None  # what to record of the emitted tokens (None: nothing)
-        self.grammar: GrammarState | None = None  # the constraint's matcher (params.constraint), advanced by steps
-        self.jumped: list[int] = []  # tokens the grammar forced this step (jump-forward): fed before the draft
-        self.masks: np.ndarray | None = None  # bool [k + 1, vocab]: the grammar's masks for verifying this step's draft
+        self.prefill_done = False
         self.t0 = time.perf_counter()
 
     @property
     def cached(self) -> int:
-        """Leading prompt tokens whose cache a previous request left (prompt caching; set by ``Engine.start``)."""
+        """Leading prompt tokens whose cache a previous request left (prompt caching)."""
         return self.stats.cached_tokens
 
     def prefill_tokens(self) -> list[int]:
@@ -252,16 +243,78 @@ class Run:
         kept from the previous request, ``cached``)."""
         return self.prompt_ids[self.cached : -1]
 
-    def prefilled(self, seconds: float) -> None:
-        self.stats.prefill_seconds = seconds
+    def prefilled(self) -> None:
+        """The prompt is in the cache: its time is the prefill's."""
+        self.prefill_done = True
+        self.stats.prefill_seconds = time.perf_counter() - self.t0
 
-    def feed(self, proposal: Proposal) -> list[int]:
-        """A step's input (token ids for ``Model.forward``): the last emitted token, the tokens the grammar forced,
-        then the draft."""
-        tokens = self.context[-1:] + self.jumped
-        if len(proposal.draft):
-            tokens += proposal.draft.ids
-        return tokens
+
+@dataclass
+class StepPlan:
+    """What one sequence puts in a step's target pass, and all that verifying it needs besides the pass's logits.
+
+    proposal: the planner's draft (cut where the grammar forbids a token) and the source that made it.
+    forced: the tokens the grammar forces here (jump-forward), fed after the last token and before the draft in the
+        same pass, emitted whatever the draft's fate.
+    masks: bool ``[k + 1, vocab]``, the grammar's allowed tokens at each row that judges the draft (None: no grammar).
+    tokens: the pass's input, ``Model.forward``'s: the last emitted token, the forced ones, the draft.
+    """
+
+    proposal: Proposal
+    tokens: list[int]
+    forced: list[int] = field(default_factory=list)
+    masks: np.ndarray | None = None
+
+    @property
+    def logits_kept(self) -> int:
+        """The rows of the pass whose logits the verification reads: the last ``k + 1``."""
+        return len(self.proposal.draft) + 1
+
+
+@dataclass
+class StepResult:
+    """What verifying one sequence's rows gave: its event, and how many drafted tokens were accepted."""
+
+    event: GenerationEvent
+    accepted: int
+
+
+@dataclass
+class Slot:
+    """A sequence of the target with its drafters' planner state: what a step advances. It carries one request
+    (``run``) at a time, fed its prompt in chunks (``prefill_at``) before its first decoding step.
+
+    cache: what the target's cache held after the last step of its last request (that request's context, the
+        cache's ``feeds`` then, whether it kept features): a next request whose prompt shares a prefix keeps it
+        (prompt caching, :func:`kept_prefix`).
+    rid: the id its request is known by in the step's events and errors.
+    """
+
+    target: Model
+    state: PlanState
+    run: Run | None = None
+    rid: int = 0
+    prefill_at: int = 0
+    cache: tuple[list[int], int | None, bool] | None = None
+
+
+@dataclass
+class BatchStep:
+    """What one step did: the events per request id (finished requests' last events included), how many
+    sequences and rows shared the pass, how long it took and on how many threads, and the requests that failed on
+    their own (a ValueError from their plan or verification, e.g. a temperature so low that their logits
+    overflow): those end, the others go on. Where the step's time went: ``pass_seconds`` in the target's pass,
+    the rest (``seconds - pass_seconds``) in each sequence's planning, drafting and verification."""
+
+    events: list[tuple[int, GenerationEvent]]
+    sequences: int = 0
+    rows: int = 0
+    seconds: float = 0.0
+    errors: list[tuple[int, ValueError]] = field(default_factory=list)
+    prefill_copied: int = 0  # prompt tokens copied from another sequence's cache instead of fed
+    prefill_fed: int = 0  # prompt tokens fed to the target
+    pass_seconds: float = 0.0
+    threads: int | None = None  # the thread count of the pass (None: the model does not choose one)
 
 
 def kept_prefix(
@@ -282,7 +335,9 @@ def kept_prefix(
 
 
 class Engine:
-    """Speculative decoding of one sequence at a time with a target Model and a Drafter.
+    """Speculative decoding with a target Model and a Drafter: one sequence at a time (``stream``, ``generate``),
+    and the step that :class:`~specwise.batch.BatchEngine` runs over several (:meth:`step`): a single stream is a
+    batch of one over the same step.
 
     drafter: a Drafter, or a list of them (several sources: each step the planner drafts with the one expected to
         give the most tokens per second); None decodes plainly. Kept as ``drafters``, always a list.
@@ -313,9 +368,8 @@ class Engine:
         self.gamma = self.planner.gamma
         self.tokenizer = tokenizer
         self.eos_token_ids = None if eos_token_ids is None else set(eos_token_ids)
-        self._state: PlanState | None = None  # the planner's view of the sequence (kept from request to request)
-        self._cache: tuple[list[int], int | None, bool] | None = None  # the last request's context, target.feeds
-        # and keep_features after its last step: what the next request may keep of the target's cache
+        self._slot: Slot | None = None  # the sequence of ``stream``: the target with its drafters' state, kept from
+        # request to request (its cache: what the next request may keep of the target's cache)
 
     def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
         if eos_token_ids is not None:
@@ -390,118 +444,189 @@ class Engine:
             drafted and accepted tokens are ``stats.by_drafter["prediction"]``."""
         request = Request(prompt_ids, params, max_new_tokens, stop, eos_token_ids, logprobs, prediction)
         checked = self.check_request(request)
-        if self._state is None or not _same(self._state.sources, self.drafters):
-            self._state = self.planner.new_state(self.drafters)
-        keep = self._reusable(checked.prompt_ids)
-        self._cache = None
-        run = self.start(self.target, self._state, checked, keep)
-        prefill = run.prefill_tokens()
-        if prefill:
-            self.target.forward(prefill, num_logits=0)
-        run.prefilled(time.perf_counter() - run.t0)
-        governor = getattr(self.target, "governor", None)  # the thread count of the native model's passes
-        while run.finish is None:
-            if governor is not None:
-                self.planner.use_threads(governor.in_use())
-            proposal = self.plan(run)
-            t1 = time.perf_counter()
-            logits = self.target.forward(run.feed(proposal))  # [k + 1, vocab]
-            event = self.finish_step(run, proposal, logits, t1)
-            if governor is not None:  # the pass may have been a try of the other count
-                self.planner.use_threads(governor.last)
-            self.planner.observe(run.state, proposal, run.last_accepted, time.perf_counter() - t1)
-            self._cache = (run.context, self.target.feeds, self.target.keep_features)
-            yield event
+        slot = self._slot
+        if slot is None or slot.target is not self.target or not _same(slot.state.sources, self.drafters):
+            slot = self._slot = Slot(self.target, self.planner.new_state(self.drafters))
+        keep = kept_prefix(slot.cache, slot.target, slot.state.sources, checked.prompt_ids)
+        self.begin(slot, checked, keep)
+        while slot.run.finish is None:
+            step = self.step([slot])
+            if step.errors:
+                raise step.errors[0][1]
+            for _, event in step.events:
+                yield event
 
-    def _reusable(self, prompt_ids: list[int]) -> int:
-        """How many leading prompt tokens the target's cache holds from the previous request (prompt caching: a
-        shared system prompt or the turns of a chat are not fed again). Exact by the Model contract (rolling back
-        and feeding gives the logits of a fresh cache); 0 when anything else wrote the cache since, or when the
-        request needs features that were not kept. The last prompt token is always fed, for the first step."""
-        return kept_prefix(self._cache, self.target, self._state.sources, prompt_ids)
+    @property
+    def _state(self) -> PlanState | None:
+        """The planner's state of ``stream``'s sequence (None before its first request)."""
+        return None if self._slot is None else self._slot.state
 
-    def start(self, target: Model, state: PlanState, request: CheckedRequest, keep: int = 0) -> Run:
-        """A new request on the sequence ``target`` (this engine's target, or one of its sequences) drafted by
-        ``state``'s sources (and by its prediction's, asked first): its drafters begun, its cache emptied but its
-        first ``keep`` positions (already the prompt's: see ``_reusable``; the rest of the prompt is not fed
-        yet)."""
+    def forget_cache(self) -> None:
+        """Let the next request of ``stream`` feed its whole prompt (prompt caching off for one request: what a
+        measurement of a cold cache needs)."""
+        if self._slot is not None:
+            self._slot.cache = None
+
+    def begin(self, slot: Slot, request: CheckedRequest, keep: int = 0) -> Run:
+        """Start ``request`` on ``slot``: its drafters begun (and its prediction's, asked first), its cache emptied
+        but its first ``keep`` positions (already the prompt's: :func:`kept_prefix`; the rest of the prompt is fed by
+        the next steps). Returns the slot's new run."""
+        target, state = slot.target, slot.state
         if request.prediction:
             state = self.planner.for_request(state, PredictionDrafter(request.prediction, device=target.device))
-        run = Run(target, state, request.params, request.prompt_ids, request.max_new_tokens, request.eos)
-        run.logprobs = request.logprobs
-        run.grammar = request.grammar
-        run.text = StopText(self.tokenizer, request.stop)
+        run = Run(target, state, request, self.tokenizer, keep)
         target.rollback(keep)
-        run.stats.cached_tokens = keep
-        target.keep_features = any(d.needs_features for d in state.sources)
+        target.set_keep_features(any(d.needs_features for d in state.sources))
         for drafter in state.sources:
             drafter.begin(request.prompt_ids)
         self.planner.begin(state)
+        slot.run, slot.cache, slot.prefill_at = run, None, 0
         return run
 
-    def plan(self, run: Run, batch: tuple[int, float] | None = None) -> Proposal:
-        """The planner's draft for ``run``'s next step (``batch``: what others put in a shared pass)."""
+    def step(self, slots: list[Slot], prefill_chunk: int | None = None) -> BatchStep:
+        """One target pass for every slot's request: each slot puts its next prompt chunk (at most
+        ``prefill_chunk`` tokens; None: the rest of the prompt) or its planned step in the pass; then each decoding
+        slot's rows are verified and its event made. The one step of ``stream`` (one slot) and ``BatchEngine``.
+
+        A request that fails on its own (a ValueError from its plan or verification) is in the result's
+        ``errors`` and its run is over (``finish`` "error"); the others go on."""
+        began = time.perf_counter()
+        planner = self.planner
+        threads = self.target.pass_threads()
+        if threads is not None:
+            planner.use_threads(threads.in_use)
+        chunks: list[list[int] | None] = []  # per slot: the prompt tokens it feeds (None: a decoding step)
+        for slot in slots:
+            rest = slot.run.prefill_tokens()[slot.prefill_at :]
+            if not rest and not slot.run.prefill_done:
+                slot.run.prefilled()
+            chunks.append((rest[:prefill_chunk] if prefill_chunk is not None else rest) or None)
+        rows = sum(len(c) if c is not None else 1 for c in chunks)
+        tokens = float(sum(c is None for c in chunks))  # what the others are expected to emit in the pass
+        out = BatchStep([])
+        fed: list[tuple[Slot, list[int] | None, StepPlan | None]] = []
+        for slot, chunk in zip(slots, chunks):
+            if chunk is not None:
+                out.prefill_fed += len(chunk)
+                fed.append((slot, chunk, None))
+                continue
+            try:
+                plan = self.plan(slot.run, batch=(rows - 1, tokens - 1.0) if len(slots) > 1 else None)
+            except ValueError as err:  # this request's own failure: it alone ends
+                self._fail(slot, err, out)
+                rows, tokens = rows - 1, tokens - 1.0
+                continue
+            rows += len(plan.tokens) - 1
+            tokens += planner.expected_gain(slot.run.state, plan.proposal) + len(plan.forced)
+            fed.append((slot, None, plan))
+        if not fed:
+            out.seconds = time.perf_counter() - began
+            return out
+        items = [(slot.target, chunk if plan is None else plan.tokens) for slot, chunk, plan in fed]
+        keeps = [0 if plan is None else plan.logits_kept for _, _, plan in fed]
+        t_pass = time.perf_counter()
+        if len(items) == 1:  # a sequence alone: its own forward (a decoding pass in one native call where built)
+            outputs = [items[0][0].forward(items[0][1], keeps[0])]
+        else:
+            outputs = self.target.forward_batch(items, keeps)
+        out.pass_seconds = time.perf_counter() - t_pass
+        threads = self.target.pass_threads()
+        if threads is not None:  # the pass may have been a try of the other count
+            planner.use_threads(threads.last)
+            out.threads = threads.last
+        for (slot, chunk, plan), logits in zip(fed, outputs):
+            run = slot.run
+            if plan is None:
+                slot.prefill_at += len(chunk)
+                if slot.prefill_at >= len(run.prefill_tokens()):
+                    run.prefilled()
+                continue
+            try:
+                result = self.finish_step(run, plan, logits, t_pass)
+            except ValueError as err:  # this request's own failure: it alone ends
+                self._fail(slot, err, out)
+                continue
+            # a pass of its own is timed whole (verification included); a shared one is told once, below
+            seconds = time.perf_counter() - t_pass if len(items) == 1 else None
+            planner.observe(run.state, plan.proposal, result.accepted, seconds, forced=len(plan.forced))
+            slot.cache = (run.context, slot.target.feeds, slot.target.keep_features)
+            out.events.append((slot.rid, result.event))
+        if len(items) > 1:
+            planner.observe_pass(rows, out.pass_seconds)
+        out.sequences, out.rows = len(items), rows
+        out.seconds = time.perf_counter() - began
+        return out
+
+    @staticmethod
+    def _fail(slot: Slot, err: ValueError, out: BatchStep) -> None:
+        slot.run.finish = "error"
+        out.errors.append((slot.rid, err))
+
+    def plan(self, run: Run, batch: tuple[int, float] | None = None) -> StepPlan:
+        """``run``'s next step: the planner's draft, the tokens the grammar forces before it and the masks for
+        verifying it (``batch``: what others put in a shared pass, as (rows, tokens they are expected to emit))."""
         limit = run.max_new_tokens - run.produced - 1
         if run.target.max_length is not None:
             limit = min(limit, run.target.max_length - len(run.context))
         t0 = time.perf_counter()
-        context = run.context
+        context, forced, masks = run.context, [], None
         if run.grammar is not None and run.logprobs is None and self.jump_forward:  # (logprobs: the pass's own)
-            run.jumped = run.grammar.forced(limit)
-            limit -= len(run.jumped)
-            context = context + run.jumped
+            forced = run.grammar.forced(limit)
+            limit -= len(forced)
+            context = context + forced
         proposal = self.planner.draft(run.state, context, limit, run.params, run.generator, batch)
         if run.grammar is not None:
-            proposal = self._constrain(run, proposal)
-            proposal.forced = len(run.jumped)  # fed in the same pass: the planner times a pass of their rows too
+            proposal, masks = self._constrain(run, proposal)
         run.stats.draft_seconds += time.perf_counter() - t0
-        return proposal
+        tokens = run.context[-1:] + forced
+        if len(proposal.draft):
+            tokens += proposal.draft.ids
+        return StepPlan(proposal, tokens, forced, masks)
 
-    def _constrain(self, run: Run, proposal: Proposal) -> Proposal:
+    @staticmethod
+    def _constrain(run: Run, proposal: Proposal) -> tuple[Proposal, np.ndarray]:
         """The draft under the grammar: cut at the first token it forbids (a token drafted with q: drawn again
-        from q masked, see GrammarState.sampled_draft), with the masks for verifying it kept on ``run``."""
+        from q masked, see GrammarState.sampled_draft), with the masks for verifying it ``[k + 1, vocab]``."""
         draft = proposal.draft
         if draft.probs is None or run.params.greedy:
-            run.masks, n = run.grammar.draft_masks(draft.ids)
+            masks, n = run.grammar.draft_masks(draft.ids)
             cut = draft.prefix(n) if n < len(draft) else draft
         else:
-            tokens, q, run.masks = run.grammar.sampled_draft(draft.ids, draft.probs, run.generator)
+            tokens, q, masks = run.grammar.sampled_draft(draft.ids, draft.probs, run.generator)
             if tokens == draft.ids and len(q) == len(draft):
                 cut = Draft(tokens, q, draft.confidence, draft.kind, draft.device)
             else:
                 confidence = None if draft.confidence is None else draft.confidence[: len(tokens)]
                 cut = Draft(tokens, q, confidence, draft.kind, draft.device)
         if cut is draft:
-            return proposal
+            return proposal, masks
         reason = proposal.reason or (None if len(cut) else "grammar")
-        return Proposal(cut, proposal.source, reason, alternatives=proposal.alternatives)
+        return Proposal(cut, proposal.source, reason, alternatives=proposal.alternatives), masks
 
-    def finish_step(self, run: Run, proposal: Proposal, logits: np.ndarray, t_pass: float) -> GenerationEvent:
-        """Verify ``proposal`` against ``logits`` ``[k + 1, vocab]`` of the pass begun at ``t_pass`` (a
-        ``perf_counter`` time), roll the cache back to the kept tokens, and return the step's event."""
+    def finish_step(self, run: Run, plan: StepPlan, logits: np.ndarray, t_pass: float) -> StepResult:
+        """Verify ``plan``'s draft against ``logits`` ``[k + 1, vocab]`` (the rows that judge it) of the pass begun
+        at ``t_pass`` (a ``perf_counter`` time), roll the cache back to the kept tokens, advance ``run`` and return
+        the step's event with the number of drafted tokens accepted."""
+        proposal, forced = plan.proposal, plan.forced
         draft, params, stats = proposal.draft, run.params, run.stats
         k = len(draft)
         if k == 0:
             stats.plain_step_reasons[proposal.reason] = stats.plain_step_reasons.get(proposal.reason, 0) + 1
         start = len(run.context) - 1  # where the last emitted token went into the cache
-        jumped, raw = run.jumped, logits
-        if jumped or run.grammar is not None:
-            logits = logits[-(k + 1) :]  # [k + 1, vocab]: the rows that judge the draft (a batch keeps only those)
+        raw = logits
         if run.grammar is not None:  # p under the grammar: forbidden tokens at -inf before any other transform
-            logits = constrain_logits(logits, run.masks)
-        at = len(run.context) + len(jumped) - len(run.prompt_ids)  # the output position of row 0
+            logits = constrain_logits(logits, plan.masks)
+        at = len(run.context) + len(forced) - len(run.prompt_ids)  # the output position of row 0
         uniforms = None if params.greedy else (lambda i: run.uniforms(at + i))
         new = verify(draft.ids, draft.probs, logits, params, run.generator, uniforms)
         accepted = len(new) - 1
-        run.target.rollback(start + 1 + len(jumped) + accepted)
+        run.target.rollback(start + 1 + len(forced) + accepted)
         stats.verify_seconds += time.perf_counter() - t_pass
-        run.last_accepted = accepted
         grammar_done = False
         if run.grammar is not None:  # the output ends where the grammar is complete (an end token adds nothing)
-            new, grammar_done = self._advance_grammar(run, jumped, new)
-        elif jumped:
-            new = jumped + new
-        run.jumped = []
+            new, grammar_done = self._advance_grammar(run, forced, new)
+        elif forced:
+            new = forced + new
 
         remaining = run.max_new_tokens - run.produced
         finish = None
@@ -517,7 +642,7 @@ class Engine:
             finish = "length"
         if grammar_done and finish is None:
             finish = "stop"  # the grammar is complete: nothing but an end token could follow
-        from_draft = min(accepted, max(0, len(new) - len(jumped)))
+        from_draft = min(accepted, max(0, len(new) - len(forced)))
         stats.record_step(k, from_draft, len(new), run.state.sources[proposal.source].name if k else None)
 
         piece, kept, stopped = run.text.feed(new, final=finish is not None)
@@ -525,7 +650,7 @@ class Engine:
             finish = "stop"
             stats.new_tokens -= len(new) - len(kept)
             from_draft = min(from_draft, len(kept))
-        stats.forced += min(len(jumped), len(kept))  # counted in new_tokens, never as drafted or accepted
+        stats.forced += min(len(forced), len(kept))  # counted in new_tokens, never as drafted or accepted
         run.context.extend(kept)
         run.produced += len(kept)
         run.finish = finish
@@ -536,22 +661,22 @@ class Engine:
         if finish is not None:
             stats.total_seconds = time.perf_counter() - run.t0
             event.finish_reason, event.stats = finish, stats
-        return event
+        return StepResult(event, accepted)
 
     @staticmethod
-    def _advance_grammar(run: Run, jumped: list[int], new: list[int]) -> tuple[list[int], bool]:
+    def _advance_grammar(run: Run, forced: list[int], new: list[int]) -> tuple[list[int], bool]:
         """Feed the step's verified tokens to the grammar (the forced ones it has); returns the step's tokens, cut
         where the grammar became complete, and whether it did."""
         grammar = run.grammar
         if grammar.done:  # the forced tokens completed the output: the pass could only add an end token
-            return list(jumped), True
+            return list(forced), True
         for i, token in enumerate(new):
             grammar.advance([token])
             if token in run.eos:
                 break
             if grammar.done:
-                return jumped + new[: i + 1], True
-        return jumped + new, False
+                return forced + new[: i + 1], True
+        return forced + new, False
 
     def generate(
         self,

@@ -89,7 +89,6 @@ class Proposal:
     draft: Draft
     source: int = 0
     reason: str | None = None
-    forced: int = 0  # tokens a grammar forced, fed before the draft in the same pass (set by the engine)
     # the drafts of the other sources of copies (a prediction, prompt lookup) asked this step, as (source, token
     # ids): judged against the verified draft, so that a source whose draft lost to an equal one (two sources
     # copying the same text) still learns how far it was right
@@ -168,10 +167,13 @@ class Planner(ABC):
         the plan then maximises the whole pass's tokens per second, so that drafting fades out as the pass over
         all rows grows dear (None: the sequence is alone)."""
 
-    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
+    def observe(
+        self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None, forced: int = 0
+    ) -> None:
         """The target verified ``proposal`` (an empty draft: a plain step), kept ``accepted`` tokens and took
         ``seconds`` (sampling and acceptance included; None when the pass was shared by other sequences and is
-        told by :meth:`observe_pass`)."""
+        told by :meth:`observe_pass`); ``forced``: tokens a grammar forced, fed before the draft in the same pass
+        (rows of the pass too)."""
         drafted = len(proposal.draft)
         if not drafted:
             return
@@ -441,20 +443,19 @@ class AdaptivePlanner(Planner):
         known = state.known[source]
         top = min(len(known.positions), limit)
         if top <= 0 or self.calibrating(shared):
-            known.probing = False
+            known.chose(probing=False, skip=known.skip)
             return 0
         alone = not shared.rows  # a shared pass's plan depends on the others' rows: weighed every time
         if alone and known.skip > 0 and known.plain_run < self.probe_every:
-            known.skip -= 1  # a smaller limit only removes choices: still not worth it
-            known.probing = False
+            known.skipped()  # a smaller limit only removes choices: still not worth it
             return 0
         rates = self._rates(state, top, source, shared)
         best = max(range(top + 1), key=rates.__getitem__)
         if not self.worth_drafting(rates[best], shared):
             best = 0
-        known.probing = best == 0 and known.plain_run >= self.probe_every
-        known.skip = self.REUSE if alone and best == 0 and not known.probing else 0
-        return 1 if known.probing else best
+        probing = best == 0 and known.plain_run >= self.probe_every
+        known.chose(probing, self.REUSE if alone and best == 0 and not probing else 0)
+        return 1 if probing else best
 
     def draft(self, state, context, limit, params, generator, batch=None) -> Proposal:
         return self._draft(state, context, limit, params, generator, ALONE if batch is None else Shared(*batch))
@@ -531,20 +532,20 @@ class AdaptivePlanner(Planner):
         """``source`` was asked for tokens and proposed ``drafted`` (after cutting) in ``seconds`` (None: not a
         typical ask's time)."""
         known = state.known[source]
-        known.asked_now = True
-        timed, known.time_asks = known.time_asks, True
+        timed = known.asked()
         known.asks.add(1.0 if drafted else 0.0)
         if timed and seconds is not None:
             self.costs.observe_ask(state.keys[source], drafted, seconds)
 
-    def observe(self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None) -> None:
-        super().observe(state, proposal, accepted, seconds)
+    def observe(
+        self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None, forced: int = 0
+    ) -> None:
+        super().observe(state, proposal, accepted, seconds, forced)
         drafted = len(proposal.draft)
         if seconds is not None:  # the pass fed the last token, the forced ones and the draft
-            self.costs.observe_pass(drafted + 1 + proposal.forced, seconds)
+            self.costs.observe_pass(drafted + 1 + forced, seconds)
         for known in state.known:  # steps since each source was last asked
-            known.plain_run = 0 if known.asked_now else known.plain_run + 1
-            known.asked_now = False
+            known.stepped()
         _judge(state.known[proposal.source].positions, drafted, accepted)
         chosen = proposal.draft.ids if drafted else []
         for source, ids in proposal.alternatives:

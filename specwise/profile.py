@@ -102,7 +102,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
         if target is None:
             raise ValueError(f"drafter {drafter.name!r} reads the target's features: pass target=")
         target.reset()
-        target.keep_features = True
+        target.set_keep_features(True)
         target.forward(np.asarray(ctx[:-1], dtype=np.int64), num_logits=0)
     drafter.begin(ctx)
     for _ in range(repeats + 1):  # the first proposal builds the drafter's state (index, cache) and is not counted

@@ -434,15 +434,25 @@ def test_without_jump_forward_each_token_has_its_own_pass_and_the_answer_is_the_
 
 def test_a_batch_counts_forced_tokens_as_rows_of_its_pass(tiny_runtimes, monkeypatch):
     runtime = tiny_runtimes[1]
-    target = runtime.engine.target
+    model = type(runtime.engine.target)
     fed: list[int] = []
-    forward_batch = target.forward_batch
+    forward, forward_batch, inside = model.forward, model.forward_batch, [0]
 
-    def recording(items, num_logits=None):
+    def recording_batch(self, items, num_logits=None):  # a pass over several sequences
         fed.append(sum(int(np.asarray(tokens).size) for _, tokens in items))
-        return forward_batch(items, num_logits)
+        inside[0] += 1
+        try:
+            return forward_batch(self, items, num_logits)
+        finally:
+            inside[0] -= 1
 
-    monkeypatch.setattr(target, "forward_batch", recording)
+    def recording(self, tokens, num_logits=None):  # a pass of one sequence (or one inside a batch's pass)
+        if not inside[0]:
+            fed.append(int(np.asarray(tokens).size))
+        return forward(self, tokens, num_logits)
+
+    monkeypatch.setattr(model, "forward_batch", recording_batch)
+    monkeypatch.setattr(model, "forward", recording)
     batch = BatchEngine(runtime.engine, max_batch=2)
     params = SamplingParams(constraint=JsonSchema(SCHEMAS["nested"]))
     for text in ("A person as JSON.", "Another person as JSON."):

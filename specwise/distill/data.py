@@ -155,7 +155,7 @@ def _generate_batch_native(
     seqs, tokens, lses, last = [], [], [], []
     for prompt in prompts:
         seq = model.sequence()
-        seq.keep_features = True
+        seq.set_keep_features(True)
         logits = _tensor(seq.forward(np.asarray(prompt, dtype=np.int64)))  # [len, vocab]
         seqs.append(seq)
         tokens.append(list(prompt))

@@ -4,12 +4,24 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Model", "TokenIds", "token_ids"]
+from specwise.models.threads import ThreadGovernor
+
+__all__ = ["Model", "PassThreads", "TokenIds", "token_ids"]
 
 TokenIds = np.ndarray | Sequence[int]  # what forward takes: anything np.asarray(x, dtype=np.int64) accepts
+
+
+@dataclass(frozen=True)
+class PassThreads:
+    """The thread count of a model's passes: the count they run on (between tries of the other count) and the one
+    the last pass ran on (None before the first)."""
+
+    in_use: int
+    last: int | None
 
 
 class Model(ABC):
@@ -23,7 +35,10 @@ class Model(ABC):
     vocab_size: int
     device: str  # "cpu", or where a torch-based model runs ("cuda:0")
     max_length: int | None = None  # the longest sequence the model supports, when known
-    keep_features: bool = False  # keep the last hidden states of cached positions (see ``features``)
+    keep_features: bool = False  # keep the last hidden states of cached positions (``features``,
+    # ``set_keep_features``)
+    governor: ThreadGovernor | None = None  # chooses the thread count of each pass (the native models; None: the
+    # model's passes use what their library decides): read through ``pass_threads``
     feeds: int | None = None  # passes and copies that wrote the cache (None: never written): who reuses a cache
     # across requests checks that nobody else wrote it in between
 
@@ -65,7 +80,18 @@ class Model(ABC):
         if not 0 <= length <= source.length:
             raise ValueError(f"cannot copy {length} positions: the source's cache holds {source.length} tokens")
         if self.keep_features and length and not source.keep_features:
-            raise ValueError("the source kept no features: set keep_features on both sequences before feeding")
+            raise ValueError("the source kept no features: set_keep_features(True) on both sequences before feeding")
+
+    def set_keep_features(self, keep: bool) -> None:
+        """Keep (True) or stop keeping the last hidden states of the positions fed from now on (``features``): a
+        drafter that reads the target's features (the trained head) needs them."""
+        self.keep_features = bool(keep)
+
+    def pass_threads(self) -> PassThreads | None:
+        """The thread count of this model's passes (its ``governor``'s choice), for a planner that estimates the cost
+        of a pass per thread count; None where the model does not choose it."""
+        governor = self.governor
+        return None if governor is None else PassThreads(governor.in_use(), governor.last)
 
     def forward_batch(
         self, items: list[tuple[Model, TokenIds]], num_logits: list[int | None] | None = None
@@ -81,12 +107,12 @@ class Model(ABC):
     def features(self, start: int, end: int) -> np.ndarray:
         """The last hidden states (after the final norm: the output layer's input) at cached positions
         ``start .. end - 1``, as float32 ``[end - start, hidden]``. Needs ``keep_features = True`` before those
-        positions were fed; drafters that read the target's features (the trained head) set it."""
+        positions were fed (``set_keep_features``; the engine asks for it when a drafter reads the features)."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its hidden states")
 
     def _check_features(self, start: int, end: int) -> None:
         if not self.keep_features:
-            raise RuntimeError("features were not kept: set keep_features = True before feeding tokens")
+            raise RuntimeError("features were not kept: call set_keep_features(True) before feeding tokens")
         if not 0 <= start <= end <= self.length:
             raise ValueError(f"features [{start}, {end}) outside the cache of {self.length} tokens")
 

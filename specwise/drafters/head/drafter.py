@@ -90,8 +90,8 @@ class HeadDrafter(Drafter):
     its target attached; an :class:`~specwise.drafters.head.module.EagleHead` is taken too) from the target's
     features.
 
-    The target must keep its features (``needs_features``: the engine sets ``target.keep_features``). The head
-    has its own KV cache (one layer) written by position: positions whose features came from the target are
+    The target must keep its features (``needs_features``: the engine asks for them, ``Model.set_keep_features``).
+    The head has its own KV cache (one layer) written by position: positions whose features came from the target are
     kept between steps, the speculative ones are overwritten by the next proposal.
     """
 
