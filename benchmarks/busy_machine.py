@@ -1,5 +1,5 @@
 """Decoding beside one other busy process: plain and the default drafter, with the thread governor (``auto``) and
-with every pass on torch's thread count (``fixed``, ``SPECWISE_THREADS=fixed``), quiet and beside a
+with every pass on all its threads (``fixed``, ``SPECWISE_THREADS=fixed``), quiet and beside a
 ``while True: pass`` process, in one run.
 
 Each round runs every cell on the same prompts (Spec-Bench questions, measurement only), greedy, 128 new tokens,
@@ -18,10 +18,9 @@ import subprocess
 import sys
 import time
 
-import torch
-
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
+from specwise.models.threads import get_num_threads, set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -30,15 +29,15 @@ GREEDY = SamplingParams(temperature=0.0)
 
 def decode_rate(runtime, ids: list[int], n: int, fixed: bool, threads: int) -> float:
     """Decode tokens/s of one greedy answer, the governor on or off for the target (and a draft model). A fixed run
-    sets torch's thread count to ``threads`` and puts back the governor's afterwards (the governor takes a count
-    set by anyone else as the user's new choice)."""
-    before = torch.get_num_threads()
+    sets the native passes' thread count to ``threads`` and puts back the count before it afterwards (the governor
+    takes a count set by anyone else as the user's new choice)."""
+    before = get_num_threads()
     if fixed:
-        torch.set_num_threads(threads)
+        set_num_threads(threads)
     try:
         return _rate(runtime, ids, n, fixed)
     finally:
-        torch.set_num_threads(before)
+        set_num_threads(before)
 
 
 def _rate(runtime, ids: list[int], n: int, fixed: bool) -> float:
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--llama-cpp", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     prompts = select_prompts(
         (load_questions(args.questions) if args.questions else default_prompts()), args.categories, args.per_category
     )

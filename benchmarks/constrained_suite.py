@@ -32,12 +32,12 @@ import statistics
 import time
 
 import jsonschema
-import torch
 
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
 from specwise.bench.schemas import EXTRACTION, SUITE, extraction_prompt
 from specwise.constraints import GrammarState, JsonSchema, max_json_bytes
+from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drafter", default="auto", help="the speculative configuration set against plain (default: auto)")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     specs = {"per_token": "none", "none": "none", "auto": args.drafter}  # "auto": the speculative side
     runtimes = {d: build_runtime("default", specs[d], "auto", "cpu") for d in DRAFTERS}
     runtimes["per_token"].engine.jump_forward = False  # forced tokens one pass each, as llama.cpp and vLLM decode

@@ -18,11 +18,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specwise.bench.llamacpp import llama_bench
 from specwise.bench.runner import emit_json, script_header
 from specwise.engine import Engine
+from specwise.models.threads import set_num_threads
 from specwise.sampling import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -34,7 +35,7 @@ _STARTUP = (
 
 def specwise_rate(model, depth: int, n: int) -> float:
     """Decode tokens/s of n tokens after depth random tokens of context (the prompt's pass left out)."""
-    ids = torch.randint(100, model.vocab_size - 100, (max(1, depth),), generator=torch.Generator().manual_seed(depth))
+    ids = np.random.default_rng(depth).integers(100, model.vocab_size - 100, max(1, depth))
     stats = Engine(model, None, gamma=0).generate(ids.tolist(), GREEDY, max_new_tokens=n, eos_token_ids=[]).stats
     return stats.new_tokens / (stats.total_seconds - stats.prefill_seconds)
 
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from specwise.models import load_model
 
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     launch = startup(args.target)
     loaded = load_model(str(args.target), precision="q8")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

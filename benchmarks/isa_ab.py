@@ -17,10 +17,10 @@ import sys
 import time
 
 import numpy as np
-import torch
 
 from specwise.bench.runner import emit_json, machine_info
 from specwise.models.kernels import quant
+from specwise.models.threads import get_num_threads
 
 # GGML type: (inputs per block, bytes per block, offsets of the float16 scale fields in a block)
 BLOCKS = {2: (32, 18, (0,)), 3: (32, 20, (0, 2)), 8: (32, 34, (0,)), 12: (256, 144, (0, 2)), 14: (256, 210, (208,))}
@@ -75,7 +75,7 @@ def main() -> int:
     source.add_argument("--shapes", choices=sorted(SHAPES), help="random matrices of a named model's shapes")
     ap.add_argument("--ks", nargs="+", type=int, default=[1, 4, 8, 16, 32])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--threads", type=int, default=get_num_threads())
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     for path in args.paths:
@@ -85,9 +85,10 @@ def main() -> int:
     groups = model_groups(args.target) if args.target else shaped_groups(args.shapes)
     rows = {}
     for k in args.ks:
-        xs = {g[0].shape[1]: torch.randn(k, g[0].shape[1]) for g in groups}
+        rng = np.random.default_rng(0)
+        xs = {g[0].shape[1]: rng.standard_normal((k, g[0].shape[1]), dtype=np.float32) for g in groups}
         times: list[list[float]] = [[], []]
-        outputs: list[list[torch.Tensor]] = [[], []]
+        outputs: list[list[np.ndarray]] = [[], []]
         for rep in range(args.reps):
             for i in (0, 1) if rep % 2 == 0 else (1, 0):
                 quant.set_isa(args.paths[i])
@@ -96,7 +97,7 @@ def main() -> int:
                 times[i].append(time.perf_counter() - start)
                 if rep == 0:
                     outputs[i] = ys
-        same = all(torch.equal(a, b) for a, b in zip(*outputs))
+        same = all(np.array_equal(a, b) for a, b in zip(*outputs))
         med = [statistics.median(t) * 1e3 for t in times]
         ratios = [b / a for a, b in zip(times[0], times[1])]
         rows[k] = {"median_ms": med, "ratio_median": statistics.median(ratios), "same_bits": same}

@@ -13,7 +13,7 @@ import statistics
 import sys
 import time
 
-import torch
+import numpy as np
 
 from specwise.bench.runner import machine_info
 from specwise.models.kernels import native_library
@@ -32,7 +32,7 @@ def main() -> int:
     args = ap.parse_args()
     lib = native_library()
     model = QuantizedModel(args.target or default_gguf_path(), precision=args.precision)
-    ids = torch.randint(0, model.vocab_size, (args.context + max(args.ks),), generator=torch.Generator().manual_seed(0))
+    ids = np.random.default_rng(0).integers(0, model.vocab_size, args.context + max(args.ks))
     model.forward(ids[: args.context], num_logits=0)
     rows = {}
     for k in args.ks:

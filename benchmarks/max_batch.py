@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from specwise.batch import BatchEngine, Request
 from specwise.bench.prompts import default_prompts, interleave_categories, load_questions
 from specwise.bench.runner import machine_info
+from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams
 
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto")
     texts = [
         q.text

@@ -16,12 +16,13 @@ import statistics
 import sys
 import time
 
-import torch
+import numpy as np
 
 from specwise.bench.runner import machine_info
 from specwise.models.kernels.quant import q_gemm
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel
+from specwise.models.threads import get_num_threads
 
 
 def timed(fn, repeats: int) -> float:
@@ -34,9 +35,10 @@ def timed(fn, repeats: int) -> float:
 
 
 def products(model: QuantizedModel, k: int, mode: str) -> callable:
-    h = torch.randn(k, model.hidden)
-    a = torch.randn(k, model.n_heads * model.head_dim)
-    m = torch.randn(k, model.intermediate)
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((k, model.hidden), dtype=np.float32)
+    a = rng.standard_normal((k, model.n_heads * model.head_dim), dtype=np.float32)
+    m = rng.standard_normal((k, model.intermediate), dtype=np.float32)
 
     def run():
         for q, kk, v, o, gate, up, down in model.layers:
@@ -63,16 +65,14 @@ def main() -> int:
         "command": " ".join(["python", *sys.argv]),
         "target": path,
         "machine": machine_info("cpu"),
-        "threads": torch.get_num_threads(),
+        "threads": get_num_threads(),
         "runs": [],
     }
     for precision in args.precisions:
         model = QuantizedModel(path, precision=precision, capacity=max(args.contexts) + 64)
         results["weight_bytes"] = model.weight_bytes
         for context in args.contexts:
-            ids = torch.randint(
-                0, model.vocab_size, (context + max(args.ks),), generator=torch.Generator().manual_seed(0)
-            )
+            ids = np.random.default_rng(0).integers(0, model.vocab_size, context + max(args.ks))
             model.reset()
             model.forward(ids[:context], num_logits=0)
             samples: dict[int, list[float]] = {k: [] for k in args.ks}
@@ -93,7 +93,7 @@ def main() -> int:
                 for k in args.ks:
                     prod = products(model, k, precision)
                     prod()
-                    h = torch.randn(1, model.hidden)
+                    h = np.random.default_rng(0).standard_normal((1, model.hidden), dtype=np.float32)
                     head = timed(
                         lambda h=h, model=model, mode=precision: q_gemm(model.lm_head, h, mode=mode),
                         args.repeats * args.rounds,

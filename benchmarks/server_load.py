@@ -200,15 +200,20 @@ def summarize(concurrency: int, rounds: list[dict]) -> dict:
 
 
 def environment(args: argparse.Namespace) -> dict:
-    import torch
+    from importlib.metadata import PackageNotFoundError, version
 
     from specwise.machine import cpu_name, vector_flags
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        torch = None
 
     return {
         "cpu": cpu_name(),
         "cpu_flags": vector_flags(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": torch,
         "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),

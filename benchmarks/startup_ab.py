@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
+    if args.rounds < 2:
+        ap.error("--rounds must be at least 2: each order of the two trees needs a round")
     once(args.old, args.model), once(args.new, args.model)  # warm the page cache and the tokenizer caches
     rows = []
     for r in range(args.rounds):

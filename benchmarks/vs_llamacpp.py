@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+import numpy as np
 
 from specwise.bench.llamacpp import LlamaServer, find_llama_cpp, llama_bench
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
@@ -33,6 +33,7 @@ from specwise.engine import Engine
 from specwise.models import load_model
 from specwise.models.loader import gguf_source
 from specwise.models.quantized import QuantizedModel
+from specwise.models.threads import set_num_threads
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -64,7 +65,7 @@ def agreement(tokens: dict[str, list[list[int]]], reference: list[list[int]]) ->
 
 def depth_rate(model, depth: int, n_new: int = 64) -> float:
     """Plain decode tokens/s of n_new tokens after depth tokens of (random) context."""
-    ids = torch.randint(100, model.vocab_size - 100, (depth,), generator=torch.Generator().manual_seed(depth))
+    ids = np.random.default_rng(depth).integers(100, model.vocab_size - 100, depth)
     stats = Engine(model, None, gamma=0).generate(ids.tolist(), GREEDY, max_new_tokens=n_new, eos_token_ids=[]).stats
     return stats.new_tokens / (stats.total_seconds - stats.prefill_seconds)
 
@@ -91,7 +92,7 @@ def main() -> int:
         help="agreement of q8 with exact only, llama.cpp left out for the reason given (a file it cannot run)",
     )
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     gguf = gguf_source(args.target)
     if gguf is None or (args.no_llama_cpp is None and find_llama_cpp() is None):
         raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/bench/llamacpp.py)")

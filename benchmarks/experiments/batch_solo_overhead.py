@@ -20,12 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 from specwise.batch import BatchEngine, Request
 from specwise.bench.paired import geometric_interval
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import machine_info
+from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams
 
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto")
     engine = runtime.engine
     prompts = select_prompts(

@@ -26,8 +26,6 @@ import math
 import time
 from pathlib import Path
 
-import torch
-
 
 class Result:
     """A batch engine's answer as ``Engine.generate`` gives it: text, token ids, statistics."""
@@ -54,6 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     from specwise.batch import BatchEngine, Request
     from specwise.bench.runner import emit_json, script_header
     from specwise.drafters.model import ModelDrafter
+    from specwise.models.threads import set_num_threads
     from specwise.runtime import build_runtime, encode_chat
     from specwise.sampling import SamplingParams
 
@@ -73,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         openings = [str(r["prompt"]) for r in lines[:: args.skip][: args.conversations]]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise SystemExit(f"error: --prompts {args.prompts}: {err!r}: give a *.prompts.jsonl file") from None
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     runtime = build_runtime(args.target, args.drafter, "auto", "cpu")
     engine, tokenizer = runtime.engine, runtime.tokenizer
     drafts = [d.model for d in engine.drafters if isinstance(d, ModelDrafter)]

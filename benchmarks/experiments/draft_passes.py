@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
+from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
 
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     chosen = select_prompts(
         load_questions(args.questions_file) if args.questions_file else default_prompts(),
         [args.category],
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def recording(tokens, num_logits=None, forward=forward, counts=counts):
             counts["passes"] += 1
-            counts["rows"] += int(tokens.numel())
+            counts["rows"] += len(tokens)
             return forward(tokens, num_logits)
 
         draft.forward = recording

@@ -38,7 +38,7 @@ import argparse
 import json
 from pathlib import Path
 
-import torch
+import numpy as np
 
 __all__ = ["replay", "main"]
 
@@ -136,10 +136,12 @@ def _answers(target: str, drafter: str, chosen: list[tuple[str, str]], max_new: 
         prompt = encode_prompt(runtime.tokenizer, text, chat=True)
         answer = engine.generate(prompt, SamplingParams(), max_new).token_ids  # greedy: the target's own answer
         draft.reset()
-        logits = draft.forward(torch.tensor(prompt + answer[:-1], dtype=torch.int64), num_logits=len(answer))
-        probs = torch.softmax(logits.float(), dim=-1)
-        top, where = probs.max(dim=-1)
-        choice = where if ids_map is None else ids_map[where]
+        logits = np.asarray(draft.forward(prompt + answer[:-1], num_logits=len(answer)), dtype=np.float64)
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs /= probs.sum(axis=-1, keepdims=True)
+        where = probs.argmax(axis=-1)
+        top = probs[np.arange(len(where)), where]
+        choice = where if ids_map is None else np.asarray(ids_map)[where]
         agrees = [bool(a == b) for a, b in zip(choice.tolist(), answer)]
         answers.append((agrees, top.tolist()))
         rows.append({"question_id": qid, "answer_tokens": len(answer), "agreement": sum(agrees) / len(agrees)})
@@ -148,6 +150,7 @@ def _answers(target: str, drafter: str, chosen: list[tuple[str, str]], max_new: 
 
 def main(argv: list[str] | None = None) -> None:
     from specwise.bench.runner import emit_json, script_header
+    from specwise.models.threads import set_num_threads
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", required=True)
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     try:
         profile = json.loads(Path(args.profile).read_text())
         passes = {int(k): float(v) for k, v in profile["forward_seconds"].items()}

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from specwise.bench.runner import emit_json, script_header
 from specwise.drafters.vocab import read_ranking
@@ -66,10 +65,10 @@ def read_answers(path: Path) -> list[list[int]]:
 def token_ms(model: QuantizedModel, steps: int = 32) -> float:
     """Milliseconds of one 1-token pass with its logits, after a 64-token prefill."""
     model.reset()
-    model.forward(torch.arange(100, 164))
+    model.forward(np.arange(100, 164))
     began = time.perf_counter()
     for i in range(steps):
-        model.forward(torch.tensor([200 + i]), num_logits=1)
+        model.forward([200 + i], num_logits=1)
     return (time.perf_counter() - began) / steps * 1000
 
 
@@ -106,13 +105,13 @@ def main(argv: list[str] | None = None) -> int:
     for prompt, answer in pairs:
         ids = encode_prompt(tok, prompt, chat=True)[:1024]
         draft.reset()
-        logits = draft.forward(torch.tensor(ids + answer[:-1]), num_logits=len(answer))  # [len(answer), vocab]
-        want = torch.tensor(answer)
+        logits = np.asarray(draft.forward(ids + answer[:-1], num_logits=len(answer)))  # [len(answer), vocab]
+        want = np.asarray(answer)
         total += len(answer)
         hits["full"] += int((logits.argmax(-1) == want).sum())
         for n in sizes:
-            mask = torch.from_numpy(member[n])
-            hits[n] += int((logits.masked_fill(~mask, float("-inf")).argmax(-1) == want).sum())
+            mask = member[n]
+            hits[n] += int((np.where(mask, logits, -np.inf).argmax(-1) == want).sum())
             covered[n] += int(mask[want].sum())
 
     models = {"full": QuantizedModel(args.draft, drafting=True)}

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from specwise.answers import corpus_files, passage_prompts
-from specwise.drafters import make_drafter
-from specwise.drafters.head import HeadDrafter
+from specwise.drafters import quantized_head, shipped_head_dir
+from specwise.drafters.head import HeadDrafter, check_target, read_head
 from specwise.engine import Engine
 from specwise.models import load_model
 from specwise.runtime import encode_prompt
@@ -46,7 +46,9 @@ def main() -> int:
     args = ap.parse_args()
 
     loaded = load_model("default", device="cpu")
-    head = make_drafter("head", loaded, device="cpu")[0].head
+    head = read_head(shipped_head_dir(loaded.name))  # the shipped head, attached as `--drafter head` attaches it
+    check_target(head.config, loaded.hf_model, loaded.name)
+    head.attach_target(loaded.hf_model)
     prompts = passage_prompts(corpus_files(Path(args.corpus_dir)), args.prompts, seed=args.seed, words=args.words)
     configs = []
     for spec in args.windows:
@@ -56,7 +58,9 @@ def main() -> int:
     for i, prompt in enumerate(prompts):
         ids = encode_prompt(loaded.tokenizer, prompt, chat=True)
         for spec, window, sinks in configs:
-            drafter = HeadDrafter(head, loaded.model, alternatives=(), window=window, sinks=sinks)
+            drafter = HeadDrafter(
+                head, loaded.model, window=window, sinks=sinks, quantized=quantized_head(loaded.model)
+            )
             asks: list[float] = []
             propose = drafter.propose
 
