@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
     drafts = [d.model for d in engine.drafters if isinstance(d, ModelDrafter)]
     if not drafts:
         raise SystemExit(f"error: {runtime.drafter_spec} has no draft model: give model:FILE or auto with a sibling")
+    warm = encode_chat(tokenizer, [{"role": "user", "content": openings[0]}])  # one-time costs out of the runs
+    engine.generate(warm, SamplingParams(), 8)
+    if args.batch:
+        BatchEngine(engine, max_batch=2).run_all([Request(warm, SamplingParams(), 8)])
     ways = ("kept", "fresh")
     runs, answers = [], {}
     for c, opening in enumerate(openings):

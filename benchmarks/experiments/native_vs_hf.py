@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 import statistics
 
-import torch
-
 from specwise.bench.runner import emit_json, script_header
 from specwise.engine import Engine
 from specwise.models import load_model
 from specwise.models.loader import converted_gguf_dir, default_gguf_path
+from specwise.models.threads import set_num_threads
 from specwise.sampling import SamplingParams
 
 
@@ -36,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_num_threads(args.threads)
     target = args.target or str(converted_gguf_dir(default_gguf_path()))
     models = {impl: load_model(target, impl=impl).model for impl in ("native", "hf")}
     rates: dict[str, list[float]] = {impl: [] for impl in models}
