@@ -1,12 +1,13 @@
-"""Plain decoding of a GGUF file by specwise (``q8``) and by llama.cpp's ``llama-bench``, side by side, at several
-context depths; and specwise's start-up and resident memory on the same file.
+"""Plain decoding of a GGUF file by specwise (``q8``, and ``exact`` with ``--precisions``) and by llama.cpp's
+``llama-bench``, side by side, at several context depths; and specwise's start-up and resident memory on the file.
 
 For files that ``llama-completion`` / ``llama-server`` of the built llama.cpp cannot run (``specwise bench
 --llama-cpp`` needs them), ``llama-bench`` still times the same passes: ``-n N -d DEPTH`` decodes N tokens after
 DEPTH tokens of context. specwise decodes N tokens after DEPTH random tokens of context (the pass after the prompt
-only, as llama-bench's tg). The rounds alternate the two, one run each; medians and the median paired ratio.
+only, as llama-bench's tg). The rounds alternate them, one run each; medians and the median paired ratios.
 
     python benchmarks/decode_vs_llama_bench.py --target gemma.gguf --depths 0 512 --rounds 5 --out out.json
+    python benchmarks/decode_vs_llama_bench.py --target model.gguf --depths 2048 --new-tokens 64 --precisions q8 exact
 """
 
 from __future__ import annotations
@@ -58,28 +59,35 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precisions", nargs="+", default=["q8"], choices=["q8", "exact"], help="specwise's numerics")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     from specwise.models import load_model
 
     set_num_threads(args.threads)
     launch = startup(args.target)
-    loaded = load_model(str(args.target), precision="q8")
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    model = loaded.model
-    specwise_rate(model, 0, 8)  # warm up
+    models = {p: load_model(str(args.target), precision=p).model for p in args.precisions}
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the first precision's load sets the peak
+    model = models[args.precisions[0]]
+    for m in models.values():
+        specwise_rate(m, 0, 8)  # warm up
     results = {}
     for depth in args.depths:
         rows = []
         for _ in range(args.rounds):
-            ours = specwise_rate(model, depth, args.new_tokens)
+            ours = {p: specwise_rate(m, depth, args.new_tokens) for p, m in models.items()}
             peer = llama_bench(args.target, n_gen=args.new_tokens, threads=args.threads, depth=depth, repetitions=1)
-            rows.append({"specwise": ours, "llama_cpp": peer["tokens_per_s"], "llama_bench": peer})
+            rows.append({"specwise": ours[args.precisions[0]], **{f"specwise_{p}": v for p, v in ours.items()},
+                         "llama_cpp": peer["tokens_per_s"], "llama_bench": peer})  # fmt: skip
         results[str(depth)] = {
             "rounds": rows,
             "specwise_median": statistics.median(r["specwise"] for r in rows),
             "llama_cpp_median": statistics.median(r["llama_cpp"] for r in rows),
             "ratio_median": statistics.median(r["specwise"] / r["llama_cpp"] for r in rows),
+            **{
+                f"ratio_median_{p}": statistics.median(r[f"specwise_{p}"] / r["llama_cpp"] for r in rows)
+                for p in args.precisions
+            },
         }
     emit_json(
         {

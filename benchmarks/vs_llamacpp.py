@@ -1,6 +1,5 @@
 """What ``specwise bench --llama-cpp`` does not measure: how often greedy decoding by specwise ``q8`` and by
-llama.cpp agrees with ``exact`` (the dequantized float32 model's numbers) on the same GGUF file, and decoding after
-a long context.
+llama.cpp agrees with ``exact`` (the dequantized float32 model's numbers) on the same GGUF file.
 
 Speed against llama.cpp is ``specwise bench``'s (interleaved rounds, paired intervals):
 
@@ -9,10 +8,10 @@ Speed against llama.cpp is ``specwise bench``'s (interleaved rounds, paired inte
 
 This script decodes every question greedily (128 tokens, EOS ignored) with specwise ``q8`` plain, specwise
 ``exact`` plain and llama.cpp (``llama-server`` from the same prompt ids), and reports per method the share of
-answers identical to ``exact`` and the tokens before the first difference. ``--depth N`` adds decode tokens/s of
-64 tokens after N tokens of context: specwise plain (``q8`` and ``exact``, 3 runs) and ``llama-bench -d N``.
+answers identical to ``exact`` and the tokens before the first difference. Decoding after a long context, against
+``llama-bench -d N``, is decode_vs_llama_bench.py's.
 
-    python benchmarks/vs_llamacpp.py --per-category 2 --depth 2048 --out /tmp/agreement.json
+    python benchmarks/vs_llamacpp.py --per-category 2 --out /tmp/agreement.json
 """
 
 from __future__ import annotations
@@ -24,9 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from specwise.bench.llamacpp import LlamaServer, find_llama_cpp, llama_bench
+from specwise.bench.llamacpp import LlamaServer, find_llama_cpp
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import machine_info
 from specwise.engine import Engine
@@ -63,13 +60,6 @@ def agreement(tokens: dict[str, list[list[int]]], reference: list[list[int]]) ->
     return out
 
 
-def depth_rate(model, depth: int, n_new: int = 64) -> float:
-    """Plain decode tokens/s of n_new tokens after depth tokens of (random) context."""
-    ids = np.random.default_rng(depth).integers(100, model.vocab_size - 100, depth)
-    stats = Engine(model, None, gamma=0).generate(ids.tolist(), GREEDY, max_new_tokens=n_new, eos_token_ids=[]).stats
-    return stats.new_tokens / (stats.total_seconds - stats.prefill_seconds)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="default", help="default or a .gguf file")
@@ -82,7 +72,6 @@ def main() -> int:
     ap.add_argument("--per-category", type=int, default=2)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--depth", type=int, default=0, help="also decode 64 tokens after this many tokens of context")
     ap.add_argument("--kv-cache", default="float32", choices=["float32", "float16"], help="q8's KV cache")
     ap.add_argument("--out", default=None)
     ap.add_argument(
@@ -107,16 +96,6 @@ def main() -> int:
     if args.no_llama_cpp is None:
         with LlamaServer(gguf, threads=args.threads, ctx_size=4096) as server:
             tokens["llama.cpp"] = [server.greedy(ids, args.new_tokens)["token_ids"] for ids in encoded]
-    depth = None
-    if args.depth:
-        depth = {
-            "tokens": args.depth,
-            "specwise_decode_tokens_per_s": {
-                "q8": [depth_rate(q8_model, args.depth) for _ in range(3)],
-                "exact": [depth_rate(exact.model, args.depth) for _ in range(3)],
-            },
-            "llama_bench": llama_bench(gguf, n_gen=64, threads=args.threads, depth=args.depth, repetitions=3),
-        }
     results = {
         "command": " ".join(["python", *sys.argv]),
         "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -128,12 +107,11 @@ def main() -> int:
         "prompts": [p.id for p in prompts],
         "agreement_with_exact": agreement(tokens, reference),
         "llama_cpp_left_out": args.no_llama_cpp,
-        "depth": depth,
     }
     text = json.dumps(results, indent=1)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    print(json.dumps({k: results[k] for k in ("agreement_with_exact", "depth")}, indent=1))
+    print(json.dumps(results["agreement_with_exact"], indent=1))
     return 0
 
 
