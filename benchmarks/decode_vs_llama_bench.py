@@ -7,7 +7,7 @@ DEPTH tokens of context. specwise decodes N tokens after DEPTH random tokens of 
 only, as llama-bench's tg). The rounds alternate them, one run each; medians and the median paired ratios.
 
     python benchmarks/decode_vs_llama_bench.py --target gemma.gguf --depths 0 512 --rounds 5 --out out.json
-    python benchmarks/decode_vs_llama_bench.py --target model.gguf --depths 2048 --new-tokens 64 --precisions q8 exact
+    python benchmarks/decode_vs_llama_bench.py --target default --depths 2048 --new-tokens 64 --precisions q8 exact
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def startup(path: Path, runs: int = 3) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", type=Path, required=True, help="a .gguf file")
+    ap.add_argument("--target", default="default", help="default or a .gguf file")
     ap.add_argument("--depths", type=int, nargs="+", default=[0, 512])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
@@ -63,6 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out")
     args = ap.parse_args(argv)
     from specwise.models import load_model
+    from specwise.models.loader import gguf_source
+
+    try:
+        gguf = gguf_source(args.target)
+    except FileNotFoundError as err:
+        raise SystemExit(f"error: {err}: give --target default or a .gguf file") from None
+    if gguf is None:
+        raise SystemExit(f"error: --target {args.target}: give default or a .gguf file")
+    args.target = Path(gguf)
 
     set_num_threads(args.threads)
     launch = startup(args.target)
