@@ -13,6 +13,7 @@ conditions.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -75,8 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--drafters", nargs="+", default=["none", "auto"])
     ap.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     ap.add_argument("--per-category", type=int, default=1)
     ap.add_argument("--categories", nargs="*", default=None)

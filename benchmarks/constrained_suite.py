@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import time
 
@@ -92,8 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", nargs="*", choices=sorted(SUITE), help="the suite's shapes to run (default: all 20)")
     ap.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     ap.add_argument("--categories", nargs="+", default=["extraction"])
     ap.add_argument("--spec-bench", type=int, default=10, help="Spec-Bench questions per category (0: none)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import statistics
 import sys
@@ -61,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="auto")
     p.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=32)

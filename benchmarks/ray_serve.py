@@ -57,7 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=32, help="requests per configuration and round (default 32)")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3, help="rounds, every configuration once per round (default 3)")
-    p.add_argument("--questions", default=None, help="a Spec-Bench question.jsonl (default: the project's own prompts)")
+    p.add_argument(
+        "--questions",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
+    )
     p.add_argument("--single", action="store_true", help="also one plain server with 2 threads")
     p.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray cluster (default 2)")
     p.add_argument("--kill", action="store_true", help="also the replica-kill run (after the rounds)")

@@ -47,8 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ctx-size", type=int, default=1024, help="llama-server's context per slot (default: 1024)")
     p.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--requests", type=int, default=16, help="requests per level and round (default: 16)")

@@ -1,7 +1,8 @@
 """Where a decoding step's time goes in the engine, per target pass: the target's forward (decoding passes only),
 the planner with the drafter (``Planner.draft``), the verification and bookkeeping (``Engine.finish_step``) and the
 planner's update (``Planner.observe``), for plain decoding and a drafter, greedy (or sampled with ``--temperature``
-and ``--top-p``, seed 0), on Spec-Bench questions (every 40th, 128 new tokens, 2 rounds).
+and ``--top-p``, seed 0), on the project's prompts or every 40th question of a Spec-Bench file (128 new tokens,
+2 rounds).
 
     python benchmarks/step_split.py --drafters none suffix --out benchmarks/results/step_split_default.json
     python benchmarks/step_split.py --drafters none suffix suffix+head --temperature 1
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import sys
 import time
 
@@ -30,8 +32,8 @@ def main() -> int:
     ap.add_argument("--drafters", nargs="+", default=["none", "suffix"])
     ap.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category): every 40th",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts): every 40th",
     )
     ap.add_argument("--prompts", type=int, default=12)
     ap.add_argument("--rounds", type=int, default=2)

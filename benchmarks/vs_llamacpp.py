@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -65,8 +66,8 @@ def main() -> int:
     ap.add_argument("--target", default="default", help="default or a .gguf file")
     ap.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     ap.add_argument("--categories", nargs="*", default=None)
     ap.add_argument("--per-category", type=int, default=2)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -35,8 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--drafter", default="auto")
     p.add_argument(
         "--questions",
-        default=None,
-        help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     p.add_argument("--per-category", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)

@@ -17,6 +17,7 @@ Spec-Bench question file with ``--questions-file``).
 from __future__ import annotations
 
 import argparse
+import os
 
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
@@ -32,7 +33,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--category", default="coding")
     ap.add_argument("--questions", type=int, default=4, help="how many questions of --category")
     ap.add_argument(
-        "--questions-file", help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)"
+        "--questions-file",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)

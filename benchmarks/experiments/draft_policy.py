@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -160,7 +161,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--questions", type=int, default=10)
     ap.add_argument("--prompts", help="a *.prompts.jsonl file of human-written prompts instead of the questions")
     ap.add_argument(
-        "--questions-file", help="a Spec-Bench question.jsonl (default: the project's own prompts, one per category)"
+        "--questions-file",
+        default=os.environ.get("SPECWISE_QUESTIONS"),
+        help="Spec-Bench's question.jsonl (default: $SPECWISE_QUESTIONS, else the project's prompts)",
     )
     ap.add_argument("--skip", type=int, default=1, help="with --prompts: every skip-th prompt")
     ap.add_argument("--max-new-tokens", type=int, default=128)
