@@ -322,8 +322,8 @@ class HeadDrafter(Drafter):
         """Draft token from a predicted feature [d]: argmax, or a sample from q over the full vocabulary.
 
         Also returns the head's confidence: greedy, its largest probability at temperature 1, an estimate of the
-        chance that the target's greedy choice is this token (calibrated: `benchmarks/head_calibration.py`;
-        1 without a ``stop`` level, which is all it is used for); sampling, 1.
+        chance that the target's greedy choice is this token (1 without a ``stop`` level, which is all it is used
+        for); sampling, 1.
         """
         memo, self._memo = self._memo, None
         if memo is not None and memo[0] == feature.ctypes.data:  # computed by the native step that made feature
