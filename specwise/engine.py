@@ -496,13 +496,21 @@ class Engine:
         if threads is not None:
             planner.use_threads(threads.in_use)
         chunks: list[list[int] | None] = []  # per slot: the prompt tokens it feeds (None: a decoding step)
+        rows, tokens = 0, 0.0  # the pass's rows, and the tokens its decoding steps are expected to emit
         for slot in slots:
-            rest = slot.run.prefill_tokens()[slot.prefill_at :]
-            if not rest and not slot.run.prefill_done:
-                slot.run.prefilled()
-            chunks.append((rest[:prefill_chunk] if prefill_chunk is not None else rest) or None)
-        rows = sum(len(c) if c is not None else 1 for c in chunks)
-        tokens = float(sum(c is None for c in chunks))  # what the others are expected to emit in the pass
+            run = slot.run
+            chunk = None
+            if not run.prefill_done:
+                rest = run.prefill_tokens()[slot.prefill_at :]
+                if rest:
+                    chunk = rest[:prefill_chunk] if prefill_chunk is not None else rest
+                else:
+                    run.prefilled()
+            chunks.append(chunk)
+            if chunk is None:
+                rows, tokens = rows + 1, tokens + 1.0
+            else:
+                rows += len(chunk)
         out = BatchStep([])
         fed: list[tuple[Slot, list[int] | None, StepPlan | None]] = []
         for slot, chunk in zip(slots, chunks):

@@ -136,12 +136,7 @@ def saved_cost_prior(loaded, device: str) -> dict[int, float] | None:
 
 
 def eos_ids(loaded) -> set[int] | None:
-    """End-of-sequence tokens: the model's generation config (which may list several) and the tokenizer's."""
-    ids: set[int] = set(getattr(loaded, "eos_token_ids", None) or ())
-    config = getattr(loaded.hf_model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None)
-    ids.update([eos] if isinstance(eos, int) else list(eos or []))
-    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
-    if tok_eos is not None:
-        ids.add(tok_eos)
-    return ids or None
+    """End-of-sequence tokens of a loaded model (``specwise.models.loader.eos_ids``)."""
+    from specwise.models.loader import eos_ids as model_eos_ids
+
+    return model_eos_ids(loaded)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from specwise.constraints import Constraint
+    from specwise.grammars import Constraint
 
 __all__ = [
     "SamplingParams",
@@ -78,7 +78,7 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         if self.constraint is not None:
-            from specwise.constraints import Constraint
+            from specwise.grammars import Constraint
 
             if not isinstance(self.constraint, Constraint):
                 raise ValueError(f"constraint must be a specwise.constraints.Constraint, got {self.constraint!r}")

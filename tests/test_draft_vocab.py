@@ -429,7 +429,7 @@ def test_auto_without_a_sibling_says_how_to_get_one(tmp_path, monkeypatch, capsy
 def test_builder_prompts_take_the_files_in_turn_and_answers_resume(tmp_path):
     import json
 
-    from specwise.drafters.vocab import _prompts, _read_answers
+    from specwise.ranking import _prompts, _read_answers
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("".join(json.dumps({"prompt": f"a{i}\u2028x"}) + "\n" for i in range(5)))
@@ -473,7 +473,7 @@ def test_builder_ranks_saved_answers_then_prompts_then_texts(tmp_path, monkeypat
     import json
 
     import specwise.models
-    from specwise.drafters.vocab import main
+    from specwise.ranking import main
 
     path, spec = tiny
     loaded = Loaded(QuantizedModel(path), CharTokenizer([f"t{i}" for i in range(spec.vocab)]))

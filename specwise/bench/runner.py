@@ -102,9 +102,11 @@ def hf_module(model, what: str):
         module = getattr(model, name, None)
         if isinstance(module, PreTrainedModel):
             return module
-    reference = getattr(model, "hf_reference", None)  # a quantized model: the float32 model of the same file
-    if callable(reference):
-        return reference()
+    from specwise.models.loader import hf_reference
+
+    reference = hf_reference(model)  # a quantized model: the float32 model of the same file
+    if reference is not None:
+        return reference
     raise ValueError(
         f"the {what} ({type(model).__name__}) is not backed by a Hugging Face model, so the Hugging Face "
         "baselines cannot run with the same weights: pass --no-hf to skip them"

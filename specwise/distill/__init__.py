@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specwise.answers import AnswerOptions, prompts_dir_label
+from specwise.distill.losses import LOSSES
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
 
 __all__ = ["LOSSES", "DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
-
-LOSSES = ("kl", "tv", "jsd")  # the token losses training offers (specwise.distill.train)
 
 
 @dataclass

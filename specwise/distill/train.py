@@ -33,8 +33,8 @@ except ModuleNotFoundError as err:  # torch code: the distill extra
 
     raise missing_extra(err, "distill", "specwise distill") from err
 
-from specwise.distill import LOSSES
 from specwise.distill.data import Shard
+from specwise.distill.losses import LOSSES
 from specwise.drafters.head import EagleHead
 from specwise.files import atomic_path
 

@@ -200,7 +200,7 @@ def _vocab_model_drafter(
 ) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
     from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
-    from specwise.runtime import eos_ids
+    from specwise.models.loader import eos_ids
 
     size = vocab_size_option(options["vocab"])
     if not hasattr(draft.model, "restrict_output"):

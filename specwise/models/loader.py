@@ -442,3 +442,32 @@ def _apply_profile(native: Model, device: str) -> None:
             native.set_gemm(by_rows, default=by_rows[max(by_rows)])
     except (ValueError, TypeError):
         pass  # an unreadable profile: keep the defaults
+
+
+_HF_REFERENCES: dict[str, object] = {}  # a GGUF file's path -> its float32 Hugging Face model (built once)
+
+
+def hf_reference(model: Model):
+    """The float32 Hugging Face model built from the same GGUF file as the quantized ``model`` (the reference and
+    the Hugging Face baselines' model: dequantized once, cached on disk and here); None for a model of another
+    kind."""
+    from specwise.models.quantized import QuantizedModel
+
+    if not isinstance(model, QuantizedModel):
+        return None
+    key = str(model.path)
+    if key not in _HF_REFERENCES:
+        _HF_REFERENCES[key] = load_model(key, impl="hf").hf_model
+    return _HF_REFERENCES[key]
+
+
+def eos_ids(loaded: LoadedModel) -> set[int] | None:
+    """End-of-sequence tokens: the model's generation config (which may list several) and the tokenizer's."""
+    ids: set[int] = set(getattr(loaded, "eos_token_ids", None) or ())
+    config = getattr(loaded.hf_model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None)
+    ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    tok_eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    if tok_eos is not None:
+        ids.add(tok_eos)
+    return ids or None

@@ -166,7 +166,6 @@ class QuantizedModel(Model):
         self.config = config
         eos = meta.get("tokenizer.ggml.eos_token_id")
         self.eos_token_id = None if eos is None else int(eos)  # the file's end-of-sequence token
-        self._hf_reference = None
         self.name = name or self.path.stem
         self.precision = precision
         self.device = "cpu"
@@ -379,15 +378,6 @@ class QuantizedModel(Model):
         if scaled and c.rope_scaling == "linear":
             inv = inv / np.float32(c.rope_scaling_factor)
         return inv
-
-    def hf_reference(self):
-        """The float32 Hugging Face model built from the same file (the reference and the Hugging Face baselines'
-        model; dequantized once and cached, see ``specwise.models.loader``)."""
-        if self._hf_reference is None:
-            from specwise.models.loader import load_model
-
-            self._hf_reference = load_model(str(self.path), impl="hf").hf_model
-        return self._hf_reference
 
     def restrict_output(self, ids) -> None:
         """Keep only rows ``ids`` (distinct token ids) of the output layer, in that order: every pass's logits are

@@ -57,7 +57,7 @@ from specwise.server.responses import CLIENT_CLOSED, Tally, answer, collect, que
 from specwise.server.worker import GenerationWorker, JobSpec
 from specwise.tools import ReplyReader
 
-__all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params"]
+__all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params", "serving_app"]
 
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 _ERRORS[401] = {"model": ErrorResponse}
@@ -289,3 +289,17 @@ def _document_model_name(app: FastAPI, name: str) -> None:
         return app.openapi_schema
 
     app.openapi = openapi
+
+
+def serving_app(runtime, options, key: str | None):
+    """The server's app for ``runtime`` with the serving options of ``specwise serve`` (``options``: its parsed
+    arguments, or anything with the same attributes), shared by one server and the replicas of ``--ray``."""
+    return create_app(
+        runtime,
+        model_name=options.served_model_name,
+        max_queue=options.max_queue,
+        default_max_tokens=options.default_max_tokens,
+        max_batch=options.max_batch,
+        max_body_bytes=options.max_body_bytes,
+        api_key=key,
+    )

@@ -14,7 +14,7 @@ import ipaddress
 
 from fastapi.responses import JSONResponse
 
-from specwise.server.cli import API_KEY_ENV
+from specwise.server.options import API_KEY_ENV
 from specwise.server.protocol import error_body
 
 __all__ = ["API_KEY_ENV", "OPEN_PATHS", "APIKeyMiddleware", "exposure_warning", "is_loopback"]

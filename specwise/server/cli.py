@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import gc
-import os
 import re
 import sys
 
 from specwise.extras import require
+from specwise.server.options import API_KEY_ENV, api_key
 
 __all__ = ["api_key", "cmd_serve", "parse_size", "register"]
 
 LOG_LEVELS = ["critical", "error", "warning", "info", "debug"]
-API_KEY_ENV = "SPECWISE_API_KEY"  # the API key when --api-key is not given
 _SIZE = re.compile(r"^(\d+)([kmg]?)(?:i?b)?$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
@@ -102,29 +101,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def api_key(args: argparse.Namespace) -> str | None:
-    """The API key: --api-key, else $SPECWISE_API_KEY, else None (an empty variable counts as unset)."""
-    if args.api_key is not None:
-        return args.api_key
-    return os.environ.get(API_KEY_ENV) or None
-
-
-def serving_app(runtime, options, key: str | None):
-    """The server's app for ``runtime`` with the serving options of ``specwise serve`` (``options``: its parsed
-    arguments, or anything with the same attributes), shared by one server and the replicas of ``--ray``."""
-    from specwise.server.app import create_app
-
-    return create_app(
-        runtime,
-        model_name=options.served_model_name,
-        max_queue=options.max_queue,
-        default_max_tokens=options.default_max_tokens,
-        max_batch=options.max_batch,
-        max_body_bytes=options.max_body_bytes,
-        api_key=key,
-    )
-
-
 def _check_args(args: argparse.Namespace) -> None:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in 0..65535, got {args.port}")
@@ -160,6 +136,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from specwise.runtime import build_runtime
+    from specwise.server.app import serving_app
     from specwise.server.auth import exposure_warning
 
     if args.threads is not None:

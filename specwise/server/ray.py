@@ -192,7 +192,7 @@ class SpecwiseEngine:
 
         from specwise.models.threads import set_num_threads
         from specwise.runtime import build_runtime
-        from specwise.server.cli import serving_app
+        from specwise.server.app import serving_app
 
         ray = import_ray()
         opts = ClusterOptions(**options)
@@ -453,7 +453,7 @@ def _deploy_failure(text: str) -> str:
 
 
 def options_from_args(args: argparse.Namespace) -> ClusterOptions:
-    from specwise.server.cli import api_key
+    from specwise.server.options import api_key
 
     return ClusterOptions(
         target=args.target,

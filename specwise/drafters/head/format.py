@@ -37,7 +37,6 @@ __all__ = [
     "check_target",
     "check_target_shapes",
     "head_tensor_shapes",
-    "load_head",
     "read_head",
     "save_head",
     "target_identity",
@@ -259,7 +258,7 @@ def check_target(config: HeadConfig, hf_model, name: str) -> None:
         )
 
 
-def _torch_dtype(dtype):
+def torch_dtype(dtype):
     """A torch dtype from a torch dtype or its name (``"float16"``)."""
     import torch
 
@@ -286,7 +285,7 @@ def save_head(head: EagleHead, directory: Path | str, dtype="float16") -> None:
     (a torch dtype or its name), the rotary frequencies in float32 and the draft vocabulary. Needs torch."""
     import torch
 
-    dtype = _torch_dtype(dtype)
+    dtype = torch_dtype(dtype)
     tensors, kinds = {}, {}
     for name, value in head.state_dict().items():
         value = value.detach().cpu().contiguous()
@@ -297,34 +296,3 @@ def save_head(head: EagleHead, directory: Path | str, dtype="float16") -> None:
         else:
             tensors[name] = value.numpy()
     write_head(directory, head.config, tensors, kinds)
-
-
-def load_head(directory: Path | str, device="cpu", dtype="float32") -> EagleHead:
-    """Read a head directory as the training module (:class:`EagleHead`, torch: the ``distill`` extra) on
-    ``device``; attach a target before use. The files are checked as :func:`read_head` checks them.
-
-    dtype: the floating-point weights' dtype (a torch dtype or its name; float32 for training); None keeps the
-    file's (a BF16 file's weights come as float32). The drafter takes :func:`read_head`'s numpy head instead.
-    """
-    weights = read_head(directory)  # the files' refusals first, with or without torch
-    try:
-        import torch
-    except ModuleNotFoundError as err:
-        from specwise.extras import missing_extra
-
-        raise missing_extra(err, "distill", "the head's training module (load_head)") from err
-
-    from specwise.drafters.head.module import EagleHead
-
-    with torch.device("meta"):  # shapes only: the file's tensors become the parameters (no initialisation)
-        head = EagleHead(weights.config)
-    dtype = None if dtype is None else _torch_dtype(dtype)
-
-    def cast(name: str, value: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(value)
-        if not tensor.is_floating_point() or name == "inv_freq" or dtype is None:
-            return tensor
-        return tensor.to(dtype)
-
-    head.load_state_dict({name: cast(name, value) for name, value in weights.tensors.items()}, assign=True)
-    return head.to(device).eval()
