@@ -93,6 +93,12 @@ class Model(ABC):
         governor = self.governor
         return None if governor is None else PassThreads(governor.in_use(), governor.last)
 
+    def fix_threads(self, fixed: bool) -> None:
+        """Run every pass on all the threads the process may use (True), or let the governor choose each pass's
+        count (False: the default, unless ``SPECWISE_THREADS=fixed``). A model without a governor ignores it."""
+        if self.governor is not None:
+            self.governor.set_fixed(fixed)
+
     def forward_batch(
         self, items: list[tuple[Model, TokenIds]], num_logits: list[int | None] | None = None
     ) -> list[np.ndarray]:

@@ -106,6 +106,10 @@ class ThreadGovernor:
         self._most = current
         return current
 
+    def set_fixed(self, fixed: bool) -> None:
+        """Every pass on the process's count (True), or the count chosen per pass (False)."""
+        self.fixed = bool(fixed)
+
     def in_use(self) -> int:
         """The count passes run on between tries."""
         return 1 if self.ratio is not None and self.ratio < 1.0 else self.most
