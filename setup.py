@@ -1,9 +1,10 @@
 """Build of specwise's native kernels (a plain C shared library loaded with ctypes).
 
 The kernels are compiled once by `pip install` without machine-specific flags: each function that needs AVX2 or
-AVX-512 carries its own target attribute and the library chooses one path at run time from the CPU's flags, for
-every kernel (specwise_q_isa; specwise_q_set_isa lowers it). The extension is optional: where no C compiler is
-available the package installs without it and uses the torch path.
+AVX-512 carries its own target attribute and the library chooses one path at run time from the CPU's flags: one
+table of every kernel's loops per path (qkernels, quant_internal.h; specwise_q_isa, specwise_q_set_isa lowers it).
+The extension is optional: where no C compiler is available the package installs without it and uses the torch
+path.
 """
 
 from setuptools import Extension, setup
@@ -19,7 +20,6 @@ setup(
                 for name in (
                     "module.c",
                     "smallgemm.c",
-                    "llama.c",
                     "quant_repack.c",
                     "quant_gemm.c",
                     "quant_portable.c",

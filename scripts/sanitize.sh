@@ -12,7 +12,7 @@ mkdir -p "$OUT"
 INCLUDE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -std=c11 -fopenmp -fno-math-errno \
     -fsanitize=address,undefined -fno-sanitize-recover=all -I"$INCLUDE" \
-    "$KERNELS"/{module,smallgemm,llama,quant_repack,quant_gemm,quant_portable,quant_avx2,quant_avx512,logits,qllama,attention,sample,suffix}.c -lm -o "$OUT/_native.so"
+    "$KERNELS"/*.c -lm -o "$OUT/_native.so"
 TESTS=(tests/test_fuzz_gguf.py tests/test_fuzz_index.py tests/test_fuzz_heads.py tests/test_fuzz_layer_calls.py
     tests/test_fuzz_float_layer_calls.py
     tests/test_quant.py tests/test_quantized_model.py tests/test_quantized_batch.py tests/test_suffix.py

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import pytest
 
@@ -223,44 +221,75 @@ def test_unsupported_architecture_falls_back_to_hf(tmp_path):
         load_model(str(tmp_path / "gpt2"), impl="fast")
 
 
-def test_the_float_kernels_refuse_below_the_avx2_path():
-    """The float kernels have AVX2 code only: they follow the library's one choice of path (quant.set_isa, never the
-    CPU's flags read again), and below AVX2 each entry point returns SW_EISA without writing; Python then uses torch,
-    and a model built on the kernels says why it cannot run (where the hf extra is installed)."""
-    from specwise.models.kernels import quant
+def float_layer_weights(rng, layers=2, hidden=40, heads=4, kv=2, head_dim=10, inter=24, dtype=np.float32):
+    """Random per-layer weights for :func:`kernels.layer_kernel` (biases on q/k/v and o)."""
 
-    lib = kernels.native_library()
-    if lib is None or not hasattr(lib, "specwise_small_gemm"):
-        pytest.skip(f"float kernels not built: {kernels.kernel_error()}")
-    rng = np.random.default_rng(3)
-    x, w = rng.standard_normal((3, 40), dtype=np.float32), rng.standard_normal((24, 40), dtype=np.float32)
+    def mat(*shape):
+        return (0.3 * rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+
+    def vec(n):
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    qkv_out = (heads + 2 * kv) * head_dim
+    return dict(
+        attn_norm=[vec(hidden) for _ in range(layers)],
+        qkv=[mat(qkv_out, hidden) for _ in range(layers)],
+        qkv_bias=[vec(qkv_out) for _ in range(layers)],
+        o=[mat(hidden, heads * head_dim) for _ in range(layers)],
+        o_bias=[vec(hidden) for _ in range(layers)],
+        mlp_norm=[vec(hidden) for _ in range(layers)],
+        gate_up=[mat(2 * inter, hidden) for _ in range(layers)],
+        down=[mat(hidden, inter) for _ in range(layers)],
+    )
+
+
+def test_the_float_kernels_give_the_same_bits_on_every_path():
+    """The float products (float rows of the library's one table) and the float layers run on every instruction
+    path the CPU has, portable included, and every path gives the same bits: the products while the rows of x stream
+    from L1 and in tiles past it, float32 and float16 weights; the layers (one layer kernel for float and quantized
+    weights) over a prefix and then single rows."""
+    from specwise.models.kernels import quant
+    from specwise.models.kernels.layers import inverse_frequencies, rotary_tables
+
+    if kernels.native_library() is None:
+        pytest.skip(f"kernels not built: {kernels.kernel_error()}")
     best = quant.set_isa(None)
-    NativeModel = None
-    with contextlib.suppress(pytest.skip.Exception):  # without the hf extra the kernels' part runs all the same
-        _, NativeModel = models()
+    paths = quant.ISAS[: quant.ISAS.index(best) + 1]
+    rng = np.random.default_rng(3)
+    products = []
+    for k, n_in, n_out in ((3, 40, 24), (5, 1000, 13), (7, 576, 9), (1, 9, 5)):  # 5 x 1000: tiles (past L1)
+        x, w = rng.standard_normal((k, n_in), dtype=np.float32), rng.standard_normal((n_out, n_in), dtype=np.float32)
+        b = rng.standard_normal(n_out, dtype=np.float32)
+        products.append((x, w, b))
+        products.append((x, w.astype(np.float16), None))
+    weights = float_layer_weights(rng)
+    head_dim, layers, kv, capacity = 10, 2, 2, 24
+    cos, sin = rotary_tables(inverse_frequencies(head_dim, 10000.0), capacity)
+    x0 = rng.standard_normal((9, 40), dtype=np.float32)
+    results = {}
     try:
-        native = NativeModel(tiny_llama(seed=5)) if best != "portable" and NativeModel is not None else None
-        quant.set_isa("portable")
-        assert not kernels.small_gemm_available()
-        with pytest.raises(RuntimeError, match="below AVX2"):
-            kernels.small_gemm(x, w)
-        y = np.full((3, 24), 7.0, dtype=np.float32)
-        for fn, weight in ((lib.specwise_small_gemm, w), (lib.specwise_small_gemm_f16, w.astype(np.float16))):
-            assert fn(x.ctypes.data, weight.ctypes.data, None, y.ctypes.data, 3, 40, 24, 1) == -4  # SW_EISA
-        np.testing.assert_array_equal(y, np.full((3, 24), 7.0, dtype=np.float32))
-        assert lib.specwise_llama_layers(None, None, None, None, None) == -4  # checked before any pointer is read
-        if NativeModel is not None:
-            assert NativeModel(tiny_llama(seed=5)).kernel_usable is False  # built now: torch's products
-        if native is not None:
-            native.set_gemm(default="kernel")
-            with pytest.raises(RuntimeError, match="below AVX2"):
-                logits(native, [3, 14, 15])
-        for name in quant.ISAS[1 : quant.ISAS.index(best) + 1]:
-            quant.set_isa(name)
+        for path in paths:
+            assert quant.set_isa(path) == path
             assert kernels.small_gemm_available()
-            close(kernels.small_gemm(x, w), x.astype(np.float64) @ w.T.astype(np.float64), 1e-4)
+            got = [kernels.small_gemm(x, w, b) for x, w, b in products]
+            kernel = kernels.layer_kernel(40, 4, kv, head_dim, 24, 1e-5, **weights)
+            assert kernel is not None
+            caches = [np.zeros((layers, kv, capacity, head_dim), dtype=np.float32) for _ in range(2)]
+            xs = [x0[:6].copy(), x0[6:7].copy(), x0[7:9].copy()]
+            start = 0
+            for x in xs:
+                kernel.run(x, start, *caches, capacity, cos, sin)
+                start += x.shape[0]
+            results[path] = (got, xs, caches)
     finally:
         quant.set_isa(None)
+    for got, (x, w, b) in zip(results[paths[0]][0], products):  # the numbers themselves: a float64 reference
+        close(got, x.astype(np.float64) @ w.T.astype(np.float64) + (0.0 if b is None else b), 1e-4)
+    for path in paths[1:]:
+        for a, b in zip(results[paths[0]][0], results[path][0]):
+            np.testing.assert_array_equal(a, b, err_msg=f"small_gemm on {path}")
+        for a, b in zip(results[paths[0]][1] + results[paths[0]][2], results[path][1] + results[path][2]):
+            np.testing.assert_array_equal(a, b, err_msg=f"the float layers on {path}")
 
 
 @pytest.mark.skipif(not kernels.small_gemm_available(), reason=f"kernel unavailable: {kernels.kernel_error()}")

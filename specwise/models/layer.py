@@ -2,7 +2,7 @@
 training module and its drafter).
 
 A layer is pre-norm attention then a SwiGLU MLP, each added to the residual stream, with fused projections:
-``qkv`` (queries, keys and values in one product) and ``gate_up``. The C kernels (``kernels/llama.c``) compute the
+``qkv`` (queries, keys and values in one product) and ``gate_up``. The C kernels (``kernels/qllama.c``) compute the
 same layer in one native call; these functions are the torch path beside them, and the reference they are tested
 against.
 """

@@ -8,7 +8,8 @@ Built for decoding one sequence fast on a small machine:
 - the output layer only on the rows whose logits are asked for;
 - a choice of matrix-product kernel per number of rows (see :class:`Linear`), measured by ``specwise profile``;
 - on CPUs where specwise's kernels are built, all decoder layers of a pass over a few rows in one native call
-  (``kernels/llama.c``), which removes the per-operator overhead of ~20 small torch operators per layer.
+  (the one layer kernel of ``kernels/qllama.c``, its float weights read in place as float rows), which removes the
+  per-operator overhead of ~20 small torch operators per layer.
 
 The Hugging Face model it is built from stays the reference: the tests check that the logits match it. Needs the
 ``hf`` extra (torch and transformers), imported only where a float32 model is loaded; at its boundary it follows

@@ -1,11 +1,12 @@
 """specwise's native kernels, compiled by ``pip install`` (``setup.py``) into one shared library loaded here.
 
-``small_gemm`` multiplies a few rows by a large weight (decoding and verification); ``layer_kernel`` runs the
-decoder layers of a Llama-family model on a few rows in one call (see ``llama.c``). Every kernel of the library runs
-on one instruction path, chosen at run time by the library (AVX-512, AVX2 or portable: the best the CPU supports,
-or the one :func:`specwise.models.kernels.quant.set_isa` sets); the float kernels have AVX2 code only and refuse
-below that path, where their torch callers fall back to torch. ``SPECWISE_NO_KERNELS=1`` disables them all;
-``SPECWISE_NATIVE_LIB=path`` loads another build of them (the sanitizer build of ``make sanitize``).
+``small_gemm`` multiplies a few rows by a large float weight (decoding and verification); ``layer_kernel`` runs the
+decoder layers of a Llama-family model on a few rows in one call: the one layer kernel of ``qllama.c``, which also
+runs the GGUF models, with the float weights as float rows. Every kernel of the library runs on one instruction path,
+chosen at run time by the library (AVX-512, AVX2 or portable: the best the CPU supports, or the one
+:func:`specwise.models.kernels.quant.set_isa` sets), and every path gives the same bits. ``SPECWISE_NO_KERNELS=1``
+disables them all; ``SPECWISE_NATIVE_LIB=path`` loads another build of them (the sanitizer build of
+``make sanitize``). The ctypes signatures and structs are ``abi.py``'s.
 
 Every binding takes and returns numpy arrays (C-contiguous, of the dtype it names; a torch caller passes
 ``tensor.numpy()``, a view of the same memory).
@@ -35,18 +36,6 @@ __all__ = [
 _lib = None
 _error: str | None = None
 _tried = False
-
-
-# the library's instruction paths (quant.h ISA_*) and the status of a float kernel refused below ISA_AVX2 (SW_EISA)
-_ISA_AVX2 = 1
-_EISA = -4
-
-
-def _float_kernels_run() -> bool:
-    """Whether the float kernels (smallgemm.c, llama.c: AVX2, FMA and F16C code only) run: built (x86-64) and the
-    library's instruction path in use at least AVX2 (the library's own choice; never read from the CPU here)."""
-    lib = _load()
-    return lib is not None and hasattr(lib, "specwise_small_gemm") and lib.specwise_q_isa() >= _ISA_AVX2
 
 
 def library_path() -> Path | None:
@@ -91,8 +80,8 @@ def native_library() -> ctypes.CDLL | None:
 
 
 def small_gemm_available() -> bool:
-    """True when the float kernel is built and runs on the instruction path in use (AVX2 or AVX-512)."""
-    return _load() is not None and _float_kernels_run()
+    """True when the native library is loaded (the float kernels run on every instruction path)."""
+    return _load() is not None
 
 
 def kernel_error() -> str | None:
@@ -108,12 +97,12 @@ def small_gemm(
     as float16, computed in float32: half the memory traffic, for drafters), bias float32 ``[out]`` or None; returns
     a new float32 ``[k, out]`` array. threads: None for :func:`specwise.models.threads.get_num_threads`."""
     lib = _load()
-    if lib is None or not _float_kernels_run():
-        raise RuntimeError(f"small_gemm is unavailable: {_error or _below_avx2()}")
+    if lib is None:
+        raise RuntimeError(f"small_gemm is unavailable: {_error}")
     arrays = all(isinstance(a, np.ndarray) for a in (x, weight) + (() if bias is None else (bias,)))
     ok = arrays and x.ndim == 2 and weight.ndim == 2 and x.dtype == np.float32
     ok = ok and weight.dtype in (np.float32, np.float16) and weight.flags.c_contiguous
-    ok = ok and weight.shape[1] == x.shape[1]
+    ok = ok and weight.shape[1] == x.shape[1] and weight.shape[0] >= 1 and weight.shape[1] >= 1
     ok = ok and (bias is None or (bias.dtype == np.float32 and bias.size == weight.shape[0]))
     if not ok:
         raise ValueError(
@@ -121,24 +110,26 @@ def small_gemm(
             f"and a float32 bias [out] or None, got x {_describe(x)}, weight {_describe(weight)}, "
             f"bias {_describe(bias)}"
         )
+    from specwise.models.kernels.quant import FloatRows
+
     x = np.ascontiguousarray(x)
     bias = None if bias is None else np.ascontiguousarray(bias)
-    k, n_in = x.shape
-    n_out = weight.shape[0]
-    y = np.empty((k, n_out), dtype=np.float32)
-    fn = lib.specwise_small_gemm_f16 if weight.dtype == np.float16 else lib.specwise_small_gemm
-    status = fn(
+    y = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
+    if x.shape[0] == 0:
+        return y
+    matrix = FloatRows(weight)
+    status = lib.specwise_q_gemm(
+        ctypes.byref(matrix.struct),
+        1,
         x.ctypes.data,
-        weight.ctypes.data,
         None if bias is None else bias.ctypes.data,
         y.ctypes.data,
-        k,
-        n_in,
-        n_out,
+        x.shape[0],
+        0,  # MODE_EXACT (float rows are float32 products in any mode)
         threads or get_num_threads(),
     )
-    if status != 0:  # SW_EISA: the path was lowered since the check above
-        raise RuntimeError(f"small_gemm is unavailable: {_below_avx2()}")
+    if status != 0:
+        raise RuntimeError(f"small_gemm failed (status {status}): a shape past the kernels' 2^30 rows or inputs")
     return y
 
 
@@ -159,48 +150,41 @@ def _floats(a, name: str, size: int | None = None) -> int:
     return a.ctypes.data
 
 
-def _below_avx2() -> str:
-    return "the instruction path in use is below AVX2 (the float kernels have AVX2 code only)"
-
-
 class LayerKernel:
-    """Llama-family decoder layers run by ``specwise_llama_layers`` (``llama.c``) on up to ``MAX_ROWS`` rows.
+    """Llama-family decoder layers on up to ``MAX_ROWS`` rows of one sequence, by the one layer kernel of the
+    library (``specwise_qllama_rows``, ``qllama.c``), its matrices float rows; built by :func:`layer_kernel`.
 
-    Holds the structs of the call (``specwise.h``: the shape and the weights' tables, filled once; the rows, work
-    buffers and run options, whose fields each call sets), the weights (numpy arrays, kept alive: the kernel reads
-    them by address), the scratch space and the attention-score buffer; built by :func:`layer_kernel`. The product
-    weights are float32, or float16 (a drafter's copies); norms, biases, caches, rotary tables and x are float32.
+    Holds a :class:`~specwise.models.kernels.layers.DecoderStack` over the weights (numpy arrays, kept alive: the
+    kernel reads them by address): q, k and v are row ranges of the fused q/k/v weight, gate and up of the fused
+    gate/up weight. The product weights are float32, or float16 (a drafter's copies); norms, biases, caches, rotary
+    tables and x are float32.
     """
 
     MAX_ROWS = 32
 
-    def __init__(self, lib, shape: tuple[int, int, int, int, int], eps: float, weights: list[list], half: bool):
-        from specwise.models.kernels.abi import FLayers, FRows, QRun, QShape, QWork, pointer_to
+    def __init__(self, shape: tuple[int, int, int, int, int], eps: float, weights: list[list]):
+        from specwise.models.kernels.layers import DecoderStack
+        from specwise.models.kernels.quant import FloatRows
 
-        self._lib = lib
-        self._shape = shape  # hidden, heads, kv_heads, head_dim, intermediate
-        self._weights = weights  # per kind, per layer: kept alive, the kernel reads them by address
-        n_layers = len(weights[0])
-        # one table of addresses per kind (a bias table of all None is passed as NULL: no layer has one)
-        self._tables = [
-            None
-            if all(t is None for t in items)
-            else (ctypes.c_void_p * n_layers)(*[0 if t is None else t.ctypes.data for t in items])
-            for items in weights
+        hidden, heads, kv_heads, head_dim, inter = shape
+        attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down = weights
+        q_rows, kv_rows = heads * head_dim, kv_heads * head_dim
+        layers = [
+            [
+                FloatRows(qkv[i], 0, q_rows, "q"),
+                FloatRows(qkv[i], q_rows, kv_rows, "k"),
+                FloatRows(qkv[i], q_rows + kv_rows, kv_rows, "v"),
+                FloatRows(o[i], name="o"),
+                FloatRows(gate_up[i], 0, inter, "gate"),
+                FloatRows(gate_up[i], inter, inter, "up"),
+                FloatRows(down[i], name="down"),
+            ]
+            for i in range(len(qkv))
         ]
-        tables = [None if t is None else ctypes.addressof(t) for t in self._tables]
-        self._dims = QShape(n_layers, *shape, eps)
-        self._layers = FLayers(n_layers, *tables, int(half))
-        size = lib.specwise_qllama_scratch_floats(ctypes.byref(self._dims), self.MAX_ROWS)  # the same layout
-        if size < 0:
-            raise ValueError(f"the float32 layer kernel does not take the shape {shape}")
-        self._scratch = np.empty(int(size), dtype=np.float32)
-        self._scores = np.empty(0, dtype=np.float32)
-        self._rows = FRows()
-        self._work = QWork(self._scratch.ctypes.data, int(size), None, 0)
-        self._run = QRun(1, 0)  # MODE_EXACT
-        self._addresses = [pointer_to(s) for s in (self._dims, self._layers, self._rows, self._work, self._run)]
-        self._cache_floats = n_layers * shape[2] * shape[3]  # per position of the caches
+        self._shape = shape
+        self._stack = DecoderStack(layers, attn_norm, mlp_norm, qkv_bias, heads, kv_heads, head_dim, eps,
+                                   o_biases=o_bias)  # fmt: skip
+        self._cache_floats = len(qkv) * kv_heads * head_dim  # per position of the caches
 
     def run(
         self,
@@ -218,33 +202,18 @@ class LayerKernel:
         ``[positions, head_dim]`` float32 tables (any shape of that many floats). threads: None for
         :func:`specwise.models.threads.get_num_threads`."""
         k = x.shape[0]
-        heads, head_dim = self._shape[1], self._shape[3]
+        head_dim = self._shape[3]
         cache = self._cache_floats * capacity
-        x_ptr = _floats(x, "x", k * self._shape[0])
-        k_ptr, v_ptr = _floats(k_cache, "k_cache"), _floats(v_cache, "v_cache")
-        cos_ptr, sin_ptr = _floats(cos, "cos"), _floats(sin, "sin")
+        _floats(x, "x", k * self._shape[0])
+        for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("cos", cos), ("sin", sin)):
+            _floats(a, name)
         if k_cache.size < cache or v_cache.size < cache or cos.size != sin.size:
             raise ValueError(
                 f"the layer kernel's caches hold {k_cache.size} and {v_cache.size} floats and its rotary tables "
                 f"{cos.size} and {sin.size}: {capacity} positions need {cache} floats each, tables alike"
             )
-        need = heads * k * (start + k)
-        if self._scores.size < need:
-            self._scores = np.empty(max(need, 2 * self._scores.size), dtype=np.float32)
-            self._work.scores, self._work.scores_floats = self._scores.ctypes.data, self._scores.size
-        rows = self._rows
-        rows.x, rows.x_floats, rows.rows, rows.start = x_ptr, x.size, k, start
-        rows.k_cache, rows.v_cache, rows.cap = k_ptr, v_ptr, capacity
-        rows.cos, rows.sin, rows.table_rows = cos_ptr, sin_ptr, cos.size // head_dim
-        self._run.threads = threads or get_num_threads()
-        status = self._lib.specwise_llama_layers(*self._addresses)
-        if status == _EISA:
-            raise RuntimeError(f"the native layer kernel is unavailable: {_below_avx2()}")
-        if status != 0:
-            from specwise.models.kernels.layers import _LAYER_ERRORS
-
-            reason = _LAYER_ERRORS.get(status, f"its call ({status})")
-            raise RuntimeError(f"the native layer kernel refused {reason} (status {status})")
+        tables = (cos.reshape(-1, head_dim), sin.reshape(-1, head_dim))
+        self._stack.run_sequence(x, k_cache, v_cache, capacity, start, *tables, "exact", threads)
 
 
 def layer_kernel(
@@ -265,11 +234,11 @@ def layer_kernel(
     down: list[np.ndarray],
 ) -> LayerKernel | None:
     """A :class:`LayerKernel` over per-layer weight lists of numpy arrays (biases may be None), or None where it
-    cannot serve them: kernels unavailable, head_dim > 512, heads not a multiple of kv_heads, or weights that are
-    not numpy arrays, of other dtypes (products float32 or float16, all alike; norms and biases float32) or not
-    C-contiguous."""
+    cannot serve them: kernels unavailable, head_dim > 512 or odd, heads not a multiple of kv_heads, hidden below
+    32, or weights that are not numpy arrays, of other dtypes (products float32 or float16, all alike; norms and
+    biases float32) or not C-contiguous."""
     lib = _load()
-    if lib is None or not _float_kernels_run() or head_dim > 512 or heads % kv_heads:
+    if lib is None or head_dim > 512 or head_dim % 2 or heads % kv_heads or hidden < 32:
         return None
     products = [*qkv, *o, *gate_up, *down]
     floats = [*attn_norm, *mlp_norm, *(b for b in (*qkv_bias, *o_bias) if b is not None)]
@@ -281,4 +250,4 @@ def layer_kernel(
         return None
     weights = [attn_norm, qkv, qkv_bias, o, o_bias, mlp_norm, gate_up, down]
     shape = (hidden, heads, kv_heads, head_dim, intermediate)
-    return LayerKernel(lib, shape, eps, weights, half=dtype == np.float16)
+    return LayerKernel(shape, eps, weights)

@@ -27,8 +27,6 @@ __all__ = [
     "QHead",
     "QStep",
     "QLogits",
-    "FLayers",
-    "FRows",
     "SIGNATURES",
     "declare",
     "pointer_to",
@@ -127,6 +125,7 @@ class QLayers(ctypes.Structure):
         ("weights", _ptr(QMat)),
         ("n_weights", _i64),
         ("qkv_bias", _p),
+        ("o_bias", _p),
         ("mlp_norm", _p),
         ("arch", _ptr(QArch)),
     ]
@@ -162,40 +161,6 @@ class QRun(ctypes.Structure):
     """``qrun``: threads and mode of a call."""
 
     _fields_ = [("threads", _i64), ("mode", _i32)]
-
-
-class FLayers(ctypes.Structure):
-    """``flayers``: the float32 layers' weights (one table of addresses per kind, one entry per layer)."""
-
-    _fields_ = [
-        ("entries", _i64),
-        ("attn_norm", _p),
-        ("qkv_w", _p),
-        ("qkv_b", _p),
-        ("o_w", _p),
-        ("o_b", _p),
-        ("mlp_norm", _p),
-        ("gate_up_w", _p),
-        ("down_w", _p),
-        ("half", _i32),
-    ]
-
-
-class FRows(ctypes.Structure):
-    """``frows``: one sequence's rows for the float32 layers, its caches and the rotary tables."""
-
-    _fields_ = [
-        ("x", _p),
-        ("x_floats", _i64),
-        ("rows", _i64),
-        ("start", _i64),
-        ("k_cache", _p),
-        ("v_cache", _p),
-        ("cap", _i64),
-        ("cos", _p),
-        ("sin", _p),
-        ("table_rows", _i64),
-    ]
 
 
 class QModel(ctypes.Structure):
@@ -253,8 +218,6 @@ _d, _i64p, _ip = ctypes.c_double, _ptr(_i64), _ptr(_i)
 
 # name: (argument types, return type), in the header's order
 SIGNATURES: dict[str, tuple[list, object]] = {
-    "specwise_small_gemm": ([_p, _p, _p, _p, _i, _i, _i, _i], _i),
-    "specwise_small_gemm_f16": ([_p, _p, _p, _p, _i, _i, _i, _i], _i),
     "specwise_q_isa_supported": ([], _i),
     "specwise_q_isa": ([], _i),
     "specwise_q_set_isa": ([_i], _i),
@@ -268,7 +231,6 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "specwise_q_requantize_q4_0": ([_ptr(QMat), _i64, _i64, _p, _i64], _i),
     "specwise_q_abs_sum": ([_ptr(QMat), _i64, _i64], _d),
     "specwise_logits_scan": ([_p, _i, _i, _p], _i),
-    "specwise_llama_layers": ([_ptr(QShape), _ptr(FLayers), _ptr(FRows), _ptr(QWork), _ptr(QRun)], _i),
     "specwise_qllama_timings": ([_i, _p], None),
     "specwise_qllama_scratch_floats": ([_ptr(QShape), _i64], _i64),
     "specwise_qllama_rows": ([_ptr(QShape), _ptr(QLayers), _ptr(QRows), _ptr(QWork), _ptr(QRun)], _i),
@@ -287,12 +249,9 @@ SIGNATURES: dict[str, tuple[list, object]] = {
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """Set every function's argument and return types on the loaded library (once, when it loads). A function a
-    build leaves out (the float32 kernels off x86-64) is skipped."""
+    """Set every function's argument and return types on the loaded library (once, when it loads)."""
     for name, (args, res) in SIGNATURES.items():
-        fn = getattr(lib, name, None)
-        if fn is None:
-            continue
+        fn = getattr(lib, name)
         fn.argtypes = args
         fn.restype = res
     return lib

@@ -1,11 +1,12 @@
 /*
- * Causal attention of the quantized decoder layers (qllama.c) over each row's own cache: the scores of a query head
+ * Causal attention of the decoder layers (qllama.c) over each row's own cache: the scores of a query head
  * against the keys, their softmax (unnormalised, with the sum), and the probabilities' weighted sum of the values,
  * for a cache of float32 and one of float16 (kv_half), and for up to three query heads that share a key-value head
  * in one pass over its keys and values (heads of 64 on AVX2 and AVX-512).
  *
- * The path is the one in use for every kernel (specwise_q_isa: quant_gemm.c's choice, specwise_q_set_isa); each
- * vector function carries its own target attribute. Every path computes each score, probability and output element
+ * Each path's loops are in its table (attn_portable, attn_avx2, attn_avx512), which the library's table of the
+ * path in use holds (qkernels.attn: quant_gemm.c's one choice, specwise_q_set_isa); each vector function carries
+ * its own target attribute. Every path computes each score, probability and output element
  * with the same operations in the same order (fused multiply-adds written out, sums over eight lanes added
  * pairwise), so the portable, AVX2 and AVX-512 paths agree bit for bit.
  */
@@ -21,8 +22,7 @@
 #define T256 TARGET_AVX2
 #define T512 TARGET_AVX512
 
-T256 static int softmax_exp8(float *sc, int len, float mx, float *a, int isa) {
-    (void)isa;
+T256 static int softmax_exp8(float *sc, int len, float mx, float *a) {
     __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(mx);
     int j = 0;
     for (; j + 8 <= len; j += 8) {
@@ -218,7 +218,6 @@ JOINT(, float, F32_8, F32_16, 3)
 JOINT(_h, uint16_t, F16_8, F16_16, 2)
 JOINT(_h, uint16_t, F16_8, F16_16, 3)
 #undef JOINT
-#define HAVE_JOINT 1
 
 /* The same for AVX2 (16 registers): two keys at a time for the scores, and the values a quarter of each row (one
  * cache line) at a time, so that every head's accumulators stay in registers; each element is still the same chain
@@ -268,23 +267,22 @@ T256 static float max8(const float *sc, int len) {
 }
 #endif
 
-/* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
-float softmax_unnormalised(float *sc, int len, int isa) {
+static float max_portable(const float *sc, int len) {
     float mx = -INFINITY;
-#ifdef SPECWISE_X86
-    if (isa >= ISA_AVX2)
-        mx = max8(sc, len);
-    else
-#endif
-        for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+    for (int j = 0; j < len; j++) mx = sc[j] > mx ? sc[j] : mx;
+    return mx;
+}
+
+static int exp_sums_portable(float *sc, int len, float mx, float *a) {
+    (void)sc, (void)len, (void)mx, (void)a;
+    return 0; /* the loop below does it all */
+}
+
+/* Scores to unnormalised probabilities in place; returns their sum (eight partial sums, added pairwise). */
+float softmax_unnormalised(float *sc, int len, const struct attn_ops *ops) {
+    const float mx = ops->max(sc, len);
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int j = 0;
-#ifdef SPECWISE_X86
-    if (isa >= ISA_AVX2) {
-        j = softmax_exp8(sc, len, mx, a, isa);
-    }
-#endif
-    (void)isa;
+    int j = ops->exp_sums(sc, len, mx, a);
     for (; j + 8 <= len; j += 8)
         for (int l = 0; l < 8; l++) {
             sc[j + l] = exp_approx(sc[j + l] - mx);
@@ -298,39 +296,18 @@ float softmax_unnormalised(float *sc, int len, int isa) {
     return sum;
 }
 
-/* The portable loops and the choice of path, for both caches (see ATTENTION_X86); LOAD1(p) gives the float at p. */
+/* The portable loops for both caches (the vector loops' operations, lane by lane); LOAD1(p) gives the float at p. */
 #define F32_1(p) (*(p))
 #define F16_1(p) half_to_float(*(p))
-#ifdef SPECWISE_X86
-#define VECTOR_PATHS(SUFFIX)                                                                                     \
-    if (isa >= ISA_AVX2 && hd % 8 == 0) {                                                                        \
-        key_scores##SUFFIX##256(q, keys, len, hd, scale, sc);                                                   \
-        return;                                                                                                  \
-    }
-#define VECTOR_VALUES(SUFFIX)                                                                                    \
-    if (isa >= ISA_AVX512 && hd % 16 == 0 && hd <= 256) {                                                        \
-        weighted_values##SUFFIX##512(p, vals, len, hd, out);                                                     \
-        return;                                                                                                  \
-    }                                                                                                            \
-    if (isa >= ISA_AVX2 && hd % 8 == 0 && hd <= 256) {                                                           \
-        weighted_values##SUFFIX##256(p, vals, len, hd, out);                                                     \
-        return;                                                                                                  \
-    }
-#else
-#define VECTOR_PATHS(SUFFIX)
-#define VECTOR_VALUES(SUFFIX)
-#endif
 #define ATTENTION(SUFFIX, T, LOAD1)                                                                                \
-    /* sc[j] = (q . keys[j]) * scale: eight lanes accumulated with fused multiply-adds, then added pairwise */    \
-    static void key_scores##SUFFIX(const float *q, const T *keys, int len, int hd, float scale, float *sc,       \
-                                   int isa) {                                                                    \
-        VECTOR_PATHS(SUFFIX)                                                                                     \
-        (void)isa;                                                                                               \
+    /* sc[j] = (q . keys[j]) * scale: eight lanes (d mod 8) of fused multiply-adds, then added pairwise */       \
+    static void key_scores##SUFFIX(const float *q, const void *keys_, int len, int hd, float scale, float *sc) {  \
+        const T *keys = keys_;                                                                                   \
         for (int j = 0; j < len; j++) {                                                                          \
             const T *kj = keys + (size_t)j * hd;                                                                 \
             float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};                                                               \
             for (int d = 0; d < hd; d += 8)                                                                      \
-                for (int l = 0; l < 8; l++) a[l] = fmaf(q[d + l], LOAD1(kj + d + l), a[l]);                       \
+                for (int l = 0; l < 8 && d + l < hd; l++) a[l] = fmaf(q[d + l], LOAD1(kj + d + l), a[l]);          \
             float t0 = a[0] + a[4], t1 = a[1] + a[5], t2 = a[2] + a[6], t3 = a[3] + a[7];                        \
             t0 = t0 + t2;                                                                                        \
             t1 = t1 + t3;                                                                                        \
@@ -338,9 +315,8 @@ float softmax_unnormalised(float *sc, int len, int isa) {
         }                                                                                                        \
     }                                                                                                            \
     /* out[d] = sum_j p[j] v[j][d] in increasing j, from zero */                                                  \
-    static void weighted_values##SUFFIX(const float *p, const T *vals, int len, int hd, float *out, int isa) {    \
-        VECTOR_VALUES(SUFFIX)                                                                                    \
-        (void)isa;                                                                                               \
+    static void weighted_values##SUFFIX(const float *p, const void *vals_, int len, int hd, float *out) {        \
+        const T *vals = vals_;                                                                                   \
         for (int d = 0; d < hd; d++) out[d] = 0.0f;                                                              \
         for (int j = 0; j < len; j++) {                                                                          \
             const float pj = p[j];                                                                               \
@@ -348,25 +324,100 @@ float softmax_unnormalised(float *sc, int len, int isa) {
             for (int d = 0; d < hd; d++) out[d] = fmaf(pj, LOAD1(v + d), out[d]);                                \
         }                                                                                                        \
     }
-ATTENTION(, float, F32_1)
+ATTENTION(_f, float, F32_1)
 ATTENTION(_h, uint16_t, F16_1)
 #undef ATTENTION
-#undef VECTOR_PATHS
-#undef VECTOR_VALUES
+
+const struct attn_ops attn_portable = {
+    .key_scores = {key_scores_f, key_scores_h},
+    .weighted_values = {weighted_values_f, weighted_values_h},
+    .max = max_portable,
+    .exp_sums = exp_sums_portable,
+};
+
+#ifdef SPECWISE_X86
+/* Each vector path's entries: its loops where the head width suits them, else the portable ones (the same
+ * numbers). */
+#define VECTOR_ENTRIES(SUFFIX, T)                                                                                  \
+    static void key_scores##SUFFIX##_x86(const float *q, const void *keys, int len, int hd, float scale,          \
+                                          float *sc) {                                                           \
+        if (hd % 8 == 0)                                                                                         \
+            key_scores##SUFFIX##256(q, (const T *)keys, len, hd, scale, sc);                                     \
+        else                                                                                                     \
+            key_scores##SUFFIX##_p(q, keys, len, hd, scale, sc);                                                 \
+    }                                                                                                            \
+    static void weighted_values##SUFFIX##_avx2(const float *p, const void *vals, int len, int hd, float *out) {   \
+        if (hd % 8 == 0 && hd <= 256)                                                                            \
+            weighted_values##SUFFIX##256(p, (const T *)vals, len, hd, out);                                      \
+        else                                                                                                     \
+            weighted_values##SUFFIX##_p(p, vals, len, hd, out);                                                  \
+    }                                                                                                            \
+    static void weighted_values##SUFFIX##_avx512(const float *p, const void *vals, int len, int hd, float *out) { \
+        if (hd % 16 == 0 && hd <= 256)                                                                           \
+            weighted_values##SUFFIX##512(p, (const T *)vals, len, hd, out);                                      \
+        else                                                                                                     \
+            weighted_values##SUFFIX##_avx2(p, vals, len, hd, out);                                               \
+    }
+#define key_scores_p key_scores_f
+#define key_scores_h_p key_scores_h
+#define weighted_values_p weighted_values_f
+#define weighted_values_h_p weighted_values_h
+VECTOR_ENTRIES(, float)
+VECTOR_ENTRIES(_h, uint16_t)
+#undef VECTOR_ENTRIES
+
+/* the joint loops behind the table's pointer types (keys and values by their address) */
+#define JOINT_ENTRIES(NAME, T)                                                                                     \
+    static void joint##NAME##_s(const float *q, const void *keys, int len, float scale, float *sc, size_t ld) {          \
+        key_scores##NAME(q, (const T *)keys, len, scale, sc, ld);                                                \
+    }                                                                                                            \
+    static void joint##NAME##_v(const float *p, size_t ld, const void *vals, int len, float *out) {                      \
+        weighted_values##NAME(p, ld, (const T *)vals, len, out);                                                 \
+    }
+JOINT_ENTRIES(_j2, float)
+JOINT_ENTRIES(_j3, float)
+JOINT_ENTRIES(_h_j2, uint16_t)
+JOINT_ENTRIES(_h_j3, uint16_t)
+JOINT_ENTRIES(256_j2, float)
+JOINT_ENTRIES(256_j3, float)
+JOINT_ENTRIES(_h256_j2, uint16_t)
+JOINT_ENTRIES(_h256_j3, uint16_t)
+#undef JOINT_ENTRIES
+
+const struct attn_ops attn_avx2 = {
+    .key_scores = {key_scores_x86, key_scores_h_x86},
+    .weighted_values = {weighted_values_avx2, weighted_values_h_avx2},
+    .joint_scores = {{joint256_j2_s, joint256_j3_s}, {joint_h256_j2_s, joint_h256_j3_s}},
+    .joint_values = {{joint256_j2_v, joint256_j3_v}, {joint_h256_j2_v, joint_h256_j3_v}},
+    .max = max8,
+    .exp_sums = softmax_exp8,
+};
+
+const struct attn_ops attn_avx512 = {
+    .key_scores = {key_scores_x86, key_scores_h_x86},
+    .weighted_values = {weighted_values_avx512, weighted_values_h_avx512},
+    .joint_scores = {{joint_j2_s, joint_j3_s}, {joint_h_j2_s, joint_h_j3_s}},
+    .joint_values = {{joint_j2_v, joint_j3_v}, {joint_h_j2_v, joint_h_j3_v}},
+    .max = max8,
+    .exp_sums = softmax_exp8,
+};
+#endif
 
 /* Causal attention of layer l for every row of a pass: each query head of row r over positions first .. pos[r] of
  * the row's cache (first = 0, or with window > 0 the last `window` positions), from the rotated queries in qkv
  * [rows][(heads + 2 kv_heads) hd] into attn [rows][heads hd]; scores: heads * rows * end floats, end the largest
- * position + 1. The caches hold this layer's keys and values of every row already. */
+ * position + 1. The caches hold this layer's keys and values of every row already. ops: the path's loops. */
 void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale, const float *qkv,
-                     float *attn, float *scores, int end, int threads, int isa) {
+                     float *attn, float *scores, int end, int threads, const struct attn_ops *ops) {
     const int k = (int)rows->rows, group = nq / n_kv, kv_half = rows->kv_half;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
+    const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
+    const int joint = hd == 64 && ops->joint_scores[kv_half][0] != NULL;
     float *const *k_rows = rows->k_rows, *const *v_rows = rows->v_rows;
     const int64_t *cap = rows->cap, *pos = rows->pos;
     /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
-     * the tasks that read the same keys and values one after the other, while they are in its cache; on AVX2 and
-     * AVX-512 with heads of 64, up to three of its heads that share a key-value head and a row read them once */
+     * the tasks that read the same keys and values one after the other, while they are in its cache; where the path
+     * has joint loops (heads of 64), up to three of its heads that share a key-value head and a row read them once */
 #pragma omp parallel num_threads(threads)
     {
         int lo, hi;
@@ -375,74 +426,27 @@ void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int win
             const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group;
             const int p = (int)pos[r], first = window > 0 && p + 1 > window ? p + 1 - window : 0, len = p + 1 - first;
             int nh = 1;
-#ifdef HAVE_JOINT
-            if (isa >= ISA_AVX2 && hd == 64) {
+            if (joint) {
                 nh = group - t % group;
                 nh = nh < hi - t ? nh : hi - t;
                 nh = nh < 3 ? nh : 3;
             }
-#endif
             const size_t layer = (size_t)l * n_kv * cap[r] * hd;
             const float *q = qkv + (size_t)r * n_qkv + (size_t)head * hd;
-            const size_t at = layer + ((size_t)g * cap[r] + first) * hd;
-            const float *keys = k_rows[r] + at, *vals = v_rows[r] + at;
-            const uint16_t *keys_h = (const uint16_t *)k_rows[r] + at, *vals_h = (const uint16_t *)v_rows[r] + at;
+            const size_t at = (layer + ((size_t)g * cap[r] + first) * hd) * elem;
+            const void *keys = (const char *)k_rows[r] + at, *vals = (const char *)v_rows[r] + at;
             float *sc = scores + (size_t)t * end;
             float *out = attn + (size_t)r * n_attn + (size_t)head * hd;
-#ifdef HAVE_JOINT
-            if (nh > 1 && isa >= ISA_AVX512) {
-                if (kv_half) {
-                    if (nh == 3) key_scores_h_j3(q, keys_h, len, scale, sc, end);
-                    else key_scores_h_j2(q, keys_h, len, scale, sc, end);
-                } else {
-                    if (nh == 3) key_scores_j3(q, keys, len, scale, sc, end);
-                    else key_scores_j2(q, keys, len, scale, sc, end);
-                }
-            } else if (nh > 1) {
-                if (kv_half) {
-                    if (nh == 3) key_scores_h256_j3(q, keys_h, len, scale, sc, end);
-                    else key_scores_h256_j2(q, keys_h, len, scale, sc, end);
-                } else {
-                    if (nh == 3) key_scores256_j3(q, keys, len, scale, sc, end);
-                    else key_scores256_j2(q, keys, len, scale, sc, end);
-                }
-            }
-#endif
+            if (nh > 1) ops->joint_scores[kv_half][nh - 2](q, keys, len, scale, sc, end);
             float sums[3];
             for (int h = 0; h < nh; h++) {
-                if (nh == 1) {
-                    if (kv_half)
-                        key_scores_h(q, keys_h, len, hd, scale, sc, isa);
-                    else
-                        key_scores(q, keys, len, hd, scale, sc, isa);
-                }
-                sums[h] = softmax_unnormalised(sc + (size_t)h * end, len, isa);
+                if (nh == 1) ops->key_scores[kv_half](q, keys, len, hd, scale, sc);
+                sums[h] = softmax_unnormalised(sc + (size_t)h * end, len, ops);
             }
-#ifdef HAVE_JOINT
-            if (nh > 1 && isa >= ISA_AVX512) {
-                if (kv_half) {
-                    if (nh == 3) weighted_values_h_j3(sc, end, vals_h, len, out);
-                    else weighted_values_h_j2(sc, end, vals_h, len, out);
-                } else {
-                    if (nh == 3) weighted_values_j3(sc, end, vals, len, out);
-                    else weighted_values_j2(sc, end, vals, len, out);
-                }
-            } else if (nh > 1) {
-                if (kv_half) {
-                    if (nh == 3) weighted_values_h256_j3(sc, end, vals_h, len, out);
-                    else weighted_values_h256_j2(sc, end, vals_h, len, out);
-                } else {
-                    if (nh == 3) weighted_values256_j3(sc, end, vals, len, out);
-                    else weighted_values256_j2(sc, end, vals, len, out);
-                }
-            }
-#endif
-            if (nh == 1) {
-                if (kv_half)
-                    weighted_values_h(sc, vals_h, len, hd, out, isa);
-                else
-                    weighted_values(sc, vals, len, hd, out, isa);
-            }
+            if (nh > 1)
+                ops->joint_values[kv_half][nh - 2](sc, end, vals, len, out);
+            else
+                ops->weighted_values[kv_half](sc, vals, len, hd, out);
             for (int h = 0; h < nh; h++) {
                 const float inv = 1.0f / sums[h];
                 for (int d = 0; d < hd; d++) out[(size_t)h * hd + d] *= inv;

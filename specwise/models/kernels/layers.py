@@ -1,6 +1,6 @@
-"""The decoder layers' native calls (``qllama.c``, and ``llama.c``'s float32 layers): the ctypes mirrors of their
-argument structs (``specwise.h``: qshape, qlayers, qrows, qwork, qrun, qmodel, qpass, qhead, qstep, qlogits, and the
-float32 layers' flayers, frows; quant.h's qarch) and :class:`DecoderStack`, which fills the quantized ones.
+"""The decoder layers' native calls (``qllama.c``: one layer for every native model, its matrices quantized
+:class:`~specwise.models.kernels.quant.QTensor` or float :class:`~specwise.models.kernels.quant.FloatRows`):
+:class:`DecoderStack`, which fills the layer kernels' argument structs (their ctypes mirrors are ``abi.py``'s).
 
 What is fixed for a model (its shape and weights) is filled once when the stack is built; a call sets only its
 rows' fields, so a pass's interpreted cost does not grow with the number of arguments. Every count and size is
@@ -17,8 +17,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwise.models.kernels.abi import (
-    FLayers,
-    FRows,
     QArch,
     QHead,
     QLayers,
@@ -49,8 +47,6 @@ __all__ = [
     "QHead",
     "QStep",
     "QLogits",
-    "FLayers",
-    "FRows",
     "layer_status",
     "rotary_tables",
     "inverse_frequencies",
@@ -161,7 +157,7 @@ _LAYER_ERRORS = {
 def layer_status(status: int) -> None:
     """Raise for a status of the layer kernel (specwise_qllama_rows / _forward / specwise_head_step)."""
     if status != 0:
-        raise ValueError(f"the quantized layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
+        raise ValueError(f"the native layer kernel refused {_LAYER_ERRORS.get(status, f'its call ({status})')}")
 
 
 def addr(obj):
@@ -235,9 +231,10 @@ def model_struct(embed: QTensor, final_norm: np.ndarray, final_eps: float, head)
 
 
 class DecoderStack:
-    """Llama-family decoder layers over QTensors, run by one native call per pass (``qllama.c``).
+    """Llama-family decoder layers, run by one native call per pass (``qllama.c``).
 
-    layers: per layer the seven weights q, k, v, o, gate, up, down; attn_norms, mlp_norms: float32 ``[hidden]``
+    layers: per layer the seven weights q, k, v, o, gate, up, down (QTensors, or FloatRows: anything with a
+    ``qmat`` in ``.struct`` and ``.shape`` ``(out, in)``); attn_norms, mlp_norms: float32 ``[hidden]``
     per layer; qkv_biases: per layer float32 ``[q + k + v outputs]`` or None (numpy arrays). The caller owns the
     caches and the rotary tables; :meth:`run` takes, per row, the sequence's caches and the row's position, so one
     pass can score several sequences' rows (a batch) and a row's result is the same in any pass. The caches are
@@ -259,8 +256,10 @@ class DecoderStack:
         head_dim: int,
         eps: float,
         variant: LayerVariant | None = None,
+        o_biases=None,
     ):
-        """variant: what the layers do beyond Llama's (None: the Llama layer)."""
+        """variant: what the layers do beyond Llama's (None: the Llama layer); o_biases: per layer float32
+        ``[hidden]`` or None, the output product's bias (None: no layer has one)."""
         self._lib = _lib()
         self.variant = variant
         self._arch, self._arch_keep = variant.struct(len(layers)) if variant is not None else (None, [])
@@ -268,16 +267,21 @@ class DecoderStack:
         self.hidden = layers[0][0].shape[1]
         self.intermediate = layers[0][4].shape[0]
         self.n_heads, self.n_kv, self.head_dim, self.eps = n_heads, n_kv, head_dim, float(eps)
-        self._keep = (layers, attn_norms, mlp_norms, qkv_biases)  # the pointers below point into these
+        self._keep = (layers, attn_norms, mlp_norms, qkv_biases, o_biases)  # the pointers below point into these
         flat = [w.struct for layer in layers for w in layer]
         self._weights = (QMat * len(flat))(*flat)
         self._attn = (ctypes.c_void_p * len(attn_norms))(*[_address(t, "a norm") for t in attn_norms])
         self._mlp = (ctypes.c_void_p * len(mlp_norms))(*[_address(t, "a norm") for t in mlp_norms])
         biases = [0 if b is None else _address(b, "a bias") for b in qkv_biases]
         self._bias = (ctypes.c_void_p * len(qkv_biases))(*biases)
+        self._o_bias = None
+        if o_biases is not None and any(b is not None for b in o_biases):
+            o_table = [0 if b is None else _address(b, "a bias") for b in o_biases]
+            self._o_bias = (ctypes.c_void_p * len(o_biases))(*o_table)
         self.shape = QShape(self.n_layers, self.hidden, n_heads, n_kv, head_dim, self.intermediate, self.eps)
         self.weights = QLayers(
-            addr(self._attn), addr(self._weights), len(flat), addr(self._bias), addr(self._mlp),
+            addr(self._attn), addr(self._weights), len(flat), addr(self._bias),
+            None if self._o_bias is None else addr(self._o_bias), addr(self._mlp),
             None if self._arch is None else addr(self._arch),
         )  # fmt: skip
         size = self._lib.specwise_qllama_scratch_floats(addr(self.shape), MAX_ROWS)
@@ -361,6 +365,45 @@ class DecoderStack:
         if status == 2:
             raise IndexError(f"row ids outside the embedding (its {model.embed.contents.out} rows)")
         layer_status(status)
+
+    def run_sequence(
+        self,
+        x: np.ndarray,
+        k_cache: np.ndarray,
+        v_cache: np.ndarray,
+        capacity: int,
+        start: int,
+        cos: np.ndarray,
+        sin: np.ndarray,
+        mode: str,
+        threads: int | None = None,
+    ) -> None:
+        """The layers on one sequence's rows (``specwise_qllama_rows``): x ``[k, hidden]`` (float32, C-contiguous,
+        k <= ``MAX_ROWS``, updated in place) at positions ``start ..`` of the float32 caches ``[layers, n_kv,
+        capacity, head_dim]`` (C-contiguous, of at least that many floats; the kernel checks every size). cos, sin:
+        float32 ``[positions, head_dim]``. The numbers are :meth:`run`'s with those caches and positions."""
+        k = x.shape[0]
+        rows = self.rows
+        if k > MAX_ROWS:
+            raise ValueError(f"a pass of one call takes at most {MAX_ROWS} rows, got {k}")
+        held = self._held
+        if k_cache is not held[0] or v_cache is not held[1] or capacity != held[2] or k > held[3]:
+            self._k_rows[:k] = [_address(k_cache, "k_cache")] * k
+            self._v_rows[:k] = [_address(v_cache, "v_cache")] * k
+            self._caps[:k] = [capacity] * k
+            rows.kv_half = 0
+            self._held = (k_cache, v_cache, capacity, k)  # (forward_one keeps x third: the two never share a stack)
+        if k == 1:
+            self._pos[0] = start
+        else:
+            self._pos[:k] = range(start, start + k)
+        rows.x, rows.x_floats, rows.rows = _address(x, "x"), x.size, k
+        if cos is not self._tables[0] or self._tables[1] is not None:
+            self._set_tables(cos, sin, None)
+        if self.n_heads * k * (start + k) > self.work.scores_floats:
+            self._grow_scores(self.n_heads * k * (start + k))
+        self.options.threads, self.options.mode = threads or get_num_threads(), _mode_id(mode)
+        layer_status(self._lib.specwise_qllama_rows(*self._addrs))
 
     def _set_tables(self, cos: np.ndarray, sin: np.ndarray, local) -> None:
         """The rows' rotary tables (float32 ``[n, head_dim]``; local: the windowed layers' own, of as many rows, or

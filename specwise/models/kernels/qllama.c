@@ -1,9 +1,10 @@
 /*
- * The decoder layers of the Llama family over quantized weights (quant.h), for the few rows (k = 1..32) of
- * decoding and verification, in one call:
- *   RMSNorm -> Q, K, V products (one parallel pass over the three) -> rotary + cache write -> causal attention
- *   over the cache -> output product + residual -> RMSNorm -> gate and up products (one pass) -> SiLU(gate) * up
- *   -> down product + residual.
+ * The decoder layers of the Llama family, over quantized or float weights (quant.h), for the few rows (k = 1..32)
+ * of decoding and verification, in one call: the one layer of every native model (the GGUF models' and the float32
+ * models'):
+ *   RMSNorm -> Q, K, V products (one parallel pass over the three, + bias) -> rotary + cache write -> causal
+ *   attention over the cache -> output product (+ bias) + residual -> RMSNorm -> gate and up products (one pass) ->
+ *   SiLU(gate) * up -> down product + residual (and what a family's qarch adds).
  *
  * Layouts (row-major, contiguous; float32 unless said):
  *   x        [k, hidden]                     the residual stream, updated in place
@@ -16,10 +17,12 @@
  * work buffers, the run options), every count and size 64-bit, and check them against each other before anything
  * is written (layers_check, rows_check).
  *
- * The attention over the caches is attention.c's, the products quant_gemm.c's. Every loop takes its instruction
- * path from the one choice of the library (specwise_q_isa: the best the CPU supports, or what specwise_q_set_isa
- * set), each vector function with its own target attribute; the paths agree bit for bit. A row's result depends
- * only on its own inputs and position, never on k.
+ * The weights are qmats of any kind (quant.h): a GGUF file's blocks re-packed into tiles, or float32 / float16 rows
+ * (KIND_ROWS: the float32 models and a drafter's float16 copies), so this one layer serves both. The attention over
+ * the caches is attention.c's, the products quant_gemm.c's (specwise_q_gemm, for every kind). Every loop is the one
+ * of the library's table of the path in use (qkernels of quant_internal.h: chosen once from the CPU's flags, lowered
+ * by specwise_q_set_isa), each vector function with its own target attribute; the paths agree bit for bit. A row's
+ * result depends only on its own inputs and position, never on k.
  */
 #include <time.h>
 #ifdef _OPENMP
@@ -47,41 +50,47 @@ INLINE void rms_norm_body(const float *x, const float *w, float *y, int k, int n
     }
 }
 
-static void rms_norm_portable(const float *x, const float *w, float *y, int k, int n, float eps) {
-    rms_norm_body(x, w, y, k, n, eps);
-}
-
-#ifdef SPECWISE_X86
-TARGET_AVX2 static void rms_norm_avx2(const float *x, const float *w, float *y, int k, int n, float eps) {
-    rms_norm_body(x, w, y, k, n, eps);
-}
-
-TARGET_AVX512 static void rms_norm_avx512(const float *x, const float *w, float *y, int k, int n, float eps) {
-    rms_norm_body(x, w, y, k, n, eps);
-}
-#endif
-
-/* rms_norm_body on the path in use */
-static void rms_norm_rows(const float *x, const float *w, float *y, int k, int n, float eps) {
-#ifdef SPECWISE_X86
-    const int isa = specwise_q_isa();
-    if (isa >= ISA_AVX512) {
-        rms_norm_avx512(x, w, y, k, n, eps);
-        return;
-    }
-    if (isa >= ISA_AVX2) {
-        rms_norm_avx2(x, w, y, k, n, eps);
-        return;
-    }
-#endif
-    rms_norm_portable(x, w, y, k, n, eps);
-}
-
+/* Each path's copy of the loops below (the compiler vectorises each for its own instructions; the operations and
+ * their order are the same): the table of the path in use (qkernels of quant_internal.h) holds them. */
 #define GELU_K1 (-1.5957691216057308f)   /* -2 sqrt(2 / pi) */
 #define GELU_K3 (-0.07135481627159871f) /* -2 sqrt(2 / pi) 0.044715 */
 
+/* act = SiLU(gate) * up from index i on */
+INLINE void silu_tail(const float *gate, const float *up, float *act, int i, int n) {
+    for (; i < n; i++) act[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
+}
+
+/* GeGLU's activation from index i on: act = gelu(gate) * up with the tanh approximation of GELU (Gemma's
+ * gelu_pytorch_tanh), 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)) with u = sqrt(2 / pi) (g + 0.044715 g^3):
+ * -2u = g (K1 + K3 g^2). */
+INLINE void gelu_tail(const float *gate, const float *up, float *act, int i, int n) {
+    for (; i < n; i++) {
+        const float g = gate[i];
+        act[i] = g / (1.0f + exp_approx(g * fmaf(GELU_K3, g * g, GELU_K1))) * up[i];
+    }
+}
+
+void rms_norm_portable(const float *x, const float *w, float *y, int k, int n, float eps) {
+    rms_norm_body(x, w, y, k, n, eps);
+}
+void silu_mul_portable(const float *gate, const float *up, float *act, int n) { silu_tail(gate, up, act, 0, n); }
+void gelu_mul_portable(const float *gate, const float *up, float *act, int n) { gelu_tail(gate, up, act, 0, n); }
+/* a float16 cache's writes: rounded to nearest even (what F16C's vcvtps2ph does), read back exactly */
+void store_half_portable(uint16_t *dst, const float *src, int n) {
+    for (int i = 0; i < n; i++) dst[i] = f2h(src[i]);
+}
+
 #ifdef SPECWISE_X86
-TARGET_AVX2 static int silu_mul8(const float *gate, const float *up, float *act, int n) {
+TARGET_AVX2 void rms_norm_avx2(const float *x, const float *w, float *y, int k, int n, float eps) {
+    rms_norm_body(x, w, y, k, n, eps);
+}
+
+TARGET_AVX512 void rms_norm_avx512(const float *x, const float *w, float *y, int k, int n, float eps) {
+    rms_norm_body(x, w, y, k, n, eps);
+}
+
+/* eight lanes at a time, then the portable loop: the same operations */
+TARGET_AVX2 void silu_mul_avx2(const float *gate, const float *up, float *act, int n) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.0f);
     for (; i + 8 <= n; i += 8) {
@@ -89,11 +98,10 @@ TARGET_AVX2 static int silu_mul8(const float *gate, const float *up, float *act,
         __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), g));
         _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
-    return i;
+    silu_tail(gate, up, act, i, n);
 }
 
-/* GeGLU's activation, eight lanes at a time: the same operations as gelu_tanh_mul's scalar loop */
-TARGET_AVX2 static int gelu_mul8(const float *gate, const float *up, float *act, int n) {
+TARGET_AVX2 void gelu_mul_avx2(const float *gate, const float *up, float *act, int n) {
     int i = 0;
     const __m256 one = _mm256_set1_ps(1.0f), k1 = _mm256_set1_ps(GELU_K1), k3 = _mm256_set1_ps(GELU_K3);
     for (; i + 8 <= n; i += 8) {
@@ -102,50 +110,20 @@ TARGET_AVX2 static int gelu_mul8(const float *gate, const float *up, float *act,
         const __m256 e = exp256(z);
         _mm256_storeu_ps(act + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
     }
-    return i;
+    gelu_tail(gate, up, act, i, n);
 }
 
-TARGET_AVX2 static int store_half8(uint16_t *dst, const float *src, int n) {
+TARGET_AVX2 void store_half_avx2(uint16_t *dst, const float *src, int n) {
     int i = 0;
     for (; i + 8 <= n; i += 8)
         _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
-    return i;
-}
-#endif
-
-/* ---- a float16 cache (MODE_Q8 with kv_half): keys and values rounded to float16 when written, read back exactly -- */
-
-static void store_half(uint16_t *dst, const float *src, int n, int isa) {
-    int i = 0;
-#ifdef SPECWISE_X86
-    if (isa >= ISA_AVX2) i = store_half8(dst, src, n);
-#endif
-    (void)isa;
     for (; i < n; i++) dst[i] = f2h(src[i]);
 }
-
-/* act = SiLU(gate) * up */
-static void silu_mul(const float *gate, const float *up, float *act, int n, int isa) {
-    int i = 0;
-#ifdef SPECWISE_X86
-    if (isa >= ISA_AVX2) i = silu_mul8(gate, up, act, n);
 #endif
-    (void)isa;
-    for (; i < n; i++) act[i] = gate[i] / (1.0f + exp_approx(-gate[i])) * up[i];
-}
 
-/* GeGLU's activation: act = gelu(gate) * up with the tanh approximation of GELU (Gemma's gelu_pytorch_tanh),
- * 0.5 g (1 + tanh(u)) = g / (1 + e^(-2u)) with u = sqrt(2 / pi) (g + 0.044715 g^3): -2u = g (K1 + K3 g^2). */
-static void gelu_tanh_mul(const float *gate, const float *up, float *act, int n, int isa) {
-    int i = 0;
-#ifdef SPECWISE_X86
-    if (isa >= ISA_AVX2) i = gelu_mul8(gate, up, act, n);
-#endif
-    (void)isa;
-    for (; i < n; i++) {
-        const float g = gate[i];
-        act[i] = g / (1.0f + exp_approx(g * fmaf(GELU_K3, g * g, GELU_K1))) * up[i];
-    }
+/* the RMS norm on the path in use */
+static void rms_norm_rows(const float *x, const float *w, float *y, int k, int n, float eps) {
+    q_kernels()->rms_norm(x, w, y, k, n, eps);
 }
 
 /* Rotate-half rotary embedding of one head in place: y[d] = x[d] cos[d] + x[(d + hd/2) % hd] sin[d]. */
@@ -210,9 +188,10 @@ int64_t specwise_qllama_scratch_floats(const qshape *shape, int64_t rows) {
     return mul64(rows, per_row);
 }
 
-/* Whether a matrix is there, with `in` inputs (and `out` outputs when out > 0): its tiles' own checks are quant.c's */
+/* Whether a matrix the kernels can read is there (qmat_ok: its kind, format and shape), with `in` inputs (and `out`
+ * outputs when out > 0) */
 static int mat_fits(const qmat *w, int64_t out, int64_t in) {
-    return w && w->q && w->out >= 1 && w->in == in && (out <= 0 || w->out == out);
+    return qmat_ok(w) && w->in == in && (out <= 0 || w->out == out);
 }
 
 /* Whether the model's shape and weights fit together: a shape with heads in whole groups and an even head width
@@ -280,7 +259,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
     const int inter = (int)shape->inter, k = (int)rows->rows, threads = (int)run->threads, mode = run->mode;
     const int kv_half = rows->kv_half;
     const float eps = shape->eps;
-    const float *const *attn_norm = layers->attn_norm, *const *qkv_b = layers->qkv_bias;
+    const float *const *attn_norm = layers->attn_norm, *const *qkv_b = layers->qkv_bias, *const *o_b = layers->o_bias;
     const float *const *mlp_norm = layers->mlp_norm;
     const qmat *weights = layers->weights;
     float *const *k_rows = rows->k_rows, *const *v_rows = rows->v_rows;
@@ -289,7 +268,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
     float *x = rows->x, *scratch = work->scratch, *scores = work->scores;
     const qarch llama = {0};
     const qarch *a = layers->arch ? layers->arch : &llama;
-    const int isa = specwise_q_isa();
+    const qkernels *K = q_kernels();
     const int hd = (int)shape->head_dim, nq = (int)shape->heads;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
     int end = 0;
@@ -327,8 +306,8 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
                 const size_t at = ((size_t)g * cap[r] + p) * hd;
                 const float *key = row + (size_t)(nq + g) * hd, *val = row + (size_t)(nq + n_kv + g) * hd;
                 if (kv_half) {
-                    store_half(kh + at, key, hd, isa);
-                    store_half(vh + at, val, hd, isa);
+                    K->store_half(kh + at, key, hd);
+                    K->store_half(vh + at, val, hd);
                 } else {
                     memcpy(kc + at, key, (size_t)hd * 4);
                     memcpy(vc + at, val, (size_t)hd * 4);
@@ -337,9 +316,9 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         }
         MARK(PART_REST);
         attention_layer(rows, l, nq, n_kv, hd, a->window ? a->window[l] : 0, scale, qkv, attn, scores, end, threads,
-                        isa);
+                        K->attn);
         MARK(PART_ATTENTION);
-        specwise_q_gemm(w + 3, 1, attn, NULL, tmp, k, mode, threads);
+        specwise_q_gemm(w + 3, 1, attn, o_b ? o_b[l] : NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
         if (a->post_attn_norm) rms_norm_rows(tmp, a->post_attn_norm[l], tmp, k, hidden, eps);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
@@ -349,10 +328,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         MARK(PART_PRODUCTS);
         for (int r = 0; r < k; r++) {
             const float *gr = gu + (size_t)r * 2 * inter;
-            if (a->act == ACT_GELU_TANH)
-                gelu_tanh_mul(gr, gr + inter, act + (size_t)r * inter, inter, isa);
-            else
-                silu_mul(gr, gr + inter, act + (size_t)r * inter, inter, isa);
+            (a->act == ACT_GELU_TANH ? K->gelu_mul : K->silu_mul)(gr, gr + inter, act + (size_t)r * inter, inter);
         }
         MARK(PART_REST);
         specwise_q_gemm(w + 6, 1, act, NULL, tmp, k, mode, threads);
@@ -485,7 +461,7 @@ int specwise_head_step(const qshape *shape, const qlayers *layer, const qhead *h
     if (out->top_prob) { /* exp(l - max) summed over a copy (the scores' own loop); exp(0) = 1 is the top's share */
         float *e = layer_scratch;
         memcpy(e, out->logits, (size_t)V * sizeof(float));
-        *out->top_prob = 1.0f / softmax_unnormalised(e, V, specwise_q_isa());
+        *out->top_prob = 1.0f / softmax_unnormalised(e, V, q_kernels()->attn);
     }
     return QL_OK;
 }

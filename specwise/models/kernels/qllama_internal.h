@@ -1,5 +1,5 @@
 /*
- * What the quantized decoder layers' two files share (qllama.c: the layer loop, the entry points and their checks;
+ * What the decoder layers' two files share (qllama.c: the layer loop, the entry points and their checks;
  * attention.c: the attention over the caches). Nothing here is exported (SW_HIDDEN).
  */
 #ifndef SPECWISE_QLLAMA_INTERNAL_H
@@ -33,12 +33,30 @@ TARGET_AVX2 static inline __m256 exp256(__m256 x) {
 }
 #endif
 
+/* The attention's loops of one instruction path (attention.c), which the library's table of the path in use holds
+ * (qkernels.attn); index [0] for a float32 cache, [1] for a float16 one (keys and values by their address). */
+typedef void (*scores_fn)(const float *q, const void *keys, int len, int hd, float scale, float *sc);
+typedef void (*values_fn)(const float *p, const void *vals, int len, int hd, float *out);
+/* nh query heads of 64 that share a key-value head, each key and value read once for all of them */
+typedef void (*joint_scores_fn)(const float *q, const void *keys, int len, float scale, float *sc, size_t ld);
+typedef void (*joint_values_fn)(const float *p, size_t ld, const void *vals, int len, float *out);
+struct attn_ops {
+    scores_fn key_scores[2];                /* sc[j] = (q . keys[j]) * scale */
+    values_fn weighted_values[2];           /* out[d] = sum_j p[j] v[j][d] */
+    joint_scores_fn joint_scores[2][2];     /* [cache][nh - 2] for 2 or 3 heads of 64; NULL: one head at a time */
+    joint_values_fn joint_values[2][2];
+    float (*max)(const float *sc, int len); /* the largest score (NaN skipped) */
+    int (*exp_sums)(float *sc, int len, float mx, float *a); /* e^(s - mx) in place over the first multiple of 8
+                                                              * scores, summed into a[8]; the count done */
+};
+
 /* Scores to unnormalised probabilities in place (e^(s - max)); returns their sum (eight partial sums, added
- * pairwise). isa: the path in use (ISA_*). */
-SW_HIDDEN float softmax_unnormalised(float *sc, int len, int isa);
+ * pairwise). ops: the path in use's loops (q_kernels()->attn). */
+SW_HIDDEN float softmax_unnormalised(float *sc, int len, const struct attn_ops *ops);
 
 /* Causal attention of layer l for every row of a pass (see attention.c). */
 SW_HIDDEN void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale,
-                               const float *qkv, float *attn, float *scores, int end, int threads, int isa);
+                               const float *qkv, float *attn, float *scores, int end, int threads,
+                               const struct attn_ops *ops);
 
 #endif

@@ -8,7 +8,10 @@
  *   KIND_U8   8-bit q, blocks of 32            (Q8_0)
  *   KIND_Q6   6-bit q, blocks of 16            (Q6_K): 4 values in 3 bytes
  *   KIND_Q5   5-bit q, blocks of 32            (Q5_0, Q5_1, Q5_K): KIND_Q4's nibbles and a plane of fifth bits
- * with one scale s (and, for the asymmetric formats, one m) per output row and block. The legacy formats store s and
+ * with one scale s (and, for the asymmetric formats, one m) per output row and block. A sixth kind is not tiled:
+ *   KIND_ROWS float32 or float16 rows as they are, row-major [out][in] (half: float16), any in: the float32
+ *             models' weights (and a drafter's float16 copies), read in place
+ * so that one decoder layer (specwise_qllama_rows) takes float and quantized weights alike, each matrix a qmat. The legacy formats store s and
  * m directly (float16, their own bits); the K-quants store them as the file does, compactly: one signed byte per
  * block (the 6-bit sub-scales sc and mins mn of Q4_K / Q5_K, the int8 scales of Q6_K) and, per output row and
  * super-block of 256 inputs, the float16 factors d (and dmin), so that s = d * sc and m = -(dmin * mn) in float32
@@ -22,20 +25,22 @@
 #include <stdint.h>
 #include <string.h>
 
-enum { KIND_F32 = 0, KIND_Q4 = 1, KIND_U8 = 2, KIND_Q6 = 3, KIND_Q5 = 4 };
+enum { KIND_F32 = 0, KIND_Q4 = 1, KIND_U8 = 2, KIND_Q6 = 3, KIND_Q5 = 4, KIND_ROWS = 5 };
 enum { MODE_EXACT = 0, MODE_Q8 = 1 };
 enum { ISA_PORTABLE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 #define QTILE 16
 
 typedef struct {
     int kind;    /* KIND_* */
-    int block;   /* inputs per scale: 32, or 16 (KIND_Q6); 32 for KIND_F32 (accumulator split) */
+    int block;   /* inputs per scale: 32, or 16 (KIND_Q6); 32 for KIND_F32 (accumulator split); 0 for KIND_ROWS */
     int offset;  /* q - offset is the signed value (0 for the asymmetric formats) */
     int has_m;   /* m present (asymmetric formats) */
-    int half;    /* s and m (with sub: sd and md) stored as float16 (exact: the files' scales are float16) */
+    int half;    /* s and m (with sub: sd and md) stored as float16 (exact: the files' scales are float16);
+                  * KIND_ROWS: the rows are float16 (1) or float32 (0) */
     int out;     /* output rows (not padded) */
-    int in;      /* inputs, a multiple of 32 */
-    const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8, KIND_Q6, KIND_Q5) or of float32 weights (KIND_F32) */
+    int in;      /* inputs, a multiple of 32 (KIND_ROWS: any, >= 1) */
+    const uint8_t *q;  /* tiles of q (KIND_Q4, KIND_U8, KIND_Q6, KIND_Q5), of float32 weights (KIND_F32), or the rows
+                        * (KIND_ROWS) */
     const void *s;     /* [tiles][blocks][16] scales */
     const void *m;     /* [tiles][blocks][16] offsets, or NULL */
     int sub;           /* 0: s and m are the scales (float16 when half, else float32); k > 0 (K-quants): s and m are
@@ -45,9 +50,8 @@ typedef struct {
     const void *md;    /* the same for m: -dmin (m = (-dmin) * mn = -(dmin * mn)), or NULL */
 } qmat;
 
-/* Status codes of the entry points that check their arguments (0 is success); SW_EISA: the instruction path in use
- * lacks what the kernel needs (the float32 kernels: AVX2, see specwise_q_set_isa), nothing written. */
-enum { SW_OK = 0, SW_EARG = -1, SW_ENOMEM = -2, SW_ERANGE = -3, SW_EISA = -4 };
+/* Status codes of the entry points that check their arguments (0 is success). */
+enum { SW_OK = 0, SW_EARG = -1, SW_ENOMEM = -2, SW_ERANGE = -3 };
 
 /* The largest output rows or inputs of one matrix: the tiles index rows and inputs with int. */
 #define QMAX_DIM ((int64_t)1 << 30)

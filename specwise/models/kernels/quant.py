@@ -38,6 +38,7 @@ __all__ = [
     "supported_types",
     "quantized_available",
     "QMat",
+    "FloatRows",
     "MAX_ROWS",
 ]
 
@@ -88,6 +89,33 @@ def _mode_id(mode: str) -> int:
     if mode not in MODES:
         raise ValueError(f"unknown precision {mode!r}: use one of {', '.join(MODES)}")
     return MODES.index(mode)
+
+
+KIND_ROWS = 5  # quant.h: a qmat of float rows as they are (float32, or float16 with half)
+
+
+class FloatRows:
+    """Rows ``first .. first + count - 1`` of a float32 or float16 matrix ``[out, in]`` (a C-contiguous numpy array,
+    read in place: kept alive here) as the kernels' ``qmat`` of kind KIND_ROWS: the float32 models' weights in the
+    one decoder layer (``qllama.c``) and in :func:`q_gemm`, computed in float32 (float16 weights converted as they
+    are read) on the library's instruction path, every path giving the same bits."""
+
+    def __init__(self, weight: np.ndarray, first: int = 0, count: int | None = None, name: str = "weight"):
+        ok = isinstance(weight, np.ndarray) and weight.ndim == 2 and weight.dtype in (np.float32, np.float16)
+        if not ok or not weight.flags.c_contiguous:
+            got = f"{weight.dtype} {weight.shape}" if isinstance(weight, np.ndarray) else type(weight).__name__
+            raise ValueError(f"{name} must be a C-contiguous float32 or float16 numpy array [out, in], got {got}")
+        out, n_in = weight.shape
+        count = out - first if count is None else count
+        if first < 0 or count < 1 or first + count > out or n_in < 1 or max(count, n_in) > QMAX_DIM:
+            raise ValueError(f"{name}: rows {first} .. {first + count - 1} of a [{out}, {n_in}] matrix do not fit")
+        self.array, self.name, self.shape = weight, name, (count, n_in)
+        half = int(weight.dtype == np.float16)
+        at = weight.ctypes.data + first * n_in * weight.itemsize
+        self.struct = QMat(KIND_ROWS, 0, 0, 0, half, count, n_in, at, None, None, 0, None, None)
+
+    def __repr__(self) -> str:
+        return f"FloatRows({self.name}, {self.array.dtype}, {list(self.shape)})"
 
 
 class QTensor:

@@ -430,5 +430,12 @@ const qkernels qk_avx2 = {
     .tiles_for = {{0, 4, 2, 1, 1, 1, 1, 1, 1}, {0, 4, 2, 1, 1, 1, 1, 1, 1}},
     .row_max = logits_max_avx2,
     .find = logits_find_avx2,
+    .rows = rows_avx2,
+    .rms_norm = rms_norm_avx2,
+    .silu_mul = silu_mul_avx2,
+    .gelu_mul = gelu_mul_avx2,
+    .store_half = store_half_avx2,
+    .attn = &attn_avx2,
+    .sample = &sample_avx2,
 };
 #endif /* SPECWISE_X86 */

@@ -250,5 +250,13 @@ const qkernels qk_avx512 = {
     .tiles_for = {{0, 2, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 1, 1, 1, 1, 1, 1, 1}},
     .row_max = logits_max_avx2,
     .find = logits_find_avx2,
+    /* the float rows, the layers' activations and float16 writes: AVX2's loops (no wider kernel pays there) */
+    .rows = rows_avx2,
+    .rms_norm = rms_norm_avx512,
+    .silu_mul = silu_mul_avx2,
+    .gelu_mul = gelu_mul_avx2,
+    .store_half = store_half_avx2,
+    .attn = &attn_avx512,
+    .sample = &sample_avx512,
 };
 #endif /* SPECWISE_X86 */

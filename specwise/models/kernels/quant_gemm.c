@@ -70,8 +70,10 @@ static q8il_fn q8il_of(const qkernels *K, const qmat *w, int *variant) {
     return K->q8il[w->kind][v];
 }
 
-/* Whether a qmat describes tiles the kernels can read: a known kind with its block, a shape in range. */
-static int qmat_ok(const qmat *w) {
+/* Whether a qmat describes a matrix the kernels can read: tiles of a known kind with its block and a shape in range,
+ * or float rows (KIND_ROWS: float32 or float16, any width). */
+int qmat_ok(const qmat *w) {
+    if (w && w->kind == KIND_ROWS) return w->q && w->out >= 1 && w->in >= 1 && (w->half == 0 || w->half == 1);
     if (!w || !w->q || w->out < 1 || w->in < 32 || w->in % 32 || w->kind < KIND_F32 || w->kind > KIND_Q5) return 0;
     if (w->block != (w->kind == KIND_Q6 ? 16 : 32) || (w->kind != KIND_F32 && !w->s)) return 0;
     return !w->has_m || w->kind == KIND_F32 || w->m;
@@ -79,16 +81,55 @@ static int qmat_ok(const qmat *w) {
 
 /* ---- the driver --------------------------------------------------------------------------------------------- */
 
+/* Float rows (KIND_ROWS): the parts' outputs shared out between threads in runs of 4 (the float loops' tiles), each
+ * thread's contiguous share handed to the path's rows kernel part by part; y [k][ldy]. */
+static void rows_gemm(const qkernels *K, const qmat *parts, int nparts, const float *x, float *y, int k, int ldy,
+                      int threads) {
+    int first[9], col[9], units = 0, at = 0;
+    for (int p = 0; p < nparts; p++) {
+        first[p] = units;
+        col[p] = at;
+        units += (parts[p].out + 3) / 4;
+        at += parts[p].out;
+    }
+    first[nparts] = units;
+#pragma omp parallel num_threads(threads)
+    {
+        int lo, hi;
+        thread_share(units, &lo, &hi);
+        int p = 0;
+        for (int u = lo; u < hi;) {
+            while (u >= first[p + 1]) p++;
+            const int end = hi < first[p + 1] ? hi : first[p + 1];
+            const int o0 = 4 * (u - first[p]), o1 = 4 * (end - first[p]);
+            K->rows(parts + p, o0, o1 < parts[p].out ? o1 : parts[p].out, x, k, y + col[p], ldy);
+            u = end;
+        }
+    }
+}
+
 /* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias): the parts' outputs side by side (a fused QKV or
- * gate/up product whose parts may have different formats). All parts share `in`. */
+ * gate/up product whose parts may have different formats). All parts share `in`, and are all tiles or all float
+ * rows (KIND_ROWS: computed in float32 whatever the mode). */
 int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *bias, float *y, int k, int mode,
                     int threads) {
-    if (k < 0 || nparts < 1 || nparts > 8 || !parts || !x || !y) return SW_EARG;
+    if (k < 0 || nparts < 1 || nparts > 8 || !parts || !x || !y || threads < 1) return SW_EARG;
+    const int float_rows = parts[0].kind == KIND_ROWS;
     for (int p = 0; p < nparts; p++)
-        if (!qmat_ok(&parts[p]) || parts[p].in != parts[0].in) return SW_EARG;
+        if (!qmat_ok(&parts[p]) || parts[p].in != parts[0].in || (parts[p].kind == KIND_ROWS) != float_rows)
+            return SW_EARG;
     if (k == 0) return SW_OK;
     const int in = parts[0].in;
     const qkernels *K = q_kernels();
+    if (float_rows) {
+        int ldy = 0;
+        for (int p = 0; p < nparts; p++) ldy += parts[p].out;
+        rows_gemm(K, parts, nparts, x, y, k, ldy, threads);
+        if (bias)
+            for (int r = 0; r < k; r++)
+                for (int o = 0; o < ldy; o++) y[(size_t)r * ldy + o] += bias[o];
+        return SW_OK;
+    }
     int ldy = 0, tiles = 0, need_q8 = 0, il = 0;
     int first_tile[9], col[9], variant[8];
     q8il_fn q8il[8]; /* each part's interleaved MODE_Q8 kernel, or NULL */
@@ -221,6 +262,12 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
 }
 
 static void q_row(const qmat *w, int row, float *out) {
+    if (w->kind == KIND_ROWS) {
+        const size_t at = (size_t)row * w->in;
+        for (int i = 0; i < w->in; i++)
+            out[i] = w->half ? half_to_float(((const uint16_t *)w->q)[at + i]) : ((const float *)w->q)[at + i];
+        return;
+    }
     const int t = row / QTILE, L = row % QTILE, B = w->block, nb = w->in / B;
     if (w->kind == KIND_F32) {
         const float *wt = (const float *)w->q;
@@ -259,7 +306,7 @@ int specwise_q_gather(const qmat *w, const int64_t *ids, int64_t n, float *out) 
  * Lossy: for a draft model, whose proposals need not be exact. Returns SW_OK, SW_EARG for rows outside the matrix
  * or too little room, or SW_ENOMEM. */
 int specwise_q_requantize_q4_0(const qmat *w, int64_t first, int64_t count, uint8_t *out, int64_t out_bytes) {
-    if (!qmat_ok(w) || !out || first < 0 || count < 0 || first > w->out - count) return SW_EARG;
+    if (!qmat_ok(w) || !out || first < 0 || count < 0 || first > w->out - count || w->in % 32) return SW_EARG;
     const int nb = w->in / 32;
     if (out_bytes / ((int64_t)nb * 18) < count) return SW_EARG;
     float *row = malloc((size_t)w->in * sizeof(float));

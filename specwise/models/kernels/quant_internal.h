@@ -2,8 +2,9 @@
  * What the quantized kernels' files share (quant_repack.c, quant_gemm.c, quant_portable.c, quant_avx2.c,
  * quant_avx512.c, logits.c): the x86 target attributes, the activations of MODE_Q8, the scale and value readers of
  * the tiles, and the prototypes of the kernels the driver calls. Nothing here is exported (SW_HIDDEN). The other
- * kernel files (qllama.c, attention.c, sample.c, smallgemm.c, llama.c) include it for the target attributes: every
- * kernel takes its path from the one choice made here (q_kernels, specwise_q_isa; lowered by specwise_q_set_isa).
+ * kernel files (smallgemm.c, qllama.c, attention.c, sample.c) include it too: every kernel of the library takes its
+ * path from the one table chosen here (qkernels: q_kernels, specwise_q_isa; lowered by specwise_q_set_isa), and no
+ * file but quant_gemm.c reads the CPU's flags or compares instruction paths.
  *
  * Multi-row products over quantized weights: y[k][out] = x[k][in] . W^T for the few rows (k = 1..32) of decoding
  * and verification, reading each weight block once per pass and applying it to every row.
@@ -44,7 +45,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
+/* SPECWISE_PORTABLE_ONLY builds the portable path alone, as on a machine of another architecture (to test that build
+ * on x86) */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(SPECWISE_PORTABLE_ONLY)
 #include <immintrin.h>
 #define SPECWISE_X86 1
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -136,8 +139,20 @@ typedef void (*q8il_fn)(const qmat *w, int t, const int8_t *qx, const float *dx,
  * taken as signed weights, no correction). */
 enum { Q8IL_PLAIN = 0, Q8IL_M = 1, Q8IL_C = 2, Q8IL_S = 3, Q8IL_VARIANTS = 4 };
 
-/* Everything the driver and the logits scan call, for one instruction path, chosen once (q_kernels): the kernels
- * per tile kind, in the spirit of a table of type traits. */
+/* KIND_ROWS: y[r][o] = x[r][0 .. in) . w[o][0 .. in) for outputs o0 <= o < o1 and rows r < k (smallgemm.c) */
+typedef void (*rows_fn)(const qmat *w, int o0, int o1, const float *x, int k, float *y, int ldy);
+/* the RMS norm of k rows of n (qllama.c) */
+typedef void (*norm_fn)(const float *x, const float *w, float *y, int k, int n, float eps);
+/* act = f(gate) * up over n values: SiLU or tanh GELU (qllama.c) */
+typedef void (*glu_fn)(const float *gate, const float *up, float *act, int n);
+/* n floats rounded to float16 (qllama.c: a float16 cache's writes) */
+typedef void (*half_fn)(uint16_t *dst, const float *src, int n);
+struct attn_ops;     /* attention.c: the attention's loops (qllama_internal.h) */
+struct sample_loops; /* sample.c: the sampling distributions' row loops */
+
+/* Everything the kernels call, for one instruction path, chosen once (q_kernels): the products' kernels per tile
+ * kind, in the spirit of a table of type traits, and the loops of the layers, their attention, the logits scan and
+ * sampling; every file reaches its path's loops through this table. */
 typedef struct {
     int isa;                                /* ISA_* */
     quantize_fn quantize;                   /* MODE_Q8's activations */
@@ -147,12 +162,21 @@ typedef struct {
                                              * independent accumulators to hide the latency of the FMAs */
     float (*row_max)(const float *x, int n, int *nan); /* logits.c: the largest non-NaN value, *nan = 1 if any */
     int (*find)(const float *x, int n, float v);      /* logits.c: the first index of v (n when none) */
+    rows_fn rows;                           /* the products of KIND_ROWS */
+    norm_fn rms_norm;                       /* the layers' loops */
+    glu_fn silu_mul, gelu_mul;
+    half_fn store_half;
+    const struct attn_ops *attn;            /* the attention's loops */
+    const struct sample_loops *sample;      /* the sampling rows' loops */
 } qkernels;
 
 SW_HIDDEN extern const qkernels qk_portable;
 #ifdef SPECWISE_X86
 SW_HIDDEN extern const qkernels qk_avx2, qk_avx512;
 #endif
+/* Whether a qmat is a matrix the kernels can read: tiles of a known kind, block and shape, or float rows
+ * (quant_gemm.c; every entry point that takes a qmat checks it). */
+SW_HIDDEN int qmat_ok(const qmat *w);
 /* The kernels of the path in use (quant_gemm.c; chosen with the path: first use or specwise_q_set_isa). */
 SW_HIDDEN const qkernels *q_kernels(void);
 
@@ -187,6 +211,25 @@ TARGET_AVX2 static inline __m256 exp_reduced256(__m256 n, __m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     return _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
 }
+#endif
+
+/* The other files' loops of each path, which the tables of quant_portable.c, quant_avx2.c and quant_avx512.c hold */
+SW_HIDDEN void rows_portable(const qmat *w, int o0, int o1, const float *x, int k, float *y, int ldy);
+SW_HIDDEN void rms_norm_portable(const float *x, const float *w, float *y, int k, int n, float eps);
+SW_HIDDEN void silu_mul_portable(const float *gate, const float *up, float *act, int n);
+SW_HIDDEN void gelu_mul_portable(const float *gate, const float *up, float *act, int n);
+SW_HIDDEN void store_half_portable(uint16_t *dst, const float *src, int n);
+SW_HIDDEN extern const struct attn_ops attn_portable;
+SW_HIDDEN extern const struct sample_loops sample_portable;
+#ifdef SPECWISE_X86
+TARGET_AVX2 SW_HIDDEN void rows_avx2(const qmat *w, int o0, int o1, const float *x, int k, float *y, int ldy);
+TARGET_AVX2 SW_HIDDEN void rms_norm_avx2(const float *x, const float *w, float *y, int k, int n, float eps);
+TARGET_AVX512 SW_HIDDEN void rms_norm_avx512(const float *x, const float *w, float *y, int k, int n, float eps);
+TARGET_AVX2 SW_HIDDEN void silu_mul_avx2(const float *gate, const float *up, float *act, int n);
+TARGET_AVX2 SW_HIDDEN void gelu_mul_avx2(const float *gate, const float *up, float *act, int n);
+TARGET_AVX2 SW_HIDDEN void store_half_avx2(uint16_t *dst, const float *src, int n);
+SW_HIDDEN extern const struct attn_ops attn_avx2, attn_avx512;
+SW_HIDDEN extern const struct sample_loops sample_avx2, sample_avx512;
 #endif
 
 /* The logits scan's kernels (logits.c) */

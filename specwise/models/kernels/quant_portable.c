@@ -99,4 +99,11 @@ const qkernels qk_portable = {
     .tiles_for = {{0, 4, 2, 1, 1, 1, 1, 1, 1}, {0, 4, 2, 1, 1, 1, 1, 1, 1}},
     .row_max = logits_max_portable,
     .find = logits_find_portable,
+    .rows = rows_portable,
+    .rms_norm = rms_norm_portable,
+    .silu_mul = silu_mul_portable,
+    .gelu_mul = gelu_mul_portable,
+    .store_half = store_half_portable,
+    .attn = &attn_portable,
+    .sample = &sample_portable,
 };

@@ -5,8 +5,8 @@
  * over 49,152 or 151,936 logits; here each row is read a few times in cache. Every sum runs over eight fixed
  * lanes and exp is one polynomial written with explicit fmaf, so the result does not depend on the instruction
  * path (ISO C: no contraction of a * b + c), nor on how many rows share a call. The path is the library's one choice
- * (specwise_q_isa: the best the CPU supports, or what specwise_q_set_isa set): each loop is compiled once per path
- * with that path's target attribute, and AVX2 and AVX-512 also scale and exponentiate with AVX2 intrinsics.
+ * (its table, qkernels.sample, chosen once: the best the CPU supports, or what specwise_q_set_isa set): each loop
+ * is compiled once per path with that path's target attribute, and AVX2 and AVX-512 also scale and exponentiate with AVX2 intrinsics.
  * Top-k keeps the values at least as large as the k-th largest (ties kept); top-p keeps the most likely tokens
  * while the mass ranked before them is below top_p, and every token as likely as the least likely kept one.
  */
@@ -173,14 +173,15 @@ INLINE void drop_below(float *y, int n, float threshold, float value) {
 
 /* One path's loops over a row: scale by 1 / t with the row's max (*inf = 1 when a +inf appears), exp(y - max) with
  * the sum, max, sum, divide, drop below a threshold. */
-typedef struct {
+struct sample_loops {
     float (*scale_max)(const float *x, int n, float t, float *y, int *inf);
     double (*exp_row)(float *y, int n, float max);
     float (*row_max)(const float *y, int n);
     double (*sum_row)(const float *y, int n);
     void (*divide_row)(float *y, int n, float d);
     void (*drop_below)(float *y, int n, float threshold, float value);
-} row_loops;
+};
+typedef struct sample_loops row_loops;
 
 /* The loops above compiled for one path (TARGET: its attribute) */
 #define ROW_LOOPS(SUFFIX, TARGET)                                                                                \
@@ -204,24 +205,15 @@ static float scale_max_portable(const float *x, int n, float t, float *y, int *i
 
 static double exp_row_portable(float *y, int n, float max) { return exp_row(y, n, max); }
 
-static const row_loops ROWS_PORTABLE = {scale_max_portable, exp_row_portable, row_max_portable, sum_row_portable,
-                                        divide_row_portable, drop_below_portable};
+/* each path's loops, which the library's table of that path holds (qkernels.sample) */
+const struct sample_loops sample_portable = {scale_max_portable, exp_row_portable, row_max_portable,
+                                             sum_row_portable, divide_row_portable, drop_below_portable};
 #ifdef SPECWISE_X86
-static const row_loops ROWS_AVX2 = {scale_max_avx2, exp_row_avx2, row_max_avx2, sum_row_avx2, divide_row_avx2,
-                                    drop_below_avx2};
-static const row_loops ROWS_AVX512 = {scale_max_avx2, exp_row_avx2, row_max_avx512, sum_row_avx512,
-                                      divide_row_avx512, drop_below_avx512};
+const struct sample_loops sample_avx2 = {scale_max_avx2, exp_row_avx2, row_max_avx2, sum_row_avx2, divide_row_avx2,
+                                         drop_below_avx2};
+const struct sample_loops sample_avx512 = {scale_max_avx2, exp_row_avx2, row_max_avx512, sum_row_avx512,
+                                           divide_row_avx512, drop_below_avx512};
 #endif
-
-/* The loops of the path in use */
-static const row_loops *row_loops_in_use(void) {
-#ifdef SPECWISE_X86
-    const int isa = specwise_q_isa();
-    if (isa >= ISA_AVX512) return &ROWS_AVX512;
-    if (isa >= ISA_AVX2) return &ROWS_AVX2;
-#endif
-    return &ROWS_PORTABLE;
-}
 
 /* The k-th largest of y[0 .. n - 1] (1 <= k < n): a min-heap of the k largest seen. */
 static float kth_largest(const float *y, int n, int k, float *heap) {
@@ -337,7 +329,7 @@ int specwise_probs(const float *logits, int rows, int n, float t, int top_k, dou
         free(heap); free(members); free(mass);
         return 2;
     }
-    const row_loops *K = row_loops_in_use();
+    const row_loops *K = q_kernels()->sample;
     int status = 0;
     for (int r = 0; r < rows && !status; r++) {
         const float *x = logits + (size_t)r * n;

@@ -16,18 +16,9 @@
 
 #include "quant.h" /* qmat, qpack, qarch */
 
-/* ---- float32 kernels (smallgemm.c, llama.c; built on x86-64 only; AVX2, FMA and F16C only: each returns SW_EISA,
- * writing nothing, while the instruction path in use (specwise_q_isa) is below ISA_AVX2) ---- */
-
-/* y[k][out] = x[k][in] . w[out][in]^T (+ bias[out], or NULL), float32 weights; 0 or SW_EISA. */
-int specwise_small_gemm(const float *x, const float *w, const float *bias, float *y, int k, int in, int out,
-                        int threads);
-/* The same with w stored as float16. */
-int specwise_small_gemm_f16(const float *x, const uint16_t *w, const float *bias, float *y, int k, int in, int out,
-                            int threads);
-/* The float32 decoder layers (specwise_llama_layers) are declared with the quantized layers' structs below. */
-
-/* ---- quantized weights and products (quant_repack.c, quant_gemm.c; the logits scan: logits.c) ---- */
+/* ---- quantized weights and products (quant_repack.c, quant_gemm.c, and smallgemm.c for float rows; the logits
+ * scan: logits.c). A matrix is a qmat (quant.h) of any kind: GGUF blocks re-packed into tiles, or float32 / float16
+ * rows (KIND_ROWS). Every kernel runs on the one instruction path of the library's table, chosen once. ---- */
 
 /* The best instruction path this CPU supports (ISA_*). */
 int specwise_q_isa_supported(void);
@@ -59,7 +50,7 @@ double specwise_q_abs_sum(const qmat *w, int64_t first, int64_t n);
 /* Each row's argmax of n logits, and flags for NaN (1), +inf (2) and a row all -inf (4). */
 int specwise_logits_scan(const float *x, int rows, int n, int64_t *argmax);
 
-/* ---- quantized decoder layers (qllama.c) ---- */
+/* ---- the decoder layers (qllama.c): one layer for every native model, its weights qmats of any kind ---- */
 
 /* The layer kernels take their arguments in structs: what is fixed for a model (its shape and weights, filled once
  * at load) apart from what changes with each call (a pass's rows, the work buffers, the run options). Every count
@@ -89,12 +80,15 @@ typedef struct {
     float eps;        /* the RMS norms' epsilon */
 } qshape;
 
-/* The layers' weights; each array has one entry per layer. */
+/* The layers' weights; each array has one entry per layer. The matrices are qmats of any kind (quant.h): a GGUF
+ * model's re-packed blocks, or a float32 model's rows (KIND_ROWS, float32 or float16: then run->mode is MODE_EXACT
+ * and the products are float32 whatever it is). */
 typedef struct {
     const float *const *attn_norm; /* [hidden] each */
     const qmat *weights;           /* 7 per layer: q, k, v, o, gate, up, down */
     int64_t n_weights;             /* entries of weights: 7 * layers */
     const float *const *qkv_bias;  /* the q, k, v outputs' bias (NULL: none) each, or NULL: no layer has one */
+    const float *const *o_bias;    /* the o output's bias (NULL: none) each, or NULL: no layer has one */
     const float *const *mlp_norm;  /* [hidden] each */
     const qarch *arch;             /* what the layers do beyond the Llama layer, or NULL */
 } qlayers;
@@ -128,48 +122,6 @@ typedef struct {
     int64_t threads; /* OpenMP threads, 1 .. 4096 */
     int32_t mode;    /* MODE_EXACT or MODE_Q8 */
 } qrun;
-
-/* The float32 decoder layers (specwise_llama_layers, llama.c) take the quantized layers' qshape, qwork and qrun
- * (run->mode MODE_EXACT: they have no other), their weights in an flayers and one sequence's rows in an frows.
- * Every size is checked before anything is written; the statuses (0: success):
- *   1        head_dim over 512
- *   5        a shape, count, weight, pointer or position that does not fit the others (start + rows over the
- *            caches' capacity, a null pointer, threads outside 1 .. 4096, a mode other than MODE_EXACT)
- *   6        a work buffer (scratch, scores) smaller than the call needs
- *   7        x or the rotary tables smaller than the call needs
- *   SW_EISA  the instruction path in use is below ISA_AVX2 (checked first, before any pointer is read) */
-
-/* The float32 layers' weights; each table has one entry per layer. The four products' weights are float32, or
- * float16 with half (a drafter's copies, half the memory traffic); norms and biases are float32. */
-typedef struct {
-    int64_t entries;               /* entries of each table: shape->layers */
-    const float *const *attn_norm; /* [hidden] each */
-    const float *const *qkv_w;     /* [(heads + 2 kv_heads) head_dim, hidden] each: q, k and v fused */
-    const float *const *qkv_b;     /* [(heads + 2 kv_heads) head_dim] each (NULL: none), or NULL: no layer has one */
-    const float *const *o_w;       /* [hidden, heads head_dim] each */
-    const float *const *o_b;       /* [hidden] each (NULL: none), or NULL: no layer has one */
-    const float *const *mlp_norm;  /* [hidden] each */
-    const float *const *gate_up_w; /* [2 inter, hidden] each: gate and up fused */
-    const float *const *down_w;    /* [hidden, inter] each */
-    int32_t half;                  /* the products' weights are float16 (1) or float32 (0) */
-} flayers;
-
-/* One sequence's rows: row r is at position start + r of the caches and attends causally to 0 .. start + r. */
-typedef struct {
-    float *x;                 /* [rows, hidden]: the residual stream, updated in place */
-    int64_t x_floats;         /* floats at x */
-    int64_t rows;             /* 0 .. QL_MAX_ROWS */
-    int64_t start;            /* the first row's position, >= 0 */
-    float *k_cache, *v_cache; /* [layers, kv_heads, cap, head_dim] each: start .. start + rows - 1 are written */
-    int64_t cap;              /* positions the caches hold, 1 .. 2^30, at least start + rows */
-    const float *cos, *sin;   /* rotary tables [table_rows, head_dim], the rotate-half sign folded into sin */
-    int64_t table_rows;       /* positions the rotary tables hold, at least start + rows */
-} frows;
-
-/* The float32 decoder layers of a Llama-family model over one sequence's rows at positions start.. (the structs
- * and statuses: see flayers and frows above; the status codes are the quantized layers' QL_*, and SW_EISA). */
-int specwise_llama_layers(const qshape *shape, const flayers *layers, const frows *rows, const qwork *work,
-                          const qrun *run);
 
 /* A model's weights outside its layers (specwise_qllama_forward). */
 typedef struct {
@@ -218,9 +170,8 @@ typedef struct {
 
 /* Enable (1) or disable (0) the layers' timings; copies the sums so far into out[3] (if not NULL). */
 void specwise_qllama_timings(int enable, double *out);
-/* Floats of scratch the decoder layers need for `rows` rows: specwise_qllama_rows's and specwise_llama_layers's
- * (both carve h, tmp, qkv, attn, gate/up and act from it alike; built on every platform); -1 for a shape or a
- * row count out of range. */
+/* Floats of scratch the decoder layers need for `rows` rows (h, tmp, qkv, attn, gate/up and act are carved from
+ * it); -1 for a shape or a row count out of range. */
 int64_t specwise_qllama_scratch_floats(const qshape *shape, int64_t rows);
 /* The decoder layers over a pass's rows, each with its own cache and position (a ragged batch). */
 int specwise_qllama_rows(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
