@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from specwise.engine import BatchStep, CheckedRequest, Engine, GenerationEvent, Request, Slot, kept_prefix
+from specwise.engine import Engine, GenerationEvent, kept_prefix
 from specwise.models.base import Model
+from specwise.step import BatchStep, CheckedRequest, Request, Slot
 
 __all__ = ["BatchEngine", "BatchStep", "Request"]
 

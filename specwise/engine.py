@@ -1,4 +1,5 @@
-"""The decoding loop: plan, draft, verify in one target pass, accept, roll back, stream.
+"""The decoding step: plan, draft, verify in one target pass, accept, roll back, stream; over one sequence
+(``Engine.stream``) or several sharing the pass (``Engine.step``, which :mod:`specwise.batch` schedules).
 
 Each step the planner asks the drafter (or one of several) for tokens (:mod:`specwise.planner`); the engine feeds
 the target the last emitted token followed by the ``k`` drafted tokens and gets ``k + 1`` distributions back:
@@ -13,7 +14,6 @@ import dataclasses
 import operator
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,13 +21,22 @@ from specwise.constraints import GrammarState, constrain_logits
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.drafters.none import NoDrafter
 from specwise.drafters.prediction import PredictionDrafter
-from specwise.metrics import SpecStats
+from specwise.events import (
+    GenerationEvent,
+    GenerationResult,
+    LogprobOptions,
+    StopText,
+    TokenLogprob,
+    token_logprobs,
+)
 from specwise.models.base import Model
 from specwise.planner import Planner, PlanState, Proposal, make_planner
 from specwise.rejection import verify
-from specwise.sampling import SamplingParams, log_probs
+from specwise.sampling import SamplingParams
+from specwise.step import BatchStep, CheckedRequest, Request, Run, Slot, StepPlan, StepResult
 
 __all__ = [
+    "BatchStep",
     "CheckedRequest",
     "Engine",
     "GenerationEvent",
@@ -35,286 +44,14 @@ __all__ = [
     "LogprobOptions",
     "Request",
     "Run",
+    "Slot",
+    "StepPlan",
+    "StepResult",
     "StopText",
     "TokenLogprob",
+    "kept_prefix",
+    "token_logprobs",
 ]
-
-
-@dataclass(frozen=True)
-class LogprobOptions:
-    """Opt-in: record the target's log-probability of every emitted token, from the logits of the pass that
-    verified it (accepted draft tokens and the recovered or bonus token alike: never the drafter's).
-
-    top: the most likely alternatives to list at each position (0: only the emitted token's log-probability).
-    sampled: False (default): of the model's own distribution, ``log_softmax`` of the logits (temperature 1,
-        nothing cut), as OpenAI and vLLM report them; True: of the distribution the token was drawn from under
-        the request's SamplingParams (temperature, top-k, top-p, min-p; greedy: 0 for the argmax). Alternatives
-        of probability 0 are never listed.
-    """
-
-    top: int = 0
-    sampled: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 0:
-            raise ValueError(f"top (log-probability alternatives) must be an integer >= 0, got {self.top!r}")
-
-
-@dataclass
-class TokenLogprob:
-    """One emitted token's log-probability and the ``top`` most likely tokens at its position (most likely
-    first, as ``(token id, log-probability)``)."""
-
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)
-
-
-@dataclass
-class GenerationEvent:
-    """A piece of streamed output: the tokens of one target pass (after stop handling) and their text.
-
-    text: new text since the previous event ("" while text is held back, e.g. a possible stop string).
-    token_ids: new token ids.
-    num_from_draft: how many of ``token_ids`` were drafted tokens accepted by the target.
-    finish_reason: "stop" (EOS or stop string) or "length" on the last event, else None.
-    stats: the run's statistics, on the last event only.
-    logprobs: one TokenLogprob per token of ``token_ids`` when the request asked for them (LogprobOptions), else
-        None.
-    """
-
-    text: str
-    token_ids: list[int]
-    num_from_draft: int = 0
-    finish_reason: str | None = None
-    stats: SpecStats | None = None
-    logprobs: list[TokenLogprob] | None = None
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    token_ids: list[int]
-    finish_reason: str
-    stats: SpecStats
-    logprobs: list[TokenLogprob] | None = None
-
-    def to_dict(self) -> dict:
-        out = {
-            "text": self.text,
-            "token_ids": self.token_ids,
-            "finish_reason": self.finish_reason,
-            "stats": self.stats.to_dict(),
-        }
-        if self.logprobs is not None:
-            out["logprobs"] = [{"token_id": t.token_id, "logprob": t.logprob, "top": t.top} for t in self.logprobs]
-        return out
-
-
-class StopText:
-    """Incremental detokenization with stop strings: never emits text at or past a stop string.
-
-    Text that could be the start of a stop string, or an incomplete UTF-8 character, is held back until
-    the next tokens decide it.
-    """
-
-    OVERLAP = 4  # tokens decoded again before the new ones, so that merges across the boundary come out right
-
-    def __init__(self, tokenizer, stop: Iterable[str] = ()) -> None:
-        self.tokenizer = tokenizer
-        self.stop = [s for s in stop if s]
-        self.token_ids: list[int] = []
-        self.sent = 0  # characters of text already emitted
-        self._base = 0  # the text of token_ids[:_base] is _base_text, final (no incomplete character at its end)
-        self._base_text = ""
-
-    def _decode(self, ids: list[int]) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    def _text(self) -> str:
-        """The text of all tokens so far, decoding only the new tokens and a few before them: the text of the
-        tokens from ``lo`` with that of ``lo .. _base`` taken off, appended to the text up to ``_base`` (a full
-        decode whenever that does not line up, e.g. after an incomplete character)."""
-        ids, base = self.token_ids, self._base
-        lo = max(0, base - self.OVERLAP)
-        head, window = self._decode(ids[lo:base]), self._decode(ids[lo:])
-        if window.startswith(head):
-            text = self._base_text + window[len(head) :]
-        else:
-            text = self._decode(ids)
-        if not text.endswith("\ufffd"):
-            self._base, self._base_text = len(ids), text
-        return text
-
-    def feed(self, new_ids: list[int], final: bool) -> tuple[str, list[int], bool]:
-        """Add tokens; return (new text, new tokens kept, whether a stop string ended the output)."""
-        start = len(self.token_ids)
-        self.token_ids.extend(new_ids)
-        text = self._text()
-        hit = self._first_stop(text)
-        if hit is not None:
-            # keep the fewest tokens whose text contains the stop string
-            for m in range(start + 1, len(self.token_ids) + 1):
-                if self._first_stop(self._decode(self.token_ids[:m])) is not None:
-                    break
-            kept = self.token_ids[start:m]
-            del self.token_ids[m:]
-            self._base, self._base_text = 0, ""  # the output ends here
-            return self._take(text[:hit]), kept, True
-        if final:
-            return self._take(text), new_ids, False
-        end = len(text.rstrip("\ufffd"))  # hold back an incomplete multi-byte character
-        safe = end
-        for s in self.stop:  # hold back a suffix that could start a stop string
-            held = next((n for n in range(min(len(s) - 1, end), 0, -1) if text[:end].endswith(s[:n])), 0)
-            safe = min(safe, end - held)
-        return self._take(text[: max(safe, self.sent)]), new_ids, False
-
-    def _first_stop(self, text: str) -> int | None:
-        found = [i for i in (text.find(s, max(0, self.sent - len(s))) for s in self.stop) if i >= 0]
-        return min(found) if found else None
-
-    def _take(self, text: str) -> str:
-        piece = text[self.sent :]
-        self.sent = max(self.sent, len(text))
-        return piece
-
-
-@dataclass
-class Request:
-    """What to generate: the arguments of :meth:`Engine.stream` (``prediction``: the request's predicted output, a
-    draft source of its own). ``Engine.check_request`` checks one for both engines."""
-
-    prompt_ids: list[int]
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_new_tokens: int = 128
-    stop: list[str] = field(default_factory=list)
-    eos_token_ids: list[int] | None = None
-    logprobs: LogprobOptions | None = None
-    prediction: list[int] | None = None
-
-
-@dataclass
-class CheckedRequest:
-    """A request that passed :meth:`Engine.check_request`: its fields as the step uses them (token ids as ints,
-    the end tokens resolved) and its grammar's matcher built; nothing about it is refused later."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    max_new_tokens: int
-    stop: list[str]
-    eos: set[int]
-    logprobs: LogprobOptions | None
-    prediction: list[int]
-    grammar: GrammarState | None
-
-
-class Run:
-    """One request being generated on a sequence: the planner's state of its drafters, its randomness, text,
-    statistics and context (prompt and output so far). The engine's step advances it; nothing else writes it."""
-
-    def __init__(self, target: Model, state: PlanState, request: CheckedRequest, tokenizer, cached: int = 0) -> None:
-        params = request.params
-        self.target, self.state, self.params = target, state, params
-        self.prompt_ids = request.prompt_ids
-        self.max_new_tokens = request.max_new_tokens
-        self.eos = request.eos
-        self.logprobs = request.logprobs  # what to record of the emitted tokens (None: nothing)
-        self.grammar = request.grammar  # the constraint's matcher (params.constraint), advanced by the steps
-        self.generator = params.generator() if not params.greedy else None
-        self.uniforms = params.uniforms() if not params.greedy else None
-        self.stats = SpecStats(prompt_tokens=len(self.prompt_ids), cached_tokens=cached)
-        self.text = StopText(tokenizer, request.stop)
-        self.context = list(self.prompt_ids)
-        self.produced = 0
-        self.finish: str | None = None
-        self.prefill_done = False
-        self.t0 = time.perf_counter()
-
-    @property
-    def cached(self) -> int:
-        """Leading prompt tokens whose cache a previous request left (prompt caching)."""
-        return self.stats.cached_tokens
-
-    def prefill_tokens(self) -> list[int]:
-        """What goes into the cache before the first step: the prompt but its last token (and but the positions
-        kept from the previous request, ``cached``)."""
-        return self.prompt_ids[self.cached : -1]
-
-    def prefilled(self) -> None:
-        """The prompt is in the cache: its time is the prefill's."""
-        self.prefill_done = True
-        self.stats.prefill_seconds = time.perf_counter() - self.t0
-
-
-@dataclass
-class StepPlan:
-    """What one sequence puts in a step's target pass, and all that verifying it needs besides the pass's logits.
-
-    proposal: the planner's draft (cut where the grammar forbids a token) and the source that made it.
-    forced: the tokens the grammar forces here (jump-forward), fed after the last token and before the draft in the
-        same pass, emitted whatever the draft's fate.
-    masks: bool ``[k + 1, vocab]``, the grammar's allowed tokens at each row that judges the draft (None: no grammar).
-    tokens: the pass's input, ``Model.forward``'s: the last emitted token, the forced ones, the draft.
-    """
-
-    proposal: Proposal
-    tokens: list[int]
-    forced: list[int] = field(default_factory=list)
-    masks: np.ndarray | None = None
-
-    @property
-    def logits_kept(self) -> int:
-        """The rows of the pass whose logits the verification reads: the last ``k + 1``."""
-        return len(self.proposal.draft) + 1
-
-
-@dataclass
-class StepResult:
-    """What verifying one sequence's rows gave: its event, and how many drafted tokens were accepted."""
-
-    event: GenerationEvent
-    accepted: int
-
-
-@dataclass
-class Slot:
-    """A sequence of the target with its drafters' planner state: what a step advances. It carries one request
-    (``run``) at a time, fed its prompt in chunks (``prefill_at``) before its first decoding step.
-
-    cache: what the target's cache held after the last step of its last request (that request's context, the
-        cache's ``feeds`` then, whether it kept features): a next request whose prompt shares a prefix keeps it
-        (prompt caching, :func:`kept_prefix`).
-    rid: the id its request is known by in the step's events and errors.
-    """
-
-    target: Model
-    state: PlanState
-    run: Run | None = None
-    rid: int = 0
-    prefill_at: int = 0
-    cache: tuple[list[int], int | None, bool] | None = None
-
-
-@dataclass
-class BatchStep:
-    """What one step did: the events per request id (finished requests' last events included), how many
-    sequences and rows shared the pass, how long it took and on how many threads, and the requests that failed on
-    their own (a ValueError from their plan or verification, e.g. a temperature so low that their logits
-    overflow): those end, the others go on. Where the step's time went: ``pass_seconds`` in the target's pass,
-    the rest (``seconds - pass_seconds``) in each sequence's planning, drafting and verification."""
-
-    events: list[tuple[int, GenerationEvent]]
-    sequences: int = 0
-    rows: int = 0
-    seconds: float = 0.0
-    errors: list[tuple[int, ValueError]] = field(default_factory=list)
-    prefill_copied: int = 0  # prompt tokens copied from another sequence's cache instead of fed
-    prefill_fed: int = 0  # prompt tokens fed to the target
-    pass_seconds: float = 0.0
-    threads: int | None = None  # the thread count of the pass (None: the model does not choose one)
 
 
 def kept_prefix(
@@ -495,22 +232,7 @@ class Engine:
         threads = self.target.pass_threads()
         if threads is not None:
             planner.use_threads(threads.in_use)
-        chunks: list[list[int] | None] = []  # per slot: the prompt tokens it feeds (None: a decoding step)
-        rows, tokens = 0, 0.0  # the pass's rows, and the tokens its decoding steps are expected to emit
-        for slot in slots:
-            run = slot.run
-            chunk = None
-            if not run.prefill_done:
-                rest = run.prefill_tokens()[slot.prefill_at :]
-                if rest:
-                    chunk = rest[:prefill_chunk] if prefill_chunk is not None else rest
-                else:
-                    run.prefilled()
-            chunks.append(chunk)
-            if chunk is None:
-                rows, tokens = rows + 1, tokens + 1.0
-            else:
-                rows += len(chunk)
+        chunks, rows, tokens = self._prompt_chunks(slots, prefill_chunk)
         out = BatchStep([])
         fed: list[tuple[Slot, list[int] | None, StepPlan | None]] = []
         for slot, chunk in zip(slots, chunks):
@@ -564,6 +286,28 @@ class Engine:
         out.sequences, out.rows = len(items), rows
         out.seconds = time.perf_counter() - began
         return out
+
+    @staticmethod
+    def _prompt_chunks(slots: list[Slot], prefill_chunk: int | None) -> tuple[list[list[int] | None], int, float]:
+        """Per slot, the prompt tokens it feeds this step (None: a decoding step), the pass's rows so far (a
+        decoding step's first) and the tokens its decoding steps are expected to emit so far (one each)."""
+        chunks: list[list[int] | None] = []
+        rows, tokens = 0, 0.0
+        for slot in slots:
+            run = slot.run
+            chunk = None
+            if not run.prefill_done:
+                rest = run.prefill_tokens()[slot.prefill_at :]
+                if rest:
+                    chunk = rest[:prefill_chunk] if prefill_chunk is not None else rest
+                else:
+                    run.prefilled()
+            chunks.append(chunk)
+            if chunk is None:
+                rows, tokens = rows + 1, tokens + 1.0
+            else:
+                rows += len(chunk)
+        return chunks, rows, tokens
 
     @staticmethod
     def _fail(slot: Slot, err: ValueError, out: BatchStep) -> None:
@@ -708,35 +452,6 @@ class Engine:
             if event.finish_reason is not None:
                 return GenerationResult("".join(texts), ids, event.finish_reason, event.stats, logs)
         raise RuntimeError("generation ended without a final event")  # unreachable
-
-
-def token_logprobs(
-    logits: np.ndarray, tokens: list[int], options: LogprobOptions, params: SamplingParams
-) -> list[TokenLogprob]:
-    """The log-probability of ``tokens[i]`` under row ``i`` of ``logits`` ``[len(tokens), vocab]``, with each
-    row's ``options.top`` most likely tokens (most likely first, ties by the lowest id, as the greedy choice; those
-    of probability 0 left out)."""
-    if not tokens:
-        return []
-    lp = log_probs(logits, params if options.sampled else None)  # [n, vocab]
-    chosen = lp[np.arange(len(tokens)), tokens].tolist()
-    top = min(options.top, lp.shape[-1])
-    alternatives: list[list[tuple[int, float]]] = [[] for _ in tokens]
-    if top:
-        for row in range(len(tokens)):
-            alternatives[row] = _most_likely(lp[row], top)
-    return [TokenLogprob(t, c, a) for t, c, a in zip(tokens, chosen, alternatives)]
-
-
-def _most_likely(row: np.ndarray, top: int) -> list[tuple[int, float]]:
-    """The ``top`` largest finite values of ``row`` as (index, value), largest first, equal values by the lowest
-    index: a partition finds the ``top``-th largest value, and only the entries at or above it are sorted."""
-    vocab = row.shape[0]
-    kth = np.partition(row, vocab - top)[vocab - top] if top < vocab else -np.inf
-    candidates = np.flatnonzero(row >= kth) if kth > -np.inf else np.flatnonzero(row > -np.inf)
-    values = row[candidates]
-    order = np.argsort(-values, kind="stable")[:top]  # stable: equal values keep their ascending ids
-    return list(zip(candidates[order].tolist(), values[order].tolist()))
 
 
 def _as_sources(drafter: Drafter | Sequence[Drafter] | None, target: Model) -> list[Drafter]:
