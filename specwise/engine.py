@@ -108,7 +108,9 @@ class Engine:
         self._slot: Slot | None = None  # the sequence of ``stream``: the target with its drafters' state, kept from
         # request to request (its cache: what the next request may keep of the target's cache)
 
-    def _eos_ids(self, eos_token_ids: Iterable[int] | None) -> set[int]:
+    def eos_ids(self, eos_token_ids: Iterable[int] | None = None) -> set[int]:
+        """The tokens a request stops at: its own ``eos_token_ids``, else the engine's, else its tokenizer's end
+        token (none without a tokenizer)."""
         if eos_token_ids is not None:
             return set(_token_ids(eos_token_ids, "eos_token_ids"))
         if self.eos_token_ids is not None:
@@ -156,7 +158,7 @@ class Engine:
                 f"prediction token id {bad[0]} is outside the vocabulary (0..{vocab - 1}): "
                 "give token ids of the target's tokenizer"
             )
-        eos = self._eos_ids(request.eos_token_ids)
+        eos = self.eos_ids(request.eos_token_ids)
         grammar = None
         if params.constraint is not None:
             grammar = GrammarState(params.constraint, self.tokenizer, vocab, eos)

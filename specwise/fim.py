@@ -162,11 +162,8 @@ def fim_stop_ids(fim: FimTokens, eos: Iterable[int] | None) -> set[int]:
 
 
 def engine_eos(engine) -> set[int]:
-    """The end-of-sequence tokens an Engine stops at when a request names none (its own, else its tokenizer's)."""
-    if engine.eos_token_ids is not None:
-        return set(engine.eos_token_ids)
-    token = getattr(engine.tokenizer, "eos_token_id", None)
-    return set() if token is None else {token}
+    """The end-of-sequence tokens an Engine stops at when a request names none (``Engine.eos_ids``)."""
+    return engine.eos_ids()
 
 
 def fim_prompt(
