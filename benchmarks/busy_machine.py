@@ -21,6 +21,7 @@ import time
 
 from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.bench.runner import emit_json, script_header
+from specwise.models.base import Model
 from specwise.models.threads import get_num_threads, set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams
@@ -42,11 +43,11 @@ def decode_rate(runtime, ids: list[int], n: int, fixed: bool, threads: int) -> f
 
 
 def _rate(runtime, ids: list[int], n: int, fixed: bool) -> float:
-    runtime.target.model.governor.fixed = fixed
+    runtime.target.model.fix_threads(fixed)
     for drafter in runtime.engine.drafters:
         model = getattr(drafter, "model", None)
-        if hasattr(model, "governor"):
-            model.governor.fixed = fixed
+        if isinstance(model, Model):
+            model.fix_threads(fixed)
     stats = runtime.engine.generate(ids, GREEDY, max_new_tokens=n, eos_token_ids=[]).stats
     return stats.new_tokens / (stats.total_seconds - stats.prefill_seconds)
 
