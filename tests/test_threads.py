@@ -112,7 +112,7 @@ def test_the_native_model_gives_the_same_logits_on_any_thread_count(two_threads,
     path = tmp_path / "tiny.gguf"
     path.write_bytes(tiny_model().bytes())
     model = QuantizedModel(path, huge_pages=False)
-    model.governor.fixed = True
+    model.fix_threads(True)
     ids = np.random.default_rng(0).integers(0, 96, 80)
     outs = []
     for count in (1, 2):
