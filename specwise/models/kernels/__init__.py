@@ -110,16 +110,13 @@ def small_gemm(
             f"and a float32 bias [out] or None, got x {_describe(x)}, weight {_describe(weight)}, "
             f"bias {_describe(bias)}"
         )
-    from specwise.models.kernels.quant import FloatRows
-
     x = np.ascontiguousarray(x)
     bias = None if bias is None else np.ascontiguousarray(bias)
     y = np.empty((x.shape[0], weight.shape[0]), dtype=np.float32)
     if x.shape[0] == 0:
         return y
-    matrix = FloatRows(weight)
     status = lib.specwise_q_gemm(
-        ctypes.byref(matrix.struct),
+        _float_rows(weight),
         1,
         x.ctypes.data,
         None if bias is None else bias.ctypes.data,
@@ -131,6 +128,26 @@ def small_gemm(
     if status != 0:
         raise RuntimeError(f"small_gemm failed (status {status}): a shape past the kernels' 2^30 rows or inputs")
     return y
+
+
+_rows_of: dict[int, tuple] = {}  # id(weight) -> (a weak reference to it, its qmat by reference)
+
+
+def _float_rows(weight: np.ndarray):
+    """The qmat of a weight as float rows, by reference: made once per weight array (a model's weights are the same
+    arrays at every call, and making the struct costs more than a small product's call)."""
+    entry = _rows_of.get(id(weight))
+    if entry is not None and entry[0]() is weight:
+        return entry[1]
+    import weakref
+
+    from specwise.models.kernels.quant import FloatRows
+
+    matrix = FloatRows(weight)
+    key = id(weight)
+    ref = weakref.ref(weight, lambda _, key=key: _rows_of.pop(key, None))
+    _rows_of[key] = (ref, ctypes.byref(matrix.struct), matrix)
+    return _rows_of[key][1]
 
 
 def _describe(a) -> str:
