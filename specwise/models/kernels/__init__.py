@@ -219,7 +219,6 @@ class LayerKernel:
         ``[positions, head_dim]`` float32 tables (any shape of that many floats). threads: None for
         :func:`specwise.models.threads.get_num_threads`."""
         k = x.shape[0]
-        head_dim = self._shape[3]
         cache = self._cache_floats * capacity
         _floats(x, "x", k * self._shape[0])
         for name, a in (("k_cache", k_cache), ("v_cache", v_cache), ("cos", cos), ("sin", sin)):
@@ -229,8 +228,7 @@ class LayerKernel:
                 f"the layer kernel's caches hold {k_cache.size} and {v_cache.size} floats and its rotary tables "
                 f"{cos.size} and {sin.size}: {capacity} positions need {cache} floats each, tables alike"
             )
-        tables = (cos.reshape(-1, head_dim), sin.reshape(-1, head_dim))
-        self._stack.run_sequence(x, k_cache, v_cache, capacity, start, *tables, "exact", threads)
+        self._stack.run_sequence(x, k_cache, v_cache, capacity, start, cos, sin, "exact", threads)
 
 
 def layer_kernel(

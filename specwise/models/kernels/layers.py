@@ -381,7 +381,8 @@ class DecoderStack:
         """The layers on one sequence's rows (``specwise_qllama_rows``): x ``[k, hidden]`` (float32, C-contiguous,
         k <= ``MAX_ROWS``, updated in place) at positions ``start ..`` of the float32 caches ``[layers, n_kv,
         capacity, head_dim]`` (C-contiguous, of at least that many floats; the kernel checks every size). cos, sin:
-        float32 ``[positions, head_dim]``. The numbers are :meth:`run`'s with those caches and positions."""
+        float32 tables of ``[positions, head_dim]`` floats (any shape). The numbers are :meth:`run`'s with those
+        caches and positions."""
         k = x.shape[0]
         rows = self.rows
         if k > MAX_ROWS:
@@ -409,7 +410,7 @@ class DecoderStack:
         """The rows' rotary tables (float32 ``[n, head_dim]``; local: the windowed layers' own, of as many rows, or
         None)."""
         rows = self.rows
-        rows.cos, rows.sin, rows.table_rows = _address(cos, "cos"), _address(sin, "sin"), cos.shape[0]
+        rows.cos, rows.sin, rows.table_rows = _address(cos, "cos"), _address(sin, "sin"), cos.size // self.head_dim
         if local is None:
             rows.cos_local = rows.sin_local = None
         else:
