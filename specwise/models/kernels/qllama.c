@@ -284,7 +284,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
     double t_mark = g_timing ? now_s() : 0.0;
     for (int l = 0; l < n_layers; l++) {
         const qmat *w = weights + (size_t)7 * l;
-        rms_norm_rows(x, attn_norm[l], h, k, hidden, eps);
+        K->rms_norm(x, attn_norm[l], h, k, hidden, eps);
         MARK(PART_REST);
         specwise_q_gemm(w, 3, h, qkv_b ? qkv_b[l] : NULL, qkv, k, mode, threads);
         MARK(PART_PRODUCTS);
@@ -298,9 +298,9 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
             const float *c = (local ? rows->cos_local : cos_t) + (size_t)p * hd;
             const float *s = (local ? rows->sin_local : sin_t) + (size_t)p * hd;
             for (int j = 0; a->q_norm && j < nq; j++)
-                rms_norm_rows(row + (size_t)j * hd, a->q_norm[l], row + (size_t)j * hd, 1, hd, eps);
+                K->rms_norm(row + (size_t)j * hd, a->q_norm[l], row + (size_t)j * hd, 1, hd, eps);
             for (int j = nq; a->k_norm && j < nq + n_kv; j++)
-                rms_norm_rows(row + (size_t)j * hd, a->k_norm[l], row + (size_t)j * hd, 1, hd, eps);
+                K->rms_norm(row + (size_t)j * hd, a->k_norm[l], row + (size_t)j * hd, 1, hd, eps);
             for (int j = 0; j < nq + n_kv; j++) rotary(row + (size_t)j * hd, c, s, hd);
             for (int g = 0; g < n_kv; g++) {
                 const size_t at = ((size_t)g * cap[r] + p) * hd;
@@ -320,9 +320,9 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, o_b ? o_b[l] : NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
-        if (a->post_attn_norm) rms_norm_rows(tmp, a->post_attn_norm[l], tmp, k, hidden, eps);
+        if (a->post_attn_norm) K->rms_norm(tmp, a->post_attn_norm[l], tmp, k, hidden, eps);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
-        rms_norm_rows(x, mlp_norm[l], h, k, hidden, eps);
+        K->rms_norm(x, mlp_norm[l], h, k, hidden, eps);
         MARK(PART_REST);
         specwise_q_gemm(w + 4, 2, h, NULL, gu, k, mode, threads);
         MARK(PART_PRODUCTS);
@@ -333,7 +333,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         MARK(PART_REST);
         specwise_q_gemm(w + 6, 1, act, NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
-        if (a->post_mlp_norm) rms_norm_rows(tmp, a->post_mlp_norm[l], tmp, k, hidden, eps);
+        if (a->post_mlp_norm) K->rms_norm(tmp, a->post_mlp_norm[l], tmp, k, hidden, eps);
         for (size_t i = 0; i < (size_t)k * hidden; i++) x[i] += tmp[i];
     }
     MARK(PART_REST);
