@@ -48,9 +48,7 @@ class LightTokenizer:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
-        # read by tokenizers from the file: a Python copy of the text would add up to four bytes a character to the
-        # peak of loading (Gemma 3's 13 MB tokenizer.json: about 40 MiB)
-        text = self.directory / "tokenizer.json"
+        text = self.directory / "tokenizer.json"  # read by tokenizers itself: a Python copy adds ~40 MiB for Gemma 3
         config = json.loads((self.directory / "tokenizer_config.json").read_text(encoding="utf-8"))
         templates = {}
         extra = self.directory / "additional_chat_templates"
