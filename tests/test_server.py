@@ -683,7 +683,8 @@ def test_max_batch_must_be_at_least_1(plain_app):
 
 def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, served, client):
     url, app, _ = served
-    before = {name: sample(app, name) for name in ["specwise_batch_passes_total", "specwise_batch_rows_sum"]}
+    names = ["specwise_batch_passes_total", "specwise_batch_rows_sum", "specwise_batch_step_seconds_total"]
+    before = {name: sample(app, name) for name in [*names, "specwise_batch_pass_seconds_total"]}
     reply = client.chat.completions.create(**chat_body(CHATS[2], max_tokens=16, temperature=0))
     text = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
     for name in [
@@ -721,6 +722,10 @@ def test_metrics_count_requests_tokens_speculation_and_latency(plain_app, served
     assert passes == (prefill > 0) + spec["target_passes"]
     assert rows == prefill + spec["target_passes"] + spec["drafted"]
     assert sample(app, "specwise_batch_sequences_running") == 0
+    # where the steps' time went: in the passes, and around them in each sequence's planning and verification
+    step = sample(app, "specwise_batch_step_seconds_total") - before["specwise_batch_step_seconds_total"]
+    in_pass = sample(app, "specwise_batch_pass_seconds_total") - before["specwise_batch_pass_seconds_total"]
+    assert 0 < in_pass < step
     drafted = float(re.search(r"^specwise_drafted_tokens_total (\S+)$", text, re.M).group(1))
     assert drafted > 0
     plain_app.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 0})

@@ -73,6 +73,14 @@ class ServerMetrics:
         self.batch_passes = Counter(
             "specwise_batch_passes", "Target passes of the batch (each shared by its sequences)", registry=r
         )
+        self.batch_step_seconds = Counter(
+            "specwise_batch_step_seconds", "Time in batch steps: the target's pass and each sequence's work", registry=r
+        )
+        self.batch_pass_seconds = Counter(
+            "specwise_batch_pass_seconds",
+            "Time in the target's passes of the batch steps (one pass a step)",
+            registry=r,
+        )
 
     def _gauges(self) -> None:
         r = self.registry

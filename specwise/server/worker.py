@@ -379,6 +379,8 @@ class GenerationWorker:
             self.metrics.prompt_tokens_copied.inc(step.prefill_copied)
         if step.sequences:
             self.metrics.batch_passes.inc()
+            self.metrics.batch_step_seconds.inc(step.seconds)
+            self.metrics.batch_pass_seconds.inc(step.pass_seconds)
             self.metrics.batch_size.observe(step.sequences)
             self.metrics.batch_rows.observe(step.rows)
 
