@@ -165,12 +165,68 @@ async def run_level(url: str, model: str, concurrency: int, args: argparse.Names
         async with api:
             return [await one_request(api, model, prompt, args) for prompt in prompts[index::concurrency]]
 
+    before = batch_counters(url)
     start = time.perf_counter()
     results = await asyncio.gather(*(client(i) for i in range(concurrency)))
     wall = time.perf_counter() - start
+    after = batch_counters(url)
     requests = [r | {"start": r["start"] - start} for rs in results for r in rs]
     tokens = sum(r["completion_tokens"] for r in requests)
-    return {"wall_seconds": wall, "completion_tokens": tokens, "tokens_per_second": tokens / wall, "requests": requests}
+    level = {
+        "wall_seconds": wall,
+        "completion_tokens": tokens,
+        "tokens_per_second": tokens / wall,
+        "requests": requests,
+    }
+    if before is not None and after is not None:
+        level["batch"] = {name: after[name] - before[name] for name in BATCH_COUNTERS}
+    return level
+
+
+# what `specwise serve` says at /metrics about its batch steps: how many, how long, how much of it in the target's
+# pass (the rest is each sequence's planning, drafting and verification around it), sequences and rows per pass
+BATCH_COUNTERS = {
+    "steps": "specwise_batch_passes_total",
+    "step_seconds": "specwise_batch_step_seconds_total",
+    "pass_seconds": "specwise_batch_pass_seconds_total",
+    "sequences": "specwise_batch_size_sum",
+    "rows": "specwise_batch_rows_sum",
+}
+
+
+def batch_counters(url: str) -> dict[str, float] | None:
+    """The batch counters of a specwise server (None for another server, or one without them)."""
+    import httpx
+
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = value
+    try:
+        return {key: float(values[name]) for key, name in BATCH_COUNTERS.items()}
+    except (KeyError, ValueError):
+        return None
+
+
+def batch_split(rounds: list[dict]) -> dict | None:
+    """Where the level's batch steps spent their time, over its rounds."""
+    parts = [rnd["batch"] for rnd in rounds if "batch" in rnd]
+    if not parts:
+        return None
+    total = {name: sum(p[name] for p in parts) for name in BATCH_COUNTERS}
+    steps = total["steps"] or 1
+    return {
+        "steps": int(total["steps"]),
+        "sequences_per_step": total["sequences"] / steps,
+        "rows_per_pass": total["rows"] / steps,
+        "pass_ms_per_step": 1000 * total["pass_seconds"] / steps,
+        "other_ms_per_step": 1000 * (total["step_seconds"] - total["pass_seconds"]) / steps,
+        "pass_share": total["pass_seconds"] / total["step_seconds"] if total["step_seconds"] else 0.0,
+    }
 
 
 def _quantiles(values: list[float]) -> dict:
@@ -195,6 +251,7 @@ def summarize(concurrency: int, rounds: list[dict]) -> dict:
         "per_request_tokens_per_second": _quantiles([r["completion_tokens"] / r["latency_seconds"] for r in requests]),
         "acceptance_rate": accepted / drafted if drafted else 0.0,
         "mean_accepted_length": tokens / passes if passes else 0.0,
+        "batch_steps": batch_split(rounds),
         "rounds": rounds,
     }
 
@@ -234,6 +291,30 @@ def table(results: dict[str, list[dict]]) -> str:
             f"{ttft['median']:.2f} ({ttft['p90']:.2f}) | {lv['per_request_tokens_per_second']['median']:.1f} | "
             f"{lv['acceptance_rate']:.2f} | {lv['mean_accepted_length']:.2f} |"
         )
+    split = [(d, lv) for d, levels in results.items() for lv in levels if lv.get("batch_steps")]
+    if split:
+        rows += [
+            "",
+            "Where the batch steps' time went (specwise): the target's pass over all rows, and the rest of each step",
+            "(each sequence's planning, drafting and verification).",
+            "",
+            "| drafter | clients | steps | sequences/step | rows/pass | pass ms/step | other ms/step | pass share |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for drafter, lv in split:
+            b = lv["batch_steps"]
+            rows.append(
+                f"| {drafter} | {lv['concurrency']} | {b['steps']} | {b['sequences_per_step']:.2f} | "
+                f"{b['rows_per_pass']:.1f} | {b['pass_ms_per_step']:.2f} | {b['other_ms_per_step']:.2f} | "
+                f"{b['pass_share']:.0%} |"
+            )
+    for drafter, levels in results.items():
+        if len(levels) > 1 and levels[0]["throughput_tokens_per_second"] > 0:
+            low, high = levels[0], levels[-1]
+            ratio = high["throughput_tokens_per_second"] / low["throughput_tokens_per_second"]
+            rows.append(
+                f"\n{drafter}: {high['concurrency']} clients give {ratio:.2f}x the tokens/s of {low['concurrency']}"
+            )
     return "\n".join(rows)
 
 
