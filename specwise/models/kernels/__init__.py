@@ -145,7 +145,7 @@ def _float_rows(weight: np.ndarray):
 
     matrix = FloatRows(weight)
     key = id(weight)
-    ref = weakref.ref(weight, lambda _, key=key: _rows_of.pop(key, None))
+    ref = weakref.ref(weight, lambda _, key=key, cache=_rows_of: cache.pop(key, None))  # alive at shutdown too
     _rows_of[key] = (ref, ctypes.byref(matrix.struct), matrix)
     return _rows_of[key][1]
 
