@@ -319,6 +319,27 @@ def test_small_gemm_with_float16_weights_matches_float64_reference(rows, n_out, 
     close(kernels.small_gemm(x, w, b), ref, 1e-4)
 
 
+def test_small_gemm_reads_its_weight_in_place_and_does_not_keep_it_alive():
+    """small_gemm makes a weight's struct once: a later call sees the weight's values as they are then, and the
+    weight is freed once its owner drops it (the struct does not hold it)."""
+    import gc
+    import weakref
+
+    if not kernels.small_gemm_available():
+        pytest.skip(f"kernel unavailable: {kernels.kernel_error()}")
+    x = np.ones((2, 24), dtype=np.float32)
+    w = np.ones((5, 24), dtype=np.float32)
+    np.testing.assert_array_equal(kernels.small_gemm(x, w), np.full((2, 5), 24.0, dtype=np.float32))
+    w[3] = 2.0
+    np.testing.assert_array_equal(kernels.small_gemm(x, w)[:, 3], [48.0, 48.0])
+    gone = weakref.ref(w)
+    del w
+    gc.collect()
+    assert gone() is None
+    other = np.full((5, 24), 3.0, dtype=np.float32)  # may take the freed array's place in memory and its id
+    np.testing.assert_array_equal(kernels.small_gemm(x, other), np.full((2, 5), 72.0, dtype=np.float32))
+
+
 def test_the_native_model_passes_numpy_views_to_the_kernels(monkeypatch):
     """The float32 native model hands the kernels numpy views of its CPU tensors (the same memory: the layer
     kernel's writes to x and the caches are the model's), never torch tensors."""

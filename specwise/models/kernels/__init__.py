@@ -146,7 +146,7 @@ def _float_rows(weight: np.ndarray):
     matrix = FloatRows(weight)
     key = id(weight)
     ref = weakref.ref(weight, lambda _, key=key, cache=_rows_of: cache.pop(key, None))  # alive at shutdown too
-    _rows_of[key] = (ref, ctypes.byref(matrix.struct), matrix)
+    _rows_of[key] = (ref, ctypes.byref(matrix.struct))  # the struct only: the weight itself is not kept alive
     return _rows_of[key][1]
 
 
