@@ -23,8 +23,8 @@ import ctypes
 import numpy as np
 
 from specwise.models.gguf_file import TYPE_NAMES
-from specwise.models.kernels import kernel_error, native_library
 from specwise.models.kernels.abi import QJob, QMat, QPack
+from specwise.models.kernels.library import kernel_error, native_library
 from specwise.models.threads import get_num_threads
 
 __all__ = [
