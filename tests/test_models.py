@@ -201,6 +201,7 @@ def test_a_large_vocabulary_loads_its_tokenizer_before_the_weights_to_the_same_m
     serial = loader.load_model("default")
     text = "def f(x):\n    return x  # café 東京"
     ids = smollm.tokenizer.encode(text)
+    smollm.model.rollback(0)  # the session's model may hold another test's tokens
     assert serial.tokenizer.encode(text) == ids and serial.tokenizer.decode(ids) == smollm.tokenizer.decode(ids)
     np.testing.assert_array_equal(
         serial.model.forward(np.array(ids, dtype=np.int64), num_logits=1),
