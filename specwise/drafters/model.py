@@ -13,8 +13,9 @@ from specwise.sampling import SamplingParams, probs_from_logits, sample
 # Greedy drafting with a stop level spends a draft pass on the next token only while the product of the draft's
 # probabilities so far, times this guess of the next one's, stays at or above the stop level: a pass spent on a token
 # the stop level then cuts is lost. Chosen on human-written prompts (never Spec-Bench) by replaying drafting rules
-# on the draft model's probabilities along the target's answers (benchmarks/experiments/draft_policy.py): 0.5 was within 1% of
-# the best guess on both coding (MBPP) and chat (OASST) prompts for Qwen2.5-Coder-1.5B with its 0.5B sibling.
+# on the draft model's probabilities along the target's answers (benchmarks/experiments/draft_policy.py): 0.5 was
+# within 1% of the best guess on both coding (MBPP) and chat (OASST) prompts for Qwen2.5-Coder-1.5B with its 0.5B
+# sibling.
 LOOKAHEAD = 0.5
 
 
