@@ -15,10 +15,10 @@ import numpy as np
 
 from specwise.drafters.vocab import fingerprint, rank_tokens, write_ranking
 
-__all__ = ["main"]
+__all__ = ["main", "read_answers", "sampled_prompts"]
 
 
-def _prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
+def sampled_prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
     """Up to ``per_file`` prompts (the ``prompt`` field of a JSONL file) from each file, a seeded sample, the files
     taken in turn (any first part of the list mixes them)."""
     rng = np.random.default_rng(seed)
@@ -31,7 +31,7 @@ def _prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
     return [rows[i] for i in range(longest) for rows in picked if i < len(rows)]
 
 
-def _read_answers(path: Path | None) -> list[list[int]]:
+def read_answers(path: Path | None) -> list[list[int]]:
     """Answers saved by an earlier run (one JSON list of token ids a line); a cut last line is dropped."""
     if path is None or not path.is_file():
         return []
@@ -52,7 +52,7 @@ def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, 
     from specwise.runtime import encode_prompt, eos_ids
     from specwise.sampling import SamplingParams
 
-    answers = _read_answers(saved)[: len(prompts)]
+    answers = read_answers(saved)[: len(prompts)]
     if saved is not None:
         saved.write_text("".join(json.dumps(a) + "\n" for a in answers))  # without a cut last line
     eos = eos_ids(target)
@@ -116,12 +116,12 @@ def _main(argv: list[str] | None) -> int:
         return 2
     vocab = int(target.model.vocab_size)
     tok = target.tokenizer
-    prompts = _prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
+    prompts = sampled_prompts([Path(p) for p in args.prompts], args.per_file, args.seed)
     saved = Path(args.answers) if args.answers else None
     if prompts:
         answers = _answer_tokens(target, prompts, args.max_new_tokens, args.batch, saved, log)
     else:  # a ranking from the answers saved so far (another run may still be adding to them)
-        answers = _read_answers(saved)
+        answers = read_answers(saved)
     answers = answers if args.use_answers is None else answers[: args.use_answers]
     answer_counts = np.zeros(vocab, dtype=np.int64)
     for a in answers:
@@ -135,7 +135,7 @@ def _main(argv: list[str] | None) -> int:
         return total
 
     # every prompt of the files (what people ask: the words answers take up), then the text files
-    prompt_counts = counts(p for path in args.prompts for p in _prompts([Path(path)], 1 << 30, args.seed))
+    prompt_counts = counts(p for path in args.prompts for p in sampled_prompts([Path(path)], 1 << 30, args.seed))
     text_counts = counts(Path(p).read_text(errors="replace") for p in args.texts)
     order = [answer_counts, prompt_counts, text_counts]
     ranking = rank_tokens(order, vocab, sorted(eos_ids(target) or ()), args.size)

@@ -429,18 +429,18 @@ def test_auto_without_a_sibling_says_how_to_get_one(tmp_path, monkeypatch, capsy
 def test_builder_prompts_take_the_files_in_turn_and_answers_resume(tmp_path):
     import json
 
-    from specwise.ranking import _prompts, _read_answers
+    from specwise.ranking import read_answers, sampled_prompts
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("".join(json.dumps({"prompt": f"a{i}\u2028x"}) + "\n" for i in range(5)))
     b.write_text("".join(json.dumps({"prompt": f"b{i}"}) + "\n" for i in range(2)))
-    prompts = _prompts([a, b], 3, seed=0)
+    prompts = sampled_prompts([a, b], 3, seed=0)
     assert [p[0] for p in prompts] == ["a", "b", "a", "b", "a"]  # in turn, until a file runs out
-    assert prompts == _prompts([a, b], 3, seed=0) and len(set(prompts)) == 5
+    assert prompts == sampled_prompts([a, b], 3, seed=0) and len(set(prompts)) == 5
     saved = tmp_path / "answers.jsonl"
-    assert _read_answers(saved) == []
+    assert read_answers(saved) == []
     saved.write_text("[1, 2]\n[3]\n[4, 5")  # a run stopped while writing its last line
-    assert _read_answers(saved) == [[1, 2], [3]]
+    assert read_answers(saved) == [[1, 2], [3]]
 
 
 def test_auto_gives_the_sibling_the_shipped_draft_vocabulary(tmp_path, monkeypatch):

@@ -24,7 +24,6 @@ count and seed as the builder's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -35,31 +34,8 @@ from specwise.bench.runner import emit_json, script_header
 from specwise.drafters.vocab import read_ranking
 from specwise.models import load_model
 from specwise.models.quantized import QuantizedModel
+from specwise.ranking import read_answers, sampled_prompts
 from specwise.runtime import encode_prompt
-
-
-def sampled_prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
-    """The prompts the ranking's builder (``python -m specwise.drafters.vocab``) answered, in its order: a seeded
-    sample of up to ``per_file`` prompts from each file, the files taken in turn."""
-    rng = np.random.default_rng(seed)
-    picked = []
-    for path in paths:
-        with open(path, encoding="utf-8") as f:  # lines end at "\n" only (a prompt may hold U+2028)
-            rows = [json.loads(line)["prompt"] for line in f if line.strip()]
-        picked.append([rows[i] for i in rng.permutation(len(rows))[:per_file]])
-    longest = max((len(rows) for rows in picked), default=0)
-    return [rows[i] for i in range(longest) for rows in picked if i < len(rows)]
-
-
-def read_answers(path: Path) -> list[list[int]]:
-    """The builder's answers file: one JSON list of token ids a line (a cut last line is dropped)."""
-    answers = []
-    for line in path.read_text().split("\n"):
-        try:
-            answers.append([int(t) for t in json.loads(line)])
-        except (ValueError, TypeError):
-            break
-    return answers
 
 
 def token_ms(model: QuantizedModel, steps: int = 32) -> float:
