@@ -8,8 +8,11 @@ per sequence: ``specwise/acceptance.py``; the choices: ``specwise/planner.py``).
   cost curve c(k) (``specwise profile``) and learn from the passes over k tokens actually measured. An estimate
   that is updated only by the choices it drives cannot get stuck on one slow measurement: a ratio moves by a
   fraction of each observation, and every observation is clipped to [1/2, 2] times the current estimate.
-- A pass shared by several sequences (each reading its own cache) costs more than as many rows of one: its
-  ratios are measured apart and used when planning for a shared pass (:class:`Shared`).
+- A pass shared by several sequences (each reading its own cache) costs more than as many rows of one: it is
+  estimated apart, as the estimate for one sequence plus what sharing adds, a line in the pass's rows fitted to the
+  shared passes measured, and used when planning for a shared pass (:class:`Shared`). One line, not a ratio per row
+  count: a batch's passes come in few sizes (all plain, or all drafting), and what a plan weighs is the size it has
+  not tried.
 - The pass estimates are kept per thread count: a busy machine moves the target between two threads and one
   (``models/threads.py``), whose passes cost differently, and a pass tried on the other count must not move the
   estimates of the count in use.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from specwise.estimates import Rate, clip, smooth
+from specwise.estimates import Line, Rate, clip, smooth
 
 __all__ = ["Shared", "ALONE", "PassCosts"]
 
@@ -54,7 +57,7 @@ class PassCosts:
         self.provisional = False  # True while the scale comes from passes over k > 1 tokens only
         self.since_plain = 0  # passes since the last 1-token pass (a plain step)
         self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
-        self._shared: dict[int, Rate] = {}  # rows -> measured ratios of passes shared by several sequences
+        self._shared: Line | None = None  # what sharing adds to the ratio, against the rows of shared passes
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
@@ -69,7 +72,7 @@ class PassCosts:
             return
         if self._threads is not None:
             self._by_threads[self._threads] = tuple(getattr(self, name) for name in self._PASS_ESTIMATES)
-            saved = self._by_threads.get(threads, (None, False, 0, {}, {}))  # a new count: from the priors
+            saved = self._by_threads.get(threads, (None, False, 0, {}, None))  # a new count: from the priors
             for name, value in zip(self._PASS_ESTIMATES, saved):
                 setattr(self, name, value)
         self._threads = threads
@@ -111,11 +114,15 @@ class PassCosts:
         ``RATIO_PRIOR`` observations, then the measured ratios."""
         return 1.0 if k <= 1 else self._ratio_rate(k).value()
 
-    def _shared_rate(self, k: int) -> Rate:
-        rate = self._shared.get(k)
-        if rate is None:  # starts from a pass of one sequence over as many rows
-            rate = self._shared[k] = Rate(self.ratio(k), self.RATIO_PRIOR, self.RATIO_DECAY)
-        return rate
+    def _shared_line(self) -> Line:
+        if self._shared is None:  # starts from nothing added: a pass of one sequence over as many rows
+            last = max([2, *self.prior_curve])
+            self._shared = Line([(1.0, 0.0), (float(last), 0.0)], self.RATIO_PRIOR, self.RATIO_DECAY)
+        return self._shared
+
+    def shared_ratio(self, k: int) -> float:
+        """Estimated time of a pass over k rows of several sequences relative to a 1-token pass of one."""
+        return max(1.0, self.ratio(k) + self._shared_line().value(k))
 
     def verify_time(self, k: int, shared: Shared = ALONE) -> float:
         """Estimated seconds of a target pass over k tokens (relative units before anything was measured): of
@@ -123,7 +130,7 @@ class PassCosts:
         sequences (each reads its own cache, so k rows of several cost more than k rows of one)."""
         scale = 1.0 if self._scale is None else self._scale
         if shared.rows and k >= 2:
-            return scale * self._shared_rate(k).value()
+            return scale * self.shared_ratio(k)
         return scale * self.ratio(k)
 
     def draft_time(self, source: int = 0) -> float:
@@ -177,5 +184,4 @@ class PassCosts:
         if self._scale is None or self.provisional or rows < 2:  # nothing to measure it against yet
             self.observe_pass(rows, seconds)
             return
-        rate = self._shared_rate(rows)
-        rate.add(clip(seconds / self._scale, rate.value()))
+        self._shared_line().add(rows, clip(seconds / self._scale, self.shared_ratio(rows)) - self.ratio(rows))

@@ -5,7 +5,7 @@ Shared by the planner's cost model (``specwise/costs.py``) and its acceptance re
 
 from __future__ import annotations
 
-__all__ = ["Rate", "clip", "smooth"]
+__all__ = ["Line", "Rate", "clip", "smooth"]
 
 
 class Rate:
@@ -38,6 +38,43 @@ class Rate:
 
     def reset(self) -> None:
         self.total = self.count = 0.0
+
+
+class Line:
+    """A decayed least-squares line ``y = a + b x`` (``b >= 0``) through observations and fixed prior points (what
+    sharing a pass adds to its cost, against its rows: ``specwise/costs.py``).
+
+    ``add(x, y)`` forgets a fraction ``1 - decay`` of what came before, then adds the point; the prior points keep
+    their ``weight`` (shared between them), so that the line is defined before two distinct ``x`` were observed and
+    a cluster of observations at one ``x`` is joined to the prior elsewhere rather than extrapolated flat. Where
+    observations cover several ``x``, they outweigh the prior within a few dozen of them.
+    """
+
+    __slots__ = ("points", "weight", "decay", "n", "sx", "sy", "sxx", "sxy")
+
+    def __init__(self, points: list[tuple[float, float]], weight: float, decay: float) -> None:
+        if not points:
+            raise ValueError("a Line needs at least one prior point")
+        self.points, self.weight, self.decay = list(points), weight, decay
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        d = self.decay
+        self.n = d * self.n + 1.0
+        self.sx = d * self.sx + x
+        self.sy = d * self.sy + y
+        self.sxx = d * self.sxx + x * x
+        self.sxy = d * self.sxy + x * y
+
+    def value(self, x: float) -> float:
+        w = self.weight / len(self.points)
+        n, sx, sy = self.n + self.weight, self.sx, self.sy
+        sxx, sxy = self.sxx, self.sxy
+        for px, py in self.points:
+            sx, sy, sxx, sxy = sx + w * px, sy + w * py, sxx + w * px * px, sxy + w * px * py
+        det = n * sxx - sx * sx
+        slope = max(0.0, (n * sxy - sx * sy) / det) if det > 1e-9 * n * n else 0.0
+        return (sy - slope * sx) / n + slope * x
 
 
 def clip(sample: float, around: float) -> float:

@@ -104,17 +104,15 @@ def build_runtime(
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
     precision: ``q8`` or ``exact`` for GGUF models on the quantized native path (None: the default, q8).
     """
-    from specwise.drafters import build_drafter, resolve_drafter_spec
-    from specwise.models import load_model
-    from specwise.models.loader import DEFAULT_PRECISION, release_free_memory
+    from specwise.models.loader import DEFAULT_PRECISION
+    from specwise.models.threads import run_apart
 
     planner = make_planner(gamma)  # gamma decided (and checked) once, before anything is loaded
     device = resolve_device(device)
     precision = precision or DEFAULT_PRECISION
-    loaded = load_model(target, device=device, dtype=None, impl=impl, precision=precision)  # None: float32
-    drafter = resolve_drafter_spec(drafter, loaded)
-    draft = build_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
-    release_free_memory()  # what building the drafter left free (its weights' conversions)
+    # in a thread that ends with the loading: the kernels' start-up work leaves no OpenMP threads on this thread,
+    # which may live on beside the one that decodes (a server's event loop; see run_apart)
+    loaded, drafter, draft = run_apart(_load, target, drafter, device, impl, precision)
     engine = Engine(
         loaded.model,
         draft,
@@ -123,6 +121,19 @@ def build_runtime(
         eos_token_ids=eos_ids(loaded),
     )
     return Runtime(engine, loaded, drafter, device)
+
+
+def _load(target: str, drafter: str, device: str, impl: str, precision: str):
+    """The target loaded, the drafter spec resolved and the drafter built (``build_runtime``)."""
+    from specwise.drafters import build_drafter, resolve_drafter_spec
+    from specwise.models import load_model
+    from specwise.models.loader import release_free_memory
+
+    loaded = load_model(target, device=device, dtype=None, impl=impl, precision=precision)  # None: float32
+    drafter = resolve_drafter_spec(drafter, loaded)
+    draft = build_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
+    release_free_memory()  # what building the drafter left free (its weights' conversions)
+    return loaded, drafter, draft
 
 
 def saved_cost_prior(loaded, device: str) -> dict[int, float] | None:

@@ -11,7 +11,7 @@ from specwise.drafters import Draft, Drafter, NgramDrafter, NoDrafter
 from specwise.engine import Engine
 from specwise.models.quantized import QuantizedModel
 from specwise.models.toy import ToyModel
-from specwise.planner import AdaptivePlanner
+from specwise.planner import AdaptivePlanner, Shared
 from specwise.sampling import SamplingParams
 
 GREEDY = SamplingParams()
@@ -231,3 +231,46 @@ def test_a_drafter_that_cannot_fork_is_refused_when_the_batch_is_built():
     with pytest.raises(ValueError, match="cannot batch several requests.*Unforkable.*max_batch 1"):
         BatchEngine(engine, max_batch=2)
     assert BatchEngine(engine, max_batch=1).run_all([Request([1, 2], GREEDY, 3)])  # one at a time needs no fork
+
+
+def test_what_shared_passes_cost_at_some_sizes_informs_the_others():
+    """A batch's passes come in few sizes (all plain, or all drafting): what sharing adds, measured at those sizes,
+    must reach the sizes a plan weighs and has not tried. With a cost curve of one sequence nearly flat and shared
+    passes that cost half a 1-token pass a row (compute-bound), the estimate at an unmeasured size follows the
+    measured ones."""
+    planner = AdaptivePlanner(cost_curve={1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15})
+    costs = planner.costs
+    costs.observe_pass(1, 0.010)  # the unit: a plain pass of one sequence
+
+    def true(rows):
+        return 0.010 * (1.0 + 0.5 * (rows - 1))
+
+    for _ in range(40):
+        for rows in (8, 33):
+            planner.observe_pass(rows, true(rows))
+    for rows in (12, 20):
+        assert costs.verify_time(rows, Shared(rows=7)) == pytest.approx(true(rows), rel=0.2)
+    assert costs.verify_time(12) < 0.5 * true(12)  # one sequence's estimate is its own
+
+
+def test_a_sequence_in_a_full_batch_probes_as_many_times_less_often():
+    """A probe (one drafted token, to notice a drafter that became useful) costs a row of the whole batch's pass:
+    sharing a pass with seven others, a sequence whose drafter does not pay probes about eight times less often."""
+    curve = {k: 1.0 + 0.5 * (k - 1) for k in range(1, 80)}  # every row dear: drafting never pays
+
+    def probes(batch):
+        planner = AdaptivePlanner(cost_curve=curve, prior=0.1)
+        state = planner.new_state([Always()])
+        planner.begin(state)
+        planner.costs.observe_pass(1, 0.010)
+        count = 0
+        for _ in range(640):
+            proposal = planner.draft(state, [1, 2], 16, GREEDY, None, batch=batch)
+            drafted = len(proposal.draft)
+            count += drafted > 0
+            planner.observe(state, proposal, 0, None)
+        return count
+
+    alone, shared = probes(None), probes((7, 7.0))
+    assert alone >= 40
+    assert shared <= alone / 6

