@@ -30,6 +30,7 @@ setup(
                     "attention.c",
                     "sample.c",
                     "suffix.c",
+                    "spm.c",
                 )
             ],
             depends=[

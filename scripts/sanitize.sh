@@ -16,7 +16,7 @@ gcc -shared -fPIC -O1 -g -fno-omit-frame-pointer -std=c11 -fopenmp -fno-math-err
 TESTS=(tests/test_fuzz_gguf.py tests/test_fuzz_index.py tests/test_fuzz_heads.py tests/test_fuzz_layer_calls.py
     tests/test_fuzz_float_layer_calls.py
     tests/test_quant.py tests/test_quantized_model.py tests/test_quantized_batch.py tests/test_suffix.py
-    tests/test_head.py)
+    tests/test_head.py tests/test_spm_tokenizer.py)
 if [ $# -gt 0 ]; then TESTS=(); fi
 # the sanitizers' runtimes first in the process (Python itself is not instrumented); leaks are not looked for (the
 # interpreter keeps its own allocations to the end)

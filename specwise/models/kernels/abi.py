@@ -27,6 +27,7 @@ __all__ = [
     "QHead",
     "QStep",
     "QLogits",
+    "SpmVocab",
     "SIGNATURES",
     "declare",
     "pointer_to",
@@ -212,6 +213,29 @@ class QLogits(ctypes.Structure):
     _fields_ = [("out_w", _ptr(QMat)), ("logits", _p), ("logits_floats", _i64), ("best", _p), ("top_prob", _p)]
 
 
+class SpmVocab(ctypes.Structure):
+    """``spmvocab``: a SentencePiece-style vocabulary and its merges as the encoder reads them (spm.c)."""
+
+    _fields_ = [
+        ("bytes", _p),
+        ("offsets", _p),
+        ("n", _i64),
+        ("longest", _i64),
+        ("table", _p),
+        ("table_size", _i64),
+        ("kinds", _p),
+        ("groups", _p),
+        ("pair_keys", _p),
+        ("pair_values", _p),
+        ("pairs_size", _i64),
+        ("added_lengths", _p),
+        ("added_max", _i64),
+        ("byte_ids", _p),
+        ("unk", _i32),
+        ("space_prefix", _i32),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------- functions
 
 _d, _i64p, _ip = ctypes.c_double, _ptr(_i64), _ptr(_i)
@@ -245,6 +269,11 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     ),
     "specwise_probs": ([_p, _i, _i, _f, _i, _d, _f, _p], _i),
     "specwise_sample": ([_p, _i, _i, _p, _p], _i),
+    "specwise_spm_index": ([_ptr(SpmVocab), _p], _i64),
+    "specwise_spm_lookup": ([_ptr(SpmVocab), _p, _p, _i64, _p], _i64),
+    "specwise_spm_pairs": ([_ptr(SpmVocab), _p, _p, _p, _i64, _p, _p], _i64),
+    "specwise_spm_encode": ([_ptr(SpmVocab), _p, _i64, _p, _i64, _p], _i64),
+    "specwise_spm_decode": ([_ptr(SpmVocab), _p, _i64, _i, _p, _i64], _i64),
 }
 
 

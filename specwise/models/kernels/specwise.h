@@ -230,4 +230,54 @@ typedef struct {
 int64_t specwise_suffix_draft(const sfxindex *index, int64_t lo, int64_t hi, const sfxdraft *opts,
                               const sfxout *out);
 
+/* ---- SentencePiece-style BPE over a GGUF vocabulary (spm.c) ---- */
+
+/* A token's kind bits (spmvocab.kinds). */
+#define SPM_ADDED 1   /* matched whole in text before the rest is split (control, unknown and user-defined tokens) */
+#define SPM_SPECIAL 2 /* left out of decoding that skips special tokens */
+#define SPM_RSTRIP 4  /* takes the whitespace after it (Phi-3's special tokens) */
+
+/* A vocabulary and its merges as the encoder reads them: every array is the caller's and is only read. */
+typedef struct {
+    const uint8_t *bytes;         /* the tokens' UTF-8 bytes, one after another */
+    const uint32_t *offsets;      /* [n + 1]: token i is bytes[offsets[i] .. offsets[i + 1]) */
+    int64_t n;                    /* tokens, 1 .. 2^31 - 2 */
+    int64_t longest;              /* bytes of the longest token, at most 65,535 */
+    const int32_t *table;         /* [table_size]: a token's bytes -> its id, open addressing (-1: empty slot) */
+    int64_t table_size;           /* a power of two above n */
+    const uint8_t *kinds;         /* [n]: SPM_* bits */
+    const int32_t *groups;        /* [n]: derived merges' priority group per token (0 first), or NULL: the id */
+    const int64_t *pair_keys;     /* [pairs_size]: the file's merges, left << 32 | right (-1: empty); NULL: derived */
+    const int64_t *pair_values;   /* [pairs_size]: rank << 32 | the merged token's id */
+    int64_t pairs_size;           /* a power of two, or 0 without the file's merges */
+    const int64_t *added_lengths; /* [256]: bit k - 1 set where an added token of k bytes starts with that byte
+                                   * (k < 64; bit 63: one of 64 bytes or more) */
+    int64_t added_max;            /* bytes of the longest added token */
+    const int32_t *byte_ids;      /* [256]: the id of each byte's token <0xXX>, or -1 */
+    int32_t unk;                  /* the unknown token's id, or -1 */
+    int32_t space_prefix;         /* 1: a U+2581 before each piece of text between added tokens */
+} spmvocab;
+
+/* Fill table (v->table_size slots) with the ids of v's tokens by their bytes. Returns how many tokens repeat an
+ * earlier token's bytes, or -1 for a vocabulary out of range. */
+int64_t specwise_spm_index(const spmvocab *v, int32_t *table);
+/* The ids of n strings (strings[offsets[i] .. offsets[i + 1])) into ids, -1 for one that is no token; 0, or -1 for
+ * arguments out of range. */
+int64_t specwise_spm_lookup(const spmvocab *v, const uint8_t *strings, const int64_t *offsets, int64_t n,
+                            int32_t *ids);
+/* The file's merges: (left[i], right[i]) -> rank i and merged[i], into keys and values (v->pairs_size slots; a pair
+ * given twice keeps its last rank). 0, or -1 for arguments out of range. */
+int64_t specwise_spm_pairs(const spmvocab *v, const int32_t *left, const int32_t *right, const int32_t *merged,
+                           int64_t m, int64_t *keys, int64_t *values);
+/* The ids of n bytes of UTF-8 text (no BOS or EOS) into ids[cap] (cap >= 4 n + 3 is always enough), and where spans
+ * is not NULL, each id's [start, stop) in the text for an added token (-1, -1 for the others). Returns the number of
+ * ids, -1 for arguments out of range, -2 when memory runs out, -3 when cap is too small. */
+int64_t specwise_spm_encode(const spmvocab *v, const uint8_t *text, int64_t n, int32_t *ids, int64_t cap,
+                            int64_t *spans);
+/* The UTF-8 text of n ids (ids outside the vocabulary are left out; special ones too with skip_special) into
+ * out[cap]; returns its length (the text is cut at cap where it is longer), -1 for arguments out of range, or -2
+ * when memory runs out. */
+int64_t specwise_spm_decode(const spmvocab *v, const int64_t *ids, int64_t n, int skip_special, uint8_t *out,
+                            int64_t cap);
+
 #endif
