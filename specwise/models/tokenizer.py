@@ -2,7 +2,9 @@
 
 The tokenizer of a GGUF file is built from the file's metadata by :mod:`specwise.models.gguf_tokenizer` and cached
 as such a directory (``specwise.models.loader.gguf_tokenizer``); a saved Hugging Face tokenizer directory loads the
-same way. Text is encoded and decoded by the ``tokenizers`` library; chat templates are rendered with jinja2 as
+same way. Text is encoded and decoded by the ``tokenizers`` library, or for a SentencePiece-style GGUF vocabulary
+(Gemma 3, Phi-3) by specwise's compact native tokenizer built straight from the file
+(:mod:`specwise.models.spm_tokenizer`: the same ids in a few MiB); chat templates are rendered with jinja2 as
 transformers renders them (sandboxed, ``trim_blocks``, ``lstrip_blocks``, its ``tojson``, ``raise_exception``,
 ``strftime_now``, ``dict`` and ``namespace``; ``tools``, ``documents``, ``continue_final_message``, named templates
 and any other keyword passed to the template). Encoding, decoding, the vocabulary, special and added tokens and the
@@ -67,13 +69,27 @@ class LightTokenizer:
         self._setup(tokenizer_json, dict(config), None, {})
         return self
 
-    def _setup(self, text: str | Path, config: dict, main: str | None, templates: dict[str, str]) -> None:
-        """``text``: the ``tokenizer.json`` text, or the path of the file."""
-        from tokenizers import Tokenizer
+    @classmethod
+    def from_backend(cls, backend, config: dict) -> LightTokenizer:
+        """A tokenizer over an encoder already built (a ``tokenizers.Tokenizer``, or the compact
+        :class:`~specwise.models.spm_tokenizer.SentencePieceTokenizer` of a SentencePiece-style GGUF vocabulary) and
+        the settings of a ``tokenizer_config.json``; held in memory (copies share the backend)."""
+        self = cls.__new__(cls)
+        self.directory = None
+        self._setup(backend, dict(config), None, {})
+        return self
 
+    def _setup(self, text, config: dict, main: str | None, templates: dict[str, str]) -> None:
+        """``text``: the ``tokenizer.json`` text, the path of the file, or the backend itself (then the ``tokenizers``
+        library is not imported)."""
         if not isinstance(config, dict):
             raise ValueError("tokenizer_config.json does not hold an object")
-        self._backend = Tokenizer.from_file(str(text)) if isinstance(text, Path) else Tokenizer.from_str(text)
+        if isinstance(text, (str, Path)):
+            from tokenizers import Tokenizer
+
+            self._backend = Tokenizer.from_file(str(text)) if isinstance(text, Path) else Tokenizer.from_str(text)
+        else:
+            self._backend = text
         self._config = config
         self.init_kwargs = config
         named = config.get("chat_template")
@@ -191,7 +207,9 @@ class LightTokenizer:
 
     @property
     def backend_tokenizer(self):
-        """The ``tokenizers.Tokenizer`` that encodes and decodes."""
+        """What encodes and decodes: a ``tokenizers.Tokenizer``, or for a SentencePiece-style GGUF vocabulary
+        specwise's compact :class:`~specwise.models.spm_tokenizer.SentencePieceTokenizer` (the same API for what
+        specwise calls; anything else of it is answered by a ``tokenizers.Tokenizer`` it builds on first use)."""
         return self._backend
 
     @property
@@ -393,12 +411,16 @@ class LightTokenizer:
 
     def __reduce__(self):
         # copies (the server keeps one for its request thread) and pickles load the same tokenizer afresh: the
-        # compiled template and the backend are rebuilt rather than copied
+        # compiled template and the backend are rebuilt rather than copied (the compact backend is shared)
+        from specwise.models.spm_tokenizer import SentencePieceTokenizer
+
         if self.directory is not None:
             return (LightTokenizer, (self.directory,))
         config = dict(self._config)
         if self.chat_template and "chat_template" not in config:
             config["chat_template"] = self.chat_template
+        if isinstance(self._backend, SentencePieceTokenizer):  # immutable: shared by copies
+            return (_from_backend, (self._backend, config))
         return (_from_json, (self._backend.to_str(), config))
 
     def __repr__(self) -> str:
@@ -408,6 +430,10 @@ class LightTokenizer:
 
 def _from_json(tokenizer_json: str, config: dict) -> LightTokenizer:
     return LightTokenizer.from_json(tokenizer_json, config)
+
+
+def _from_backend(backend, config: dict) -> LightTokenizer:
+    return LightTokenizer.from_backend(backend, config)
 
 
 def _defaults(given: dict, defaults: dict) -> bool:

@@ -60,16 +60,22 @@ class PromptEncoder:
 
 
 def lock_free_backend(tokenizer):
-    """The tokenizer's ``tokenizers.Tokenizer`` (whose ``encode_batch`` releases the global lock), or None.
+    """The tokenizer's ``tokenizers.Tokenizer`` (whose ``encode_batch`` releases the global lock), or specwise's
+    compact SentencePiece tokenizer (whose native calls release it too), or None.
 
     specwise's own tokenizer keeps it as ``_backend``; a transformers fast tokenizer names it
     ``backend_tokenizer`` (looked up on the class: specwise's would load transformers' tokenizer to answer).
     """
+    from specwise.models.spm_tokenizer import SentencePieceTokenizer
+
+    kinds: tuple[type, ...] = (SentencePieceTokenizer,)
     try:
         from tokenizers import Tokenizer
+
+        kinds += (Tokenizer,)
     except ModuleNotFoundError:
-        return None
+        pass
     backend = getattr(tokenizer, "_backend", None)
     if backend is None and hasattr(type(tokenizer), "backend_tokenizer"):
         backend = tokenizer.backend_tokenizer
-    return backend if isinstance(backend, Tokenizer) else None
+    return backend if isinstance(backend, kinds) else None
