@@ -1,8 +1,9 @@
 """Where a GGUF model's resident memory goes: each part measured in its own fresh process (Linux /proc).
 
-Stages, each a new interpreter: Python with numpy; importing specwise; the tokenizer alone (from the cache, as a
-decode loads it); the weights alone (the quantized model, tokenizer not read); and the whole of what
-a user runs, ``load_model`` then decoding ``--new-tokens`` tokens. For each: resident memory now and at its peak
+Stages, each a new interpreter: Python with numpy; importing specwise; the tokenizer alone (as a decode loads it:
+from the cache, or a SentencePiece-style vocabulary's compact one built from the file); the weights alone (the
+quantized model, tokenizer not read); and the whole of what a user runs, ``load_model`` then decoding
+``--new-tokens`` tokens. For each: resident memory now and at its peak
 (VmRSS, VmHWM), anonymous and file-backed. The parts are the differences between stages; the goal (peak
 resident memory at most twice the file) is checked against the whole. Where torch is installed, what importing it
 adds is measured beside (``torch_import_mib``: the core never imports it).
