@@ -139,18 +139,8 @@ class SentencePieceTokenizer:
         self._offsets = offsets.astype(np.uint32)
         self._n = n
 
-        kinds = np.zeros(n, dtype=np.uint8)
-        for token in _added_tokens(vocab, tokens, respelled):
-            kinds[token["id"]] = ADDED | (SPECIAL if token["special"] else 0) | (RSTRIP if token["rstrip"] else 0)
-        self._kinds = kinds
-        added = np.flatnonzero(kinds & ADDED)
-        starts, sizes = offsets[added], lengths[added]
-        masks = np.zeros(256, dtype=np.uint64)  # by first byte: bit k - 1 for an added token of k bytes (k < 64)
-        if added.size:
-            first = np.frombuffer(blob, dtype=np.uint8)[starts]
-            bits = np.left_shift(np.uint64(1), np.minimum(sizes, 64).astype(np.uint64) - np.uint64(1))
-            np.bitwise_or.at(masks, first, bits)
-        self._added_lengths = masks.view(np.int64)
+        self._kinds = kinds = _kinds(vocab, tokens, respelled)
+        self._added_lengths, added_max = _added_lengths(kinds, blob, offsets)
         self._table = np.empty(_table_size(n), dtype=np.int32)
         self._byte_ids = np.full(256, -1, dtype=np.int32)
         self._groups = None
@@ -173,7 +163,7 @@ class SentencePieceTokenizer:
             pair_values=None,
             pairs_size=0,
             added_lengths=_address(self._added_lengths),
-            added_max=int(sizes.max()) if added.size else 0,
+            added_max=added_max,
             byte_ids=_address(self._byte_ids),
             unk=-1 if unk is None else unk,
             space_prefix=int(vocab.add_space_prefix),
@@ -531,3 +521,24 @@ def _byte_token(token: str) -> int | None:
     if not all(c in "0123456789abcdefABCDEF" for c in digits):
         return None
     return int(digits, 16)
+
+
+def _kinds(vocab: GGUFVocab, tokens: list[str], respelled: set[int]) -> np.ndarray:
+    """One byte of flags per token: ADDED, SPECIAL and RSTRIP for the added tokens (as tokenizer.json lists them)."""
+    kinds = np.zeros(len(tokens), dtype=np.uint8)
+    for token in _added_tokens(vocab, tokens, respelled):
+        kinds[token["id"]] = ADDED | (SPECIAL if token["special"] else 0) | (RSTRIP if token["rstrip"] else 0)
+    return kinds
+
+
+def _added_lengths(kinds: np.ndarray, blob: bytes, offsets: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per first byte, the lengths of the added tokens that start with it (bit k - 1 for k bytes, k < 64), and the
+    longest added token's length (0: none)."""
+    added = np.flatnonzero(kinds & ADDED)
+    starts, sizes = offsets[added], np.diff(offsets)[added]
+    masks = np.zeros(256, dtype=np.uint64)
+    if added.size:
+        first = np.frombuffer(blob, dtype=np.uint8)[starts]
+        bits = np.left_shift(np.uint64(1), np.minimum(sizes, 64).astype(np.uint64) - np.uint64(1))
+        np.bitwise_or.at(masks, first, bits)
+    return masks.view(np.int64), int(sizes.max()) if added.size else 0

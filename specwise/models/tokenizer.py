@@ -10,7 +10,8 @@ transformers renders them (sandboxed, ``trim_blocks``, ``lstrip_blocks``, its ``
 and any other keyword passed to the template). Encoding, decoding, the vocabulary, special and added tokens and the
 chat template give what the transformers tokenizer of the same directory gives (``tests/test_tokenizer.py``); what
 only transformers does (tensors, padding and truncation, tools given as Python functions, ...) is handed to that
-tokenizer, loaded on first use, and needs the ``hf`` extra.
+tokenizer, loaded on first use, and needs the ``hf`` extra. One file because it is one object, the stand-in for
+transformers' tokenizer that every caller takes whole.
 """
 
 from __future__ import annotations
