@@ -287,8 +287,9 @@ class AdaptivePlanner(Planner):
         ``prior_weight`` pseudo-observations (later positions start from the estimate of the one before);
         ``decay`` (< 1) forgets old observations so the estimate follows the text.
     probe_every: after this many steps in a row without asking a source, ask it for one token anyway (and verify
-        that draft), so a drafter that became useful is noticed. In a pass shared with others, as many times that
-        many steps as the pass holds sequences: a probe's row then costs every sequence's step.
+        that draft), so a drafter that became useful is noticed. In a pass shared with others, 1 + the tokens the
+        others are expected to emit times that many steps (about as many times as the pass holds sequences): a
+        probe's row then costs every sequence's step.
     margin: drafting is chosen only when its expected rate beats a plain step's by this fraction. Near the
         break-even the estimates cannot tell a small gain from a small loss; a plain step there costs nothing
         in expectation and keeps speculation from ever being measurably slower than plain decoding.
@@ -455,7 +456,8 @@ class AdaptivePlanner(Planner):
         if not self.worth_drafting(rates[best], shared):
             best = 0
         # a probe (one token, to learn the acceptance anew) every probe_every plain steps alone; in a shared pass its
-        # row costs the whole batch, so each sequence probes as many times less often as sequences share it
+        # row costs the whole batch, so each sequence probes about as many times less often as sequences share it
+        # (1 + the tokens the others are expected to emit)
         probing = best == 0 and known.plain_run >= self.probe_every * (1.0 + shared.tokens)
         known.chose(probing, self.REUSE if alone and best == 0 and not probing else 0)
         return 1 if probing else best

@@ -251,7 +251,7 @@ class GGUFFile:
 
     def _strings(self, key: str, n: int) -> list[str]:
         """The ``n`` strings of a string array (a vocabulary's tokens or merges): ``_string``'s checks in one loop,
-        about three times faster on a vocabulary of 50,000 tokens."""
+        about 1.3 times as fast (Gemma 3's 262,144 tokens: 0.16 s against 0.21)."""
         unpack, data, pos, end = struct.Struct("<Q").unpack_from, self._header, self._pos, self.size
         out: list[str] = []
         append = out.append

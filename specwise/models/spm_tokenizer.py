@@ -206,9 +206,9 @@ class SentencePieceTokenizer:
                 raise GGUFError(f"{vocab.name}: merge {merge!r} is not two tokens separated by a space")
             lefts.append(parts[0].encode("utf-8"))
             rights.append(parts[1].encode("utf-8"))
-        left, right = self._lookup(lefts), self._lookup(rights)
-        merged = self._lookup([a + b for a, b in zip(lefts, rights)])
-        for ids, texts in ((left, lefts), (right, rights), (merged, [a + b for a, b in zip(lefts, rights)])):
+        joined = [a + b for a, b in zip(lefts, rights)]
+        left, right, merged = self._lookup(lefts), self._lookup(rights), self._lookup(joined)
+        for ids, texts in ((left, lefts), (right, rights), (merged, joined)):
             missing = np.flatnonzero(ids < 0)
             if missing.size:
                 i = int(missing[0])
