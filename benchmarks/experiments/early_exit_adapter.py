@@ -14,6 +14,24 @@ agreement little (an earlier run on 240 prompts, study_240_prompts_full_vocab.js
 vocabulary, 43-49% on its own training prompts); at this size the early layers do not carry the next token. Results:
 benchmarks/results/self_spec_early_exit_default/study.json (AMD EPYC Zen 4, 2 cores).
 
+For Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 28 layers): too little as well. Trained on its own answers to 480 prompts
+(61,000 answer positions; answers made with the 0.5B sibling drafting, the same greedy tokens, in 29 minutes) and
+measured on the 60 held-out shipped prompts, greedy agreement over the 4,096-token output layer after 2 / 4 / 8
+layers is 28 / 33 / 35% with the position-wise adapter (9.4 M parameters, 2 minutes to train on 2 cores) and
+9 / 27 / 27% with the attention adapter (18.9 M parameters, 4-5 minutes); the plain early exit is 1-2%. The
+draft's confidence sorts its guesses (after 2 layers: 23% of positions are drafted with probability >= 0.5, and
+69% of those agree; >= 0.9: 6% at 88%), but too few are sure: replaying a confidence-stopped draft over the
+held-out answers gives 1.13x at best (2 layers, gamma 1, no threshold), the plain model 1.15x, and starting the
+verification of drafted tokens at layer L (their shallow keys and values kept) adds under 1%. At a draft share of
+0.07-0.08 of a pass, 1.5x needs about 62% agreement. Results: benchmarks/results/self_spec_early_exit_qwen15/
+(Intel Xeon, family 6 model 167, AVX-512 with VNNI and AMX, 2 cores; profile.json: its pass-cost curve).
+
+    python benchmarks/experiments/early_exit_adapter.py --target QWEN15.gguf --drafter auto --out DIR --generate \
+        --features --prompts P/gsm8k_train.prompts.jsonl P/mbpp.prompts.jsonl P/oasst_en.prompts.jsonl --per-file 80
+    specwise profile --target QWEN15.gguf --drafter none --max-k 9 --json > DIR/profile.json
+    python benchmarks/experiments/early_exit_adapter.py --target QWEN15.gguf --out DIR --train --heads 12 \
+        --profile DIR/profile.json
+
 Method. Stage 1 (--generate): the target's greedy answers (the native model, q8) to the project's shipped prompts;
 every fifth prompt is held out. Stage 2 (--features): teacher-forced passes over prompt and answer through the first
 L layers (the target's own layers and weights, run by the native kernels as truncated stacks, one after the other)
@@ -26,7 +44,9 @@ prompts beside the shipped ones); reported: the held-out share of positions whos
 the N most frequent answer tokens of the training prompts) is the target's token, with and without the adapter, and the
 modelled speed-up E[tokens a step] / (c(gamma + 1) + gamma d) at the best gamma, d the draft's share of a 1-token
 pass's bytes (L layers, the adapter at 8 bits and an N-token output layer) and c the pass-cost curve (--profile, else
-c(k) = 1 + 0.1 (k - 1)).
+c(k) = 1 + 0.1 (k - 1)); with the verification pass skipping the first L layers for drafted tokens
+(``projected_shallow_reuse``); and replayed on the held-out answers with drafting stopped at the first guess below a
+confidence threshold (``replayed_confidence_stop``, the best threshold and gamma; the unsure guess's cost counted).
 
     python benchmarks/experiments/early_exit_adapter.py --target default --out DIR --generate --features --train \
         --prompts P/gsm8k_train.prompts.jsonl P/mbpp.prompts.jsonl P/oasst_en.prompts.jsonl --per-file 150
@@ -38,6 +58,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -69,21 +90,28 @@ def extra_prompts(paths: list[str], per_file: int, exclude: set[str]) -> list[st
 
 
 def generate(args, out: Path) -> None:
-    from specwise.engine import Engine
-    from specwise.models import load_model
+    from specwise.runtime import build_runtime, encode_prompt
     from specwise.sampling import SamplingParams
 
-    loaded = load_model(args.target, precision="q8")
-    engine = Engine(loaded.model, None, gamma=0, tokenizer=loaded.tokenizer)
+    # greedy speculative decoding gives the target's own greedy answers, token for token: a drafter only makes
+    # this stage faster (for a 1.5B target, its 0.5B sibling)
+    runtime = build_runtime(args.target, args.drafter, gamma="auto", precision="q8")
+    loaded, engine = runtime.target, runtime.engine
     shipped = shipped_prompts()
     texts = [(text, i % 5 == 0) for i, text in enumerate(shipped)]
     texts += [(text, False) for text in extra_prompts(args.prompts, args.per_file, set(shipped))]
     rows = []
     began = time.perf_counter()
     for i, (text, held_out) in enumerate(texts):
-        prompt = loaded.tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        if loaded.tokenizer.chat_template:
+            message = [{"role": "user", "content": text}]
+            prompt = loaded.tokenizer.apply_chat_template(message, add_generation_prompt=True)
+        else:  # a base model: the prompt as raw text
+            prompt = encode_prompt(loaded.tokenizer, text, chat=False)
         answer = engine.generate(list(prompt), SamplingParams(), args.max_new_tokens).token_ids
         rows.append({"index": i, "held_out": held_out, "prompt": list(map(int, prompt)), "answer": answer})
+        if (i + 1) % 50 == 0:
+            print(f"{i + 1}/{len(texts)} answers, {time.perf_counter() - began:.0f} s", file=sys.stderr, flush=True)
     (out / "answers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     print(f"{len(rows)} answers in {time.perf_counter() - began:.0f} s", file=sys.stderr)
 
@@ -93,15 +121,18 @@ def features(args, out: Path) -> None:
     from specwise.models.kernels.layers import DecoderStack
 
     m = load_model(args.target, precision="q8").model
-    if m._stack.variant is not None:
-        raise SystemExit("truncated stacks are built here for Llama-family layers only (no layer variant)")
+    variant = m._stack.variant  # what the family's layers do beyond Llama's (Gemma 3: norms, windows, GeGLU)
     bounds = [0, *LAYERS]
     stacks = []
     for lo, hi in zip(bounds, bounds[1:]):
+        part = None
+        if variant is not None:
+            lists = ("q_norms", "k_norms", "post_attn_norms", "post_mlp_norms", "windows")
+            part = replace(variant, **{f: getattr(variant, f)[lo:hi] for f in lists if getattr(variant, f)})
         stacks.append(
             DecoderStack(
                 m.layers[lo:hi], m.attn_norms[lo:hi], m.mlp_norms[lo:hi], m.qkv_biases[lo:hi], m._stack.n_heads,
-                m._stack.n_kv, m._stack.head_dim, m._stack.eps,
+                m._stack.n_kv, m._stack.head_dim, m._stack.eps, variant=part,
             )
         )  # fmt: skip
     rows = [json.loads(line) for line in (out / "answers.jsonl").read_text().splitlines()]
@@ -112,19 +143,27 @@ def features(args, out: Path) -> None:
         ids = row["prompt"] + row["answer"]
         n = len(ids)
         x = m.embed.rows(np.asarray(ids, dtype=np.int64))
+        if variant is not None and variant.embed_scale:
+            x *= variant.embed_scale
         cos, sin = m._tables(n + 1)
+        local = m._rotary.get("local")  # the windowed layers' own rotary tables, where they have them
         at = slice(len(row["prompt"]) - 1, n - 1)  # the positions whose next token is an answer token
         for (lo, hi), stack in zip(zip(bounds, bounds[1:]), stacks):
             shape = (hi - lo, stack.n_kv, n, stack.head_dim)
             k_cache, v_cache = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-            stack.run(x, [(k_cache, v_cache)] * n, list(range(n)), cos, sin, "q8", 2)
-            feats[hi].append(x.astype(np.float16))  # every position: an attention adapter reads the prompt too
+            stack.run(x, [(k_cache, v_cache)] * n, list(range(n)), cos, sin, "q8", 2, local=local)
+            # every position: an attention adapter reads the prompt too; float16 where it holds the states (Gemma
+            # 3's exceed its range: float32, and the concatenation below keeps float32)
+            with np.errstate(over="ignore"):
+                half = x.astype(np.float16)
+            feats[hi].append(half if np.isfinite(half).all() else x.copy())
         label = np.full(n, -1, dtype=np.int64)
         label[at] = row["answer"]
         labels.append(label)
         held.append(np.full(n, row["held_out"]))
         full = np.full(n, -1, dtype=np.int64)
-        full[at] = m.sequence().forward(ids, n)[at].argmax(-1)
+        if row["held_out"]:  # the check of the teacher forcing; a full pass a sequence is slow on a 1.5B target
+            full[at] = m.sequence().forward(ids, n)[at].argmax(-1)
         full_argmax.append(full)
         lengths.append(n)
     np.savez(
@@ -138,7 +177,7 @@ def features(args, out: Path) -> None:
     head = m.lm_head.rows(range(m.vocab_size)).astype(np.float32)
     np.savez(out / "head.npz", head=head, final_norm=np.asarray(m.final_norm, np.float32), eps=m.eps)
     fa, lb = np.concatenate(full_argmax), np.concatenate(labels)
-    agree = float((fa[lb >= 0] == lb[lb >= 0]).mean())
+    agree = float((fa[fa >= 0] == lb[fa >= 0]).mean())
     print(f"features of {int((lb >= 0).sum())} answer positions; the full pass agrees with the answers {agree:.3f}")
 
 
@@ -147,11 +186,13 @@ def _adapter_class():
 
     class Adapter(torch.nn.Module):
         """``x + MLP(norm(x))``, after ``x + Attention(norm(x))`` (causal, over the sequence's shallow states) where
-        ``attention``; the output products start at zero (the plain early exit)."""
+        ``attention``; the output products start at zero (the plain early exit). ``unit``: x is first scaled to
+        unit RMS, which leaves the exit's output as it is (the final norm does not see scale) and lets the adapter's
+        sums count where the residual stream is large (Gemma 3's)."""
 
-        def __init__(self, hidden: int, heads: int, attention: bool) -> None:
+        def __init__(self, hidden: int, heads: int, attention: bool, unit: bool = False) -> None:
             super().__init__()
-            self.heads, self.attention = heads, attention
+            self.heads, self.attention, self.unit = heads, attention, unit
             self.g1, self.g2 = torch.nn.Parameter(torch.ones(hidden)), torch.nn.Parameter(torch.ones(hidden))
             if attention:
                 self.qkv = torch.nn.Linear(hidden, 3 * hidden, bias=False)
@@ -166,6 +207,8 @@ def _adapter_class():
             return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * g
 
         def forward(self, x):  # [batch, time, hidden], padded at the end
+            if self.unit:
+                x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
             if self.attention:
                 b, t, h = x.shape
                 q, k, v = self.qkv(self._norm(x, self.g1)).view(b, t, 3, self.heads, h // self.heads).unbind(2)
@@ -219,8 +262,10 @@ def train(args, out: Path) -> dict:
             yield x, y
 
     def agreement(adapter):
+        """The held-out agreement, and per held-out sequence the draft's confidence (its probability of its argmax
+        over the 4,096-token output layer) and whether that argmax is the target's token, position by position."""
         hits = {"all": 0, **{f"top{n}": 0 for n in TOPS}}
-        total = 0
+        total, trace = 0, []
         with torch.no_grad():
             for x, y in batches(held_seqs, 32, False):
                 keep = y >= 0
@@ -231,8 +276,14 @@ def train(args, out: Path) -> dict:
                     masked = torch.full_like(lg, -1e30)
                     masked[:, kept[:n]] = lg[:, kept[:n]]
                     hits[f"top{n}"] += int((masked.argmax(-1) == target).sum())
+                narrow_probs = torch.softmax(lg[:, kept[: min(TOPS)]], -1)
+                conf, pick = narrow_probs.max(-1)
+                hit = kept[: min(TOPS)][pick] == target
+                rows = keep.sum(1).tolist()
+                for c, k in zip(conf.split(rows), hit.split(rows)):
+                    trace.append((c.numpy(), k.numpy()))
                 total += int(keep.sum())
-        return {k: v / total for k, v in hits.items()}
+        return {k: v / total for k, v in hits.items()}, trace
 
     results = {
         "answer_positions": int((labels_all >= 0).sum()),
@@ -240,12 +291,13 @@ def train(args, out: Path) -> dict:
         "train_sequences": len(train_seqs),
         "layers": {},
     }
+    traces = {}
     for L in LAYERS:
         h_all = data[f"h{L}"]
-        row = {"early_exit": agreement(None)}
+        row = {"early_exit": agreement(None)[0]}
         for kind in args.adapters:
             torch.manual_seed(0)
-            adapter = Adapter(hidden, args.heads, kind == "attention")
+            adapter = Adapter(hidden, args.heads, kind == "attention", args.unit_rms)
             opt = torch.optim.AdamW(adapter.parameters(), lr=args.lr, weight_decay=0.01)
             began = time.perf_counter()
             for _ in range(args.epochs):
@@ -256,32 +308,97 @@ def train(args, out: Path) -> dict:
                     opt.zero_grad()
                     loss.backward()
                     opt.step()
+            seconds = time.perf_counter() - began
+            held_out, trace = agreement(adapter)
             row[kind] = {
-                "held_out": agreement(adapter),
-                "train_seconds": time.perf_counter() - began,
+                "held_out": held_out,
+                "train_seconds": seconds,
                 "params": sum(p.numel() for p in adapter.parameters()),
+                "confidence": calibration(trace),
             }
+            traces[(L, kind)] = trace
             print(L, kind, json.dumps(row[kind]), file=sys.stderr)
         results["layers"][L] = row
     fa = data["full_argmax"]
-    results["full_pass_agreement"] = float((fa[labels_all >= 0] == labels_all[labels_all >= 0]).mean())
+    results["traces"] = traces  # not written out: project() reads them
+    results["full_pass_agreement"] = float((fa[fa >= 0] == labels_all[fa >= 0]).mean())  # held-out positions
     return results
 
 
+THRESHOLDS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def calibration(trace) -> list[dict]:
+    """For each confidence threshold: the share of held-out positions whose draft is at least that confident, and
+    the agreement among them."""
+    conf = np.concatenate([c for c, _ in trace])
+    hit = np.concatenate([k for _, k in trace])
+    out = []
+    for t in THRESHOLDS:
+        sure = conf >= t
+        out.append(
+            {"threshold": t, "share": float(sure.mean()), "agreement": float(hit[sure].mean()) if sure.any() else None}
+        )
+    return out
+
+
+def simulate(trace, d: float, curve: dict[int, float], threshold: float, gamma: int) -> float:
+    """Speed-up over plain decoding of drafting with confidence stopping, replayed on the held-out answers: a step
+    at answer position i drafts while the draft is at least ``threshold`` confident, up to ``gamma`` tokens (none:
+    a plain step), keeps the leading drafts that are the target's tokens and one token from the verification pass,
+    and costs its drafts (d each, the unsure one that stopped it included) and a pass over drafts + 1 rows.
+    Teacher-forced: a draft's confidence is the one it has after the target's own tokens, which past a wrong draft
+    decides only when drafting stops."""
+    tokens = cost = 0.0
+    for conf, hit in trace:
+        i, m = 0, len(conf)
+        while i < m:
+            k = 0
+            while k < gamma and i + k < m and conf[i + k] >= threshold:
+                k += 1
+            a = 0
+            while a < k and hit[i + a]:
+                a += 1
+            unsure = k < gamma and i + k < m  # the draft that stopped drafting was computed too
+            tokens += min(a + 1, m - i)
+            cost += (k + unsure) * d + curve.get(k + 1, 1 + 0.1 * k)
+            i += a + 1
+    return tokens / cost
+
+
+def _speedup(alpha: float, gamma: int, d: float, c: float, shared: float) -> float:
+    """E[tokens a step] over a step's cost in 1-token passes: gamma drafts of cost d, and a verification pass of cost
+    c whose shallow share ``shared`` the draft already computed for every row but the last."""
+    verify = c * (1 - shared) + shared if shared else c
+    return (1 - alpha ** (gamma + 1)) / (1 - alpha) / (verify + gamma * d)
+
+
 def project(results: dict, n_layers: int, layer_bytes: float, head_bytes: float, curve: dict[int, float]) -> None:
-    """The modelled speed-up at the best gamma for each L and output-layer width."""
+    """The modelled speed-up at the best gamma for each L and output-layer width: plain (the verification pass runs
+    every layer) and with the draft's shallow keys and values reused (the verification pass starts the drafted
+    tokens at layer L: of its c(gamma + 1) it saves the shallow layers' share s for every row but the last draft's)."""
     total = n_layers * layer_bytes + head_bytes
     for L, row in results["layers"].items():
-        row["projected"] = {}
+        row["projected"], row["projected_shallow_reuse"] = {}, {}
         kinds = [k for k in ("mlp", "attention") if k in row]
         best = max(kinds, key=lambda k: row[k]["held_out"]["top4096"])
         row["projected_adapter"] = best
+        s = int(L) * layer_bytes / total
         for n in TOPS:
             a = row[best]["held_out"][f"top{n}"]
             adapter_bytes = row[best]["params"]  # its weights at 8 bits
             d = (int(L) * layer_bytes + adapter_bytes + head_bytes * n / results["vocab"]) / total
-            top = max(((1 - a ** (g + 1)) / (1 - a) / (curve.get(g + 1, 1 + 0.1 * g) + g * d), g) for g in range(1, 9))
-            row["projected"][f"top{n}"] = {"draft_share": d, "speedup": top[0], "gamma": top[1]}
+            if n == min(TOPS):  # drafting stops when the draft is unsure, replayed on the held-out answers
+                trace = results["traces"][(L, best)]
+                top = max(
+                    (simulate(trace, d, curve, t, g), t, g) for t in THRESHOLDS for g in range(1, 9)
+                )  # fmt: skip
+                row["replayed_confidence_stop"] = {"speedup": top[0], "threshold": top[1], "gamma": top[2]}
+            for key, reuse in (("projected", False), ("projected_shallow_reuse", True)):
+                top = max(
+                    (_speedup(a, g, d, curve.get(g + 1, 1 + 0.1 * g), s if reuse else 0.0), g) for g in range(1, 9)
+                )
+                row[key][f"top{n}"] = {"draft_share": d, "speedup": top[0], "gamma": top[1]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--features", action="store_true")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--drafter", default="none", help="the drafter spec that speeds up --generate (exact)")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--batch", type=int, default=16, help="sequences a training step")
     ap.add_argument("--adapters", nargs="+", default=["mlp", "attention"], choices=["mlp", "attention"])
@@ -299,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", nargs="*", default=[], help="more training prompts (*.prompts.jsonl)")
     ap.add_argument("--per-file", type=int, default=200, help="training prompts taken from each --prompts file")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--unit-rms", action="store_true", help="scale the shallow state to unit RMS before the adapter")
     ap.add_argument("--profile", help="a `specwise profile` JSON with the cost curve c(k)")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -320,9 +439,10 @@ def main(argv: list[str] | None = None) -> int:
             raw = json.loads(Path(args.profile).read_text())
             curve = {int(k): float(v) for k, v in raw.get("cost_curve", {}).items()}
         project(results, len(m.layers), layer_bytes, m.lm_head.nbytes, curve)
+        results.pop("traces")
         report = {**script_header(argv), "target": args.target, "args": vars(args), **results}
         (out / "study.json").write_text(json.dumps(report, indent=1), encoding="utf-8")
-        print(json.dumps({L: r["projected"] for L, r in results["layers"].items()}, indent=1))
+        print(json.dumps({L: [r["projected"], r["projected_shallow_reuse"]] for L, r in results["layers"].items()}))
     return 0
 
 
