@@ -1,5 +1,5 @@
 """Drafters: `none` (plain decoding), `ngram` (prompt lookup), `model:ID` (a draft model), `head:DIR` (a trained
-head on the target's features)."""
+head on the target's features), `self` (the target's own layers and part of its output layer)."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ DRAFTER_HELP = (
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
     "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
     "for the target if any, and the request's own tokens) | "
+    "self[?vocab=N[&ranking=FILE]] (the target drafts with its own layers and the N rows of its output layer for "
+    "the tokens it writes most, default 8192, from a ranking shipped for its tokenizer or FILE) | "
     "A+B (several drafters, e.g. ngram+head: each step uses the one expected to give the most tokens per second)"
 )
 
@@ -117,6 +119,8 @@ def build_drafter(
 
 def _build_one(spec: str, target, device, dtype, impl: str, precision: str | None) -> Drafter:
     """One drafter of a spec without ``+``."""
+    if spec == "self" or spec.startswith("self?"):
+        return _self_drafter(spec, target)
     kind, _, arg = spec.partition(":")
     if kind == "none" and not arg:
         return NoDrafter(device)
@@ -213,6 +217,28 @@ def _vocab_model_drafter(
     draft.model.restrict_output(ids)
     width = max(full, int(target.model.vocab_size))
     return ModelDrafter(draft.model, ids, width, full, lookup=lookup, lookahead=lookahead)
+
+
+def _self_drafter(spec: str, target) -> Drafter:
+    """``self[?vocab=N[&ranking=FILE]]``: the target's layers and N rows of its output layer (SelfDrafter)."""
+    from specwise.drafters.self_draft import DEFAULT_VOCAB, SelfDrafter, trimmed_output
+    from specwise.drafters.vocab import draft_vocabulary, parse_model_spec, vocab_size_option
+    from specwise.models.loader import eos_ids
+
+    _, options = parse_model_spec(spec.removeprefix("self"))
+    extra = set(options) - {"vocab", "ranking"}
+    if extra:
+        raise ValueError(f"bad drafter {spec!r}: self takes vocab=N and ranking=FILE only, as in self?vocab=8192")
+    model = target.model
+    if not hasattr(model, "reusable"):
+        raise ValueError(
+            "the self drafter needs a GGUF target on the CPU (the quantized native model): use a .gguf target, or "
+            "another drafter"
+        )
+    full = int(model.vocab_size)
+    size = vocab_size_option(options["vocab"]) if "vocab" in options else min(DEFAULT_VOCAB, full)
+    ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
+    return SelfDrafter(model, trimmed_output(model, ids), ids, full)
 
 
 def shipped_head_dir(target_name: str):

@@ -187,6 +187,11 @@ class QuantizedModel(Model):
         self._rotary: dict = {}  # cos, sin for positions 0 .. n - 1 (shared by the sequences)
         self._length = 0
         self._capacity = 0
+        self._tokens = np.zeros(0, dtype=np.int64)  # the token at each cached position
+        # positions [0, _valid) hold the keys, values and (kept) features of _tokens[:_valid], each computed after
+        # the tokens before it; past _length they are what a rollback left: a pass that feeds the same tokens there
+        # again takes them as they are (``forward``: the self drafter's passes are its verification's)
+        self._valid = 0
         self._grow(min(capacity, self.max_length))
 
     # ---- weights -----------------------------------------------------------------------------------------
@@ -420,12 +425,15 @@ class QuantizedModel(Model):
         k_cache = lazy_empty(shape, self.kv_dtype, huge)
         v_cache = lazy_empty(shape, self.kv_dtype, huge)
         feats = lazy_empty((capacity, self.hidden), np.float32)
+        tokens = np.zeros(capacity, dtype=np.int64)
         if self._capacity:
             k_cache[:, :, : self._length] = self.k_cache[:, :, : self._length]
             v_cache[:, :, : self._length] = self.v_cache[:, :, : self._length]
             feats[: self._length] = self._features[: self._length]
-        self.k_cache, self.v_cache, self._features = k_cache, v_cache, feats
+            tokens[: self._length] = self._tokens[: self._length]
+        self.k_cache, self.v_cache, self._features, self._tokens = k_cache, v_cache, feats, tokens
         self._capacity = capacity
+        self._valid = self._length  # what lay past the length is not copied
 
     def _tables(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """Rotary tables ``[>= n, head_dim]`` (rotate-half sign folded into sin), grown for every sequence; those of
@@ -440,7 +448,7 @@ class QuantizedModel(Model):
     def sequence(self) -> QuantizedModel:
         """Another sequence over the same weights, with its own empty cache (see ``forward_batch``)."""
         other = copy.copy(self)
-        other._capacity = other._length = 0
+        other._capacity = other._length = other._valid = 0
         other.keep_features = False
         other._grow(min(self._capacity, self.max_length))
         return other
@@ -458,11 +466,29 @@ class QuantizedModel(Model):
         self.v_cache[:, :, :length] = source.v_cache[:, :, :length]
         if self.keep_features:
             self._features[:length] = source._features[:length]
-        self._length = length
+        self._tokens[:length] = source._tokens[:length]
+        self._length = self._valid = length
 
     def rollback(self, length: int) -> None:
+        """Move the length back; the positions past it keep what they hold, and a pass that feeds the same tokens
+        there again (with features kept) reuses them rather than running the layers again (``reusable``)."""
         self._check_rollback(length)
         self._length = length
+
+    def set_keep_features(self, keep: bool) -> None:
+        if bool(keep) != self.keep_features:
+            self._valid = self._length  # positions past the length were fed without (or with) their features
+        super().set_keep_features(keep)
+
+    def reusable(self, tokens: np.ndarray) -> int:
+        """How many leading ``tokens`` a pass from the current length would find already computed: the same tokens
+        at the same positions after the same context, fed before a rollback with features kept (their keys, values
+        and features are what the pass would write, a row's numbers not depending on the rows beside it)."""
+        if not self.keep_features or self._valid <= self._length:
+            return 0
+        held = self._tokens[self._length : min(self._valid, self._length + tokens.size)]
+        differ = np.flatnonzero(held != tokens[: held.size])
+        return int(differ[0]) if differ.size else int(held.size)
 
     def features(self, start: int, end: int) -> np.ndarray:
         """Float32 ``[end - start, hidden]``: a view of this sequence's buffer (valid until those positions are
@@ -488,8 +514,9 @@ class QuantizedModel(Model):
     def forward(self, tokens: TokenIds, num_logits: int | None = None) -> np.ndarray:
         ids = token_ids(tokens)
         k = ids.size
-        if ids.ndim != 1 or not 1 <= k <= MAX_ROWS:
-            return self.forward_batch([(self, ids)], [num_logits])[0]  # a prefill: in slices of MAX_ROWS
+        if ids.ndim != 1 or not 1 <= k <= MAX_ROWS or self.reusable(ids):
+            # a prefill (in slices of MAX_ROWS), or a pass that finds rows already computed
+            return self.forward_batch([(self, ids)], [num_logits])[0]
         # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
         ids, start, keep = self._reserve(ids, num_logits)
         ids = np.ascontiguousarray(ids)
@@ -508,7 +535,8 @@ class QuantizedModel(Model):
             features, room, logits, self._rotary.get("local"), threads,
         )  # fmt: skip
         self.governor.record(threads, k, time.perf_counter() - began)
-        self._length = start + k
+        self._tokens[start : start + k] = ids
+        self._length = self._valid = start + k
         return logits
 
     def forward_batch(
@@ -528,40 +556,51 @@ class QuantizedModel(Model):
                 raise ValueError("forward_batch takes sequences of this model (made by its sequence())")
             tokens, start, keep = seq._reserve(tokens, keep)
             k = tokens.size
-            ids.append(tokens)
-            caches.extend([(seq.k_cache, seq.v_cache)] * k)
-            positions.extend(range(start, start + k))
-            spans.append((seq, start, k, keep))
+            reused = seq.reusable(tokens)  # leading rows already in the cache, features kept: not run again
+            ids.append(tokens[reused:])
+            caches.extend([(seq.k_cache, seq.v_cache)] * (k - reused))
+            positions.extend(range(start + reused, start + k))
+            spans.append((seq, start, k, keep, reused, tokens))
         if not spans:
             return []
-        x = self.embed.rows(np.concatenate(ids))  # [rows, hidden]
-        variant = self._stack.variant
-        if variant is not None and variant.embed_scale:
-            x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
-        cos, sin = self._tables(max(positions) + 1)
-        threads = self.governor.threads(len(positions))
+        threads = self.governor.threads(max(len(positions), 1))
         began = time.perf_counter()
-        self._stack.run(x, caches, positions, cos, sin, self.precision, threads, local=self._rotary.get("local"))
-        # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
-        # rows whose logits are kept
-        need, row = [], 0
-        for seq, start, k, keep in spans:
-            seq._length = start + k
-            need.extend(range(row if seq.keep_features else row + k - keep, row + k))
-            row += k
-        rows = x if len(need) == x.shape[0] else x[need]  # [need, hidden], C-contiguous
-        normed = np.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
-        self._lib.specwise_rms_norm_rows(
-            rows.ctypes.data, self.final_norm.ctypes.data, normed.ctypes.data, len(need), self.hidden, self.eps
-        )
+        normed = np.empty((0, self.hidden), dtype=np.float32)
+        need: list[int] = []
+        if positions:
+            x = self.embed.rows(np.concatenate(ids))  # [rows, hidden]
+            variant = self._stack.variant
+            if variant is not None and variant.embed_scale:
+                x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
+            cos, sin = self._tables(max(positions) + 1)
+            self._stack.run(x, caches, positions, cos, sin, self.precision, threads, local=self._rotary.get("local"))
+            # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
+            # rows whose logits are kept
+            row = 0
+            for seq, _, k, keep, reused, _ in spans:
+                run = k - reused
+                need.extend(range(row if seq.keep_features else row + run - min(keep, run), row + run))
+                row += run
+            rows = x if len(need) == x.shape[0] else x[need]  # [need, hidden], C-contiguous
+            normed = np.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
+            self._lib.specwise_rms_norm_rows(
+                rows.ctypes.data, self.final_norm.ctypes.data, normed.ctypes.data, len(need), self.hidden, self.eps
+            )
         kept, at = [], 0
-        for seq, start, k, keep in spans:
+        for seq, start, k, keep, reused, tokens in spans:
+            run = k - reused
+            seq._tokens[start + reused : start + k] = tokens[reused:]
+            if run:
+                seq._valid = start + k  # what lay past the rows just written is stale
+            seq._length = start + k
             if seq.keep_features:
-                seq._features[start : start + k] = normed[at : at + k]
-                at += k - keep
-            kept.append(normed[at : at + keep])
-            at += keep
-        h = kept[0] if len(kept) == 1 else np.concatenate(kept)  # C-contiguous rows of normed
+                seq._features[start + reused : start + k] = normed[at : at + run]
+                at += run
+                kept.append(seq._features[start + k - keep : start + k])  # reused rows' features with the new
+            else:
+                kept.append(normed[at : at + keep])  # (no rows reused: only the kept rows were normed)
+                at += keep
+        h = np.ascontiguousarray(kept[0]) if len(kept) == 1 else np.concatenate(kept)  # [kept rows, hidden]
         n = h.shape[0]
         logits = np.empty((n, self.vocab_size), dtype=np.float32)
         if n:
@@ -575,9 +614,9 @@ class QuantizedModel(Model):
                 _mode_id(self.precision),
                 threads,
             )
-        self.governor.record(threads, len(positions), time.perf_counter() - began)
+        self.governor.record(threads, max(len(positions), 1), time.perf_counter() - began)
         out, row = [], 0
-        for *_, keep in spans:
+        for _, _, _, keep, _, _ in spans:
             out.append(logits[row : row + keep])
             row += keep
         return out
