@@ -188,8 +188,13 @@ def test_configurations_default_to_what_can_run_and_refuse_what_cannot():
         "specwise:auto",
         "specwise:auto+prediction",
     ]
-    assert [c.id for c in make_configs(None, "d.gguf", True)] == list(CONFIG_IDS)
+    everything = [c.id for c in make_configs(None, "d.gguf", True)]
+    assert everything == [c for c in CONFIG_IDS if "self" not in c]  # self-drafting: when asked for
     assert make_configs(["specwise:ngram+model"], "d.gguf", False)[0].spec == "ngram+model:d.gguf"
+    assert [c.spec for c in make_configs(["specwise:self", "specwise:ngram+self"], None, False)] == [
+        "self",
+        "ngram+self",
+    ]
     with pytest.raises(ValueError, match="--draft-model"):
         make_configs(["llama.cpp:draft"], None, True)
     with pytest.raises(ValueError, match="--llama-cpp"):

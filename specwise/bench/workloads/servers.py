@@ -30,12 +30,16 @@ _CONFIGS: dict[str, tuple[str, str, bool, str]] = {
     "specwise:auto": (SPECWISE, "auto", False, "specwise default drafter"),
     "specwise:auto+prediction": (SPECWISE, "auto", True, "specwise default drafter + prediction"),
     "specwise:ngram+model": (SPECWISE, "ngram+model:{draft}", False, "specwise ngram+model:draft"),
+    "specwise:self": (SPECWISE, "self", False, "specwise self-drafting"),
+    "specwise:ngram+self": (SPECWISE, "ngram+self", False, "specwise ngram+self"),
     "llama.cpp:none": (LLAMA_CPP, "none", False, "llama.cpp plain"),
     "llama.cpp:ngram-mod": (LLAMA_CPP, "ngram-mod", False, "llama.cpp ngram-mod"),
     "llama.cpp:ngram-simple": (LLAMA_CPP, "ngram-simple", False, "llama.cpp ngram-simple"),
     "llama.cpp:draft": (LLAMA_CPP, "draft", False, "llama.cpp draft model"),
 }
 CONFIG_IDS = tuple(_CONFIGS)
+# run only when asked for: they need a draft vocabulary ranking for the target's tokenizer (shipped or built)
+ASKED_ONLY = {"specwise:self", "specwise:ngram+self"}
 PLAIN = {SPECWISE: "specwise:none", LLAMA_CPP: "llama.cpp:none"}
 
 
@@ -54,8 +58,9 @@ class ServeConfig:
 
 
 def make_configs(ids: list[str] | None, draft: str | None, llama_cpp: bool) -> list[ServeConfig]:
-    """The configurations ``ids`` (default: every one that can run: the draft-model ones need ``draft``, the
-    llama.cpp ones ``llama_cpp``); an unknown id, or one asked for that cannot run, is an error naming the fix."""
+    """The configurations ``ids`` (default: every one that can run but the self-drafting ones: the draft-model ones
+    need ``draft``, the llama.cpp ones ``llama_cpp``); an unknown id, or one asked for that cannot run, is an error
+    naming the fix."""
     chosen = list(ids) if ids else [c for c in CONFIG_IDS if _runnable(c, draft, llama_cpp)]
     configs = []
     for cid in chosen:
@@ -75,6 +80,8 @@ def make_configs(ids: list[str] | None, draft: str | None, llama_cpp: bool) -> l
 
 def _runnable(cid: str, draft: str | None, llama_cpp: bool) -> bool:
     peer, spec, _, _ = _CONFIGS[cid]
+    if cid in ASKED_ONLY:
+        return False
     return (peer != LLAMA_CPP or llama_cpp) and (draft is not None or ("{draft}" not in spec and spec != "draft"))
 
 
