@@ -215,6 +215,7 @@ class Engine:
             state = self.planner.for_request(state, PredictionDrafter(request.prediction, device=target.device))
         run = Run(target, state, request, self.tokenizer, keep)
         target.rollback(keep)
+        target.discard_past_length()  # an earlier request's tokens past the kept prompt are not this one's work
         target.set_keep_features(any(d.needs_features for d in state.sources))
         for drafter in state.sources:
             drafter.begin(request.prompt_ids)

@@ -37,16 +37,21 @@ def tiny(request, tmp_path_factory):
 
 
 def counting(model: QuantizedModel) -> list[int]:
-    """Record the number of rows each pass runs through the decoder layers (appended to the returned list)."""
+    """Record the number of rows each pass runs through the decoder layers (appended to the returned list): the
+    batch pass's and the single-sequence decoding pass's (one native call)."""
     rows: list[int] = []
     stack = model._stack
-    original = stack.run
+    run, forward_one = stack.run, stack.forward_one
 
-    def run(x, caches, positions, *args, **kw):
+    def counted_run(x, caches, positions, *args, **kw):
         rows.append(len(positions))
-        return original(x, caches, positions, *args, **kw)
+        return run(x, caches, positions, *args, **kw)
 
-    stack.run = run
+    def counted_forward_one(x, ids, *args, **kw):
+        rows.append(len(ids))
+        return forward_one(x, ids, *args, **kw)
+
+    stack.run, stack.forward_one = counted_run, counted_forward_one
     return rows
 
 
@@ -276,3 +281,22 @@ def test_bad_specs_are_refused_with_the_fix(tiny, tmp_path):
     toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
     with pytest.raises(ValueError, match="GGUF target on the CPU"):
         make_drafter("self?vocab=4", toy)
+
+
+
+def test_a_new_request_does_not_reuse_an_earlier_ones_answer(tiny):
+    """The same greedy request twice: the second runs every token of its answer through the layers again (what
+    the first left past its prompt is discarded when a request begins), so a benchmark repeating a prompt measures
+    the work, not a cache of the answer."""
+    path, spec = tiny
+    target = QuantizedModel(path)
+    engine = Engine(target, self_drafter(target, np.arange(spec.vocab)), gamma=4)
+    prompt = sequence(spec, 8, seed=40)
+    rows = counting(target)
+    first = greedy(engine, prompt, 20).token_ids
+    fed_first = sum(rows)
+    rows.clear()
+    again = greedy(engine, prompt, 20).token_ids
+    assert again == first
+    assert sum(rows) >= len(first) - 1  # every emitted token but the last went through the layers once more
+    assert fed_first >= len(prompt) + len(first) - 1

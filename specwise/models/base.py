@@ -61,6 +61,11 @@ class Model(ABC):
     def rollback(self, length: int) -> None:
         """Discard everything after the first ``length`` cached tokens."""
 
+    def discard_past_length(self) -> None:
+        """Forget what a rollback left past the length (a model that reuses it, ``QuantizedModel.reusable``, then
+        computes every position fed from here): a new request starts from this, so that its passes do the work its
+        tokens need, not an earlier request's. Models that keep nothing past the length do nothing."""
+
     def sequence(self) -> Model:
         """Another sequence over the same weights, with its own empty cache: what a batch of sequences sharing
         target passes is made of (see :meth:`forward_batch`)."""

@@ -475,6 +475,9 @@ class QuantizedModel(Model):
         self._check_rollback(length)
         self._length = length
 
+    def discard_past_length(self) -> None:
+        self._valid = self._length
+
     def set_keep_features(self, keep: bool) -> None:
         if bool(keep) != self.keep_features:
             self._valid = self._length  # positions past the length were fed without (or with) their features
