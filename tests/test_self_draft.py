@@ -283,7 +283,6 @@ def test_bad_specs_are_refused_with_the_fix(tiny, tmp_path):
         make_drafter("self?vocab=4", toy)
 
 
-
 def test_a_new_request_does_not_reuse_an_earlier_ones_answer(tiny):
     """The same greedy request twice: the second runs every token of its answer through the layers again (what
     the first left past its prompt is discarded when a request begins), so a benchmark repeating a prompt measures
@@ -300,3 +299,26 @@ def test_a_new_request_does_not_reuse_an_earlier_ones_answer(tiny):
     assert again == first
     assert sum(rows) >= len(first) - 1  # every emitted token but the last went through the layers once more
     assert fed_first >= len(prompt) + len(first) - 1
+
+
+def test_auto_adds_self_where_the_output_layer_is_most_of_a_pass(tiny, tmp_path, monkeypatch):
+    import specwise.drafters as drafters
+    import specwise.drafters.vocab as vocab
+    from specwise.drafters import resolve_drafter_spec, self_pays
+
+    path, spec = tiny
+    target = loaded(path)
+    monkeypatch.setattr(drafters, "_auto_sibling", lambda t: None)  # no sibling in the fetch cache
+    ranking = tmp_path / "rank.npy"
+    write_ranking(ranking, range(spec.vocab))
+    share = target.model.lm_head.nbytes / target.model.weight_bytes
+    monkeypatch.setattr(vocab, "shipped_ranking", lambda tokenizer: ranking)
+    monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", share)  # at the threshold: self
+    assert self_pays(target) and resolve_drafter_spec("auto", target) == "ngram+self"
+    monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", share * 1.01)  # below it: prompt lookup alone
+    assert not self_pays(target) and resolve_drafter_spec("auto", target) == "ngram"
+    monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", 0.0)
+    monkeypatch.setattr(vocab, "shipped_ranking", lambda tokenizer: None)  # no ranking for its tokenizer
+    assert resolve_drafter_spec("auto", target) == "ngram"
+    toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
+    assert not self_pays(toy)

@@ -40,7 +40,8 @@ def __getattr__(name: str):
 DRAFTER_HELP = (
     "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else "
     "ngram+model:SIBLING?vocab=65536 where a smaller GGUF model of the target's vocabulary is in the fetch cache, "
-    "else ngram) | "
+    "else ngram+self where the target's output layer is most of what its pass reads and a ranking is shipped for "
+    "its tokenizer, else ngram) | "
     "none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID[?vocab=N[&ranking=FILE]] (ID: default, a .gguf file, a model directory or a hub id; vocab=N: draft "
     "from the N tokens the target writes most, a ranking shipped for its tokenizer or FILE) | "
@@ -48,7 +49,7 @@ DRAFTER_HELP = (
     "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
     "for the target if any, and the request's own tokens) | "
     "self[?vocab=N[&ranking=FILE]] (the target drafts with its own layers and the N rows of its output layer for "
-    "the tokens it writes most, default 8192, from a ranking shipped for its tokenizer or FILE) | "
+    "the tokens it writes most, default 16384, from a ranking shipped for its tokenizer or FILE) | "
     "A+B (several drafters, e.g. ngram+head: each step uses the one expected to give the most tokens per second)"
 )
 
@@ -165,7 +166,9 @@ def resolve_drafter_spec(spec: str, target) -> str:
     """``auto`` becomes ``suffix`` when an index of the target's answers is shipped (its request counts do what
     prompt lookup does), else ``ngram+head`` when a head is shipped for the target (a LoadedModel), else
     ``ngram+model:SIBLING`` (over a draft vocabulary where a ranking is shipped) when the target is a GGUF file and
-    a smaller one of the same vocabulary is in the fetch cache (``specwise.drafters.sibling``), else ``ngram``.
+    a smaller one of the same vocabulary is in the fetch cache (``specwise.drafters.sibling``), else ``ngram+self``
+    when the target's output layer is over half of the bytes its pass reads (``self_pays``) and a ranking is shipped
+    for its tokenizer, else ``ngram``.
 
     On the default model, on prompts kept out of the index and out of Spec-Bench, `suffix` was the fastest of
     ngram+head, suffix, suffix+head and ngram+suffix+head (benchmarks/results/README.md)."""
@@ -177,7 +180,30 @@ def resolve_drafter_spec(spec: str, target) -> str:
         return "suffix"
     if shipped_head_dir(target.name) is not None:
         return "ngram+head"
-    return _auto_sibling(target) or "ngram"
+    sibling = _auto_sibling(target)
+    if sibling is not None:
+        return sibling
+    return "ngram+self" if self_pays(target) else "ngram"
+
+
+# `auto` drafts with `self` where the output layer is at least this share of the bytes of the target's weights. Measured
+# (Spec-Bench questions, greedy, gamma auto, 2 cores): Gemma-3-270M, 0.72 of its bytes: `self` 1.5-1.7x its plain
+# decoding; the default model (0.31) 0.99x and Qwen2.5-Coder-1.5B (0.17) 1.01x: an accepted token saves the output
+# layer's share of a pass and nothing more, while every drafted token costs a pass of the layers.
+SELF_OUTPUT_SHARE = 0.5
+
+
+def self_pays(target) -> bool:
+    """Whether ``auto`` adds the `self` drafter for ``target`` (a LoadedModel): a GGUF target on the CPU whose output
+    layer is at least SELF_OUTPUT_SHARE of its weights' bytes, with a ranking shipped for its tokenizer."""
+    from specwise.drafters.vocab import shipped_ranking
+
+    model = target.model
+    if not hasattr(model, "reusable") or not getattr(model, "weight_bytes", 0):
+        return False
+    if model.lm_head.nbytes < SELF_OUTPUT_SHARE * model.weight_bytes:
+        return False
+    return shipped_ranking(target.tokenizer) is not None
 
 
 def _auto_sibling(target) -> str | None:
@@ -228,7 +254,7 @@ def _self_drafter(spec: str, target) -> Drafter:
     _, options = parse_model_spec(spec.removeprefix("self"))
     extra = set(options) - {"vocab", "ranking"}
     if extra:
-        raise ValueError(f"bad drafter {spec!r}: self takes vocab=N and ranking=FILE only, as in self?vocab=8192")
+        raise ValueError(f"bad drafter {spec!r}: self takes vocab=N and ranking=FILE only, as in self?vocab=16384")
     model = target.model
     if not hasattr(model, "reusable"):
         raise ValueError(
