@@ -90,7 +90,9 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
     """Median seconds per drafted token of ``drafter.propose`` (greedy) on a repetitive synthetic context, in the
     steady state of decoding: the drafter has already seen the context, as it has after the first step.
 
-    A drafter that reads the target's features (the head) needs ``target``: the context is fed to it first.
+    A drafter that reads the target's features (the head) or drafts in the target's cache (self) needs ``target``:
+    the context is fed to it first, and what a proposal leaves past the target's length is discarded before the next
+    (in decoding every step drafts new tokens; the same ones again would be found computed).
     """
     from specwise.sampling import SamplingParams
 
@@ -106,6 +108,8 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
         target.forward(np.asarray(ctx[:-1], dtype=np.int64), num_logits=0)
     drafter.begin(ctx)
     for _ in range(repeats + 1):  # the first proposal builds the drafter's state (index, cache) and is not counted
+        if target is not None:
+            target.discard_past_length()
         t0 = time.perf_counter()
         draft = drafter.propose(ctx, k, params, None)
         times.append((time.perf_counter() - t0) / max(1, len(draft)))

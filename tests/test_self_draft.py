@@ -322,3 +322,16 @@ def test_auto_adds_self_where_the_output_layer_is_most_of_a_pass(tiny, tmp_path,
     assert resolve_drafter_spec("auto", target) == "ngram"
     toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
     assert not self_pays(toy)
+
+
+def test_the_profile_times_drafting_new_tokens(tiny):
+    """`specwise profile` times each proposal's own work: what the previous one left in the cache is not found."""
+    from specwise import profile
+
+    path, spec = tiny
+    target = QuantizedModel(path)
+    drafter = self_drafter(target, np.arange(spec.vocab))
+    rows = counting(target)
+    assert profile.drafter_cost(drafter, spec.vocab, k=3, context=16, repeats=4, target=target) > 0
+    assert rows[0] == 15  # the context but its last token
+    assert sum(rows[1:]) == 5 * 3  # each proposal: the last context token and two drafted ones
