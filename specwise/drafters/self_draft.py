@@ -28,10 +28,10 @@ from specwise.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["SelfDrafter", "trimmed_output", "DEFAULT_VOCAB"]
 
-# The draft vocabulary's default size. On Gemma-3-270M (Spec-Bench questions, greedy, gamma auto) 4,096 / 8,192 /
-# 16,384 / 32,768 / 65,536 tokens were accepted at 0.74 / 0.79 / 0.82 / 0.86 / 0.96 for 1.30 / 1.42 / 1.53 / 1.61 /
-# 1.25x (one run; 65,536 in another): past 16,384 the rows cost as much as they gain, and 16,384 rows of Gemma's
-# Q8_0 output layer hold 11.2 MB, under 5% of its file (docs/FIGURES.md#self-speculation)
+# The draft vocabulary's default size. On Gemma-3-270M (Spec-Bench questions, greedy, gamma auto, paired against
+# plain) 4,096 / 8,192 / 16,384 / 32,768 rows gave 1.51 / 1.50 / 1.56 / 1.61x, 65,536 1.44x against 32,768's 1.62x in
+# another run (its rows cost as much as they gain); 16,384 of Gemma's Q8_0 rows hold 11.2 MB, under 5% of its file,
+# 32,768 would hold 8.8% (docs/FIGURES.md#self-speculation)
 DEFAULT_VOCAB = 16384
 
 
@@ -41,7 +41,7 @@ def trimmed_output(model, ids: np.ndarray):
 
     Kept in the file's format rather than re-quantized to Q4_0 as a draft model's layers are: on Gemma-3-270M (Q8_0
     rows) Q4_0 rows halved the memory but lost 5 points of greedy acceptance (0.85 -> 0.79 over 16,384 tokens on
-    Spec-Bench questions) and a tenth of the speed-up."""
+    Spec-Bench questions) and 1.67x -> 1.46x of plain decoding's speed."""
     from specwise.models.gguf_file import GGUFFile
     from specwise.models.kernels.quant import QTensor, repack_jobs
 

@@ -11,6 +11,9 @@ format. Two evaluations of the same weights (``precision``):
 
 Speculative decoding is exact in both: a row's logits do not depend on how many rows share a pass, so a verified
 draft gives the logits plain decoding would.
+
+One file because the weights, the cache (and what a rollback leaves in it for the next pass to reuse) and the passes
+that read and write them are the fields and methods of one class.
 """
 
 from __future__ import annotations
@@ -568,27 +571,7 @@ class QuantizedModel(Model):
             return []
         threads = self.governor.threads(max(len(positions), 1))
         began = time.perf_counter()
-        normed = np.empty((0, self.hidden), dtype=np.float32)
-        need: list[int] = []
-        if positions:
-            x = self.embed.rows(np.concatenate(ids))  # [rows, hidden]
-            variant = self._stack.variant
-            if variant is not None and variant.embed_scale:
-                x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
-            cos, sin = self._tables(max(positions) + 1)
-            self._stack.run(x, caches, positions, cos, sin, self.precision, threads, local=self._rotary.get("local"))
-            # the final norm once over the rows that need it: every row of a sequence keeping its features, else the
-            # rows whose logits are kept
-            row = 0
-            for seq, _, k, keep, reused, _ in spans:
-                run = k - reused
-                need.extend(range(row if seq.keep_features else row + run - min(keep, run), row + run))
-                row += run
-            rows = x if len(need) == x.shape[0] else x[need]  # [need, hidden], C-contiguous
-            normed = np.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
-            self._lib.specwise_rms_norm_rows(
-                rows.ctypes.data, self.final_norm.ctypes.data, normed.ctypes.data, len(need), self.hidden, self.eps
-            )
+        normed = self._run_rows(ids, caches, positions, spans, threads)
         kept, at = [], 0
         for seq, start, k, keep, reused, tokens in spans:
             run = k - reused
@@ -623,6 +606,31 @@ class QuantizedModel(Model):
             out.append(logits[row : row + keep])
             row += keep
         return out
+
+    def _run_rows(self, ids: list, caches: list, positions: list[int], spans: list, threads: int) -> np.ndarray:
+        """The decoder layers over the rows not reused, then the final norm over the rows that need it: every row of
+        a sequence keeping its features, else the rows whose logits are kept. Returns the normed rows ``[need,
+        hidden]`` in the order of ``spans``."""
+        if not positions:
+            return np.empty((0, self.hidden), dtype=np.float32)
+        x = self.embed.rows(np.concatenate(ids))  # [rows, hidden]
+        variant = self._stack.variant
+        if variant is not None and variant.embed_scale:
+            x *= variant.embed_scale  # float32, as the single-sequence pass scales its rows
+        cos, sin = self._tables(max(positions) + 1)
+        self._stack.run(x, caches, positions, cos, sin, self.precision, threads, local=self._rotary.get("local"))
+        need: list[int] = []
+        row = 0
+        for seq, _, k, keep, reused, _ in spans:
+            run = k - reused
+            need.extend(range(row if seq.keep_features else row + run - min(keep, run), row + run))
+            row += run
+        rows = x if len(need) == x.shape[0] else x[need]  # [need, hidden], C-contiguous
+        normed = np.empty_like(rows)  # the layers' own norm, as the single-sequence pass computes it
+        self._lib.specwise_rms_norm_rows(
+            rows.ctypes.data, self.final_norm.ctypes.data, normed.ctypes.data, len(need), self.hidden, self.eps
+        )
+        return normed
 
     def __repr__(self) -> str:
         return (
