@@ -199,9 +199,14 @@ def test_greedy_self_drafting_equals_plain_and_drafts_the_targets_choice(tiny):
         run = greedy(Engine(target, drafter, gamma=4), prompt)
         assert run.token_ids == want
         assert run.stats.drafted > 0
-        accepted_outside = [t for t in want if t not in set(part.tolist())]
-        assert run.stats.accepted < run.stats.drafted or not accepted_outside
         assert target.length == len(prompt) + len(want) - 1  # drafting left the cache where the engine keeps it
+        # drafted: the third of the vocabulary and the request's own tokens
+        fresh = QuantizedModel(path)
+        fresh.set_keep_features(True)
+        probe = self_drafter(fresh, part)
+        probe.begin(prompt)
+        draft = probe.propose(list(prompt), 4, GREEDY, None)
+        assert len(draft) == 4 and set(draft.ids) <= set(part.tolist()) | set(prompt)
 
 
 @pytest.mark.parametrize("gamma", [3, "auto"])
@@ -232,11 +237,13 @@ def test_a_batch_with_self_drafting_gives_each_request_its_own_output(tiny):
     assert [[t for e in evs for t in e.token_ids] for evs in events] == want
 
 
-def test_sampled_output_with_self_drafting_follows_the_target(gguf5):  # noqa: F811
-    """Through the engine, over a draft vocabulary of three of the five tokens: emitted sequences follow p."""
+@pytest.mark.parametrize(("prompt", "vocab"), [([0, 2], [0, 2, 3]), ([1, 4, 1], [0])])
+def test_sampled_output_with_self_drafting_follows_the_target(gguf5, prompt, vocab):  # noqa: F811
+    """Through the engine, over a draft vocabulary of some of the five tokens (and, in the second case, the prompt's
+    own tokens beside it): emitted sequences follow p."""
     target = QuantizedModel(gguf5, name="tiny")
-    engine = Engine(target, self_drafter(target, [0, 2, 3]), gamma=3)
-    stats = _assert_follows_target(engine, gguf5, [1, 4], 4000, seed=7000)
+    engine = Engine(target, self_drafter(target, vocab), gamma=3)
+    stats = _assert_follows_target(engine, gguf5, prompt, 4000, seed=7000)
     assert stats.drafted > 0 and 0 < stats.accepted < stats.drafted
 
 
@@ -247,12 +254,31 @@ def test_sampled_q_is_the_targets_p_over_the_draft_vocabulary(gguf5):  # noqa: F
     target.set_keep_features(True)
     drafter = self_drafter(target, [0, 2, 3])
     params = SamplingParams(temperature=0.8, seed=0)
-    draft = drafter.propose([1, 4], 2, params, np.random.default_rng(0))
+    draft = drafter.propose([0, 2], 2, params, np.random.default_rng(0))
     assert draft.probs.shape == (2, 5) and float(draft.probs[:, [1, 4]].sum()) == 0.0
     assert target.length == 0  # rolled back to where it was: the pending tokens are the verification pass's
-    assert target.reusable(np.asarray([1, 4, draft.ids[0]], dtype=np.int64)) == 3
-    p = probs_from_logits(QuantizedModel(gguf5).forward([1, 4])[-1][[0, 2, 3]], params)
+    assert target.reusable(np.asarray([0, 2, draft.ids[0]], dtype=np.int64)) == 3
+    p = probs_from_logits(QuantizedModel(gguf5).forward([0, 2])[-1][[0, 2, 3]], params)
     np.testing.assert_allclose(draft.probs[0, [0, 2, 3]], p, rtol=1e-5)
+
+
+def test_the_requests_own_tokens_are_drafted_beside_the_draft_vocabulary(gguf5):  # noqa: F811
+    """Tokens of the prompt outside the draft vocabulary get columns of their own (their output rows dequantized):
+    q is about p over the vocabulary and them; a new request forgets them."""
+    from specwise.sampling import probs_from_logits
+
+    target = QuantizedModel(gguf5, name="tiny")
+    target.set_keep_features(True)
+    drafter = self_drafter(target, [0])
+    params = SamplingParams(temperature=1.0, seed=0)
+    drafter.begin([1, 4])
+    draft = drafter.propose([1, 4], 1, params, np.random.default_rng(0))
+    assert float(draft.probs[0, [2, 3]].sum()) == 0.0 and float(draft.probs[0, [0, 1, 4]].min()) > 0
+    p = probs_from_logits(QuantizedModel(gguf5).forward([1, 4])[-1][[0, 1, 4]], params)
+    np.testing.assert_allclose(draft.probs[0, [0, 1, 4]], p, rtol=2e-2)
+    drafter.begin([0])
+    target.rollback(0)
+    assert float(drafter.propose([0], 1, params, np.random.default_rng(0)).probs[0, [1, 2, 3, 4]].sum()) == 0.0
 
 
 # ---- the spec ------------------------------------------------------------------------------------------------
