@@ -363,3 +363,25 @@ def test_the_profile_times_drafting_new_tokens(tiny):
     assert profile.drafter_cost(drafter, spec.vocab, k=3, context=16, repeats=4, target=target) > 0
     assert rows[0] == 15  # the context but its last token
     assert sum(rows[1:]) == 5 * 3  # each proposal: the last context token and two drafted ones
+
+
+@pytest.mark.parametrize("precision", ["exact", "q8"])
+def test_a_pass_ending_in_some_output_rows_gives_the_full_passs_logits_there(tiny, precision):
+    """forward_last over rows of the output layer (the drafting pass): the full layer's logits at those ids, in one
+    native call, or, where the rows were computed before, from their features."""
+    path, spec = tiny
+    tokens = sequence(spec, 14, seed=50)
+    ids = np.random.default_rng(2).permutation(spec.vocab)[:17]
+    want = fresh_logits(path, precision, tokens, 1)[:, ids]
+    model = QuantizedModel(path, precision=precision)
+    model.set_keep_features(True)
+    output = model.output_rows(trimmed_output(model, ids))
+    model.forward(np.asarray(tokens[:-3], dtype=np.int64), num_logits=0)
+    got = model.forward_last(np.asarray(tokens[-3:], dtype=np.int64), output)
+    assert got.shape == (1, 17) and model.length == 14
+    np.testing.assert_array_equal(got, want)
+    model.rollback(11)
+    rows = counting(model)
+    again = model.forward_last(np.asarray(tokens[-3:], dtype=np.int64), output)  # found computed
+    assert rows == [] and model.length == 14
+    np.testing.assert_array_equal(again, want)

@@ -93,6 +93,7 @@ class SelfDrafter(Drafter):
         self._seen_rows = np.empty((0, int(self.head.shape[1])), dtype=np.float32)
         self._columns, self._column_ids = self._vocab_list, self.vocab_ids
         self._scanned = 0
+        self._output = None  # (the target sequence, its pass's model struct over the head's rows)
 
     def _forked(self, target: Model) -> None:
         self.target = target  # the head and the draft vocabulary are shared
@@ -125,17 +126,19 @@ class SelfDrafter(Drafter):
             self._columns = self._vocab_list + self._seen
             self._column_ids = np.concatenate([self.vocab_ids, np.asarray(self._seen, dtype=np.int64)])
 
-    def _logits(self) -> np.ndarray:
-        """The drafted columns' logits ``[N + m]`` at the target's last cached position: the draft vocabulary's,
-        then the request's own tokens'."""
-        from specwise.models.kernels.quant import q_gemm
-
-        at = self.target.length
-        h = self.target.features(at - 1, at)  # [1, hidden]
-        logits = q_gemm(self.head, h, mode=self.target.precision)[0]
+    def _feed(self, tokens: list[int]) -> np.ndarray:
+        """Feed ``tokens`` to the target (their layers, in its cache) and return the drafted columns' logits
+        ``[N + m]`` after the last: the draft vocabulary's (the target's pass ends in its rows: one native call), then
+        the request's own tokens'."""
+        target = self.target
+        if self._output is None or self._output[0] is not target:
+            self._output = (target, target.output_rows(self.head))
+        logits = target.forward_last(np.asarray(tokens, dtype=np.int64), self._output[1])[0]
         if not self._seen:
             return logits
-        return np.concatenate([logits, self._seen_rows @ h[0]])
+        at = target.length
+        h = target.features(at - 1, at)[0]  # [hidden]
+        return np.concatenate([logits, self._seen_rows @ h])
 
     def propose(
         self,
@@ -155,9 +158,8 @@ class SelfDrafter(Drafter):
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         try:
-            target.forward(np.asarray(pending, dtype=np.int64), num_logits=0)
+            logits = self._feed(pending)  # [N + m]
             for i in range(k):
-                logits = self._logits()  # [N]
                 if params.greedy:
                     token = columns[int(np.argmax(logits))]
                 else:
@@ -170,7 +172,7 @@ class SelfDrafter(Drafter):
                     probs.append(q)  # [vocab]
                 tokens.append(token)
                 if i + 1 < k:
-                    target.forward(np.asarray([token], dtype=np.int64), num_logits=0)
+                    logits = self._feed([token])
         finally:
             target.rollback(start)  # the drafted positions stay in the cache for the verification pass
         return Draft(tokens, np.stack(probs) if probs else None, intake=len(pending))

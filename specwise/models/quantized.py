@@ -39,6 +39,7 @@ from specwise.models.kernels.quant import (
     _mode_id,
     bits_per_weight,
     lazy_empty,
+    q_gemm,
     repack_jobs,
     tensor_bytes,
 )
@@ -539,6 +540,44 @@ class QuantizedModel(Model):
         self._stack.forward_one(
             self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self._model_struct, keep,
             features, room, logits, self._rotary.get("local"), threads,
+        )  # fmt: skip
+        self.governor.record(threads, k, time.perf_counter() - began)
+        self._tokens[start : start + k] = ids
+        self._length = self._valid = start + k
+        return logits
+
+    def output_rows(self, rows: QTensor) -> tuple:
+        """What :meth:`forward_last` takes to compute logits over ``rows`` (a QTensor ``[n, hidden]``: some rows of
+        the output layer) instead of the whole layer: the native pass's model struct and what it points into."""
+        head = (QMat * 1)(rows.struct)
+        struct, keep = model_struct(self.embed, self.final_norm, self.eps, head)
+        return struct, (keep, head, rows)
+
+    def forward_last(self, tokens: TokenIds, output: tuple) -> np.ndarray:
+        """``forward(tokens, 1)`` over the output rows of ``output`` (:meth:`output_rows`): float32 logits ``[1, n]``,
+        in one native call (a drafting pass; the cache, the features and the reuse as ``forward``)."""
+        ids = token_ids(tokens)
+        k = ids.size
+        struct, (_, _, rows) = output
+        if ids.ndim != 1 or not 1 <= k <= MAX_ROWS or self.reusable(ids):
+            self.forward(ids, 0)
+            at = self._length
+            if not self.keep_features:
+                raise RuntimeError("forward_last over rows that were reused needs the features kept")
+            return q_gemm(rows, self._features[at - 1 : at], mode=self.precision)
+        ids, start, _ = self._reserve(ids, 1)
+        ids = np.ascontiguousarray(ids)
+        cos, sin = self._tables(start + k)
+        logits = np.empty((1, rows.shape[0]), dtype=np.float32)
+        features, room = None, 0
+        if self.keep_features:
+            features = self._features.ctypes.data + 4 * start * self.hidden
+            room = (self._capacity - start) * self.hidden
+        threads = self.governor.threads(k)
+        began = time.perf_counter()
+        self._stack.forward_one(
+            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, struct, 1, features, room,
+            logits, self._rotary.get("local"), threads,
         )  # fmt: skip
         self.governor.record(threads, k, time.perf_counter() - began)
         self._tokens[start : start + k] = ids
