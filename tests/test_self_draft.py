@@ -14,7 +14,7 @@ from test_quantized_model import VARIANTS, assert_bits, sequence, write_gguf  # 
 
 from specwise.batch import BatchEngine, Request  # noqa: E402
 from specwise.drafters import NgramDrafter, NoDrafter, make_drafter  # noqa: E402
-from specwise.drafters.self_draft import SelfDrafter, trimmed_output  # noqa: E402
+from specwise.drafters.self_draft import SelfDrafter  # noqa: E402
 from specwise.drafters.vocab import DraftVocabError, write_ranking  # noqa: E402
 from specwise.engine import Engine  # noqa: E402
 from specwise.models.loader import LoadedModel  # noqa: E402
@@ -175,7 +175,7 @@ def test_a_batch_reuses_each_sequences_own_rows(tiny):
 
 def self_drafter(model: QuantizedModel, ids) -> SelfDrafter:
     ids = np.asarray(ids, dtype=np.int64)
-    return SelfDrafter(model, trimmed_output(model, ids), ids, model.vocab_size)
+    return SelfDrafter.for_target(model, ids)
 
 
 def greedy(engine: Engine, prompt: list[int], n: int = 40):
@@ -302,8 +302,9 @@ def test_the_spec_takes_a_ranking_and_a_size(tiny, tmp_path):
 
 def test_bad_specs_are_refused_with_the_fix(tiny, tmp_path):
     path, spec = tiny
-    with pytest.raises(ValueError, match="self takes vocab=N and ranking=FILE"):
-        make_drafter("self?lookup=2", loaded(path))
+    for bad in ("self?lookup=2", "self?foo=1", "self?vocab"):
+        with pytest.raises(ValueError, match="self takes vocab=N and ranking=FILE"):
+            make_drafter(bad, loaded(path))
     with pytest.raises(DraftVocabError, match="python -m specwise.drafters.vocab"):
         make_drafter("self", loaded(path))  # no ranking shipped for a tokenizer-less tiny model
     toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
@@ -375,7 +376,7 @@ def test_a_pass_ending_in_some_output_rows_gives_the_full_passs_logits_there(tin
     want = fresh_logits(path, precision, tokens, 1)[:, ids]
     model = QuantizedModel(path, precision=precision)
     model.set_keep_features(True)
-    output = model.output_rows(trimmed_output(model, ids))
+    output = model.output_rows(model.read_output_rows(ids))
     model.forward(np.asarray(tokens[:-3], dtype=np.int64), num_logits=0)
     got = model.forward_last(np.asarray(tokens[-3:], dtype=np.int64), output)
     assert got.shape == (1, 17) and model.length == 14
@@ -385,3 +386,17 @@ def test_a_pass_ending_in_some_output_rows_gives_the_full_passs_logits_there(tin
     again = model.forward_last(np.asarray(tokens[-3:], dtype=np.int64), output)  # found computed
     assert rows == [] and model.length == 14
     np.testing.assert_array_equal(again, want)
+
+
+def test_a_pass_ending_in_some_rows_without_features_is_refused_before_it_feeds(tiny):
+    """Past one native call's rows the logits come from the kept features: without them the pass is refused and the
+    cache is left as it was."""
+    from specwise.models.kernels.quant import MAX_ROWS
+
+    path, spec = tiny
+    model = QuantizedModel(path)
+    output = model.output_rows(model.read_output_rows(np.arange(5)))
+    model.forward(np.asarray(sequence(spec, 4, seed=60), dtype=np.int64))
+    with pytest.raises(RuntimeError, match="needs the features kept"):
+        model.forward_last(np.asarray(sequence(spec, MAX_ROWS + 1, seed=61), dtype=np.int64), output)
+    assert model.length == 4

@@ -258,3 +258,32 @@ def test_the_default_model_has_no_fim_tokens(smollm):
             assert error["param"] == (param or "input_suffix")
         plain = client.post("/v1/completions", json=body | {"suffix": ""})  # an empty suffix: a plain completion
         assert plain.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def self_drafted(fim_gguf, tmp_path_factory):
+    """The target drafting for itself over a small draft vocabulary (a ranking written here: the tiny vocabulary has
+    none shipped) and the request's own tokens."""
+    from specwise.drafters.vocab import write_ranking
+    from specwise.models import load_model
+
+    ranking = tmp_path_factory.mktemp("self") / "ranking.npy"
+    vocab = int(load_model(str(fim_gguf)).model.vocab_size)
+    write_ranking(ranking, np.random.default_rng(0).permutation(vocab))
+    yield from serve(fim_gguf, f"self?vocab=64&ranking={ranking}")
+
+
+def test_self_drafting_through_the_openai_client_is_plain_decoding(fim_gguf, plain, self_drafted):
+    """Greedy fill-in-the-middle and completion through the official client: the same text, finish and token count
+    with the target drafting for itself as without speculation, streamed or not."""
+    replies = []
+    for url in (plain, self_drafted):
+        fim = api(url).completions.create(model=MODEL, prompt=PREFIX, suffix=SUFFIX, max_tokens=32, temperature=0)
+        text = api(url).completions.create(model=MODEL, prompt=PREFIX, max_tokens=24, temperature=0)
+        streamed = api(url).completions.create(model=MODEL, prompt=PREFIX, max_tokens=24, temperature=0, stream=True)
+        joined = "".join(chunk.choices[0].text for chunk in streamed if chunk.choices)
+        replies.append((fim.choices[0].text, fim.choices[0].finish_reason, text.choices[0].text, joined))
+        if url == self_drafted:
+            speculative = text.usage.model_extra["speculative"]
+            assert speculative["drafter"].startswith("self") and speculative["drafted"] > 0
+    assert replies[0] == replies[1]

@@ -247,24 +247,17 @@ def _vocab_model_drafter(
 
 def _self_drafter(spec: str, target) -> Drafter:
     """``self[?vocab=N[&ranking=FILE]]``: the target's layers and N rows of its output layer (SelfDrafter)."""
-    from specwise.drafters.self_draft import DEFAULT_VOCAB, SelfDrafter, trimmed_output
+    from specwise.drafters.self_draft import DEFAULT_VOCAB, SelfDrafter, check_self_target
     from specwise.drafters.vocab import draft_vocabulary, parse_model_spec, vocab_size_option
     from specwise.models.loader import eos_ids
 
-    _, options = parse_model_spec(spec.removeprefix("self"))
-    extra = set(options) - {"vocab", "ranking"}
-    if extra:
-        raise ValueError(f"bad drafter {spec!r}: self takes vocab=N and ranking=FILE only, as in self?vocab=16384")
+    _, options = parse_model_spec(spec.removeprefix("self"), kind="self")
     model = target.model
-    if not hasattr(model, "reusable"):
-        raise ValueError(
-            "the self drafter needs a GGUF target on the CPU (the quantized native model): use a .gguf target, or "
-            "another drafter"
-        )
+    check_self_target(model)  # before the draft vocabulary: the target is what to fix first
     full = int(model.vocab_size)
     size = vocab_size_option(options["vocab"]) if "vocab" in options else min(DEFAULT_VOCAB, full)
     ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
-    return SelfDrafter(model, trimmed_output(model, ids), ids, full)
+    return SelfDrafter.for_target(model, ids)
 
 
 def shipped_head_dir(target_name: str):

@@ -27,7 +27,7 @@ from specwise.drafters.base import Draft, Drafter
 from specwise.models.base import Model
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
-__all__ = ["SelfDrafter", "trimmed_output", "DEFAULT_VOCAB", "MAX_SEEN"]
+__all__ = ["SelfDrafter", "check_self_target", "DEFAULT_VOCAB", "MAX_SEEN"]
 
 # Tokens of the request's own text (prompt and answer so far) outside the draft vocabulary are drafted too, up to this
 # many: what a text has written it tends to write again (a name, a tag, a rare word), and a frequency ranking built
@@ -42,40 +42,27 @@ MAX_SEEN = 1024
 DEFAULT_VOCAB = 16384
 
 
-def trimmed_output(model, ids: np.ndarray):
-    """The rows ``ids`` of a GGUF target's output layer (the embedding where the file ties them), in the file's own
-    block format: a QTensor ``[len(ids), hidden]`` whose row j gives token ``ids[j]``'s logit, the target's own.
-
-    Kept in the file's format rather than re-quantized to Q4_0 as a draft model's layers are: on Gemma-3-270M (Q8_0
-    rows) Q4_0 rows halved the memory but lost 5 points of greedy acceptance (0.85 -> 0.79 over 16,384 tokens on
-    Spec-Bench questions) and 1.67x -> 1.46x of plain decoding's speed."""
-    from specwise.models.gguf_file import GGUFFile
-    from specwise.models.kernels.quant import QTensor, repack_jobs
-
-    meta = GGUFFile(model.path)
-    name = "output.weight" if "output.weight" in meta.tensors else "token_embd.weight"
-    info = meta.tensors[name]
-    head = QTensor(info.type, None, ids.size, info.shape[1], name=f"{name}[{ids.size} rows]")
-    repack_jobs([(head, meta.raw(name), ids)], release=True)
-    return head
+def check_self_target(target: Model) -> None:
+    """Refuse a target whose cache cannot keep the drafted tokens for the verification pass (one line)."""
+    if not hasattr(target, "reusable"):
+        raise ValueError(
+            "the self drafter needs a GGUF target on the CPU (the quantized native model), whose cache keeps "
+            "the drafted tokens for the verification pass: use a .gguf target, or another drafter"
+        )
 
 
 class SelfDrafter(Drafter):
     """Drafts with the target's own layers and its output layer's rows for ``vocab_ids`` (see the module).
 
     target: the target's sequence (a ``QuantizedModel``: its cache takes the drafted tokens and keeps them for the
-        verification pass, ``reusable``). head: the output rows (``trimmed_output``), shared by forks.
+        verification pass, ``reusable``; :func:`check_self_target`). head: the output rows, shared by forks
+        (:meth:`for_target` reads them).
     """
 
     name = "self"
     needs_features = True  # the drafted tokens' last hidden states are what the trimmed output layer reads
 
     def __init__(self, target: Model, head, vocab_ids: np.ndarray, vocab_size: int) -> None:
-        if not hasattr(target, "reusable"):
-            raise ValueError(
-                "the self drafter needs a GGUF target on the CPU (the quantized native model), whose cache keeps "
-                "the drafted tokens for the verification pass: use a .gguf target, or another drafter"
-            )
         self.target = target
         self.head = head
         self.vocab_ids = np.ascontiguousarray(vocab_ids, dtype=np.int64)
@@ -85,6 +72,16 @@ class SelfDrafter(Drafter):
         self._in_vocab = np.zeros(self.vocab_size, dtype=bool)  # shared by forks
         self._in_vocab[self.vocab_ids] = True
         self._forget_text()
+
+    @classmethod
+    def for_target(cls, target: Model, vocab_ids: np.ndarray) -> SelfDrafter:
+        """The drafter over ``vocab_ids`` of ``target``'s vocabulary, its rows read from the file in the file's own
+        block format (``QuantizedModel.read_output_rows``): the draft's logits are the target's own. Not re-quantized
+        to Q4_0 as a draft model's layers are: on Gemma-3-270M (Q8_0 rows) Q4_0 rows halved the memory but lost 5
+        points of greedy acceptance (0.85 -> 0.79 over 16,384 tokens on Spec-Bench questions) and 1.67x -> 1.46x of
+        plain decoding's speed."""
+        check_self_target(target)
+        return cls(target, target.read_output_rows(vocab_ids), vocab_ids, int(target.vocab_size))
 
     def _forget_text(self) -> None:
         """Per sequence: the request's own tokens outside the draft vocabulary (``MAX_SEEN``), their output rows

@@ -128,18 +128,25 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
     return np.unique(np.concatenate([chosen, np.asarray(extra, dtype=np.int64)]))
 
 
-def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
+def parse_model_spec(arg: str, kind: str = "model") -> tuple[str, dict[str, str]]:
     """Split a ``model:`` drafter's argument ``ID?key=value&key=value`` into the model ID and its options
     (``vocab``: a draft vocabulary size, ``ranking``: a ranking file, ``lookup``: the longest match of greedy drafting
     on the draft model itself, ``lookahead``: the guess of the next token's probability that decides whether a draft
-    pass is spent on it, see ModelDrafter). Unknown or repeated keys are refused."""
+    pass is spent on it, see ModelDrafter). Unknown or repeated keys are refused. ``kind="self"``: the options of the
+    `self` drafter's ``?...`` (``vocab`` and ``ranking`` only; no ID)."""
     model_id, sep, query = arg.partition("?")
     options: dict[str, str] = {}
     if not sep:
         return model_id, options
+    keys = ("vocab", "ranking", "lookup", "lookahead") if kind == "model" else ("vocab", "ranking")
     for item in query.split("&"):
         key, eq, value = item.partition("=")
-        if key not in ("vocab", "ranking", "lookup", "lookahead") or not eq or not value:
+        if key not in keys or not eq or not value:
+            if kind != "model":
+                raise ValueError(
+                    f"bad drafter option {item!r} in {kind}{arg}: {kind} takes vocab=N and ranking=FILE only, as in "
+                    f"{kind}?vocab=16384"
+                )
             raise ValueError(
                 f"bad drafter option {item!r} in model:{arg}: use model:ID?vocab=N (a draft vocabulary of the N "
                 "tokens the target writes most), optionally &ranking=FILE, lookup=N (the draft model checks "
@@ -147,7 +154,7 @@ def parse_model_spec(arg: str) -> tuple[str, dict[str, str]]:
                 "draft's next pass is spent while its confidence times X clears the stop level)"
             )
         if key in options:
-            raise ValueError(f"drafter option {key!r} given twice in model:{arg}")
+            raise ValueError(f"drafter option {key!r} given twice in {'model:' if kind == 'model' else kind}{arg}")
         options[key] = value
     if "ranking" in options and "vocab" not in options:
         options["vocab"] = "all"

@@ -388,11 +388,10 @@ class QuantizedModel(Model):
             inv = inv / np.float32(c.rope_scaling_factor)
         return inv
 
-    def restrict_output(self, ids) -> None:
-        """Keep only rows ``ids`` (distinct token ids) of the output layer, in that order: every pass's logits are
-        then ``[rows, len(ids)]``, column j the logit of token ``ids[j]``, equal to the full layer's (a draft model's
-        draft vocabulary, ``specwise.drafters.vocab``). The rows' blocks are re-packed from the file's mapping (and
-        re-quantized as ``drafting`` re-quantizes the layer). Call before ``sequence()``."""
+    def read_output_rows(self, ids) -> QTensor:
+        """Rows ``ids`` (distinct token ids) of the file's output layer (the embedding where the file ties them), in
+        that order and in the file's own block format: a QTensor ``[len(ids), hidden]`` whose row j gives token
+        ``ids[j]``'s logit, re-packed from the file's mapping."""
         meta = GGUFFile(self.path)
         name = "output.weight" if "output.weight" in meta.tensors else "token_embd.weight"
         info = meta.tensors[name]
@@ -402,11 +401,19 @@ class QuantizedModel(Model):
             raise ValueError(f"{self.path.name}: output rows must be distinct token ids in [0, {rows})")
         head = QTensor(info.type, None, ids.size, n_in, name=f"{name}[{ids.size} rows]")
         repack_jobs([(head, meta.raw(name), ids)], release=True)  # row j is the file's row ids[j]
-        if self.drafting and _narrowed(info.type):
+        return head
+
+    def restrict_output(self, ids) -> None:
+        """Keep only rows ``ids`` (distinct token ids) of the output layer, in that order: every pass's logits are
+        then ``[rows, len(ids)]``, column j the logit of token ``ids[j]``, equal to the full layer's (a draft model's
+        draft vocabulary, ``specwise.drafters.vocab``). The rows' blocks are re-packed from the file's mapping (and
+        re-quantized as ``drafting`` re-quantizes the layer). Call before ``sequence()``."""
+        head = self.read_output_rows(ids)
+        if self.drafting and _narrowed(head.ggml_type):
             head = head.requantized_q4_0()
         self.lm_head, self.tied = head, False
         self._set_head(head)
-        self.vocab_size = ids.size
+        self.vocab_size = head.shape[0]
 
     def _set_head(self, head: QTensor) -> None:
         """The output layer as the native calls take it: a one-element QMat array, and the single-sequence pass's
@@ -525,21 +532,25 @@ class QuantizedModel(Model):
             # a prefill (in slices of MAX_ROWS), or a pass that finds rows already computed
             return self.forward_batch([(self, ids)], [num_logits])[0]
         # a decoding step: one native call from the embedding to the logits (forward_batch's numbers)
+        return self._decode(ids, num_logits, self._model_struct, self.vocab_size)
+
+    def _decode(self, ids: np.ndarray, num_logits: int | None, struct, width: int) -> np.ndarray:
+        """A pass of at most MAX_ROWS rows in one native call, ending in the output layer of ``struct`` (``width``
+        rows): float32 logits ``[kept, width]`` of the last rows."""
         ids, start, keep = self._reserve(ids, num_logits)
         ids = np.ascontiguousarray(ids)
+        k = ids.size
         cos, sin = self._tables(start + k)
-        logits = np.empty((keep, self.vocab_size), dtype=np.float32)
+        logits = np.empty((keep, width), dtype=np.float32)
         features, room = None, 0
         if self.keep_features:
-            features, room = (
-                self._features.ctypes.data + 4 * start * self.hidden,
-                (self._capacity - start) * self.hidden,
-            )
+            features = self._features.ctypes.data + 4 * start * self.hidden
+            room = (self._capacity - start) * self.hidden
         threads = self.governor.threads(k)
         began = time.perf_counter()
         self._stack.forward_one(
-            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, self._model_struct, keep,
-            features, room, logits, self._rotary.get("local"), threads,
+            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, struct, keep, features, room,
+            logits, self._rotary.get("local"), threads,
         )  # fmt: skip
         self.governor.record(threads, k, time.perf_counter() - began)
         self._tokens[start : start + k] = ids
@@ -560,29 +571,12 @@ class QuantizedModel(Model):
         k = ids.size
         struct, (_, _, rows) = output
         if ids.ndim != 1 or not 1 <= k <= MAX_ROWS or self.reusable(ids):
+            if not self.keep_features:  # (checked before anything is fed)
+                raise RuntimeError("forward_last over more than one pass's rows needs the features kept")
             self.forward(ids, 0)
             at = self._length
-            if not self.keep_features:
-                raise RuntimeError("forward_last over rows that were reused needs the features kept")
             return q_gemm(rows, self._features[at - 1 : at], mode=self.precision)
-        ids, start, _ = self._reserve(ids, 1)
-        ids = np.ascontiguousarray(ids)
-        cos, sin = self._tables(start + k)
-        logits = np.empty((1, rows.shape[0]), dtype=np.float32)
-        features, room = None, 0
-        if self.keep_features:
-            features = self._features.ctypes.data + 4 * start * self.hidden
-            room = (self._capacity - start) * self.hidden
-        threads = self.governor.threads(k)
-        began = time.perf_counter()
-        self._stack.forward_one(
-            self._x, ids, (self.k_cache, self.v_cache), start, cos, sin, self.precision, struct, 1, features, room,
-            logits, self._rotary.get("local"), threads,
-        )  # fmt: skip
-        self.governor.record(threads, k, time.perf_counter() - began)
-        self._tokens[start : start + k] = ids
-        self._length = self._valid = start + k
-        return logits
+        return self._decode(ids, 1, struct, rows.shape[0])
 
     def forward_batch(
         self, items: list[tuple[Model, TokenIds]], num_logits: list[int | None] | None = None
