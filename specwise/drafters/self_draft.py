@@ -1,8 +1,8 @@
 """The `self` drafter: the target drafts for itself, with all its layers and a small part of its output layer.
 
 A pass of a model reads its decoder layers and its output layer; on models with a large vocabulary the output
-layer is much of the pass (Gemma-3-270M: 262,144 rows of 640, 78% of a 1-token pass's time on the CPU; the default
-model 29%, Qwen2.5-Coder-1.5B 19%). The `self` drafter runs the target's own layers on each drafted token, in the
+layer is much of the pass (Gemma-3-270M: 262,144 rows of 640, 72% of the bytes of its weights; the default model
+31%, Qwen2.5-Coder-1.5B 17%). The `self` drafter runs the target's own layers on each drafted token, in the
 target's own cache, and turns the last hidden state into q with the output layer's rows for the N tokens the
 target writes most (a draft vocabulary, :mod:`specwise.drafters.vocab`). Then it rolls the target's cache back.
 
