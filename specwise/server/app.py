@@ -26,7 +26,9 @@ except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
 from specwise.runtime import Runtime
+from specwise.server import anthropic, openai_responses
 from specwise.server.auth import APIKeyMiddleware
+from specwise.server.chat import prepare_chat
 from specwise.server.encoding import PromptEncoder
 from specwise.server.errors import APIError, add_error_handlers
 from specwise.server.infill import encode_fim_completion, infill, with_fim_stops
@@ -34,11 +36,9 @@ from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.logprobs import TokenTexts
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specwise.server.parsing import (
-    chat_tools,
     check_model,
     choice_seed,
     choice_specs,
-    encode_chat,
     encode_completion,
     encode_prediction,
     job_spec,
@@ -152,6 +152,8 @@ def _add_routes(app: FastAPI) -> None:
     app.get("/v1/models/{model_id}", responses={404: {"model": ErrorResponse}}, summary="One model")(get_model)
     app.get("/health", summary="Liveness and queue state")(health)
     app.get("/metrics", summary="Prometheus metrics", response_class=Response)(metrics)
+    anthropic.add_routes(app)
+    openai_responses.add_routes(app)
 
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -173,15 +175,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     """OpenAI ``POST /v1/chat/completions``: the conversation through the chat template, streamed or not."""
     state = _state(request)
     check_model(state, body.model)
-    tools = chat_tools(state, body)
-    prompt_ids = await state.encoder.run(encode_chat, state, body.messages, tools)
-    max_tokens = body.max_completion_tokens or body.max_tokens
-    param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
-    prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)
-    spec = tools.job(job_spec(state, body, prompt_ids, max_tokens, "chat", param, prediction))
+    job = await prepare_chat(state, body)
     fmt = ChatFormat(state.model_name, state.token_texts, body.top_logprobs_count())
-    readers = tools.readers(state.runtime.tokenizer, body.stop_list(), body.n)
-    return await _generate(state, request, spec, fmt, body, readers)
+    return await _generate(state, request, job.spec, fmt, body, job.readers(state))
 
 
 async def list_models(request: Request) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 
 from specwise.extras import missing_extra
 
@@ -20,7 +21,7 @@ except ModuleNotFoundError as err:
 from specwise.server.protocol import error_body
 from specwise.server.worker import BatchFailed, ServerStopping
 
-__all__ = ["APIError", "add_error_handlers", "as_api_error"]
+__all__ = ["APIError", "add_error_handlers", "as_api_error", "error_shape"]
 
 
 class APIError(Exception):
@@ -87,13 +88,34 @@ def _validation_message(errors: list[dict]) -> tuple[str, str | None]:
     return f"Invalid '{param}': {' or '.join(dict.fromkeys(same))}", param
 
 
+# path prefix -> the body of an error in that API's shape (Anthropic's routes answer in Anthropic's shape)
+_SHAPES: dict[str, Callable[[APIError], dict]] = {}
+
+
+def error_shape(prefix: str):
+    """Register the decorated function (APIError -> body) as the error shape of the routes under ``prefix``."""
+
+    def register(shape: Callable[[APIError], dict]) -> Callable[[APIError], dict]:
+        _SHAPES[prefix] = shape
+        return shape
+
+    return register
+
+
+def _response(request: Request, err: APIError, headers: dict | None = None) -> JSONResponse:
+    path = request.url.path
+    shape = next((f for prefix, f in _SHAPES.items() if path.startswith(prefix)), None)
+    body = err.body() if shape is None else shape(err)
+    return JSONResponse(body, status_code=err.status, headers=headers)
+
+
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     message, param = _validation_message(list(exc.errors()) or [{"loc": ()}])
-    return JSONResponse(APIError(400, message, param).body(), status_code=400)
+    return _response(request, APIError(400, message, param))
 
 
 async def _on_api_error(request: Request, exc: APIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return _response(request, exc)
 
 
 def _unparsed_body_message(cause: BaseException | None) -> str | None:
@@ -113,13 +135,12 @@ async def _on_http_error(request: Request, exc: StarletteHTTPException) -> JSONR
     message = f"{detail}: {request.method} {request.url.path}" if exc.status_code in (404, 405) else detail
     if exc.status_code == 400:
         message = _unparsed_body_message(exc.__cause__) or message
-    body = APIError(exc.status_code, message, type_=kind).body()
-    return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+    err = APIError(exc.status_code, message, type_=kind)
+    return _response(request, err, getattr(exc, "headers", None))
 
 
 async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    body = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error").body()
-    return JSONResponse(body, status_code=500)
+    return _response(request, APIError(500, f"internal error: {type(exc).__name__}: {exc}", type_="server_error"))
 
 
 def add_error_handlers(app: FastAPI) -> None:

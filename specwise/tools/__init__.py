@@ -14,7 +14,15 @@ Usage::
 from __future__ import annotations
 
 from specwise.tools.formats import FORMATS, ToolFormat, ToolGrammar, detect_format, special_token_id
-from specwise.tools.parse import ArgumentsPiece, CallParser, CallStart, ContentPiece, ToolCall, new_call_id
+from specwise.tools.parse import (
+    ArgumentsPiece,
+    CallParser,
+    CallStart,
+    ContentPiece,
+    ReasoningPiece,
+    ToolCall,
+    new_call_id,
+)
 from specwise.tools.spec import Function, ToolChoice, ToolError, ToolRequest, check_history, tool_request
 from specwise.tools.text import MarkedText, ReplyReader
 
@@ -26,6 +34,7 @@ __all__ = [
     "ContentPiece",
     "Function",
     "MarkedText",
+    "ReasoningPiece",
     "ReplyReader",
     "ToolCall",
     "ToolChoice",

@@ -27,6 +27,7 @@ __all__ = [
     "GenericParser",
     "HermesParser",
     "LlamaJsonParser",
+    "ReasoningPiece",
     "ToolCall",
     "new_call_id",
 ]
@@ -43,6 +44,13 @@ class ContentPiece:
 
 
 @dataclass
+class ReasoningPiece:
+    """Text of the model's thinking (between its thinking tags), apart from the answer."""
+
+    text: str
+
+
+@dataclass
 class CallStart:
     index: int
     id: str
@@ -55,7 +63,7 @@ class ArgumentsPiece:
     text: str
 
 
-Piece = ContentPiece | CallStart | ArgumentsPiece
+Piece = ContentPiece | ReasoningPiece | CallStart | ArgumentsPiece
 
 
 @dataclass
