@@ -347,7 +347,7 @@ def test_special_marker_tokens_are_kept_in_the_text(special_runtime):
     text = "".join(marked.feed(ids[i : i + 3], i + 3 >= len(ids)) for i in range(0, len(ids), 3))
     assert text == CALL
     constraint = FORMATS["hermes"].constraint(tool_request([WEATHER], "required", None), tokenizer)
-    assert "<tool_call>" in constraint.lark and '"<tool_call>"' not in constraint.lark  # the special token
+    assert f"<[{open_id}]>" in constraint.lark and '"<tool_call>"' not in constraint.lark  # the special token
 
 
 def test_a_special_opener_forced_by_the_grammar_gives_a_call(special_runtime):

@@ -343,13 +343,36 @@ def _load_quantized(path: Path, name: str, precision: str, drafting: bool = Fals
         )
         tokenizer = model.alongside
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
-    eos = model.eos_token_id
-    loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), {eos} if eos is not None else None)
+    loaded = LoadedModel(model, tokenizer, name, TargetWeights(model), end_of_generation_ids(model, tokenizer, meta))
     loaded.fim_token_ids, ignored = fim_token_ids(meta, model.vocab_size)
     for line in ignored:
         print(f"specwise: {line}", file=sys.stderr)
     _apply_profile(model, profile_device("cpu", model))
     return loaded
+
+
+# control tokens that end a turn or a text in the vocabularies of the families specwise runs, as llama.cpp's end of
+# generation set: Qwen writes <|endoftext|> after a tool call where its GGUF names only <|im_end|> as the end
+END_MARKERS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>", "<|return|>")
+END_METADATA_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+
+
+def end_of_generation_ids(model, tokenizer, meta) -> set[int] | None:
+    """The tokens that end generation for a GGUF file: the end-of-sequence, end-of-turn and end-of-message ids its
+    metadata names, and those of :data:`END_MARKERS` that its vocabulary has as one special token (decoding drops
+    it) — the end of a turn in one family, of a text in another (None: none)."""
+    ids = {model.eos_token_id} if model.eos_token_id is not None else set()
+    vocab = model.vocab_size
+    for key in END_METADATA_KEYS:
+        value = meta.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
+            ids.add(int(value))
+    for text in END_MARKERS:
+        found = tokenizer.encode(text, add_special_tokens=False)
+        if len(found) == 1 and 0 <= found[0] < vocab and tokenizer.decode(found, skip_special_tokens=True) == "":
+            if tokenizer.decode(found, skip_special_tokens=False) == text:
+                ids.add(found[0])
+    return ids or None
 
 
 def release_free_memory() -> None:

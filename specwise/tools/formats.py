@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 
 from specwise.constraints import Constraint, JsonSchema
+from specwise.tools.loose import LooseCalls
 from specwise.tools.parse import CallParser, GenericParser, HermesParser, LlamaJsonParser
 from specwise.tools.spec import Function, ToolRequest
 
@@ -49,12 +50,41 @@ class ToolGrammar(Constraint):
 
 def special_token_id(tokenizer, text: str) -> int | None:
     """The id of ``text`` when the vocabulary has it as one special token (which decoding drops), else None."""
+    token = single_token_id(tokenizer, text)
+    if token is None:
+        return None
+    return token if tokenizer.decode([token], skip_special_tokens=True) == "" else None
+
+
+def grammar_tag(tokenizer, text: str) -> tuple[str, bool]:
+    """How a grammar names a format's tag ``text``, and whether the grammar reads it as a special token: the token
+    by its id (``<[id]>``) where the vocabulary has the tag as one token that the grammar engine holds special
+    (Qwen2.5's ``<tool_call>`` is an added token: ordinary decoding writes it, but the grammar engine never spells
+    it from bytes), else the tag's text as a string."""
+    token = single_token_id(tokenizer, text)
+    if token is not None and _grammar_special(tokenizer, token):
+        return f"<[{token}]>", True
+    return json.dumps(text), False
+
+
+def single_token_id(tokenizer, text: str) -> int | None:
+    """The id of ``text`` where the vocabulary encodes it as one token of that text, else None."""
     if tokenizer is None:
         return None
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1 or tokenizer.decode(ids, skip_special_tokens=False) != text:
         return None
-    return ids[0] if tokenizer.decode(ids, skip_special_tokens=True) == "" else None
+    return ids[0]
+
+
+def _grammar_special(tokenizer, token: int) -> bool:
+    """Whether the grammar engine's tokenizer for ``tokenizer`` holds ``token`` special (None tokenizer: no)."""
+    from specwise.constraints import grammar_tokenizer
+
+    try:
+        return bool(grammar_tokenizer(tokenizer).is_special_token(token))
+    except Exception:  # no grammar engine, or a tokenizer it cannot read: the tag is text
+        return False
 
 
 def _call_schema(function: Function, arguments_key: str) -> dict:
@@ -113,10 +143,8 @@ class Hermes(ToolFormat):
     def constraint(self, request: ToolRequest | None, tokenizer) -> Constraint | None:
         if request is None:
             return None
-        special = special_token_id(tokenizer, HermesParser.OPEN) is not None
-        close_special = special_token_id(tokenizer, HermesParser.CLOSE) is not None
-        opener = HermesParser.OPEN if special else json.dumps(HermesParser.OPEN)
-        closer = HermesParser.CLOSE if close_special else json.dumps(HermesParser.CLOSE)
+        opener, special = grammar_tag(tokenizer, HermesParser.OPEN)
+        closer, _ = grammar_tag(tokenizer, HermesParser.CLOSE)
         schema = _one_of([_call_schema(f, "arguments") for f in request.callable])
         rules = [f'body: "\\n" fn "\\n" {closer}', f"fn: {_lark_json(schema)}"]
         if special:  # text cannot hold a special token: the opener ends it
@@ -129,7 +157,8 @@ class Hermes(ToolFormat):
         if mode == "none":
             start = [text_only]
         elif request.choice.calls_only:
-            start = ['start: call ("\\n" call)*' if many else "start: call", f"call: {opener} body"]
+            # the model may end its line after the last call before it ends the reply
+            start = ['start: call ("\\n" call)* "\\n"?' if many else 'start: call "\\n"?', f"call: {opener} body"]
         elif special:
             start = [f"start: TEXT? (call TEXT?){'*' if many else '?'}", f"call: {opener} body"]
         else:
@@ -138,7 +167,12 @@ class Hermes(ToolFormat):
         return ToolGrammar("\n".join(start + rules) + "\n")
 
     def parser(self, request: ToolRequest | None) -> CallParser | None:
-        return None if request is None or request.choice.mode == "none" else HermesParser()
+        if request is None or request.choice.mode == "none":
+            return None
+        if request.choice.calls_only:  # the grammar writes the calls in their tags
+            return HermesParser()
+        functions = {f.name: f.parameters for f in request.callable}
+        return HermesParser(LooseCalls(functions, request.parallel))
 
 
 class LlamaJson(ToolFormat):

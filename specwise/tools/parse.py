@@ -19,6 +19,8 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from specwise.tools.loose import LooseCalls
+
 __all__ = [
     "ArgumentsPiece",
     "CallParser",
@@ -248,7 +250,35 @@ class HermesParser(CallParser):
     HEAD = re.compile(r"\s*" + _NAME + r'"arguments"\s*:\s*(?=\S)')
     TAIL = re.compile(r"\s*\}\s*" + re.escape(CLOSE))
 
+    def __init__(self, loose: LooseCalls | None = None) -> None:
+        super().__init__()
+        self.loose = loose  # the request's functions, for a reply that is a bare or fenced JSON call (auto)
+        self._opening = loose is not None  # whether the reply's opening is still to be judged
+
     def _start(self) -> bool:  # text
+        if self._opening:
+            verdict = self.loose.may_open(self.buf)
+            if verdict is None and not self.final:
+                return False  # too little to tell: hold it
+            self._opening = False
+            if verdict:
+                self.state = "loose"
+                return True
+        return self._text()
+
+    def _loose(self) -> bool:
+        """A reply that opened as a loose call: held whole, then calls if it is one, else content."""
+        if not self.final:
+            return False
+        calls = self.loose.calls(self.buf)
+        if calls is None:
+            self._emit_content(self.buf, hold=False)
+        for name, arguments in calls or ():
+            self._whole_call(name, arguments)
+        self.buf, self.state = "", "start"
+        return False
+
+    def _text(self) -> bool:
         i = self.buf.find(self.OPEN)
         if i >= 0:
             self._emit_content(self.buf[:i])

@@ -9,11 +9,25 @@ import json
 import re
 from dataclasses import dataclass
 
-__all__ = ["Function", "ToolChoice", "ToolError", "ToolRequest", "check_history", "tool_request"]
+__all__ = [
+    "MAX_SCHEMA_DEPTH",
+    "Function",
+    "ToolChoice",
+    "ToolError",
+    "ToolRequest",
+    "check_history",
+    "json_depth",
+    "schema_depth_error",
+    "tool_request",
+]
 
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 MAX_TOOLS = 128  # OpenAI's limit on functions per request
 EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function without parameters takes none
+# the deepest nesting of objects and arrays a schema may have (the schema itself is level 1): about 30 nested
+# objects, far past any real tool's; deeper schemas are refused before the validators and the grammar compiler,
+# which recurse (a 200-level schema overflowed Python's stack in the meta-schema check)
+MAX_SCHEMA_DEPTH = 64
 
 
 class ToolError(ValueError):
@@ -113,11 +127,44 @@ def _function(spec: dict, where: str) -> Function:
     return Function(name, spec.get("description"), json.dumps(parameters))
 
 
+def json_depth(value: object, limit: int) -> int:
+    """The nesting depth of ``value``'s objects and arrays (a scalar: 0, ``{}``: 1), counted without recursion
+    and only up to ``limit + 1``: a value nested deeper than ``limit`` returns ``limit + 1`` at once."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, list):
+            children = item
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def schema_depth_error(schema: object, field: str) -> str | None:
+    """Why ``schema`` (a JSON schema given in ``field``) is nested too deeply to take (None: it is not)."""
+    if json_depth(schema, MAX_SCHEMA_DEPTH) <= MAX_SCHEMA_DEPTH:
+        return None
+    return (
+        f"{field} nests objects and arrays more than {MAX_SCHEMA_DEPTH} levels deep: flatten the schema, or "
+        "name repeated parts in $defs and point to them with $ref"
+    )
+
+
 def check_parameters(schema: object, param: str) -> None:
     """Raise ToolError unless ``schema`` is a JSON schema of an object that constrained decoding can follow
-    (checked against the JSON Schema meta-schema when jsonschema is installed, and compiled by llguidance)."""
+    (at most MAX_SCHEMA_DEPTH levels deep, checked against the JSON Schema meta-schema when jsonschema is
+    installed, and compiled by llguidance)."""
     if not isinstance(schema, dict):
         raise ToolError(f"{param} must be a JSON schema (an object), got {type(schema).__name__}", param)
+    too_deep = schema_depth_error(schema, param)
+    if too_deep is not None:
+        raise ToolError(too_deep, param)
     if schema.get("type", "object") != "object":
         raise ToolError(f'{param} must describe an object (type "object"), got type {schema["type"]!r}', param)
     try:
