@@ -1,9 +1,12 @@
 """The OpenAI wire format: request bodies (validated by pydantic) and the JSON of responses and stream chunks.
 
 Requests are strict about names (an unknown field is an error, as at OpenAI) and lenient about what common
-clients send by default (zero penalties, ``user``, ``response_format`` of type ``text``). The sampling extensions
-``top_k``, ``min_p`` and ``ignore_eos`` follow vLLM, ``logprobs_mode`` is specwise's (with the openai client, pass
-them in ``extra_body``).
+clients send by default (zero penalties, ``user``, ``response_format`` of type ``text``, an empty ``logit_bias``,
+``store``, ``metadata``, ``reasoning_effort``, ``service_tier``, ``prompt_cache_key``, ``safety_identifier``,
+``modalities: ["text"]``, ``cache_control`` on text parts: accepted and ignored, with no effect on the output). What
+cannot be honoured is refused with a 400 naming the field and the fix (a bias on tokens, audio, images, the legacy
+``functions``). The sampling extensions ``top_k``, ``min_p`` and ``ignore_eos`` follow vLLM, ``logprobs_mode`` is
+specwise's (with the openai client, pass them in ``extra_body``).
 
 Validation stops at the first error of a list and at the first unknown field: the work of refusing a body never
 grows with the number of things wrong in it (a megabyte of bad list items would otherwise cost a second of the
@@ -22,6 +25,7 @@ from specwise.engine import LogprobOptions, TokenLogprob
 from specwise.extras import missing_extra
 from specwise.metrics import SpecStats
 from specwise.server.logprobs import TextOffsets, TokenTexts, chat_logprobs, completion_logprobs
+from specwise.tools.spec import schema_depth_error
 
 try:
     from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -90,6 +94,13 @@ class StreamOptions(_Checked):
     """``include_usage``: also send a last chunk with empty ``choices`` and the usage (as OpenAI does)."""
 
     include_usage: bool = False
+    include_obfuscation: bool | None = Field(None, description="ignored: the chunks carry no padding")
+
+
+def _only_null(value: object, message: str) -> None:
+    """Refuse a field that only null may fill here (``message``: why, and what to send instead)."""
+    if value is not None:
+        raise PydanticCustomError("unsupported", message)
 
 
 class SamplingRequest(_Checked):
@@ -123,6 +134,7 @@ class SamplingRequest(_Checked):
     )
     presence_penalty: float | None = Field(None, description="only 0 is supported")
     frequency_penalty: float | None = Field(None, description="only 0 is supported")
+    logit_bias: dict[str, float] | None = Field(None, description="only an empty one ({}) is supported")
     user: str | None = Field(None, description="ignored")
 
     @field_validator("stop")
@@ -140,6 +152,17 @@ class SamplingRequest(_Checked):
     def _no_penalty(cls, value: float | None) -> float | None:
         if value:
             raise ValueError("penalties are not supported (they would change the target's distribution): use 0")
+        return value
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_bias(cls, value: dict | None) -> dict | None:
+        if value:
+            raise PydanticCustomError(
+                "unsupported",
+                "a bias on tokens is not supported (it would change the target's distribution): send {} or leave "
+                "logit_bias out; to forbid or force text, use grammar, regex or response_format",
+            )
         return value
 
     def constraint(self) -> tuple[Constraint, str] | None:
@@ -180,10 +203,27 @@ class SamplingRequest(_Checked):
 
 
 class TextPart(_Strict):
-    """One text part of a message's content."""
+    """One text part of a message's content. ``cache_control`` (Anthropic's prompt-caching mark, which some
+    clients put on parts) is ignored: the server reuses the longest cached prefix of every prompt anyway."""
 
     type: Literal["text"]
     text: str
+    cache_control: dict[str, str | int | None] | None = None
+
+
+def _content_parts_are_text(value: object) -> None:
+    """Refuse content parts that are not text (images, audio, files) in words that say so, before the union of
+    str and text parts reports its type mismatch."""
+    if not isinstance(value, list):
+        return
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if isinstance(kind, str) and kind != "text":
+            raise PydanticCustomError(
+                "unsupported_content",
+                f"content[{j}] is a part of type {kind[:40]!r}: the served model reads text only; send text parts "
+                '({"type": "text", "text": "..."}) or a string',
+            )
 
 
 class FunctionCall(_Checked):
@@ -209,8 +249,42 @@ class ChatMessage(_Strict):
     name: str | None = None
     tool_calls: Annotated[list[ToolCall], _FAIL_FAST] | None = None
     tool_call_id: str | None = Field(None, validate_default=True)
+    # what clients send back of an earlier reply's message, as the openai client returned it: ignored when null
+    # (a legacy function_call refused before content, whose absence it would explain)
+    refusal: str | None = None
+    annotations: list | None = None
+    audio: dict | None = None
+    function_call: dict | None = None
+    # an earlier reply's reasoning, as this server returned it: the template may render it (Qwen3's does)
+    reasoning_content: str | None = None
     # validated after the tool fields: only an assistant message with tool_calls may leave it out
     content: str | Annotated[list[TextPart], _FAIL_FAST] | None = Field(None, validate_default=True)
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _no_function_role(cls, value: object) -> object:
+        if value == "function":
+            raise PydanticCustomError(
+                "unsupported",
+                "the function role is the legacy form of a tool result: send it as a tool message "
+                '({"role": "tool", "tool_call_id": ..., "content": ...}) answering a call of an earlier assistant '
+                "message's tool_calls",
+            )
+        return value
+
+    @field_validator("audio")
+    @classmethod
+    def _no_audio(cls, value: dict | None) -> None:
+        _only_null(value, "audio is not supported: the served model reads and writes text only; leave it out")
+
+    @field_validator("function_call")
+    @classmethod
+    def _no_legacy_call(cls, value: dict | None) -> None:
+        _only_null(
+            value,
+            "function_call is the legacy form of a call: send the assistant message's calls as tool_calls "
+            '([{"id": ..., "type": "function", "function": {"name": ..., "arguments": ...}}])',
+        )
 
     @field_validator("tool_calls")
     @classmethod
@@ -227,6 +301,12 @@ class ChatMessage(_Strict):
             raise ValueError("only tool messages hold tool_call_id: it names the call a tool message answers")
         if value is None and role == "tool":
             raise PydanticCustomError("missing", "Field required")
+        return value
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_content(cls, value: object) -> object:
+        _content_parts_are_text(value)
         return value
 
     @field_validator("content")
@@ -249,6 +329,8 @@ class ChatMessage(_Strict):
             out["tool_call_id"] = self.tool_call_id
             if self.name is not None:
                 out["name"] = self.name
+        if self.reasoning_content is not None and self.role == "assistant":
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -259,6 +341,14 @@ class FunctionDefinition(_Checked):
     description: str | None = None
     parameters: dict | None = None
     strict: bool | None = Field(None, description="ignored: the arguments always match the schema")
+
+    @field_validator("parameters")
+    @classmethod
+    def _not_too_deep(cls, value: dict | None) -> dict | None:
+        too_deep = None if value is None else schema_depth_error(value, "the parameters schema")
+        if too_deep is not None:
+            raise PydanticCustomError("schema_too_deep", too_deep)
+        return value
 
 
 class ToolDefinition(_Checked):
@@ -304,6 +394,68 @@ class ChatCompletionRequest(SamplingRequest):
         None, description='"auto" (default), "none", "required" or {"type": "function", "function": {"name": ...}}'
     )
     parallel_tool_calls: bool | None = Field(None, description="whether one reply may call several functions")
+    chat_template_kwargs: dict | None = Field(
+        None,
+        description='variables for the chat template, e.g. {"enable_thinking": false} for Qwen3 (as vLLM and '
+        "llama.cpp take them)",
+    )
+    # sent by common clients; accepted and ignored, with no effect on the output
+    store: bool | None = Field(None, description="ignored: nothing is stored")
+    metadata: dict[str, str] | None = Field(None, description="ignored")
+    reasoning_effort: str | None = Field(None, description="ignored: the served model takes no reasoning budget")
+    verbosity: str | None = Field(None, description="ignored")
+    service_tier: str | None = Field(None, description="ignored: one tier")
+    prompt_cache_key: str | None = Field(
+        None, description="ignored: every prompt reuses the longest prefix the server has cached"
+    )
+    prompt_cache_retention: str | None = Field(None, description="ignored")
+    prompt_cache_options: dict | None = Field(None, description="ignored")
+    safety_identifier: str | None = Field(None, description="ignored")
+    modalities: list[str] | None = Field(None, description='only ["text"] is supported')
+    # refused unless null: they ask for what the server cannot do (or in a form it does not take)
+    audio: dict | None = Field(None, description="not supported (only null)")
+    functions: list | None = Field(None, description="the legacy form of tools: not supported (only null)")
+    function_call: str | dict | None = Field(
+        None, description="the legacy form of tool_choice: not supported (only null)"
+    )
+    web_search_options: dict | None = Field(None, description="not supported (only null)")
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(kind != "text" for kind in value):
+            raise PydanticCustomError(
+                "unsupported", 'the served model writes text only: send ["text"] or leave modalities out'
+            )
+        return value
+
+    @field_validator("audio")
+    @classmethod
+    def _no_audio(cls, value: dict | None) -> None:
+        _only_null(value, "audio output is not supported: the served model writes text only; leave audio out")
+
+    @field_validator("functions")
+    @classmethod
+    def _no_functions(cls, value: list | None) -> None:
+        _only_null(
+            value,
+            'functions is the legacy form of tools: send tools=[{"type": "function", "function": {"name": ..., '
+            '"description": ..., "parameters": {...}}}] instead (and tool_choice instead of function_call)',
+        )
+
+    @field_validator("function_call")
+    @classmethod
+    def _no_function_call(cls, value: str | dict | None) -> None:
+        _only_null(
+            value,
+            'function_call is the legacy form of tool_choice: send tool_choice ("auto", "none", "required" or '
+            '{"type": "function", "function": {"name": ...}}) with tools instead',
+        )
+
+    @field_validator("web_search_options")
+    @classmethod
+    def _no_web_search(cls, value: dict | None) -> None:
+        _only_null(value, "web search is not available on this server: leave web_search_options out")
 
     def tools_json(self) -> list[dict] | None:
         """``tools`` as OpenAI's JSON has them (None: no tools)."""
@@ -356,8 +508,8 @@ def _unknown_in_message(i: int, message: object) -> str | None:
         return _first_unknown(message, _MESSAGE_FIELDS, f"[{i}]")
     content = message.get("content")
     if isinstance(content, list):
-        for j, part in enumerate(content):
-            if isinstance(part, dict) and not part.keys() <= _PART_FIELDS:
+        for j, part in enumerate(content):  # a part that is not text is refused as such (ChatMessage)
+            if isinstance(part, dict) and part.get("type") == "text" and not part.keys() <= _PART_FIELDS:
                 return _first_unknown(part, _PART_FIELDS, f"[{i}].content[{j}]")
     return None
 
@@ -381,6 +533,9 @@ def response_format_constraint(value: dict) -> Constraint | None:
         unknown = sorted(spec.keys() - _JSON_SCHEMA_FIELDS)
         if unknown:
             raise ValueError(f"response_format.json_schema has an unknown field {unknown[0]!r}")
+        too_deep = schema_depth_error(spec["schema"], "response_format.json_schema.schema")
+        if too_deep is not None:
+            raise ValueError(too_deep)
         return JsonSchema(spec["schema"])
     raise ValueError(
         f"response_format {kind!r} is not supported: use text, json_object or json_schema (with only the type "
@@ -478,6 +633,7 @@ class Choice:
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[dict] | None = None  # OpenAI's tool_calls of a chat message (None: no calls)
+    reasoning: str | None = None  # a thinking model's reasoning, apart from the text (None: none)
 
 
 class ResponseFormat:
@@ -522,6 +678,10 @@ class ResponseFormat:
     def final_chunk(self, index: int, finish_reason: str, usage: dict | None) -> dict:
         """The chunk that ends choice ``index``: its finish_reason (and, on the response's last, the usage)."""
         return self._envelope(self.chunk_object_name, [self._choice(index, None, finish_reason, True, None)], usage)
+
+    def reasoning_chunk(self, index: int, text: str) -> dict:
+        """Choice ``index``'s new reasoning (chat's ``delta.reasoning_content``)."""
+        return self.text_chunk(index, text)
 
     def usage_chunk(self, usage: dict) -> dict:
         """The extra last chunk of ``stream_options.include_usage``: no choices, only usage."""
@@ -576,9 +736,15 @@ class ChatFormat(ResponseFormat):
             for i in range(n)
         ]
 
+    def reasoning_chunk(self, index: int, text: str) -> dict:
+        choice = {"index": index, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
+        return self._envelope(self.chunk_object_name, [choice])
+
     def response(self, choices: list[Choice], usage: dict) -> dict:
         body = super().response(choices, usage)
         for choice, out in zip(choices, body["choices"]):
+            if choice.reasoning is not None:  # as llama.cpp's and vLLM's servers give a thinking model's reasoning
+                out["message"]["reasoning_content"] = choice.reasoning
             if choice.tool_calls:
                 out["message"]["tool_calls"] = choice.tool_calls
                 out["message"]["content"] = choice.text or None  # OpenAI's null content beside calls

@@ -49,15 +49,37 @@ class Function:
 
     @property
     def parameters(self) -> dict:
-        return json.loads(self.parameters_json)
+        """The arguments' schema, self-contained: one that points into itself (``{"$ref": "#/$defs/Item"}``, as
+        pydantic writes nested models) gets an ``$id``, which keeps those pointers resolving inside the schema
+        when it is placed in a larger one (a call's grammar: the name, then these arguments)."""
+        schema = json.loads(self.parameters_json)
+        if "$id" not in schema and _points_into_itself(schema):
+            schema = {"$id": f"urn:specwise:tool:{self.name}", **schema}
+        return schema
 
     def openai(self) -> dict:
-        """The tool as OpenAI's ``tools`` list holds it (and as chat templates take it)."""
+        """The tool as OpenAI's ``tools`` list holds it (and as chat templates take it): the parameters as
+        given."""
         function = {"name": self.name}
         if self.description is not None:
             function["description"] = self.description
-        function["parameters"] = self.parameters
+        function["parameters"] = json.loads(self.parameters_json)
         return {"type": "function", "function": function}
+
+
+def _points_into_itself(schema: dict) -> bool:
+    """Whether ``schema`` holds a local reference (a ``$ref`` starting with ``#``), found without recursion."""
+    stack: list = [schema]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 @dataclass(frozen=True)
