@@ -1,6 +1,8 @@
 """The server against untrusted input: oversized bodies (HTTP 413 before parsing, declared or chunked), malformed
-and hostile JSON (a 4xx error body each, never a 5xx or a traceback in the log), prompts longer than the context
-(400 before any decoding), and ``/health`` answering while a 5 MB body is refused or a long prompt is tokenized.
+and hostile JSON (a 4xx error body each, never a 5xx or a traceback in the log), schemas of tools and
+response_format nested past the limit (a 400 naming the field, and the connection serves the next request),
+prompts longer than the context (400 before any decoding), and ``/health`` answering while a 5 MB body is refused
+or a long prompt is tokenized.
 
 The model is a tiny random Llama with the default model's tokenizer (a 512-token context), run on one
 thread. ``benchmarks/hostile_body.py`` measures ``/health``'s latency under the same load against the real model.
@@ -9,6 +11,7 @@ thread. ``benchmarks/hostile_body.py`` measures ``/health``'s latency under the 
 # ruff: noqa: E402
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import threading
@@ -30,6 +33,7 @@ from specwise.runtime import build_runtime
 from specwise.server.app import create_app
 from specwise.server.cli import parse_size
 from specwise.server.limits import DEFAULT_MAX_BODY_BYTES, default_max_body_bytes
+from specwise.tools.spec import MAX_SCHEMA_DEPTH
 
 MODEL = "tiny"
 TIMEOUT = 60.0
@@ -96,6 +100,31 @@ def no_errors_logged(caplog) -> bool:
 # -------------------------------------------------------------------------------------- hostile request bodies
 
 DEEP = 100_000  # nesting past the interpreter's recursion limit
+
+
+def deep_schema(levels: int) -> dict:
+    """An object schema of ``levels`` objects, each the one property of the one before (2 JSON levels each)."""
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def deep_tool(levels: int) -> dict:
+    return {"tools": [{"type": "function", "function": {"name": "f", "parameters": deep_schema(levels)}}]}
+
+
+def deep_format(levels: int) -> dict:
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": deep_schema(levels)}}}
+
+
+RAW_DEEP = '{"type": "object", "properties": {"a": ' * 5000 + '{"type": "string"}' + "}}" * 5000  # as text
+DEEP_SCHEMAS = {  # within the JSON parser's nesting limit, past the schemas': each a 400 naming the field
+    "a tool schema 200 levels deep": (deep_tool(200), "tools[0].function.parameters"),
+    "a tool schema 300 levels deep": (deep_tool(300), "tools[0].function.parameters"),
+    "a response_format schema 200 levels deep": (deep_format(200), "response_format"),
+    "a response_format schema 300 levels deep": (deep_format(300), "response_format"),
+}
 HOSTILE = {
     "truncated JSON": (b'{"model": "tiny", "messages": [', JSON, "Malformed JSON"),
     "not an object": (b"[1, 2]", JSON, "must be a JSON object"),
@@ -147,6 +176,12 @@ HOSTILE = {
     "150,000 bad stop strings": (json.dumps(chat(stop=[1] * 150_000)).encode(), JSON, "stop"),
     "model a number": (json.dumps(chat() | {"model": 5}).encode(), JSON, "model"),
     "a prompt past the context": (json.dumps(chat("word " * 2000)).encode(), JSON, "context"),
+    **{name: (json.dumps(chat(**body)).encode(), JSON, "levels deep") for name, (body, _) in DEEP_SCHEMAS.items()},
+    "a tool schema nested past the JSON limit": (
+        raw_chat("tools", '[{"type": "function", "function": {"name": "f", "parameters": ' + RAW_DEEP + "}}]"),
+        JSON,
+        "nests",
+    ),
 }
 
 
@@ -162,6 +197,29 @@ def test_a_hostile_chat_body_gets_a_4xx_error_and_the_server_goes_on(url, caplog
         assert error["type"] == "invalid_request_error" and error["message"]
         assert fragment is None or fragment in error["message"], error
     assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["status"] == "ok"
+    assert no_errors_logged(caplog), [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize(("body", "param"), DEEP_SCHEMAS.values(), ids=DEEP_SCHEMAS.keys())
+def test_a_schema_nested_too_deeply_gets_400_and_the_connection_serves_on(url, caplog, body, param):
+    """Once a 500 (the meta-schema check ran out of stack) that closed the connection: now a 400 naming the field,
+    and the next request on the same connection is answered."""
+    caplog.set_level(logging.WARNING)
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=TIMEOUT)
+    try:
+        connection.request("POST", "/v1/chat/completions", json.dumps(chat(**body)), JSON)
+        response = connection.getresponse()
+        error = json.loads(response.read())["error"]
+        assert response.status == 400 and error["param"] == param, error
+        assert f"more than {MAX_SCHEMA_DEPTH} levels deep" in error["message"]
+        sock = connection.sock
+        connection.request("POST", "/v1/chat/completions", json.dumps(chat()), JSON)
+        again = connection.getresponse()
+        assert again.status == 200 and json.loads(again.read())["choices"]
+        assert connection.sock is sock, "the server closed the connection"
+    finally:
+        connection.close()
     assert no_errors_logged(caplog), [r.getMessage() for r in caplog.records]
 
 
