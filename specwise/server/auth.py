@@ -1,7 +1,9 @@
-"""API keys: ``Authorization: Bearer <key>`` on every route but ``/health``, and the warning for an open server.
+"""API keys: ``Authorization: Bearer <key>`` on every route but ``/health`` (or ``x-api-key: <key>`` on Anthropic's
+Messages routes, as Anthropic's clients send it), and the warning for an open server.
 
 With a key set (``specwise serve --api-key`` or ``SPECWISE_API_KEY``) a request without the header, or with another
-key, gets HTTP 401 and an OpenAI-style error before its body is read. ``/health`` stays open for load balancers and
+key, gets HTTP 401 and an error in its API's shape (OpenAI's, or Anthropic's on ``/v1/messages``) before its body is
+read. ``/health`` stays open for load balancers and
 liveness probes; ``/metrics`` needs the key like the API (Prometheus sends it with ``authorization: credentials``
 in the scrape config), and so do the OpenAPI document and its pages.
 """
@@ -14,13 +16,17 @@ import ipaddress
 
 from fastapi.responses import JSONResponse
 
+from specwise.server.errors import APIError, error_body_for
 from specwise.server.options import API_KEY_ENV
-from specwise.server.protocol import error_body
 
 __all__ = ["API_KEY_ENV", "OPEN_PATHS", "APIKeyMiddleware", "exposure_warning", "is_loopback"]
 
 OPEN_PATHS = frozenset({"/health"})  # answered without a key
+X_API_KEY_PATHS = ("/v1/messages",)  # Anthropic's routes, whose clients send the key as ``x-api-key``
 MISSING = "Missing API key: send it as 'Authorization: Bearer <key>' (this server requires one)"
+MISSING_X_API_KEY = (
+    "Missing API key: send it as 'x-api-key: <key>' or 'Authorization: Bearer <key>' (this server requires one)"
+)
 WRONG = "Incorrect API key provided: send the key this server was started with (--api-key or SPECWISE_API_KEY)"
 
 
@@ -40,6 +46,22 @@ def bearer_token(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+def x_api_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The key of an ``x-api-key: <key>`` header (Anthropic's), or None."""
+    for name, value in headers:
+        if name.lower() == b"x-api-key":
+            return value.strip() or None
+    return None
+
+
+def presented_keys(path: str, headers: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a request to ``path`` presents: its bearer token, and on Anthropic's routes its ``x-api-key``."""
+    keys = [bearer_token(headers)]
+    if path.startswith(X_API_KEY_PATHS):
+        keys.append(x_api_key(headers))
+    return [key for key in keys if key is not None]
+
+
 class APIKeyMiddleware:
     """Requires the API key on every route but OPEN_PATHS (a pure ASGI middleware: streams pass untouched)."""
 
@@ -53,17 +75,20 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        token = bearer_token(scope.get("headers", []))
-        if token is not None and hmac.compare_digest(_digest(token), self._digest):
+        path = scope.get("path", "")
+        keys = presented_keys(path, scope.get("headers", []))
+        if any(hmac.compare_digest(_digest(key), self._digest) for key in keys):
             await self.app(scope, receive, send)
             return
-        response = unauthorized(MISSING if token is None else WRONG)
+        missing = MISSING_X_API_KEY if path.startswith(X_API_KEY_PATHS) else MISSING
+        response = unauthorized(missing if not keys else WRONG, path)
         await response(scope, receive, send)
 
 
-def unauthorized(message: str) -> JSONResponse:
-    """HTTP 401 with OpenAI's error for a bad key (type ``invalid_request_error``, code ``invalid_api_key``)."""
-    body = error_body(message, "invalid_request_error", None, "invalid_api_key")
+def unauthorized(message: str, path: str = "") -> JSONResponse:
+    """HTTP 401 for a bad key, in the shape of ``path``'s API (OpenAI's: type ``invalid_request_error``, code
+    ``invalid_api_key``; Anthropic's: type ``authentication_error``)."""
+    body = error_body_for(path, APIError(401, message, code="invalid_api_key"))
     return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="specwise"'})
 
 

@@ -8,7 +8,7 @@ writes those pieces in its own shape; none of them encodes, constrains or parses
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specwise.server.errors import APIError, as_api_error
@@ -59,14 +59,15 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJ
 @dataclass
 class ReplyEnd:
     """The end of a reply: OpenAI's finish reason (``stop``, ``length``, ``tool_calls``), the engine's own
-    reason (``stop`` / ``length``), the whole content, the calls, and the usage (OpenAI's dict with the
-    speculative statistics)."""
+    reason (``stop`` / ``length``), the whole content, the calls, the usage (OpenAI's dict with the
+    speculative statistics) and the reply's token ids (a stop string's tokens included: which one ended it)."""
 
     finish_reason: str
     engine_reason: str
     content: str
     calls: list[ToolCall]
     usage: dict
+    token_ids: list[int] = field(default_factory=list)
 
 
 async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpoint: str = "chat") -> AsyncIterator:
@@ -80,6 +81,7 @@ async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpo
     group = queue(state, [job.spec])
     tally = Tally(state, 1, job.prompt_tokens, False, readers)
     events = group.events(request.is_disconnected)
+    token_ids: list[int] = []
     try:
         while True:
             try:
@@ -93,6 +95,7 @@ async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpo
             except Exception as err:
                 raise as_api_error(err) from err
             text, pieces = tally.add(0, event)
+            token_ids.extend(event.token_ids)
             if readers is None and text:
                 pieces = [ContentPiece(text)]
             if pieces:
@@ -100,7 +103,7 @@ async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpo
             if event.finish_reason is not None:
                 calls = readers[0].calls if readers is not None else []
                 content = "".join(tally.texts[0])
-                yield ReplyEnd(tally.finish[0], event.finish_reason, content, list(calls), tally.usage())
+                yield ReplyEnd(tally.finish[0], event.finish_reason, content, list(calls), tally.usage(), token_ids)
                 return
     finally:
         group.cancel()

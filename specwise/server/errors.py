@@ -21,7 +21,7 @@ except ModuleNotFoundError as err:
 from specwise.server.protocol import error_body
 from specwise.server.worker import BatchFailed, ServerStopping
 
-__all__ = ["APIError", "add_error_handlers", "as_api_error", "error_shape"]
+__all__ = ["APIError", "add_error_handlers", "as_api_error", "error_body_for", "error_shape"]
 
 
 class APIError(Exception):
@@ -102,11 +102,14 @@ def error_shape(prefix: str):
     return register
 
 
-def _response(request: Request, err: APIError, headers: dict | None = None) -> JSONResponse:
-    path = request.url.path
+def error_body_for(path: str, err: APIError) -> dict:
+    """``err``'s body in the shape of the API that ``path`` belongs to (OpenAI's where none is registered)."""
     shape = next((f for prefix, f in _SHAPES.items() if path.startswith(prefix)), None)
-    body = err.body() if shape is None else shape(err)
-    return JSONResponse(body, status_code=err.status, headers=headers)
+    return err.body() if shape is None else shape(err)
+
+
+def _response(request: Request, err: APIError, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body_for(request.url.path, err), status_code=err.status, headers=headers)
 
 
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
