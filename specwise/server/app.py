@@ -76,6 +76,7 @@ class ServerState:
     max_body_bytes: int
     created: int
     token_texts: TokenTexts  # token ids -> text and bytes, for log-probabilities
+    reasoning_format: str = "auto"  # auto: a thinking model's reasoning apart from its answer; none: inline
 
     @property
     def context(self) -> int | None:
@@ -92,6 +93,7 @@ def create_app(
     max_batch: int = 16,
     max_body_bytes: int | None = None,
     api_key: str | None = None,
+    reasoning_format: str = "auto",
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 
@@ -103,7 +105,11 @@ def create_app(
     max_body_bytes: larger request bodies get HTTP 413 unread (default: 1 MiB, or 16 bytes per token of context
         where that is more).
     api_key: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>`` (HTTP 401 without).
+    reasoning_format: ``auto`` gives a thinking model's reasoning (Qwen3's ``<think>``) apart from its answer
+        (``reasoning_content``, Responses' reasoning items, Messages' thinking blocks); ``none`` leaves it inline.
     """
+    if reasoning_format not in ("auto", "none"):
+        raise ValueError(f"reasoning_format must be auto or none, got {reasoning_format!r}")
     if runtime.tokenizer is None:
         raise ValueError("the server needs a tokenizer: load a target that has one")
     if default_max_tokens is not None and default_max_tokens < 1:
@@ -116,7 +122,9 @@ def create_app(
     encoder = PromptEncoder(runtime.tokenizer)
     texts = TokenTexts(runtime.tokenizer)
     created = int(time.time())
-    state = ServerState(runtime, name, worker, metrics, default_max_tokens, encoder, max_body_bytes, created, texts)
+    state = ServerState(
+        runtime, name, worker, metrics, default_max_tokens, encoder, max_body_bytes, created, texts, reasoning_format
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -298,4 +306,5 @@ def serving_app(runtime, options, key: str | None):
         max_batch=options.max_batch,
         max_body_bytes=options.max_body_bytes,
         api_key=key,
+        reasoning_format=getattr(options, "reasoning_format", "auto"),
     )

@@ -41,14 +41,14 @@ class ChatJob:
 
     def readers(self, state: ServerState) -> list[ReplyReader] | None:
         """Each choice's reader of the reply (None: the reply is all content)."""
-        return self.tools.readers(state.runtime.tokenizer, self.stop, self.n)
+        return self.tools.readers(state.runtime.tokenizer, self.stop, self.n, self.spec.prompt_ids)
 
 
 async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJob:
     """``body``'s job: tools checked, the conversation rendered by the model's template (on the encoder's
     thread), the budget checked against the context. Raises APIError naming the field at fault."""
     tools = chat_tools(state, body)
-    prompt_ids = await state.encoder.run(encode_chat, state, body.messages, tools)
+    prompt_ids = await state.encoder.run(encode_chat, state, body.messages, tools, body.chat_template_kwargs)
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)

@@ -65,6 +65,13 @@ def register(subparsers) -> None:
         "default: 1M, or 16 bytes per token of the model's context where that is more)",
     )
     p.add_argument(
+        "--reasoning-format",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto: a thinking model's reasoning (Qwen3's <think>) apart from its answer (reasoning_content, "
+        "Responses' reasoning items, Messages' thinking blocks); none: left inline in the text (default: auto)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,

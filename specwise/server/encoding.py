@@ -49,12 +49,13 @@ class PromptEncoder:
             return list(self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids)
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    def chat(self, messages: list[dict], tools: list[dict] | None = None, extra: dict | None = None) -> list[int]:
         """Token ids of a conversation through the chat template, ready for the assistant's reply (as
-        ``specwise.runtime.encode_chat``); ``tools``: OpenAI's tool dicts, for a template that renders them."""
+        ``specwise.runtime.encode_chat``); ``tools``: OpenAI's tool dicts, for a template that renders them;
+        ``extra``: more variables for the template."""
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError("this model's tokenizer has no chat template: use /v1/completions")
-        options = {} if tools is None else {"tools": tools}
+        options = dict(extra or {}) if tools is None else {**(extra or {}), "tools": tools}
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
         return self.text(text, add_special_tokens=False)
 

@@ -12,7 +12,17 @@ from specwise.sampling import SamplingParams
 from specwise.server.errors import APIError
 from specwise.server.protocol import SEED_MAX, ChatCompletionRequest, ChatMessage, SamplingRequest
 from specwise.server.worker import JobSpec
-from specwise.tools import ReplyReader, ToolError, ToolFormat, ToolRequest, check_history, detect_format, tool_request
+from specwise.tools import (
+    ReplyReader,
+    ToolError,
+    ToolFormat,
+    ToolRequest,
+    check_history,
+    detect_format,
+    special_token_id,
+    tool_request,
+)
+from specwise.tools.reasoning import ReasoningSplitter, ThinkingTags, thinking_tags
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
@@ -45,33 +55,59 @@ def check_model(state: ServerState, model: str) -> None:
         )
 
 
-def encode_chat(state: ServerState, messages: list[ChatMessage], tools: ChatTools | None = None) -> list[int]:
+_RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "tokenize", "chat_template"})
+
+
+def encode_chat(
+    state: ServerState, messages: list[ChatMessage], tools: ChatTools | None = None, template_kwargs: dict | None = None
+) -> list[int]:
     """The conversation's token ids (on the encoder's thread), with the request's tools rendered in the model's
-    tool-call format (``tools``: see :func:`chat_tools`)."""
+    tool-call format (``tools``: see :func:`chat_tools`) and ``template_kwargs`` given to the template (a
+    request's ``chat_template_kwargs``, e.g. Qwen3's ``enable_thinking``)."""
+    extra = dict(template_kwargs or {})
+    bad = sorted(k for k in extra if k in _RESERVED_TEMPLATE_KWARGS or not k.isidentifier())
+    if bad:
+        raise APIError(400, f"chat_template_kwargs may not set {bad[0]!r}", param="chat_template_kwargs")
     dicts = [m.template_dict() for m in messages]
     try:
         if tools is None:
-            return state.encoder.chat(dicts)
-        return state.encoder.chat(*tools.format.prompt(dicts, tools.request))
+            return state.encoder.chat(dicts, None, extra)
+        return state.encoder.chat(*tools.format.prompt(dicts, tools.request), extra)
     except Exception as err:  # the template may reject a conversation (e.g. roles that do not alternate)
         raise APIError(400, f"the chat template rejected these messages: {err}", param="messages") from err
 
 
 @dataclass(frozen=True)
 class ChatTools:
-    """A chat request's tools for the served model: the model's tool-call format, the checked tools (None: none)
-    and the grammar of the reply (None: unconstrained)."""
+    """A chat request's tools for the served model: the model's tool-call format, the checked tools (None: none),
+    the grammar of the reply (None: unconstrained) and the model's thinking tags where its reasoning is split
+    from the answer (None: it is not)."""
 
     format: ToolFormat
     request: ToolRequest | None
     constraint: Constraint | None
+    thinking: ThinkingTags | None = None
 
-    def readers(self, tokenizer, stop: list[str], n: int) -> list[ReplyReader] | None:
-        """A tool-call reader for each of ``n`` choices (None: the replies are all content)."""
-        if self.format.parser(self.request) is None:
+    def readers(self, tokenizer, stop: list[str], n: int, prompt_ids: list[int] = ()) -> list[ReplyReader] | None:
+        """A reader for each of ``n`` choices (None: the replies are all content)."""
+        parser = self.format.parser(self.request)
+        if parser is None and self.thinking is None:
             return None
         markers = self.format.markers(tokenizer)
-        return [ReplyReader(self.format.parser(self.request), tokenizer, markers, stop) for _ in range(n)]
+        inside = False
+        if self.thinking is not None:
+            inside = self.thinking.starts_inside(tokenizer, list(prompt_ids))
+            markers |= {special_token_id(tokenizer, t) for t in (self.thinking.open, self.thinking.close)} - {None}
+        return [
+            ReplyReader(
+                self.format.parser(self.request),
+                tokenizer,
+                markers,
+                stop,
+                None if self.thinking is None else ReasoningSplitter(self.thinking, inside),
+            )
+            for _ in range(n)
+        ]
 
     def job(self, spec: JobSpec) -> JobSpec:
         """``spec`` with the tools' grammar as its constraint."""
@@ -93,20 +129,21 @@ def chat_tools(state: ServerState, body: ChatCompletionRequest) -> ChatTools:
         raise APIError(400, str(err), param=err.param) from err
     tokenizer = state.runtime.tokenizer
     fmt = detect_format(getattr(tokenizer, "chat_template", None))
+    thinking = thinking_tags(tokenizer) if state.reasoning_format == "auto" else None
     if request is None:
-        return ChatTools(fmt, None, None)
+        return ChatTools(fmt, None, None, thinking)
     for name in _NOT_WITH_TOOLS:
         value = getattr(body, name)
         if value is not None and value != {"type": "text"}:
             message = f"tools cannot be combined with {name}: the tool choice decides the reply's form; leave one out"
             raise APIError(400, message, param=name)
-    constraint = fmt.constraint(request, tokenizer)
+    constraint = fmt.constraint(request, tokenizer, thinking_tags(tokenizer))
     try:
         if constraint is not None:
             constraint.check()
     except ConstraintError as err:
         raise APIError(400, f"the tools cannot constrain the reply: {err}", param="tools") from err
-    return ChatTools(fmt, request, constraint)
+    return ChatTools(fmt, request, constraint, thinking)
 
 
 def encode_completion(state: ServerState, prompt: str | list[int] | list[str]) -> list[int]:

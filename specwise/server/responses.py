@@ -18,7 +18,7 @@ from specwise.metrics import SpecStats
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import Choice, ResponseFormat, usage
 from specwise.server.worker import ClientDisconnected, JobGroup, JobSpec, QueueFullError
-from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReplyReader
+from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece, ReplyReader
 
 if TYPE_CHECKING:
     from specwise.server.app import ServerState
@@ -68,6 +68,7 @@ class Tally:
     ) -> None:
         self.state, self.n, self.prompt_tokens = state, n, prompt_tokens
         self.texts: list[list[str]] = [[] for _ in range(n)]
+        self.reasoning: list[list[str]] = [[] for _ in range(n)]  # a thinking model's reasoning, apart
         self.logprobs = [[] if logprobs else None for _ in range(n)]
         self.finish: list[str | None] = [None] * n
         self.stats = SpecStats()
@@ -80,6 +81,7 @@ class Tally:
         if self.readers is not None:
             pieces = self.readers[index].feed(event.text, event.token_ids, event.finish_reason is not None)
             text = "".join(p.text for p in pieces if isinstance(p, ContentPiece))
+            self.reasoning[index].extend(p.text for p in pieces if isinstance(p, ReasoningPiece))
         self.texts[index].append(text)
         if self.logprobs[index] is not None:
             self.logprobs[index].extend(event.logprobs or [])
@@ -101,8 +103,13 @@ class Tally:
 
     def choices(self) -> list[Choice]:
         return [
-            Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i], self._calls(i)) for i in range(self.n)
+            Choice(i, "".join(self.texts[i]), self.finish[i], self.logprobs[i], self._calls(i), self._reasoning(i))
+            for i in range(self.n)
         ]
+
+    def _reasoning(self, index: int) -> str | None:
+        """Choice ``index``'s reasoning (None: the model did not think apart from its answer)."""
+        return "".join(self.reasoning[index]) if self.reasoning[index] else None
 
     def _calls(self, index: int) -> list[dict] | None:
         if self.readers is None or not self.readers[index].calls:
@@ -126,6 +133,9 @@ async def sse(tally: Tally, fmt: ResponseFormat, pair: tuple, events, include_us
         while True:
             index, event = pair
             text, pieces = tally.add(index, event)
+            thought = "".join(p.text for p in pieces if isinstance(p, ReasoningPiece))
+            if thought:
+                yield _data(fmt.reasoning_chunk(index, thought))
             if text or event.logprobs:
                 yield _data(fmt.text_chunk(index, text, event.logprobs))
             for delta in _call_deltas(pieces):

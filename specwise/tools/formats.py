@@ -19,6 +19,7 @@ special token, the grammar names that token (``<tool_call>``) rather than its te
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 from specwise.constraints import Constraint, JsonSchema
@@ -117,8 +118,9 @@ class ToolFormat:
             return _template_messages(messages), None
         return _template_messages(messages), request.openai()
 
-    def constraint(self, request: ToolRequest | None, tokenizer) -> Constraint | None:
-        """The grammar the reply must follow (None: unconstrained)."""
+    def constraint(self, request: ToolRequest | None, tokenizer, thinking=None) -> Constraint | None:
+        """The grammar the reply must follow (None: unconstrained); ``thinking``: the model's thinking tags
+        (:class:`~specwise.tools.reasoning.ThinkingTags`), a thinking block the grammar lets come first."""
         raise NotImplementedError
 
     def parser(self, request: ToolRequest | None) -> CallParser | None:
@@ -140,7 +142,7 @@ class Hermes(ToolFormat):
         found = (special_token_id(tokenizer, HermesParser.OPEN), special_token_id(tokenizer, HermesParser.CLOSE))
         return {t for t in found if t is not None}
 
-    def constraint(self, request: ToolRequest | None, tokenizer) -> Constraint | None:
+    def constraint(self, request: ToolRequest | None, tokenizer, thinking=None) -> Constraint | None:
         if request is None:
             return None
         opener, special = grammar_tag(tokenizer, HermesParser.OPEN)
@@ -164,6 +166,8 @@ class Hermes(ToolFormat):
         else:
             head = f"head[lazy]: /(?s:.*)/ {opener}"
             start = ["start: (head body)* TAIL" if many else "start: TAIL | head body TAIL", head]
+        if thinking is not None:
+            start = [line.replace("start:", "reply:", 1) for line in start] + _thinking_rules(tokenizer, thinking)
         return ToolGrammar("\n".join(start + rules) + "\n")
 
     def parser(self, request: ToolRequest | None) -> CallParser | None:
@@ -178,7 +182,7 @@ class Hermes(ToolFormat):
 class LlamaJson(ToolFormat):
     name = "llama3_json"
 
-    def constraint(self, request: ToolRequest | None, tokenizer) -> Constraint | None:
+    def constraint(self, request: ToolRequest | None, tokenizer, thinking=None) -> Constraint | None:
         if request is None:
             return None
         schema = _one_of([_call_schema(f, "parameters") for f in request.callable])
@@ -228,7 +232,7 @@ class Generic(ToolFormat):
             reply += ", or " + GENERIC_TEXT.format()
         return GENERIC_TOOLS.format(tools=tools) + f"Reply with one JSON object: {reply}."
 
-    def constraint(self, request: ToolRequest | None, tokenizer) -> Constraint | None:
+    def constraint(self, request: ToolRequest | None, tokenizer, thinking=None) -> Constraint | None:
         if request is None or request.choice.mode == "none":
             return None
         calls = {"type": "array", "items": _one_of([_call_schema(f, "arguments") for f in request.callable])}
@@ -242,6 +246,16 @@ class Generic(ToolFormat):
 
     def parser(self, request: ToolRequest | None) -> CallParser | None:
         return None if request is None or request.choice.mode == "none" else GenericParser()
+
+
+def _thinking_rules(tokenizer, thinking) -> list[str]:
+    """Grammar rules letting a thinking block (its opening tag optional: a template may have opened it) come
+    before the ``reply`` rule: the model thinks freely, then the reply follows the grammar."""
+    opener, special = grammar_tag(tokenizer, thinking.open)
+    closer, close_special = grammar_tag(tokenizer, thinking.close)
+    escaped = re.escape(thinking.close).replace("/", "\\/")  # a slash would end Lark's regex
+    thought = "/(?s:.+)/" if close_special else f"/(?s:.+)/ & ~/(?s:.*){escaped}(?s:.*)/"
+    return ["start: think? reply", f"think: {opener}? THOUGHT? {closer} /[ \\t\\r\\n]*/", f"THOUGHT: {thought}"]
 
 
 def _object(properties: dict) -> dict:

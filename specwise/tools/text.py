@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from specwise.engine import StopText
-from specwise.tools.parse import CallParser, Piece, ToolCall
+from specwise.tools.parse import CallParser, ContentPiece, Piece, ReasoningPiece, ToolCall
+from specwise.tools.reasoning import ReasoningSplitter
 
 __all__ = ["MarkedText", "ReplyReader"]
 
@@ -44,24 +45,40 @@ class MarkedText:
 
 
 class ReplyReader:
-    """One reply's answer read as its tokens come: the format's parser fed the reply's text (with the format's
-    marker tokens kept where decoding drops them). ``feed`` returns the answer's new pieces."""
+    """One reply's answer read as its tokens come: its text (with the format's marker tokens kept where decoding
+    drops them) split into reasoning and answer where the model thinks (``reasoning``), and the answer fed to the
+    format's tool-call parser (``parser``; None: the answer is all content). ``feed`` returns the new pieces."""
 
-    def __init__(self, parser: CallParser, tokenizer=None, markers: set[int] | None = None, stop=()) -> None:
+    def __init__(
+        self,
+        parser: CallParser | None,
+        tokenizer=None,
+        markers: set[int] | None = None,
+        stop=(),
+        reasoning: ReasoningSplitter | None = None,
+    ) -> None:
         self.parser = parser
+        self.reasoning = reasoning
         self._marked = MarkedText(tokenizer, markers, stop) if markers else None
 
     def feed(self, text: str, token_ids: list[int], final: bool) -> list[Piece]:
         """The pieces of the reply's next event (its text and tokens; ``final``: the reply ended)."""
         if self._marked is not None:
             text = self._marked.feed(token_ids, final)
-        return self.parser.feed(text, final)
+        pieces: list[Piece] = []
+        if self.reasoning is not None:
+            thought, text = self.reasoning.feed(text, final)
+            if thought:
+                pieces.append(ReasoningPiece(thought))
+        if self.parser is None:
+            return pieces + ([ContentPiece(text)] if text else [])
+        return pieces + self.parser.feed(text, final)
 
     @property
     def calls(self) -> list[ToolCall]:
-        return self.parser.calls
+        return [] if self.parser is None else self.parser.calls
 
     def finish_reason(self, reason: str) -> str:
         """OpenAI's finish reason: ``tool_calls`` for a reply that ended after whole calls, else ``reason``."""
-        calls = self.parser.calls
+        calls = self.calls
         return "tool_calls" if reason == "stop" and calls and all(c.complete for c in calls) else reason
