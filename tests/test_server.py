@@ -783,10 +783,10 @@ def test_schema_driven_fuzzing_finds_no_server_error(url, hypothesis_home):
         for mode in [schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE]:
             try:
                 statuses[f"{operation.method.upper()} {operation.path} {mode.value}"] = fuzz(operation, mode, url)
-            except Unsatisfiable:  # nothing to break in an operation without inputs (GET /health)
-                assert mode is schemathesis.GenerationMode.NEGATIVE and operation.method.upper() == "GET"
+            except Unsatisfiable:  # nothing to break in an operation without a body (GET /health, DELETE by id)
+                assert mode is schemathesis.GenerationMode.NEGATIVE and operation.method.upper() in ("GET", "DELETE")
     posts = {key: codes for key, codes in statuses.items() if key.startswith("POST")}
-    assert len(posts) == 6 and all(len(codes) >= 10 for codes in posts.values()), statuses  # 3 routes, 2 modes
+    assert len(posts) >= 6 and all(len(codes) >= 10 for codes in posts.values()), statuses  # each route, 2 modes
     assert any(200 in codes for codes in posts.values()) and any(400 in codes for codes in posts.values())
     assert not [code for codes in statuses.values() for code in codes if code >= 500]
     assert httpx.get(f"{url}/health", timeout=TIMEOUT).json()["status"] == "ok"
