@@ -161,6 +161,8 @@ FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "location"
     [
         (FENCED, [("get_weather", {"location": "Paris, France"})]),
         ('{"name": "get_weather", "arguments": {"location": "Rome"}}', [("get_weather", {"location": "Rome"})]),
+        ('{{"name": "get_weather", "arguments": {"location": "Rome"}}', [("get_weather", {"location": "Rome"})]),
+        ('{{"name": "get_weather", "arguments": {"location": "Rome"}}}', [("get_weather", {"location": "Rome"})]),
         ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', [("get_time", {})]),
         ('```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```', []),  # not its schema: content
         ('```json\n{"name": "send_mail", "arguments": {}}\n```', []),  # not a listed function

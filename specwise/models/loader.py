@@ -369,9 +369,13 @@ def end_of_generation_ids(model, tokenizer, meta) -> set[int] | None:
             ids.add(int(value))
     for text in END_MARKERS:
         found = tokenizer.encode(text, add_special_tokens=False)
-        if len(found) == 1 and 0 <= found[0] < vocab and tokenizer.decode(found, skip_special_tokens=True) == "":
-            if tokenizer.decode(found, skip_special_tokens=False) == text:
-                ids.add(found[0])
+        if len(found) != 1 or not 0 <= found[0] < vocab:
+            continue
+        if (
+            tokenizer.decode(found, skip_special_tokens=True) == ""
+            and tokenizer.decode(found, skip_special_tokens=False) == text
+        ):
+            ids.add(found[0])
     return ids or None
 
 

@@ -35,6 +35,8 @@ class LooseCalls:
             if rest[3:line].strip() not in ("", "json"):
                 return False
             rest = rest[line + 1 :].lstrip()
+        if rest.startswith("{{"):  # a doubled opening brace (see calls)
+            rest = rest[1:]
         for expected in ("{", '"name"', ":", '"'):
             if len(rest) < len(expected):
                 return None if expected.startswith(rest) else False
@@ -50,10 +52,12 @@ class LooseCalls:
         """The calls (name, arguments as JSON text) of a whole reply that is a loose call (or, where parallel calls
         are allowed, a JSON array of them), else None."""
         fenced = _FENCED.fullmatch(text)
-        body = fenced.group("body") if fenced else text
-        try:
-            value = json.loads(body)
-        except (ValueError, RecursionError):
+        body = (fenced.group("body") if fenced else text).strip()
+        value = _json(body)
+        if value is None and body.startswith("{{"):  # Qwen2.5-Coder at times doubles the opening brace
+            value = _json(body[1:])
+            value = _json(body[1:-1]) if value is None and body.endswith("}}") else value
+        if value is None:
             return None
         items = value if isinstance(value, list) and self.parallel else [value]
         out = []
@@ -78,6 +82,14 @@ class LooseCalls:
         if not matches_schema(args, self.functions[name]):
             return None
         return name, json.dumps(args, ensure_ascii=False)
+
+
+def _json(text: str):
+    """``text`` parsed as JSON, or None where it is not JSON (a JSON null is no call either)."""
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
 
 
 _TYPES = {
