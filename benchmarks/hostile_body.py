@@ -1,6 +1,9 @@
 """`/health` latency of `specwise serve` while hostile bodies arrive: 5 MB bodies refused (HTTP 413), declared and
 chunked; and bodies just within the limit that cost the most to refuse: a long prompt (tokenized, then refused as
-longer than the context), a conversation of as many tiny messages as fit, and a prompt of as many nested arrays.
+longer than the context), a conversation of as many tiny messages as fit, and a prompt of as many nested arrays;
+tool and response_format schemas nested 300 levels deep (refused: 400); 128 tools of as many properties as fit
+(refused at once: past the request's budget of schema values); and 128 tools whose schemas fill that budget, each
+distinct (each checked and compiled, on the event loop, before the request runs).
 
 Starts `specwise serve` (default model and drafter) as its own process on 127.0.0.1, or uses --url. Each scenario
 posts its bodies one after another from a thread while the main thread polls `/health` on a kept-alive
@@ -34,6 +37,8 @@ MB = 1024 * 1024
 GOAL_SECONDS = 0.1
 SERVE_MAX_BATCH = 16  # `specwise serve`'s default
 LONG_PROMPT = "Hello world, this is a long prompt. "  # repeated to --prompt-kb
+DEEP_LEVELS = 300  # nested objects in the deep schemas (600 levels of JSON: within the parser's limit)
+MAX_TOOLS = 128
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -49,6 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-kb", type=int, default=900, help="the long prompt, within the limit (default: 900)")
     p.add_argument("--posts", type=int, default=10, help="hostile bodies per scenario, one after another")
     p.add_argument("--baseline-polls", type=int, default=200, help="/health polls with nothing else (default 200)")
+    p.add_argument("--scenarios", default=None, help="comma-separated scenarios to run (default: all)")
     p.add_argument("--out", default=None, help="JSON file (default: print the JSON)")
     return p.parse_args(argv)
 
@@ -126,6 +132,65 @@ def fill(make: Callable[[int], dict], limit: int) -> bytes:
     return json.dumps(make(n)).encode()
 
 
+def largest(make: Callable[[int], dict], limit: int) -> bytes:
+    """The JSON of ``make(n)`` for the largest ``n`` whose body stays within ``limit`` bytes (found by bisection:
+    for bodies whose items grow with their index)."""
+    low, high = 0, 1
+    while len(json.dumps(make(high))) <= limit:
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if len(json.dumps(make(mid))) <= limit else (low, mid)
+    return json.dumps(make(low)).encode()
+
+
+def deep_schema(levels: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def deep_schema_bodies(model: str) -> list[bytes]:
+    """A chat request whose tool's parameters nest DEEP_LEVELS objects, and one whose response_format does."""
+    base = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep_schema(DEEP_LEVELS)}}
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": deep_schema(DEEP_LEVELS)}}
+    return [json.dumps(base | {"tools": [tool]}).encode(), json.dumps(base | {"response_format": schema}).encode()]
+
+
+def wide_tools(model: str, properties: int, distinct: bool = False) -> dict:
+    """MAX_TOOLS tools of ``properties`` string properties each (``distinct``: each tool's own names, so that no
+    schema is the same as another)."""
+
+    def props(i: int) -> dict:
+        return {f"p{i}_{j}" if distinct else f"p{j}": {"type": "string"} for j in range(properties)}
+
+    tools = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": props(i)}}}
+        for i in range(MAX_TOOLS)
+    ]
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "tools": tools}
+
+
+def tools_at_the_budget(model: str) -> Callable[[], bytes]:
+    """Fresh bodies (no schema seen before: the server checks each schema once) of MAX_TOOLS tools whose schemas
+    hold just under the server's budget of schema values."""
+    from specwise.tools.spec import MAX_SCHEMA_VALUES
+
+    per_tool = (MAX_SCHEMA_VALUES // MAX_TOOLS - 4) // 2  # each property: its name's object and its type
+    rounds = iter(range(1 << 30))
+
+    def make() -> bytes:
+        body = wide_tools(model, per_tool, distinct=True)
+        salt = next(rounds)
+        for tool in body["tools"]:
+            tool["function"]["parameters"]["description"] = f"round {salt}"
+        return json.dumps(body).encode()
+
+    return make
+
+
 def scenarios(url: str, model: str, limit: int, args: argparse.Namespace) -> dict[str, Callable[[], list[int]]]:
     big = chat_body(model, int(args.body_mb * MB))
     prompt = (LONG_PROMPT * (args.prompt_kb * 1024 // len(LONG_PROMPT) + 1))[: args.prompt_kb * 1024]
@@ -133,6 +198,10 @@ def scenarios(url: str, model: str, limit: int, args: argparse.Namespace) -> dic
     message = {"role": "user", "content": ""}
     messages = fill(lambda n: {"model": model, "messages": [message] * n, "max_tokens": 1}, limit)
     nested = fill(lambda n: {"model": model, "prompt": [[1]] * n, "max_tokens": 1}, limit)
+    deep = deep_schema_bodies(model)
+    turn = iter(range(1 << 30))
+    wide = largest(lambda n: wide_tools(model, n), limit)
+    budget = tools_at_the_budget(model)
     chat, completions = "/v1/chat/completions", "/v1/completions"
     return {
         "refused_declared": poster(url, chat, lambda: big, args.posts),
@@ -140,6 +209,9 @@ def scenarios(url: str, model: str, limit: int, args: argparse.Namespace) -> dic
         "long_prompt_within_limit": poster(url, completions, lambda: long_prompt, args.posts),
         "tiny_messages_within_limit": poster(url, chat, lambda: messages, args.posts),
         "nested_arrays_within_limit": poster(url, completions, lambda: nested, args.posts),
+        "deep_schemas_refused": poster(url, chat, lambda: deep[next(turn) % 2], args.posts),
+        "wide_tools_within_limit": poster(url, chat, lambda: wide, args.posts),
+        "tools_at_the_schema_budget": poster(url, chat, budget, args.posts),
     }
 
 
@@ -149,7 +221,10 @@ def measure(url: str, health: dict, args: argparse.Namespace) -> dict:
     with httpx.Client(timeout=60) as client:
         baseline = [poll(client, url) for _ in range(args.baseline_polls)]
     results = {"baseline": quantiles(baseline)}
+    chosen = None if args.scenarios is None else set(args.scenarios.split(","))
     for name, hostile in scenarios(url, model, limit, args).items():
+        if chosen is not None and name not in chosen:
+            continue
         latencies, statuses, wall = health_while(url, hostile)
         results[name] = quantiles(latencies) | {"hostile_statuses": statuses, "hostile_seconds": wall}
         print(f"{name}: {json.dumps(results[name])}", file=sys.stderr)

@@ -31,7 +31,7 @@ from test_tools import QWEN_TEMPLATE, WEATHER, tiny_tool_gguf
 from specwise.runtime import build_runtime
 from specwise.server.app import create_app
 from specwise.server.limits import default_max_body_bytes
-from specwise.tools.spec import MAX_SCHEMA_DEPTH
+from specwise.tools.spec import MAX_SCHEMA_DEPTH, MAX_SCHEMA_VALUES, _cached_schema_problem
 
 MODEL = "m"
 TIMEOUT = 120.0
@@ -563,3 +563,30 @@ def test_the_prompt_shows_the_schema_as_given():
     [function] = tool_request([POINTING], None, None).functions
     assert function.openai()["function"]["parameters"] == POINTING["function"]["parameters"]
     assert function.parameters == {"$id": "urn:specwise:tool:apply", **POINTING["function"]["parameters"]}
+
+
+# ------------------------------------------------------------------------------------- the work of checking tools
+
+
+def test_tools_past_the_schema_budget_are_a_400_before_any_is_checked(url):
+    """128 tools of 200 properties (within the body limit): each schema costs tens of milliseconds to check, so
+    a request's schemas are bounded in all, and counted before any is checked."""
+    properties = {f"p{i}": {"type": "string"} for i in range(200)}
+    tools = [
+        {"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object", "properties": properties}}}
+        for i in range(128)
+    ]
+    response = post(url, tools=tools)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "tools", error
+    assert f"more than {MAX_SCHEMA_VALUES} JSON values" in error["message"] and "tools[" in error["message"]
+
+
+def test_the_same_tools_are_checked_once(url):
+    """Agents send the same tools every turn: a schema checked once is not checked again."""
+    tools = agent_tools()
+    assert post(url, tools=tools).status_code == 200
+    before = _cached_schema_problem.cache_info()
+    assert post(url, tools=tools).status_code == 200
+    after = _cached_schema_problem.cache_info()
+    assert after.misses == before.misses and after.hits >= before.hits + len(tools)

@@ -5,6 +5,7 @@ the request field at fault, as OpenAI names it (``tools[0].function.parameters``
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ __all__ = [
     "ToolRequest",
     "check_history",
     "json_depth",
+    "json_size",
     "schema_depth_error",
     "tool_request",
 ]
@@ -28,6 +30,12 @@ EMPTY_PARAMETERS = {"type": "object", "properties": {}}  # a function without pa
 # objects, far past any real tool's; deeper schemas are refused before the validators and the grammar compiler,
 # which recurse (a 200-level schema overflowed Python's stack in the meta-schema check)
 MAX_SCHEMA_DEPTH = 64
+# JSON values (objects, arrays, strings, numbers...) in all the parameter schemas of one request's tools: checking
+# and compiling a schema costs up to 0.2 ms a value (the meta-schema check; the grammar compiler grows faster than
+# linearly with optional properties), so this bounds a request's checks to about a second on a busy 2-core machine
+# (16,384 took 3 s); fifteen coding-agent tools hold about 250, a large MCP tool set a few thousand
+MAX_SCHEMA_VALUES = 8192
+CACHED_SCHEMA_CHARS = 16_384  # schemas up to this long are checked once (agents send the same tools every turn)
 
 
 class ToolError(ValueError):
@@ -127,6 +135,15 @@ def tool_request(tools: list[dict] | None, tool_choice: str | dict | None, paral
         return None
     if len(tools) > MAX_TOOLS:
         raise ToolError(f"at most {MAX_TOOLS} tools are supported, got {len(tools)}", "tools")
+    total = 0
+    for i, tool in enumerate(tools):  # the size of the work before any of it
+        total += json_size((tool.get("function") or {}).get("parameters"), MAX_SCHEMA_VALUES - total)
+        if total > MAX_SCHEMA_VALUES:
+            raise ToolError(
+                f"the tools' parameter schemas hold more than {MAX_SCHEMA_VALUES} JSON values in all (passed at "
+                f"tools[{i}]): send fewer tools or smaller schemas",
+                "tools",
+            )
     functions: list[Function] = []
     for i, tool in enumerate(tools):
         function = _function(tool.get("function") or {}, f"tools[{i}].function")
@@ -147,6 +164,22 @@ def _function(spec: dict, where: str) -> Function:
     parameters = EMPTY_PARAMETERS if parameters is None else parameters
     check_parameters(parameters, f"{where}.parameters")
     return Function(name, spec.get("description"), json.dumps(parameters))
+
+
+def json_size(value: object, limit: int) -> int:
+    """How many JSON values ``value`` holds, itself included (None: 0), counted without recursion and only up to
+    ``limit + 1``."""
+    if value is None:
+        return 0
+    count, stack = 0, [value]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return count
 
 
 def json_depth(value: object, limit: int) -> int:
@@ -189,6 +222,16 @@ def check_parameters(schema: object, param: str) -> None:
         raise ToolError(too_deep, param)
     if schema.get("type", "object") != "object":
         raise ToolError(f'{param} must describe an object (type "object"), got type {schema["type"]!r}', param)
+    text = json.dumps(schema)
+    problem = _cached_schema_problem(text) if len(text) <= CACHED_SCHEMA_CHARS else _schema_problem(text)
+    if problem is not None:
+        raise ToolError(f"{param}{problem}", param)
+
+
+def _schema_problem(text: str) -> str | None:
+    """What is wrong with the JSON schema ``text`` (to follow the field's name), None when nothing: checked
+    against the JSON Schema meta-schema when jsonschema is installed, then compiled by llguidance."""
+    schema = json.loads(text)
     try:
         import jsonschema
     except ModuleNotFoundError:
@@ -197,13 +240,17 @@ def check_parameters(schema: object, param: str) -> None:
         try:
             jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator).check_schema(schema)
         except jsonschema.SchemaError as err:
-            raise ToolError(f"{param} is not a valid JSON schema: {err.message}", param) from err
+            return f" is not a valid JSON schema: {err.message}"
     from specwise.constraints import ConstraintError, JsonSchema
 
     try:
         JsonSchema(schema).check()
     except ConstraintError as err:
-        raise ToolError(f"{param}: {err}", param) from err
+        return f": {err}"
+    return None
+
+
+_cached_schema_problem = functools.lru_cache(maxsize=1024)(_schema_problem)
 
 
 def _choice(tool_choice: str | dict | None, functions: list[Function]) -> ToolChoice:
