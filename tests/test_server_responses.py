@@ -23,6 +23,7 @@ import httpx
 import openai
 from test_server import live_server
 from test_tools import QUESTION, QWEN_TEMPLATE, TIME, WEATHER, tiny_tool_gguf
+from vocab_models import QWEN3_TOKENS, qwen3_template, tiny_vocab_gguf
 
 from specwise.runtime import build_runtime
 from specwise.server.app import create_app
@@ -39,6 +40,10 @@ PATCH = {
     "format": {"type": "grammar", "syntax": "regex", "definition": "[a-z]{3,8}"},
 }
 
+THINK, END = 151667, 151668  # Qwen3's thinking tags
+# the reply forced on the random model: thinking, then the answer
+FORCED = f'start: <[{THINK}]> "\\nThe user greets me.\\n" <[{END}]> "\\n\\nHello there!"'
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -52,6 +57,13 @@ def serve(target: str):
 def qwen(tmp_path_factory):
     """The tiny model with Qwen2.5's template: the native tool format."""
     yield from serve(str(tiny_tool_gguf(tmp_path_factory.mktemp("responses") / "qwen.gguf", QWEN_TEMPLATE)))
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """A tiny model around Qwen3's vocabulary and template: a thinking model."""
+    path = tmp_path_factory.mktemp("responses") / "qwen3.gguf"
+    yield from serve(str(tiny_vocab_gguf(path, template=qwen3_template(), set_tokens=QWEN3_TOKENS)))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +85,8 @@ def chat(url: str, messages: list, **kw) -> dict:
     reply = api(url).chat.completions.create(model=MODEL, messages=messages, temperature=0, **kw)
     message = reply.choices[0].message
     calls = [(c.function.name, c.function.arguments) for c in message.tool_calls or []]
-    return {"content": message.content or "", "calls": calls, "finish": reply.choices[0].finish_reason}
+    finish = reply.choices[0].finish_reason
+    return {"content": message.content or "", "calls": calls, "finish": finish, "prompt": reply.usage.prompt_tokens}
 
 
 def answer(response) -> dict:
@@ -83,7 +96,7 @@ def answer(response) -> dict:
         finish = "length"
     else:
         finish = "tool_calls" if calls else "stop"
-    return {"content": response.output_text, "calls": calls, "finish": finish}
+    return {"content": response.output_text, "calls": calls, "finish": finish, "prompt": response.usage.input_tokens}
 
 
 def shape(response) -> list[dict]:
@@ -277,6 +290,37 @@ def test_custom_input_decoding_in_pieces():
     assert odd.feed('{"input" : "x\\u0041"}') == "xA" and odd.rest() == ""
     spaced = _CustomInput()
     assert spaced.feed('{"\\u0069nput": "yes"}') == "" and spaced.rest() == "yes"
+
+
+# ------------------------------------------------------------------------------------------------ reasoning
+
+
+def test_a_thinking_models_reasoning_is_a_reasoning_item(qwen3):
+    kw = {"input": "Hi", "extra_body": {"grammar": FORCED}}
+    response = respond(qwen3, **kw)
+    reasoning, message = response.output
+    assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_") and reasoning.summary == []
+    assert [part.text for part in reasoning.content] == ["The user greets me."]
+    assert message.type == "message" and response.output_text == "Hello there!"
+    assert shape(streamed(qwen3, **kw)) == shape(response)
+
+
+def test_reasoning_sent_back_reaches_the_template_as_chat_s(qwen3):
+    """Within a round of tool calls Qwen3's template renders the reasoning of the calls' message."""
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Rome"}'}
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "Hm."}]}
+    result = {"type": "function_call_output", "call_id": "call_1", "output": "cloudy"}
+    tool_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+    }
+    assistant = {"role": "assistant", "content": None, "tool_calls": [tool_call], "reasoning_content": "Hm."}
+    messages = [*QUESTION, assistant, {"role": "tool", "tool_call_id": "call_1", "content": "cloudy"}]
+    with_thought = respond(qwen3, input=[*QUESTION, thought, call, result], max_output_tokens=3)
+    assert answer(with_thought) == chat(qwen3, messages, max_tokens=3)
+    without = respond(qwen3, input=[*QUESTION, call, result], max_output_tokens=3)
+    assert without.usage.input_tokens < with_thought.usage.input_tokens
 
 
 # ------------------------------------------------------------------------------------------------ text.format

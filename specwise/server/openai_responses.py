@@ -94,6 +94,9 @@ class ResponsesRequest(BaseModel):
     top_k: int | None = Field(None, ge=-1, description="specwise's extension, as in chat completions")
     min_p: float | None = Field(None, ge=0, lt=1, description="specwise's extension, as in chat completions")
     seed: int | None = Field(None, description="specwise's extension, as in chat completions")
+    grammar: str | None = Field(None, description="specwise's extension, as in chat completions")
+    regex: str | None = Field(None, description="specwise's extension, as in chat completions")
+    chat_template_kwargs: dict | None = Field(None, description="specwise's extension, as in chat completions")
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: log-probabilities are not returned")
     text: dict | None = Field(None, description='{"format": {"type": "text" | "json_object" | "json_schema", ...}}')
     reasoning: dict | None = Field(None, description="accepted, not used")
@@ -153,7 +156,8 @@ def _responses_param(param: str | None, messages: list[list[str]], tools: list[s
         sources = messages[int(found[1])]
         if found[2] is not None and int(found[2]) + 1 < len(sources):
             return sources[int(found[2]) + 1]
-        return f"{sources[0]}.call_id" if found[3] == ".tool_call_id" else sources[0]
+        tool_result = found[3] == ".tool_call_id" and sources[0].startswith("input[")
+        return f"{sources[0]}.call_id" if tool_result else sources[0]
     found = _TOOL_PARAM.match(param)
     if found and int(found[1]) < len(tools):
         return tools[int(found[1])] + found[2]
@@ -214,8 +218,12 @@ class _Conversation:
 
     messages: list[dict] = field(default_factory=list)
     sources: list[list[str]] = field(default_factory=list)
+    reasoning: str | None = None  # a reasoning item's text, for the assistant message after it
 
     def add(self, message: dict, source: str) -> None:
+        if self.reasoning is not None and message["role"] == "assistant":
+            message["reasoning_content"] = self.reasoning
+        self.reasoning = None
         self.messages.append(message)
         self.sources.append([source])
 
@@ -225,6 +233,9 @@ class _Conversation:
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         if not self.messages or self.messages[-1]["role"] != "assistant":
             self.add({"role": "assistant", "content": None}, source)
+        elif self.reasoning is not None:
+            self.messages[-1].setdefault("reasoning_content", self.reasoning)
+            self.reasoning = None
         self.messages[-1].setdefault("tool_calls", []).append(call)
         self.sources[-1].append(source)
 
@@ -248,7 +259,7 @@ class _Conversation:
                 raise _bad(f"{path}.output", f"Missing required parameter: '{path}.output'")
             self.add({"role": "tool", "tool_call_id": _field(item, "call_id", path), "content": output}, path)
         elif kind == "reasoning":
-            pass  # the model's earlier thinking is not part of the prompt (as the chat templates drop it)
+            self._reasoning(item, path)
         elif kind is None:
             raise _bad(f"{path}.type", f"Missing required parameter: '{path}.type'")
         else:
@@ -257,6 +268,18 @@ class _Conversation:
                 f"Invalid '{path}.type': {kind!r} is not supported here: give message, function_call, "
                 "function_call_output, custom_tool_call, custom_tool_call_output or reasoning items",
             )
+
+    def _reasoning(self, item: dict, path: str) -> None:
+        """A reasoning item's text (its ``reasoning_text`` parts; summaries and encrypted content are left out) goes
+        back with the assistant message after it, as chat's ``reasoning_content``: the template renders it or not
+        (Qwen3's does within a round of tool calls)."""
+        content = item.get("content")
+        if not isinstance(content, list):
+            return
+        texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "reasoning_text"]
+        text = "".join(t for t in texts if isinstance(t, str))
+        if text:
+            self.reasoning = (self.reasoning or "") + text
 
     def _message(self, item: dict, path: str) -> None:
         role = _field(item, "role", path)
@@ -378,6 +401,9 @@ def _check_unsupported(body: ResponsesRequest) -> None:
         raise _bad("input", "Missing required parameter: 'input'")
 
 
+_EXTENSIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "grammar", "regex", "chat_template_kwargs")
+
+
 def chat_request(body: ResponsesRequest, history: list[Any]) -> ChatPlan:
     """``body`` (after the conversation ``history`` of its previous response) as a chat request. Raises
     APIError naming the Responses field at fault."""
@@ -394,7 +420,7 @@ def chat_request(body: ResponsesRequest, history: list[Any]) -> ChatPlan:
         "parallel_tool_calls": body.parallel_tool_calls if tools else None,
         "max_completion_tokens": body.max_output_tokens,
         "response_format": _response_format(body.text),
-        **{key: getattr(body, key) for key in ("temperature", "top_p", "top_k", "min_p", "seed")},
+        **{key: getattr(body, key) for key in _EXTENSIONS},
     }
     try:
         request = ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
