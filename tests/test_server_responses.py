@@ -21,7 +21,7 @@ for _module in ("fastapi", "uvicorn", "httpx", "openai"):
 
 import httpx
 import openai
-from test_server import live_server
+from test_server import ThrottledDrafter, live_server
 from test_tools import QUESTION, QWEN_TEMPLATE, TIME, WEATHER, tiny_tool_gguf
 from vocab_models import QWEN3_TOKENS, qwen3_template, tiny_vocab_gguf
 
@@ -47,16 +47,31 @@ FORCED = f'start: <[{THINK}]> "\\nThe user greets me.\\n" <[{END}]> "\\n\\nHello
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def serve(target: str):
-    app = create_app(build_runtime(target, "ngram", 4, "cpu"), model_name=MODEL, default_max_tokens=40)
+def serve(target: str, throttled: list | None = None):
+    """A live server of ``target`` (its drafter wrapped in a ThrottledDrafter, appended to ``throttled``, when
+    given); yields its base URL."""
+    runtime = build_runtime(target, "ngram", 4, "cpu")
+    if throttled is not None:
+        throttled.append(ThrottledDrafter(runtime.engine.drafters[0]))
+        runtime.engine.drafters = throttled[-1:]
+    app = create_app(runtime, model_name=MODEL, default_max_tokens=40)
     with live_server(app) as url:
         yield url
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory):
-    """The tiny model with Qwen2.5's template: the native tool format."""
-    yield from serve(str(tiny_tool_gguf(tmp_path_factory.mktemp("responses") / "qwen.gguf", QWEN_TEMPLATE)))
+def qwen_served(tmp_path_factory):
+    """The tiny model with Qwen2.5's template (the native tool format), its drafter throttle-able; yields (base URL,
+    drafter)."""
+    throttled: list = []
+    path = tiny_tool_gguf(tmp_path_factory.mktemp("responses") / "qwen.gguf", QWEN_TEMPLATE)
+    for url in serve(str(path), throttled):
+        yield url, throttled[0]
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen_served):
+    return qwen_served[0]
 
 
 @pytest.fixture(scope="module")
@@ -204,6 +219,25 @@ def test_the_raw_events_follow_openais_order(qwen):
     text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
     assert events[-1]["response"]["output_text"] == text == events[-4]["text"]
     assert events[0]["response"]["status"] == "in_progress" and events[0]["response"]["output"] == []
+
+
+def test_an_error_after_the_headers_fails_the_response(qwen_served):
+    url, drafter = qwen_served
+    body = {"model": CODEX_MODEL, "input": "hi", "max_output_tokens": 60, "stream": True, "ignore_eos": True}
+    drafter.delay = 0.05
+    try:
+        with httpx.stream("POST", f"{url}/v1/responses", json=body | {"temperature": 0}, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(lines) == "event: response.created"  # the first target pass is done
+            drafter.throttle.fail = RuntimeError("the drafter broke")
+            events = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    finally:
+        drafter.delay, drafter.throttle.fail = 0.0, None
+    error, failed = events[-2:]
+    assert error["type"] == "error" and error["message"] == "generation failed: RuntimeError: the drafter broke"
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert failed["response"]["error"]["message"] == error["message"]
+    assert respond(url, input="hi", max_output_tokens=2).status == "incomplete"  # the server goes on
 
 
 # ----------------------------------------------------------------------------------------------------- tools

@@ -97,6 +97,7 @@ class ResponsesRequest(BaseModel):
     grammar: str | None = Field(None, description="specwise's extension, as in chat completions")
     regex: str | None = Field(None, description="specwise's extension, as in chat completions")
     chat_template_kwargs: dict | None = Field(None, description="specwise's extension, as in chat completions")
+    ignore_eos: bool | None = Field(None, description="specwise's extension, as in chat completions")
     top_logprobs: int | None = Field(None, ge=0, le=0, description="only 0: log-probabilities are not returned")
     text: dict | None = Field(None, description='{"format": {"type": "text" | "json_object" | "json_schema", ...}}')
     reasoning: dict | None = Field(None, description="accepted, not used")
@@ -401,7 +402,17 @@ def _check_unsupported(body: ResponsesRequest) -> None:
         raise _bad("input", "Missing required parameter: 'input'")
 
 
-_EXTENSIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "grammar", "regex", "chat_template_kwargs")
+_EXTENSIONS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "grammar",
+    "regex",
+    "chat_template_kwargs",
+    "ignore_eos",
+)
 
 
 def chat_request(body: ResponsesRequest, history: list[Any]) -> ChatPlan:
