@@ -1,4 +1,6 @@
-"""The OpenAI-compatible HTTP API (FastAPI): completions, chat completions, models, health and metrics.
+"""The HTTP API (FastAPI): OpenAI's completions, chat completions and Responses (``openai_responses.py``),
+Anthropic's Messages (``anthropic.py``), llama.cpp's ``/infill``, models, health and metrics. Every chat API is an
+adapter over one request path (``chat.py``).
 
 ``create_app(runtime)`` builds the app around a Runtime; run it with uvicorn (``specwise serve``) or test it
 in-process. A body over the size limit is refused before it is parsed (``limits.py``); the rest are validated on

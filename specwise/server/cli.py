@@ -34,8 +34,9 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser(
         "serve",
-        help="serve an OpenAI-compatible HTTP API (completions, chat, streaming, Prometheus metrics)",
-        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics.",
+        help="serve an OpenAI- and Anthropic-compatible HTTP API (chat, Responses, Messages, completions, streaming)",
+        description="Serve /v1/chat/completions, /v1/responses, /v1/messages (and count_tokens), /v1/completions, "
+        "/infill, /v1/models, /health and /metrics.",
     )
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
