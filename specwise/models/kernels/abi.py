@@ -258,6 +258,10 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "specwise_qllama_timings": ([_i, _p], None),
     "specwise_qllama_scratch_floats": ([_ptr(QShape), _i64], _i64),
     "specwise_qllama_rows": ([_ptr(QShape), _ptr(QLayers), _ptr(QRows), _ptr(QWork), _ptr(QRun)], _i),
+    "specwise_qllama_attention": (
+        [_ptr(QShape), _ptr(QRows), _i64, _i64, _f, _p, _p, _ptr(QWork), _ptr(QRun), _i64],
+        _i,
+    ),
     "specwise_rms_norm_rows": ([_p, _p, _p, _i, _i, _f], None),
     "specwise_qllama_forward": (
         [_ptr(QShape), _ptr(QLayers), _ptr(QRows), _ptr(QWork), _ptr(QRun), _ptr(QModel), _ptr(QPass)],

@@ -328,11 +328,98 @@ ATTENTION(_f, float, F32_1)
 ATTENTION(_h, uint16_t, F16_1)
 #undef ATTENTION
 
+/* ---- the tiled loops (attention_tile below): every task of a tile over one block of positions at a time ---- */
+
+/* the block indexes [*a, *b) of positions j0 .. j0 + nb - 1 that task t attends to (empty: *a >= *b) */
+static inline void task_span(const struct attn_task *t, int j0, int nb, int *a, int *b) {
+    const int lo = t->first - j0, hi = t->last - j0;
+    *a = lo > 0 ? lo : 0;
+    *b = hi < nb ? hi : nb;
+}
+
+/* The same as x86's score vectors: w scores of block indexes s .. s + w - 1 (in v) stored where task t attends to
+ * them. */
+static inline void store_scores(const struct attn_task *t, int j0, int nb, int s, int w, const float *v) {
+    int a, b;
+    task_span(t, j0, nb, &a, &b);
+    a = a > s ? a : s;
+    b = b < s + w ? b : s + w;
+    for (int j = a; j < b; j++) t->sc[j0 + j - t->first] = v[j - s];
+}
+
+/* keys [nb][hd] to kt[d * kb + j] (zeros past nb) */
+#define TILE_KEYS(SUFFIX, T, LOAD1)                                                                                \
+    static void tile_keys##SUFFIX(const void *keys_, int nb, int hd, float *kt, int kb) {                      \
+        const T *keys = keys_;                                                                                   \
+        for (int d = 0; d < hd; d++) {                                                                           \
+            float *row = kt + (size_t)d * kb;                                                                    \
+            for (int j = 0; j < nb; j++) row[j] = LOAD1(keys + (size_t)j * hd + d);                               \
+            for (int j = nb; j < kb; j++) row[j] = 0.0f;                                                         \
+        }                                                                                                        \
+    }
+TILE_KEYS(_f, float, F32_1)
+TILE_KEYS(_h, uint16_t, F16_1)
+#undef TILE_KEYS
+
+/* key_scores' chain for 16 keys at a time (kt's columns s .. s + 15): eight lanes (d mod 8) of fused multiply-adds
+ * per key, added pairwise, times scale */
+static void tile_scores_portable(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+                                 float scale) {
+    for (int i = 0; i < n; i++) {
+        int a, b;
+        task_span(t + i, j0, nb, &a, &b);
+        for (int s = a & ~15; s < b; s += 16) {
+            float acc[8][16], v[16];
+            for (int l = 0; l < 8; l++)
+                for (int u = 0; u < 16; u++) acc[l][u] = 0.0f;
+            for (int d = 0; d < hd; d += 8)
+                for (int l = 0; l < 8; l++) {
+                    const float qd = t[i].q[d + l], *k = kt + (size_t)(d + l) * kb + s;
+                    for (int u = 0; u < 16; u++) acc[l][u] = fmaf(qd, k[u], acc[l][u]);
+                }
+            for (int u = 0; u < 16; u++) {
+                float t0 = acc[0][u] + acc[4][u], t1 = acc[1][u] + acc[5][u];
+                const float t2 = acc[2][u] + acc[6][u], t3 = acc[3][u] + acc[7][u];
+                t0 = t0 + t2;
+                t1 = t1 + t3;
+                v[u] = (t0 + t1) * scale;
+            }
+            store_scores(t + i, j0, nb, s, 16, v);
+        }
+    }
+}
+
+/* weighted_values' chains continued over the block, in increasing position */
+#define TILE_VALUES(SUFFIX, T, LOAD1)                                                                              \
+    static void tile_values##SUFFIX(const struct attn_task *t, int n, int j0, int nb, const void *v, int hd) {  \
+        for (int i = 0; i < n; i++) {                                                                            \
+            int a, b;                                                                                            \
+            task_span(t + i, j0, nb, &a, &b);                                                                    \
+            float *out = t[i].out;                                                                               \
+            const float *p = t[i].sc + (j0 + a - t[i].first); /* the probability of block index a */             \
+            for (int j = a; j < b; j++) {                                                                        \
+                const float pj = p[j - a];                                                                       \
+                const T *vj = (const T *)v + (size_t)j * hd;                                                     \
+                for (int d = 0; d < hd; d++) out[d] = fmaf(pj, LOAD1(vj + d), out[d]);                           \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+TILE_VALUES(_f, float, F32_1)
+TILE_VALUES(_h, uint16_t, F16_1)
+#undef TILE_VALUES
+
+static void tile_values_portable(const struct attn_task *t, int n, int j0, int nb, const void *v, int hd, int half) {
+    (half ? tile_values_h : tile_values_f)(t, n, j0, nb, v, hd);
+}
+
 const struct attn_ops attn_portable = {
     .key_scores = {key_scores_f, key_scores_h},
     .weighted_values = {weighted_values_f, weighted_values_h},
     .max = max_portable,
     .exp_sums = exp_sums_portable,
+    .tile_keys = {tile_keys_f, tile_keys_h},
+    .tile_scores = tile_scores_portable,
+    .tile_values = tile_values_portable,
 };
 
 #ifdef SPECWISE_X86
@@ -384,6 +471,299 @@ JOINT_ENTRIES(_h256_j2, uint16_t)
 JOINT_ENTRIES(_h256_j3, uint16_t)
 #undef JOINT_ENTRIES
 
+/* ---- the tiled loops on AVX2 and AVX-512: the portable ones' operations, vectors across keys (scores) and across
+ * the head's width (values) ---- */
+
+/* a vector loaded once into a register for the several multiply-adds that use it (not read again from memory by
+ * each: the loads, not the multiply-adds, would bound the loops) */
+#define IN_REGISTER(x) __asm__("" : "+v"(x))
+
+/* r[i] (eight floats of row i) to r[l] (float l of every row) */
+T256 static inline void transpose8(__m256 r[8]) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* keys [nb][hd] to kt[d * kb + j] (zeros past nb), eight keys by eight widths at a time */
+#define TILE_KEYS256(SUFFIX, T, LOAD8)                                                                             \
+    T256 static void tile_keys##SUFFIX##256(const void *keys_, int nb, int hd, float *kt, int kb) {             \
+        const T *keys = keys_;                                                                                   \
+        for (int j = 0; j < kb; j += 8)                                                                          \
+            for (int d = 0; d < hd; d += 8) {                                                                    \
+                __m256 r[8];                                                                                     \
+                for (int i = 0; i < 8; i++)                                                                      \
+                    r[i] = j + i < nb ? LOAD8(keys + (size_t)(j + i) * hd + d) : _mm256_setzero_ps();            \
+                transpose8(r);                                                                                   \
+                for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (size_t)(d + l) * kb + j, r[l]);               \
+            }                                                                                                    \
+    }
+TILE_KEYS256(_f, float, F32_8)
+TILE_KEYS256(_h, uint16_t, F16_8)
+#undef TILE_KEYS256
+
+/* NQ tasks' scores of keys s .. s + W - 1 of the block (kt's columns), W the vector's lanes: per task and key the
+ * eight lanes' chains of key_scores, side by side across keys; each key column of kt loaded once for the NQ tasks */
+#define TILE_SCORES(NAME, TARGET, VEC, W, ZERO, LOAD, SET1, FMA, ADD, MUL, STORE, NQ)                              \
+    TARGET static void NAME(const struct attn_task *const *t, int j0, int nb, int s, const float *kt, int kb,   \
+                            int hd, float scale) {                                                               \
+        VEC acc[NQ][8];                                                                                          \
+        const float *q[NQ];                                                                                      \
+        for (int i = 0; i < NQ; i++) {                                                                           \
+            q[i] = t[i]->q;                                                                                      \
+            for (int l = 0; l < 8; l++) acc[i][l] = ZERO();                                                      \
+        }                                                                                                        \
+        for (int d = 0; d < hd; d += 8) {                                                                        \
+            const float *k = kt + (size_t)d * kb + s;                                                            \
+            for (int l = 0; l < 8; l++) {                                                                        \
+                VEC kv = LOAD(k + (size_t)l * kb);                                                               \
+                IN_REGISTER(kv);                                                                                 \
+                for (int i = 0; i < NQ; i++) acc[i][l] = FMA(SET1(q[i][d + l]), kv, acc[i][l]);                  \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int i = 0; i < NQ; i++) {                                                                           \
+            VEC t0 = ADD(acc[i][0], acc[i][4]), t1 = ADD(acc[i][1], acc[i][5]);                                  \
+            const VEC t2 = ADD(acc[i][2], acc[i][6]), t3 = ADD(acc[i][3], acc[i][7]);                            \
+            t0 = ADD(t0, t2);                                                                                    \
+            t1 = ADD(t1, t3);                                                                                    \
+            const VEC sc = MUL(ADD(t0, t1), SET1(scale));                                                        \
+            int a, b;                                                                                            \
+            task_span(t[i], j0, nb, &a, &b);                                                                     \
+            if (a <= s && s + W <= b) {                                                                          \
+                STORE(t[i]->sc + (j0 + s - t[i]->first), sc);                                                    \
+            } else {                                                                                             \
+                float v[W];                                                                                      \
+                STORE(v, sc);                                                                                    \
+                store_scores(t[i], j0, nb, s, W, v);                                                             \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+TILE_SCORES(tile_scores512_1, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 1)
+TILE_SCORES(tile_scores512_2, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 2)
+TILE_SCORES(tile_scores512_3, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
+            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 3)
+TILE_SCORES(tile_scores256_1, T256, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
+            _mm256_add_ps, _mm256_mul_ps, _mm256_storeu_ps, 1)
+#undef TILE_SCORES
+
+/* The tasks in groups of up to three (AVX-512's 32 registers: 24 accumulators) that attend to the block, each group
+ * over the key columns that any of its tasks attends to, 16 at a time. */
+T512 static void tile_scores512(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+                                float scale) {
+    for (int i = 0; i < n;) {
+        const struct attn_task *sel[3];
+        int m = 0, lo = nb, hi = 0;
+        for (; i < n && m < 3; i++) {
+            int a, b;
+            task_span(t + i, j0, nb, &a, &b);
+            if (a >= b) continue;
+            sel[m++] = t + i;
+            lo = a < lo ? a : lo;
+            hi = b > hi ? b : hi;
+        }
+        for (int s = lo & ~15; s < hi; s += 16) {
+            if (m == 3)
+                tile_scores512_3(sel, j0, nb, s, kt, kb, hd, scale);
+            else if (m == 2)
+                tile_scores512_2(sel, j0, nb, s, kt, kb, hd, scale);
+            else
+                tile_scores512_1(sel, j0, nb, s, kt, kb, hd, scale);
+        }
+    }
+}
+
+/* AVX2's 16 registers: one task at a time, eight keys at a time */
+T256 static void tile_scores256(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+                                float scale) {
+    for (int i = 0; i < n; i++) {
+        int a, b;
+        task_span(t + i, j0, nb, &a, &b);
+        const struct attn_task *one = t + i;
+        for (int s = a & ~7; s < b; s += 8) tile_scores256_1(&one, j0, nb, s, kt, kb, hd, scale);
+    }
+}
+
+/* NT tasks' outputs, widths c .. c + CW W - 1, continued over block indexes a .. b - 1 (which they all attend to),
+ * from the block's values (float32, or float16 bits: T, LOAD): per element the chain of weighted_values, in
+ * increasing position; each vector of values loaded once for the NT tasks */
+#define TILE_VALUES(NAME, TARGET, VEC, W, T, LOAD, SET1, FMA, CW, NT)                                              \
+    TARGET static void NAME(const struct attn_task *const *t, int j0, int a, int b, const void *v_, int hd,      \
+                            int c) {                                                                             \
+        VEC acc[NT][CW];                                                                                         \
+        const float *p[NT];                                                                                      \
+        for (int i = 0; i < NT; i++) {                                                                           \
+            p[i] = t[i]->sc + (j0 + a - t[i]->first);                                                            \
+            for (int u = 0; u < CW; u++) acc[i][u] = LOADF(W, t[i]->out + c + W * u);                            \
+        }                                                                                                        \
+        for (int j = a; j < b; j++) {                                                                            \
+            const T *vj = (const T *)v_ + (size_t)j * hd + c;                                                    \
+            VEC pj[NT];                                                                                          \
+            for (int i = 0; i < NT; i++) pj[i] = SET1(p[i][j - a]);                                              \
+            for (int u = 0; u < CW; u++) {                                                                       \
+                VEC vv = LOAD(vj + W * u);                                                                       \
+                IN_REGISTER(vv);                                                                                 \
+                for (int i = 0; i < NT; i++) acc[i][u] = FMA(pj[i], vv, acc[i][u]);                              \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int i = 0; i < NT; i++)                                                                             \
+            for (int u = 0; u < CW; u++) STOREF(W, t[i]->out + c + W * u, acc[i][u]);                            \
+    }
+#define LOADF(W, p) LOADF##W(p)
+#define LOADF16(p) _mm512_loadu_ps(p)
+#define LOADF8(p) _mm256_loadu_ps(p)
+#define STOREF(W, p, x) STOREF##W(p, x)
+#define STOREF16(p, x) _mm512_storeu_ps(p, x)
+#define STOREF8(p, x) _mm256_storeu_ps(p, x)
+#define TILE_VALUES512(CW, NT)                                                                                     \
+    TILE_VALUES(tile_values512_##CW##_##NT, T512, __m512, 16, float, F32_16, _mm512_set1_ps, _mm512_fmadd_ps, CW, \
+                NT)                                                                                              \
+    TILE_VALUES(tile_values512_h##CW##_##NT, T512, __m512, 16, uint16_t, F16_16, _mm512_set1_ps, _mm512_fmadd_ps, \
+                CW, NT)
+#define TILE_VALUES256(CW, NT)                                                                                     \
+    TILE_VALUES(tile_values256_##CW##_##NT, T256, __m256, 8, float, F32_8, _mm256_set1_ps, _mm256_fmadd_ps, CW, NT) \
+    TILE_VALUES(tile_values256_h##CW##_##NT, T256, __m256, 8, uint16_t, F16_8, _mm256_set1_ps, _mm256_fmadd_ps, CW, \
+                NT)
+TILE_VALUES512(8, 1)
+TILE_VALUES512(8, 2)
+TILE_VALUES512(8, 3)
+TILE_VALUES512(4, 1)
+TILE_VALUES512(4, 2)
+TILE_VALUES512(4, 3)
+TILE_VALUES512(4, 6)
+TILE_VALUES512(2, 1)
+TILE_VALUES512(2, 2)
+TILE_VALUES512(2, 4)
+TILE_VALUES512(2, 8)
+TILE_VALUES512(1, 1)
+TILE_VALUES512(1, 2)
+TILE_VALUES512(1, 4)
+TILE_VALUES512(1, 8)
+TILE_VALUES256(4, 1)
+TILE_VALUES256(4, 2)
+TILE_VALUES256(2, 1)
+TILE_VALUES256(2, 2)
+TILE_VALUES256(2, 4)
+TILE_VALUES256(1, 1)
+TILE_VALUES256(1, 2)
+TILE_VALUES256(1, 4)
+#undef TILE_VALUES512
+#undef TILE_VALUES256
+#undef TILE_VALUES
+#undef LOADF
+#undef LOADF16
+#undef LOADF8
+#undef STOREF
+#undef STOREF16
+#undef STOREF8
+
+typedef void (*values_part_fn)(const struct attn_task *const *t, int j0, int a, int b, const void *v, int hd, int c);
+
+/* A path's value loops: fn[part][nt] for nt tasks at once (NULL where there is none; fn[part][1] one task) over
+ * widths of cw[part] vectors of w floats. */
+struct values_loops {
+    int w;
+    int cw[4];
+    values_part_fn fn[4][9];
+};
+
+/* nt tasks (sel, with their spans sa, sb of the block): their common positions in one pass over the values, those
+ * before and after task by task, so that every chain still runs in increasing position */
+static void values_group(const struct values_loops *L, int part, const struct attn_task *const *sel, const int *sa,
+                         const int *sb, int nt, int j0, const void *v, int hd, int c) {
+    int lo = sa[0], hi = sb[0];
+    for (int u = 1; u < nt; u++) {
+        lo = sa[u] > lo ? sa[u] : lo;
+        hi = sb[u] < hi ? sb[u] : hi;
+    }
+    const values_part_fn one = L->fn[part][1];
+    if (nt == 1 || lo >= hi) {
+        for (int u = 0; u < nt; u++) one(sel + u, j0, sa[u], sb[u], v, hd, c);
+        return;
+    }
+    for (int u = 0; u < nt; u++)
+        if (sa[u] < lo) one(sel + u, j0, sa[u], lo, v, hd, c);
+    L->fn[part][nt](sel, j0, lo, hi, v, hd, c);
+    for (int u = 0; u < nt; u++)
+        if (hi < sb[u]) one(sel + u, j0, hi, sb[u], v, hd, c);
+}
+
+/* The tasks that attend to the block, in groups as large as the path's loops take, over the widths in parts of
+ * cw vectors (the largest of 8, 4, 2, 1 that fits). v: the block's values, hd a multiple of L->w. */
+static void tile_values_x86(const struct values_loops *L, const struct attn_task *t, int n, int j0, int nb,
+                            const void *v, int hd) {
+    for (int c = 0; c < hd;) {
+        const int left = (hd - c) / L->w;
+        int part = 0;
+        while (L->cw[part] > left || !L->fn[part][1]) part++;
+        int most = 8;
+        while (!L->fn[part][most]) most--;
+        for (int i = 0; i < n;) {
+            const struct attn_task *sel[8];
+            int sa[8], sb[8], m = 0;
+            for (; i < n && m < most; i++) {
+                task_span(t + i, j0, nb, &sa[m], &sb[m]);
+                if (sa[m] < sb[m]) sel[m++] = t + i;
+            }
+            for (int u = 0; u < m;) {
+                int nt = m - u;
+                while (!L->fn[part][nt]) nt--;
+                values_group(L, part, sel + u, sa + u, sb + u, nt, j0, v, hd, c);
+                u += nt;
+            }
+        }
+        c += L->cw[part] * L->w;
+    }
+}
+
+#define V256(H)                                                                                                    \
+    {                                                                                                            \
+        8, {8, 4, 2, 1}, {                                                                                       \
+            {NULL},                                                                                              \
+            {NULL, tile_values256_##H##4_1, tile_values256_##H##4_2},                                            \
+            {NULL, tile_values256_##H##2_1, tile_values256_##H##2_2, NULL, tile_values256_##H##2_4},             \
+            {NULL, tile_values256_##H##1_1, tile_values256_##H##1_2, NULL, tile_values256_##H##1_4},             \
+        }                                                                                                        \
+    }
+#define V512(H)                                                                                                    \
+    {                                                                                                            \
+        16, {8, 4, 2, 1}, {                                                                                      \
+            {NULL, tile_values512_##H##8_1, tile_values512_##H##8_2, tile_values512_##H##8_3},                   \
+            {NULL, tile_values512_##H##4_1, tile_values512_##H##4_2, tile_values512_##H##4_3, NULL, NULL,        \
+             tile_values512_##H##4_6},                                                                           \
+            {NULL, tile_values512_##H##2_1, tile_values512_##H##2_2, NULL, tile_values512_##H##2_4, NULL, NULL,  \
+             NULL, tile_values512_##H##2_8},                                                                     \
+            {NULL, tile_values512_##H##1_1, tile_values512_##H##1_2, NULL, tile_values512_##H##1_4, NULL, NULL,  \
+             NULL, tile_values512_##H##1_8},                                                                     \
+        }                                                                                                        \
+    }
+static const struct values_loops values256[2] = {V256(), V256(h)};
+static const struct values_loops values512[2] = {V512(), V512(h)};
+#undef V256
+#undef V512
+
+static void tile_values256(const struct attn_task *t, int n, int j0, int nb, const void *v, int hd, int half) {
+    tile_values_x86(&values256[half], t, n, j0, nb, v, hd);
+}
+
+static void tile_values512(const struct attn_task *t, int n, int j0, int nb, const void *v, int hd, int half) {
+    tile_values_x86(hd % 16 ? &values256[half] : &values512[half], t, n, j0, nb, v, hd);
+}
+
 const struct attn_ops attn_avx2 = {
     .key_scores = {key_scores_x86, key_scores_h_x86},
     .weighted_values = {weighted_values_avx2, weighted_values_h_avx2},
@@ -391,6 +771,9 @@ const struct attn_ops attn_avx2 = {
     .joint_values = {{joint256_j2_v, joint256_j3_v}, {joint_h256_j2_v, joint_h256_j3_v}},
     .max = max8,
     .exp_sums = softmax_exp8,
+    .tile_keys = {tile_keys_f256, tile_keys_h256},
+    .tile_scores = tile_scores256,
+    .tile_values = tile_values256,
 };
 
 const struct attn_ops attn_avx512 = {
@@ -400,30 +783,115 @@ const struct attn_ops attn_avx512 = {
     .joint_values = {{joint_j2_v, joint_j3_v}, {joint_h_j2_v, joint_h_j3_v}},
     .max = max8,
     .exp_sums = softmax_exp8,
+    .tile_keys = {tile_keys_f256, tile_keys_h256},
+    .tile_scores = tile_scores512,
+    .tile_values = tile_values512,
 };
 #endif
+
+/* The tiled loops' block sizes: positions of keys per block of the scores (transposed into a thread's buffer of
+ * TILE_FLOATS floats, which stays in L1) and of values per block of the outputs (fewer where the head is wider than
+ * 128); TILE_TASKS tasks at most per tile. When the layers choose (TILING_AUTO), a tile has at least TILE_MIN_TASKS
+ * tasks, TILE_MIN_JOINT where the path has joint loops for the head width (heads of 64): below, transposing the keys
+ * costs more than reading them once per task or per three (measured in process on Zen 4, one thread: heads of 64,
+ * three per key-value head, one row 1.2-1.3x the joint loops' time; heads of 128, six per key-value head, one row
+ * 0.7-0.95x the per-row loops' time after 100-2,000 positions). */
+#define TILE_KEYS 64
+#define TILE_VALUES 64
+#define TILE_FLOATS 8192
+#define TILE_TASKS 512
+#define TILE_MIN_TASKS 4
+#define TILE_MIN_JOINT 16
+
+/* One tile: n tasks (query heads of rows that share one cache, and one key-value head whose keys and values start at
+ * `keys` and `vals`, position 0), each key and value of their positions read once for all of them. Every score,
+ * probability and output element is computed with the same operations in the same order as by the per-row loops:
+ * the scores of each block of keys (transposed to float32 in buf) for every task, then each task's softmax over its
+ * whole row of scores, then each task's output chains continued over each block of values in increasing position,
+ * and each output times its 1 / sum. */
+static void attention_tile(const struct attn_task *tasks, int n, const void *keys, const void *vals, int kv_half,
+                           int hd, float scale, const struct attn_ops *ops, float *buf) {
+    const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
+    int lo = tasks[0].first, hi = tasks[0].last;
+    for (int i = 0; i < n; i++) {
+        lo = tasks[i].first < lo ? tasks[i].first : lo;
+        hi = tasks[i].last > hi ? tasks[i].last : hi;
+        memset(tasks[i].out, 0, (size_t)hd * sizeof(float));
+    }
+    int kb = TILE_FLOATS / hd;
+    kb = (kb < TILE_KEYS ? kb : TILE_KEYS) & ~15;
+    for (int j0 = lo; j0 < hi; j0 += kb) {
+        const int nb = hi - j0 < kb ? hi - j0 : kb;
+        ops->tile_keys[kv_half]((const char *)keys + (size_t)j0 * hd * elem, nb, hd, buf, kb);
+        ops->tile_scores(tasks, n, j0, nb, buf, kb, hd, scale);
+    }
+    float sums[TILE_TASKS];
+    for (int i = 0; i < n; i++) sums[i] = softmax_unnormalised(tasks[i].sc, tasks[i].last - tasks[i].first, ops);
+    int vb = TILE_FLOATS / hd;
+    vb = vb < TILE_VALUES ? vb : TILE_VALUES;
+    for (int j0 = lo; j0 < hi; j0 += vb) {
+        const int nb = hi - j0 < vb ? hi - j0 : vb;
+        ops->tile_values(tasks, n, j0, nb, (const char *)vals + (size_t)j0 * hd * elem, hd, kv_half);
+    }
+    for (int i = 0; i < n; i++) {
+        const float inv = 1.0f / sums[i];
+        for (int d = 0; d < hd; d++) tasks[i].out[d] *= inv;
+    }
+}
 
 /* Causal attention of layer l for every row of a pass: each query head of row r over positions first .. pos[r] of
  * the row's cache (first = 0, or with window > 0 the last `window` positions), from the rotated queries in qkv
  * [rows][(heads + 2 kv_heads) hd] into attn [rows][heads hd]; scores: heads * rows * end floats, end the largest
- * position + 1. The caches hold this layer's keys and values of every row already. ops: the path's loops. */
+ * position + 1. The caches hold this layer's keys and values of every row already. ops: the path's loops; tiling:
+ * TILING_AUTO (tiles of at least TILE_MIN_TASKS or TILE_MIN_JOINT tasks), TILING_OFF or TILING_ON (the tiled loops
+ * wherever the head width suits them). A row's numbers are the same whichever loops compute them. */
 void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale, const float *qkv,
-                     float *attn, float *scores, int end, int threads, const struct attn_ops *ops) {
+                     float *attn, float *scores, int end, int threads, const struct attn_ops *ops, int tiling) {
     const int k = (int)rows->rows, group = nq / n_kv, kv_half = rows->kv_half;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
     const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
     const int joint = hd == 64 && ops->joint_scores[kv_half][0] != NULL;
+    const int tiles = tiling != TILING_OFF && ops->tile_scores != NULL && hd % 8 == 0 && hd <= 512;
+    const int min_tasks = tiling == TILING_ON ? 1 : joint ? TILE_MIN_JOINT : TILE_MIN_TASKS;
     float *const *k_rows = rows->k_rows, *const *v_rows = rows->v_rows;
     const int64_t *cap = rows->cap, *pos = rows->pos;
     /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
-     * the tasks that read the same keys and values one after the other, while they are in its cache; where the path
-     * has joint loops (heads of 64), up to three of its heads that share a key-value head and a row read them once */
+     * the tasks that read the same keys and values one after the other. A thread's tasks of one key-value head whose
+     * rows share a cache make a tile (attention_tile): each block of keys and values is read once for all of them.
+     * Otherwise one task at a time, or where the path has joint loops (heads of 64), up to three of its heads that
+     * share a key-value head and a row read them once */
 #pragma omp parallel num_threads(threads)
     {
         int lo, hi;
         thread_share(nq * k, &lo, &hi);
+        float buf[TILE_FLOATS] __attribute__((aligned(64)));
+        struct attn_task tasks[TILE_TASKS];
         for (int t = lo; t < hi;) {
-            const int g = t / (k * group), r = (t / group) % k, head = g * group + t % group;
+            const int g = t / (k * group), r = (t / group) % k;
+            if (tiles) {
+                /* the tile: tasks t .. e - 1, of key-value head g, whose rows share row r's caches */
+                int e = t;
+                const int stop = (g + 1) * k * group < hi ? (g + 1) * k * group : hi;
+                for (; e < stop && e - t < TILE_TASKS; e++) {
+                    const int rr = (e / group) % k, head = g * group + e % group;
+                    if (k_rows[rr] != k_rows[r] || v_rows[rr] != v_rows[r] || cap[rr] != cap[r]) break;
+                    const int p = (int)pos[rr];
+                    struct attn_task *task = tasks + (e - t);
+                    task->q = qkv + (size_t)rr * n_qkv + (size_t)head * hd;
+                    task->sc = scores + (size_t)e * end;
+                    task->out = attn + (size_t)rr * n_attn + (size_t)head * hd;
+                    task->first = window > 0 && p + 1 > window ? p + 1 - window : 0;
+                    task->last = p + 1;
+                }
+                if (e - t >= min_tasks) {
+                    const size_t layer = (size_t)l * n_kv * cap[r] * hd, at = (layer + (size_t)g * cap[r] * hd) * elem;
+                    attention_tile(tasks, e - t, (const char *)k_rows[r] + at, (const char *)v_rows[r] + at, kv_half,
+                                   hd, scale, ops, buf);
+                    t = e;
+                    continue;
+                }
+            }
+            const int head = g * group + t % group;
             const int p = (int)pos[r], first = window > 0 && p + 1 > window ? p + 1 - window : 0, len = p + 1 - first;
             int nh = 1;
             if (joint) {

@@ -316,7 +316,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         }
         MARK(PART_REST);
         attention_layer(rows, l, nq, n_kv, hd, a->window ? a->window[l] : 0, scale, qkv, attn, scores, end, threads,
-                        K->attn);
+                        K->attn, TILING_AUTO);
         MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, o_b ? o_b[l] : NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
@@ -347,6 +347,41 @@ int specwise_qllama_rows(const qshape *shape, const qlayers *layers, const qrows
     if (status == QL_OK) status = rows_check(shape, rows, work, run);
     if (status != QL_OK) return status;
     if (rows->rows > 0) layers_run(shape, layers, rows, work, run);
+    return QL_OK;
+}
+
+/* The attention of one layer alone (attention_layer, the layers' own loops): every query head of the pass's rows
+ * against its row's cache, from the queries in qkv [rows][(heads + 2 kv_heads) head_dim] (the keys and values there
+ * are not read: the caches already hold them) into attn [rows][heads head_dim]; window > 0: the last `window`
+ * positions only; tiling: TILING_AUTO (-1, the layers' choice), TILING_OFF (0, the per-row loops) or TILING_ON (1,
+ * the tiled loops wherever the head width suits them). Returns 0, or QL_EFIT for a shape, layer, window, tiling,
+ * pointer or position that does not fit, QL_EWORK for scores smaller than heads * rows * (the largest position + 1),
+ * before anything is written. */
+int specwise_qllama_attention(const qshape *shape, const qrows *rows, int64_t layer, int64_t window, float scale,
+                              const float *qkv, float *attn, const qwork *work, const qrun *run, int64_t tiling) {
+    if (!shape || !rows || !work || !run || !qkv || !attn) return QL_EFIT;
+    if (specwise_qllama_scratch_floats(shape, 1) < 0 || shape->layers < 1 || shape->layers > QMAX_DIM ||
+        shape->heads % shape->kv_heads || shape->head_dim > 512 || shape->head_dim % 2 ||
+        (shape->heads + 2 * shape->kv_heads) * shape->head_dim > QMAX_DIM)
+        return QL_EFIT;
+    if (layer < 0 || layer >= shape->layers || window < 0 || window > QMAX_DIM || tiling < TILING_AUTO ||
+        tiling > TILING_ON || rows->rows < 0 || rows->rows > QL_MAX_ROWS || run->threads < 1 || run->threads > 4096 ||
+        (rows->kv_half != 0 && rows->kv_half != 1))
+        return QL_EFIT;
+    const int64_t k = rows->rows;
+    if (k == 0) return QL_OK;
+    if (!rows->k_rows || !rows->v_rows || !rows->cap || !rows->pos || !work->scores) return QL_EFIT;
+    int64_t end = 0;
+    for (int64_t r = 0; r < k; r++) {
+        if (!rows->k_rows[r] || !rows->v_rows[r] || rows->cap[r] < 1 || rows->cap[r] > QMAX_DIM || rows->pos[r] < 0 ||
+            rows->pos[r] >= rows->cap[r])
+            return QL_EFIT;
+        end = rows->pos[r] + 1 > end ? rows->pos[r] + 1 : end;
+    }
+    const int64_t need = mul64(mul64(shape->heads, k), end);
+    if (need < 0 || work->scores_floats < need) return QL_EWORK;
+    attention_layer(rows, (int)layer, (int)shape->heads, (int)shape->kv_heads, (int)shape->head_dim, (int)window,
+                    scale, qkv, attn, work->scores, (int)end, (int)run->threads, q_kernels()->attn, (int)tiling);
     return QL_OK;
 }
 

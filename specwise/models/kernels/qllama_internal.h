@@ -40,6 +40,26 @@ typedef void (*values_fn)(const float *p, const void *vals, int len, int hd, flo
 /* nh query heads of 64 that share a key-value head, each key and value read once for all of them */
 typedef void (*joint_scores_fn)(const float *q, const void *keys, int len, float scale, float *sc, size_t ld);
 typedef void (*joint_values_fn)(const float *p, size_t ld, const void *vals, int len, float *out);
+
+/* One task of a tile (the tiled loops of attention.c): a query head of a row, the row of scores it fills (sc[j -
+ * first] for position j: the score, then the unnormalised probability) and its output [hd], over the positions
+ * first .. last - 1 of the cache. */
+struct attn_task {
+    const float *q;
+    float *sc;
+    float *out;
+    int first, last;
+};
+/* keys [nb][hd] of the cache (float32, or float16 bits) to float32 kt[d * kb + j] for j < kb (zeros past nb) */
+typedef void (*tile_keys_fn)(const void *keys, int nb, int hd, float *kt, int kb);
+/* each task's scores of the positions j0 .. j0 + nb - 1 it attends to, from the keys in kt (kt[d * kb + j] the key
+ * of position j0 + j): the same chain per score as scores_fn */
+typedef void (*tile_scores_fn)(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+                               float scale);
+/* each task's output continued over the positions j0 .. j0 + nb - 1 it attends to, in increasing order, from the
+ * values v [nb][hd] of the cache (float32, or float16 bits with half) and the task's probabilities:
+ * out[d] = fma(p[j], v[j][d], out[d]) */
+typedef void (*tile_values_fn)(const struct attn_task *t, int n, int j0, int nb, const void *v, int hd, int half);
 struct attn_ops {
     scores_fn key_scores[2];                /* sc[j] = (q . keys[j]) * scale */
     values_fn weighted_values[2];           /* out[d] = sum_j p[j] v[j][d] */
@@ -48,6 +68,11 @@ struct attn_ops {
     float (*max)(const float *sc, int len); /* the largest score (NaN skipped) */
     int (*exp_sums)(float *sc, int len, float mx, float *a); /* e^(s - mx) in place over the first multiple of 8
                                                               * scores, summed into a[8]; the count done */
+    /* the tiled loops (head widths a multiple of 8): every task of a tile over each block of positions, the block's
+     * keys and values read once for all of them */
+    tile_keys_fn tile_keys[2]; /* [cache] */
+    tile_scores_fn tile_scores;
+    tile_values_fn tile_values;
 };
 
 /* Scores to unnormalised probabilities in place (e^(s - max)); returns their sum (eight partial sums, added
@@ -57,6 +82,9 @@ SW_HIDDEN float softmax_unnormalised(float *sc, int len, const struct attn_ops *
 /* Causal attention of layer l for every row of a pass (see attention.c). */
 SW_HIDDEN void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale,
                                const float *qkv, float *attn, float *scores, int end, int threads,
-                               const struct attn_ops *ops);
+                               const struct attn_ops *ops, int tiling);
+/* attention_layer's tiling: the layers' own choice, the per-row loops, the tiled loops (where the head width suits
+ * them) */
+enum { TILING_AUTO = -1, TILING_OFF = 0, TILING_ON = 1 };
 
 #endif

@@ -1,0 +1,265 @@
+"""The attention of the layer kernel alone (``specwise_qllama_attention``): random queries, keys and values, the
+tiled loops (each block of keys and values read once for every row and query head of a tile) against the per-row
+loops, bit for bit.
+
+A row's numbers must not depend on how many rows share its pass, nor on the instruction path: a decoding step (one
+row), a prompt slice (many rows) and a verification pass (a few) give the same bits, so greedy speculative decoding
+equals plain decoding. Checked here for long caches (3,000 positions), grouped query heads (1, 3 and 6 query heads per
+key-value head), heads of 64 and 128 (and 80, 96, 256), float32 and float16 caches, a sliding window, a batch of
+rows from several caches, every cut of a pass into slices, every thread count from 1 to 3, and every instruction path
+the CPU has (portable included); and against a float64 reference to float32 accuracy.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from specwise.models.kernels import quant
+
+if not quant.quantized_available():
+    pytest.skip("the native quantized kernels are not built", allow_module_level=True)
+
+from specwise.models.kernels.abi import QRows, QRun, QShape, QWork  # noqa: E402
+
+OFF, ON, AUTO = 0, 1, -1  # the call's tiling: the per-row loops, the tiled loops, the layers' own choice
+LONG = 3000  # positions of the long caches
+
+
+def paths() -> list[str]:
+    """Every instruction path this CPU runs, portable first."""
+    best = quant.set_isa(None)
+    return list(quant.ISAS[: quant.ISAS.index(best) + 1])
+
+
+@pytest.fixture
+def isa_reset():
+    yield
+    quant.set_isa(None)
+
+
+class Caches:
+    """Random key and value caches ``[layers, kv_heads, cap, hd]`` of a few sequences, and random queries."""
+
+    def __init__(self, heads: int, kv_heads: int, hd: int, caps: list[int], half: bool, seed: int, layers: int = 2):
+        rng = np.random.default_rng(seed)
+        self.heads, self.kv_heads, self.hd, self.layers, self.half = heads, kv_heads, hd, layers, half
+        dtype = np.float16 if half else np.float32
+        # keys of about 2 / sqrt(hd) per element against queries of about 1: scores of a few units, so that the
+        # softmax is sharp enough for positions to matter and spread enough for many to count
+        self.k = [(rng.standard_normal((layers, kv_heads, c, hd)) * 2.0 / np.sqrt(hd)).astype(dtype) for c in caps]
+        self.v = [rng.standard_normal((layers, kv_heads, c, hd)).astype(dtype) for c in caps]
+        self.rng = rng
+        self.width = (heads + 2 * kv_heads) * hd
+
+    def queries(self, n: int) -> np.ndarray:
+        """Random rows of qkv ``[n, (heads + 2 kv_heads) hd]`` (only the queries are read)."""
+        return self.rng.standard_normal((n, self.width)).astype(np.float32)
+
+    def attend(
+        self,
+        qkv: np.ndarray,
+        rows: list[tuple[int, int]],
+        tiling: int,
+        threads: int = 2,
+        layer: int = 1,
+        window: int = 0,
+    ) -> np.ndarray:
+        """The native attention of ``rows`` ((sequence, position) each, in one pass) with queries qkv: float32
+        ``[rows, heads * hd]``."""
+        k = len(rows)
+        shape = QShape(self.layers, max(32, self.heads * self.hd), self.heads, self.kv_heads, self.hd, 64, 1e-5)
+        k_rows = (ctypes.c_void_p * k)(*[self.k[s].ctypes.data for s, _ in rows])
+        v_rows = (ctypes.c_void_p * k)(*[self.v[s].ctypes.data for s, _ in rows])
+        caps = (ctypes.c_int64 * k)(*[self.k[s].shape[2] for s, _ in rows])
+        pos = (ctypes.c_int64 * k)(*[p for _, p in rows])
+        qrows = QRows()
+        qrows.rows, qrows.kv_half = k, int(self.half)
+        qrows.k_rows, qrows.v_rows = ctypes.addressof(k_rows), ctypes.addressof(v_rows)
+        qrows.cap, qrows.pos = ctypes.addressof(caps), ctypes.addressof(pos)
+        end = max(p for _, p in rows) + 1
+        scores = np.full(self.heads * k * end, np.nan, dtype=np.float32)
+        work = QWork(None, 0, scores.ctypes.data, scores.size)
+        attn = np.full((k, self.heads * self.hd), np.nan, dtype=np.float32)
+        qkv = np.ascontiguousarray(qkv, dtype=np.float32)
+        assert qkv.shape == (k, self.width)
+        scale = float(1.0 / np.sqrt(self.hd))
+        status = quant._lib().specwise_qllama_attention(
+            ctypes.byref(shape), ctypes.byref(qrows), layer, window, scale, qkv.ctypes.data, attn.ctypes.data,
+            ctypes.byref(work), ctypes.byref(QRun(threads, 0)), tiling,
+        )  # fmt: skip
+        assert status == 0
+        return attn
+
+    def reference(self, qkv: np.ndarray, rows: list[tuple[int, int]], layer: int = 1, window: int = 0) -> np.ndarray:
+        """The same attention in float64."""
+        group, hd = self.heads // self.kv_heads, self.hd
+        out = np.empty((len(rows), self.heads * hd))
+        for i, (s, p) in enumerate(rows):
+            first = max(0, p + 1 - window) if window else 0
+            for h in range(self.heads):
+                g = h // group
+                keys = self.k[s][layer, g, first : p + 1].astype(np.float64)
+                vals = self.v[s][layer, g, first : p + 1].astype(np.float64)
+                sc = keys @ qkv[i, h * hd : (h + 1) * hd].astype(np.float64) / np.sqrt(hd)
+                e = np.exp(sc - sc.max())
+                out[i, h * hd : (h + 1) * hd] = (e / e.sum()) @ vals
+        return out
+
+
+def bits(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    assert a.shape == b.shape, what
+    assert not np.isnan(a).any(), f"{what}: NaN outputs (an element left unwritten)"
+    same = a.view(np.uint32) == b.view(np.uint32)
+    if not same.all():
+        bad = np.argwhere(~same)[0]
+        raise AssertionError(
+            f"{what}: {(~same).sum()} elements differ, first at {tuple(bad)}: {a[tuple(bad)]!r} vs {b[tuple(bad)]!r}"
+        )
+
+
+def sliced(c: Caches, qkv: np.ndarray, rows: list[tuple[int, int]], cut: int, tiling: int, **kw) -> np.ndarray:
+    """The rows in passes of ``cut`` rows."""
+    return np.concatenate(
+        [c.attend(qkv[i : i + cut], rows[i : i + cut], tiling, **kw) for i in range(0, len(rows), cut)]
+    )
+
+
+# (query heads, key-value heads, head width, float16 cache): the default model's groups of 3 with heads of 64,
+# Qwen2.5-Coder-1.5B's 12 over 2 with heads of 128, and no grouping
+SHAPES = {
+    "grouped-3-hd64": (9, 3, 64, False),
+    "grouped-6-hd128": (12, 2, 128, False),
+    "grouped-3-hd64-f16": (6, 2, 64, True),
+    "grouped-6-hd128-f16": (6, 1, 128, True),
+    "ungrouped-hd128": (2, 2, 128, False),
+}
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_a_prompt_slice_equals_its_rows_one_at_a_time_on_every_path(name, isa_reset):
+    """A slice of 40 rows at the end of a 3,000-position cache: the tiled loops give the per-row loops' bits for
+    the whole slice, for every row alone, for slices of 7, 13 and 40 rows, on 1 to 3 threads, and every path gives
+    the portable path's bits; the numbers are the float64 reference's to float32 accuracy."""
+    heads, kv, hd, half = SHAPES[name]
+    c = Caches(heads, kv, hd, [LONG], half, seed=hash(name) % 1000)
+    n = 40
+    rows = [(0, p) for p in range(LONG - n, LONG)]
+    qkv = c.queries(n)
+    want = None
+    for path in paths():
+        assert quant.set_isa(path) == path
+        per_row = c.attend(qkv, rows, OFF)
+        if want is None:
+            want = per_row
+            ref = c.reference(qkv, rows)
+            assert np.abs(want - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+        bits(per_row, want, f"{path}: the per-row loops against the portable path's")
+        bits(c.attend(qkv, rows, ON), want, f"{path}: one tiled pass")
+        bits(c.attend(qkv, rows, AUTO), want, f"{path}: the layers' choice")
+        if path == paths()[-1] or path == "avx2":  # every cut on the vector paths (the portable one is slow)
+            for cut in (1, 7, 13):
+                bits(sliced(c, qkv, rows, cut, ON), want, f"{path}: tiled passes of {cut} rows")
+            for threads in (1, 3):
+                bits(c.attend(qkv, rows, ON, threads=threads), want, f"{path}: tiled on {threads} threads")
+        else:
+            bits(sliced(c, qkv, rows, 1, ON), want, f"{path}: each row in a tiled pass of its own")
+
+
+def test_a_whole_prompt_from_position_zero(isa_reset):
+    """A prompt read from the start in slices of 64 rows (the tiles' rows attend to different numbers of positions,
+    the first to one) equals its rows decoded one at a time, and a verification pass of 5 rows after it."""
+    c = Caches(12, 2, 128, [400], False, seed=11)
+    rows = [(0, p) for p in range(300)]
+    qkv = c.queries(len(rows))
+    for path in paths()[1:] or paths():
+        quant.set_isa(path)
+        want = sliced(c, qkv, rows, 1, OFF)
+        bits(sliced(c, qkv, rows, 64, ON), want, f"{path}: slices of 64")
+        bits(sliced(c, qkv, rows, 64, AUTO), want, f"{path}: slices of 64, the layers' choice")
+        bits(sliced(c, qkv, rows, 5, AUTO), want, f"{path}: passes of 5")
+        bits(c.attend(qkv, rows, ON, threads=3), want, f"{path}: one pass of 300 on 3 threads")
+
+
+@pytest.mark.parametrize("hd", [80, 96, 256])
+def test_other_head_widths(hd, isa_reset):
+    """Widths that take the values' narrower vector parts (80, 96) or a smaller block of positions (256)."""
+    c = Caches(4, 2, hd, [700], False, seed=hd)
+    rows = [(0, p) for p in range(640, 700)]
+    qkv = c.queries(len(rows))
+    want = None
+    for path in paths():
+        quant.set_isa(path)
+        if want is None:
+            want = sliced(c, qkv, rows, 1, OFF)
+        bits(c.attend(qkv, rows, OFF), want, f"{path}: per-row loops, hd {hd}")
+        bits(c.attend(qkv, rows, ON), want, f"{path}: tiled, hd {hd}")
+        bits(sliced(c, qkv, rows, 9, ON), want, f"{path}: tiled passes of 9, hd {hd}")
+
+
+@pytest.mark.parametrize("half", [False, True])
+def test_a_sliding_window(half, isa_reset):
+    """With a window, each row attends to its own last positions: the rows of a tile start at different positions
+    (blocks that some rows of the tile skip)."""
+    c = Caches(6, 2, 64, [LONG], half, seed=5)
+    rows = [(0, p) for p in range(LONG - 70, LONG)]
+    qkv = c.queries(len(rows))
+    want = None
+    for path in paths():
+        quant.set_isa(path)
+        if want is None:
+            want = c.attend(qkv, rows, OFF, window=37)
+            ref = c.reference(qkv, rows, window=37)
+            assert np.abs(want - ref).max() <= 1e-4 * max(1.0, np.abs(ref).max())
+        bits(c.attend(qkv, rows, OFF, window=37), want, f"{path}: per-row loops, window")
+        bits(c.attend(qkv, rows, ON, window=37), want, f"{path}: tiled, window")
+        bits(sliced(c, qkv, rows, 11, ON, window=37), want, f"{path}: tiled passes of 11, window")
+
+
+def test_a_batch_of_sequences(isa_reset):
+    """One pass over rows of three sequences (a long prefill slice, a decoding row, a verification pass): each
+    sequence's rows make their own tiles, and every row has the bits it has alone."""
+    c = Caches(12, 2, 128, [LONG, 900, 50], False, seed=7)
+    rows = [(0, p) for p in range(LONG - 30, LONG)] + [(1, 899)] + [(2, p) for p in range(45, 50)]
+    rows = rows[:10] + rows[30:31] + rows[10:30] + rows[31:]  # a sequence's rows in order, sequences interleaved
+    qkv = c.queries(len(rows))
+    for path in paths()[1:] or paths():
+        quant.set_isa(path)
+        want = sliced(c, qkv, rows, 1, OFF)
+        for tiling in (ON, AUTO):
+            bits(c.attend(qkv, rows, tiling), want, f"{path}: the batch's pass, tiling {tiling}")
+            bits(c.attend(qkv, rows, tiling, threads=3), want, f"{path}: on 3 threads, tiling {tiling}")
+
+
+def test_refusals():
+    """Arguments that do not fit are refused before anything is written."""
+    c = Caches(4, 2, 64, [10], False, seed=1)
+    lib = quant._lib()
+    shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
+    k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
+    v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
+    caps, pos = (ctypes.c_int64 * 1)(10), (ctypes.c_int64 * 1)(9)
+    rows = QRows()
+    rows.rows, rows.k_rows, rows.v_rows = 1, ctypes.addressof(k_rows), ctypes.addressof(v_rows)
+    rows.cap, rows.pos = ctypes.addressof(caps), ctypes.addressof(pos)
+    scores = np.zeros(4 * 10, dtype=np.float32)
+    qkv = c.queries(1)
+    attn = np.full((1, 256), 7.0, dtype=np.float32)
+
+    def call(layer=1, window=0, tiling=ON, floats=scores.size, threads=2):
+        work = QWork(None, 0, scores.ctypes.data, floats)
+        return lib.specwise_qllama_attention(
+            ctypes.byref(shape), ctypes.byref(rows), layer, window, 0.125, qkv.ctypes.data, attn.ctypes.data,
+            ctypes.byref(work), ctypes.byref(QRun(threads, 0)), tiling,
+        )  # fmt: skip
+
+    assert call(layer=2) == 5 and call(layer=-1) == 5 and call(window=-1) == 5
+    assert call(tiling=2) == 5 and call(threads=0) == 5
+    assert call(floats=scores.size - 1) == 6
+    pos[0] = 10
+    assert call() == 5
+    assert (attn == 7.0).all()
+    pos[0] = 9
+    assert call() == 0 and not (attn == 7.0).any()
