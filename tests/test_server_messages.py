@@ -23,7 +23,7 @@ from test_server import live_server
 from test_tools import QWEN_TEMPLATE, WEATHER, tiny_tool_gguf
 
 from specwise.runtime import build_runtime
-from specwise.server.anthropic import ContentBlocks, field_path, tool_use_id
+from specwise.server.anthropic import ContentBlocks, field_path, tool_use_id, without_vacuous_keywords
 from specwise.server.app import create_app
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece
 
@@ -255,6 +255,104 @@ def test_a_two_turn_tool_use(url):
     same_message(create(url, [*history, {"role": "user", "content": results}], tools=tools, max_tokens=20), second)
 
 
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+
+
+def test_output_config_format_gives_json_of_the_schema(url):
+    output = {"format": {"type": "json_schema", "schema": CITY}, "effort": "low"}
+    message = create(url, max_tokens=60, extra_body={"output_config": output})
+    assert message.stop_reason == "end_turn" and set(json.loads(text(message))) == {"city"}
+    reply = chat(
+        url,
+        QUESTION,
+        max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "o", "schema": CITY}},
+    )
+    assert reply.message.content == text(message)
+    streamed, _ = stream(url, max_tokens=60, extra_body={"output_config": output})
+    same_message(streamed, message)
+
+
+@pytest.mark.parametrize(
+    "thinking", [{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"}, {"type": "adaptive"}]
+)
+def test_thinking_is_accepted(url, thinking):
+    """Qwen2.5's template has no thinking switch: the same answer whatever is asked."""
+    same_message(create(url, max_tokens=8, extra_body={"thinking": thinking}), create(url, max_tokens=8))
+
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+CLAUDE_CODE_TOOLS = [  # in the shape Claude Code sends its tools (schemas from zod: $schema, propertyNames)
+    {
+        "name": "Bash",
+        "description": "Runs a command.",
+        "input_schema": {
+            "$schema": DRAFT,
+            "type": "object",
+            "properties": {"command": {"type": "string"}, "timeout": {"type": "number", "exclusiveMinimum": 0}},
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "name": "AskUserQuestion",
+        "description": "Asks the user.",
+        "input_schema": {
+            "$schema": DRAFT,
+            "type": "object",
+            "properties": {
+                "answers": {
+                    "type": "object",
+                    "propertyNames": {"type": "string"},
+                    "additionalProperties": {"type": "string"},
+                }
+            },
+            "additionalProperties": False,
+        },
+    },
+    {"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+]
+
+
+def test_a_request_as_claude_code_sends_it(url):
+    """Claude Code's shape: ?beta=true, beta headers, system blocks and user text blocks with cache_control, its
+    tools, metadata, thinking, context_management, a max_tokens past the context (cut to the room), a stream."""
+    reminder = {"type": "text", "text": "<system-reminder>Be brief.</system-reminder>"}
+    body = {
+        "model": "claude-sonnet-4-5-20250929",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [reminder, {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}],
+            }
+        ],
+        "tools": CLAUDE_CODE_TOOLS,
+        "metadata": {"user_id": "user_0_account__session_1"},
+        "thinking": {"type": "enabled", "budget_tokens": 31999},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "temperature": 0,
+    }
+    headers = {
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14",
+    }
+    with httpx.stream("POST", f"{url}/v1/messages?beta=true", json=body, headers=headers, timeout=TIMEOUT) as response:
+        assert response.status_code == 200, response.read()
+        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "message_stop"
+    assert events[-2]["delta"]["stop_reason"] in ("end_turn", "tool_use", "model_context_window_exceeded")
+    counted = httpx.post(f"{url}/v1/messages/count_tokens?beta=true", json=body, headers=headers, timeout=TIMEOUT)
+    assert counted.json()["input_tokens"] == events[0]["message"]["usage"]["input_tokens"]
+
+
 # ---------------------------------------------------------------------------------------- the same as chat
 
 
@@ -270,6 +368,15 @@ def test_greedy_answers_equal_chat_completions(url):
     message = create(url, system=SYSTEM, max_tokens=30)
     reply = chat(url, [{"role": "system", "content": SYSTEM}, *QUESTION], max_tokens=30)
     assert text(message) == reply.message.content and message.stop_reason == FINISH[reply.finish_reason]
+
+
+def test_system_messages_in_the_conversation_stay_where_they_are(url):
+    """Claude Code sends system messages after the first turn (``mid-conversation-system``): they stay in place;
+    those before the first turn join the system prompt."""
+    note = {"role": "system", "content": "Agents: none."}
+    message = create(url, [note, *QUESTION, note], system=SYSTEM, max_tokens=20)
+    history = [{"role": "system", "content": f"{SYSTEM}\nAgents: none."}, *QUESTION, note]
+    assert text(message) == chat(url, history, max_tokens=20).message.content
 
 
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
@@ -370,7 +477,16 @@ BAD = [
     ({"max_tokens": "many"}, "max_tokens"),
     ({"messages": "hello"}, "messages"),
     ({"messages": []}, "messages"),
-    ({"messages": [{"role": "system", "content": "hi"}]}, "messages.0.role"),
+    ({"messages": [{"role": "tool", "content": "hi"}]}, "messages.0.role"),
+    (
+        {
+            "messages": [
+                *QUESTION,
+                {"role": "system", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+            ]
+        },
+        "messages.1.content.0",
+    ),
     ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
     (
         {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "video"}]}]},
@@ -403,6 +519,14 @@ BAD = [
     ({"tools": [A_WEATHER], "tool_choice": {"type": "tool"}}, "tool_choice.name"),
     ({"tools": [A_WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, "tool_choice"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"output_config": {"format": {"type": "json_schema"}}}, "output_config.format.schema"),
+    ({"output_config": {"format": {"type": "xml", "schema": {}}}}, "output_config.format.type"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "bogus"}}}}, "output_config.format"),
+    (
+        {"tools": [A_WEATHER], "output_config": {"format": {"type": "json_schema", "schema": CITY}}},
+        "output_config.format",
+    ),
+    ({"thinking": {"budget_tokens": 5}}, "thinking.type"),
 ]
 
 
@@ -466,6 +590,22 @@ def test_content_blocks_from_pieces():
         {"type": "text", "text": "ab"},
         {"type": "tool_use", "id": tool_use_id("call_ab"), "name": "f", "input": {"x": 1}},
     ]
+
+
+def test_only_vacuous_property_names_are_dropped():
+    record = {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {"type": "string"}}
+    named = {"type": "object", "propertyNames": {"pattern": "^a"}}
+    schema = {"type": "object", "properties": {"propertyNames": {"type": "string"}, "r": record, "n": named}}
+    schema["anyOf"] = [record]
+    assert without_vacuous_keywords(schema) == {
+        "type": "object",
+        "properties": {
+            "propertyNames": {"type": "string"},
+            "r": {"type": "object", "additionalProperties": {"type": "string"}},
+            "n": named,
+        },
+        "anyOf": [{"type": "object", "additionalProperties": {"type": "string"}}],
+    }
 
 
 def test_field_paths_leave_out_pydantics_union_steps():

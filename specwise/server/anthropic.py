@@ -5,9 +5,10 @@ A Messages body is validated (a 400 naming the field as Anthropic does: ``messag
 into a chat-completions request (system prompt, text, tool uses and tool results, tools and tool choice), run through
 :func:`~specwise.server.chat.prepare_chat` and :func:`~specwise.server.chat.reply_pieces`, and the reply's pieces
 written as Anthropic's content blocks (``thinking``, ``text``, ``tool_use``), whole or as Anthropic's server-sent
-events. Any model name is accepted (clients send their own ids) and the one loaded model answers. Fields the server
-cannot honour but that change nothing in the answer (``metadata``, ``cache_control``, ``context_management``, ...) are
-ignored; images and documents are refused. Errors have Anthropic's shape ``{"type": "error", "error": {"type",
+events. Any model name is accepted (clients send their own ids) and the one loaded model answers. ``thinking``
+switches the template's ``enable_thinking``; ``output_config.format`` constrains the reply to a JSON schema. Fields
+that change nothing in the answer (``metadata``, ``cache_control``, ``context_management``, ...) are ignored; images
+and documents are refused. Errors have Anthropic's shape ``{"type": "error", "error": {"type",
 "message"}}``.
 """
 
@@ -31,7 +32,6 @@ except ModuleNotFoundError as err:
 
 from specwise.server.chat import ChatJob, ReplyEnd, prepare_chat, reply_pieces
 from specwise.server.errors import APIError, as_api_error, error_shape
-from specwise.server.parsing import chat_tools, encode_chat
 from specwise.server.protocol import ChatCompletionRequest
 from specwise.server.responses import CLIENT_CLOSED
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece
@@ -111,7 +111,9 @@ Block = Annotated[
 
 
 class MessageParam(_Part):
-    role: Literal["user", "assistant"]
+    """A message of the conversation; a ``system`` one (Claude Code sends them) holds text only."""
+
+    role: Literal["user", "assistant", "system"]
     content: str | Annotated[list[Block], _LIST]
 
 
@@ -131,6 +133,26 @@ class ToolChoiceParam(_Part):
     disable_parallel_tool_use: bool | None = None
 
 
+class ThinkingParam(_Part):
+    """``enabled`` or ``disabled`` sets the chat template's ``enable_thinking`` (Qwen3's switch; templates without
+    one ignore it); ``adaptive`` leaves the template's default. A model that thinks writes thinking blocks."""
+
+    type: str
+    budget_tokens: int | None = None  # not enforced: the thinking counts toward max_tokens
+
+
+class JsonOutputFormat(_Part):
+    type: Literal["json_schema"]
+    schema_: dict = Field(alias="schema")
+
+
+class OutputConfig(_Part):
+    """``format``: the reply is JSON matching the schema (structured outputs); ``effort`` is ignored."""
+
+    format: JsonOutputFormat | None = None
+    effort: str | None = None
+
+
 class CountTokensRequest(_Part):
     """``POST /v1/messages/count_tokens``: the conversation and its tools."""
 
@@ -139,7 +161,8 @@ class CountTokensRequest(_Part):
     system: str | Annotated[list[TextBlock], _LIST] | None = None
     tools: Annotated[list[ToolParam], _LIST] | None = None
     tool_choice: ToolChoiceParam | None = None
-    thinking: dict | None = None  # accepted: a model that thinks writes its thinking as thinking blocks
+    thinking: ThinkingParam | None = None
+    output_config: OutputConfig | None = None
 
 
 class MessagesRequest(CountTokensRequest):
@@ -232,7 +255,12 @@ class Origins:
         if head == "tools" and rest and isinstance(rest[0], int) and rest[0] < len(self.tools):
             name = {"parameters": "input_schema"}.get(str(rest[2]), str(rest[2])) if len(rest) > 2 else None
             return ".".join(["tools", str(self.tools[rest[0]])] + ([name] if name else []))
-        renamed = {"stop": "stop_sequences", "parallel_tool_calls": "tool_choice.disable_parallel_tool_use"}
+        renamed = {
+            "stop": "stop_sequences",
+            "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+            "response_format": "output_config.format",
+            "chat_template_kwargs": "thinking",
+        }
         return renamed.get(str(head), str(head))
 
     def translate(self, err: APIError) -> APIError:
@@ -268,6 +296,11 @@ def chat_request(body: CountTokensRequest, model: str) -> tuple[ChatCompletionRe
         openai["tool_choice"] = _tool_choice(choice)
         if choice.disable_parallel_tool_use is not None:
             openai["parallel_tool_calls"] = not choice.disable_parallel_tool_use
+    if body.thinking is not None and body.thinking.type in ("enabled", "disabled"):
+        openai["chat_template_kwargs"] = {"enable_thinking": body.thinking.type == "enabled"}
+    output = body.output_config.format if body.output_config is not None else None
+    if output is not None:
+        openai["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": output.schema_}}
     if isinstance(body, MessagesRequest):
         sampling = {"stop": body.stop_sequences or None, "temperature": body.temperature, "top_p": body.top_p}
         openai |= {name: value for name, value in sampling.items() if value is not None}
@@ -296,7 +329,7 @@ def _messages(body: CountTokensRequest, origins: Origins) -> list[dict]:
         origins.messages.append("system")
     for i, message in enumerate(body.messages):
         where = f"messages.{i}"
-        if message.role == "assistant" and i == len(body.messages) - 1:
+        if message.role == "assistant" and all(m.role == "system" for m in body.messages[i + 1 :]):
             raise APIError(
                 400,
                 f"{where}: the conversation must end with a user message: continuing an assistant message (prefill) "
@@ -310,8 +343,12 @@ def _messages(body: CountTokensRequest, origins: Origins) -> list[dict]:
 
 
 def _append(out: list[dict], origins: Origins, message: dict, origin: str) -> None:
-    """Add ``message`` to ``out``, joined to the last message when both are the user's or both the assistant's."""
+    """Add ``message`` to ``out``, joined to the last message when both have the same role (system messages
+    before the first turn join the system prompt; later ones stay where they are)."""
     last = out[-1] if out else None
+    if last is not None and last["role"] == message["role"] == "system":
+        last["content"] = BLOCK_JOIN.join(text for text in (last["content"], message["content"]) if text)
+        return
     if last is None or last["role"] != message["role"] or message["role"] not in ("user", "assistant"):
         out.append(message)
         origins.messages.append(origin)
@@ -343,6 +380,8 @@ def _chat_messages(role: str, blocks: list, where: str) -> list[tuple[dict, str]
             if role != "user":
                 raise APIError(400, f"{at}: tool_result blocks belong in user messages", param=at)
             results.append(({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result(block, at)}, at))
+    if role == "system":  # its tool_use and tool_result blocks were refused above
+        return [({"role": "system", "content": BLOCK_JOIN.join(texts)}, where)]
     if role == "assistant":
         message: dict = {"role": "assistant", "content": BLOCK_JOIN.join(texts) if texts else (None if calls else "")}
         if calls:
@@ -381,11 +420,36 @@ def _tools(tools: list[ToolParam], origins: Origins) -> list[dict]:
             continue
         if tool.input_schema is None:
             raise APIError(400, f"tools.{i}.input_schema: Field required", param=f"tools.{i}.input_schema")
-        function = {"name": tool.name, "parameters": tool.input_schema}
+        function = {"name": tool.name, "parameters": without_vacuous_keywords(tool.input_schema)}
         if tool.description is not None:
             function["description"] = tool.description
         out.append({"type": "function", "function": function})
         origins.tools.append(i)
+    return out
+
+
+_VACUOUS = ({}, {"type": "string"}, True)  # a propertyNames that every object's keys (strings) match
+_NAMED_SCHEMAS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems", "items")
+MAX_SCHEMA_WALK = 100  # levels: deeper schemas are refused by the tools' own check (64)
+
+
+def without_vacuous_keywords(schema: object, depth: int = 0) -> object:
+    """``schema`` without the ``propertyNames`` that allow every name (``{"type": "string"}``, as Claude Code's
+    record-typed arguments have it): the same arguments are valid, and the grammar engine has no such keyword."""
+    if not isinstance(schema, dict) or depth > MAX_SCHEMA_WALK:
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "propertyNames" and value in _VACUOUS:
+            continue
+        if key in _NAMED_SCHEMAS and isinstance(value, dict):
+            value = {name: without_vacuous_keywords(sub, depth + 1) for name, sub in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            value = [without_vacuous_keywords(sub, depth + 1) for sub in value]
+        elif isinstance(value, dict) and key not in ("enum", "const", "default", "examples"):
+            value = without_vacuous_keywords(value, depth + 1)
+        out[key] = value
     return out
 
 
@@ -612,11 +676,10 @@ async def count_tokens(body: Json, request: Request) -> dict:
     state = _state(request)
     chat, origins = chat_request(parse(CountTokensRequest, body), state.model_name)
     try:
-        tools = chat_tools(state, chat)
-        prompt_ids = await state.encoder.run(encode_chat, state, chat.messages, tools)
+        job = await prepare_chat(state, chat)  # encoded as a message's prompt is: nothing is generated
     except APIError as err:
         raise origins.translate(err) from err
-    return {"input_tokens": len(prompt_ids)}
+    return {"input_tokens": job.prompt_tokens}
 
 
 def _budget(state: ServerState, job: ChatJob, max_tokens: int) -> tuple[ChatJob, bool]:
