@@ -8,6 +8,7 @@ native Hermes tool format).
 # ruff: noqa: E402
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -23,8 +24,17 @@ from test_server import live_server
 from test_tools import QWEN_TEMPLATE, WEATHER, tiny_tool_gguf
 
 from specwise.runtime import build_runtime
-from specwise.server.anthropic import ContentBlocks, field_path, tool_use_id, without_vacuous_keywords
+from specwise.server.anthropic import (
+    ContentBlocks,
+    Reply,
+    anthropic_error,
+    field_path,
+    stream_events,
+    tool_use_id,
+    without_vacuous_keywords,
+)
 from specwise.server.app import create_app
+from specwise.server.errors import APIError
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece
 
 MODEL = "m"
@@ -540,6 +550,7 @@ def test_bad_bodies_get_a_400_in_anthropics_shape(url, change, where):
     assert error["error"]["message"].startswith(where), error
     if "image" in json.dumps(change):
         assert "images are not supported by this model" in error["error"]["message"]
+    assert "Value error" not in error["error"]["message"] and "[" not in error["error"]["message"].split(":")[0]
 
 
 @pytest.mark.parametrize("raw", [b"[1, 2]", b'{"model": ', b"null", b"\xff"])
@@ -590,6 +601,45 @@ def test_content_blocks_from_pieces():
         {"type": "text", "text": "ab"},
         {"type": "tool_use", "id": tool_use_id("call_ab"), "name": "f", "input": {"x": 1}},
     ]
+
+
+def test_an_error_after_the_headers_is_an_error_event():
+    async def pieces():
+        yield [ContentPiece("Hi")]
+        raise APIError(429, "the server is busy", code="queue_full", type_="server_busy")
+
+    async def read() -> list[dict]:
+        stream = pieces()
+        first = await anext(stream)
+        return [
+            json.loads(chunk.split("data: ")[1])
+            async for chunk in stream_events(None, stream, first, Reply("m", [], 3, False))
+        ]
+
+    events = asyncio.run(read())
+    assert [e["type"] for e in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "error",
+    ]
+    assert events[-1]["error"] == {"type": "overloaded_error", "message": "the server is busy"}
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [
+        (400, "invalid_request_error"),
+        (401, "authentication_error"),
+        (404, "not_found_error"),
+        (413, "request_too_large"),
+    ]
+    + [(429, "rate_limit_error"), (500, "api_error"), (503, "overloaded_error")],
+)
+def test_errors_have_anthropics_types(status, kind):
+    body = anthropic_error(APIError(status, "bad", param="max_tokens"))
+    assert body == {"type": "error", "error": {"type": kind, "message": "max_tokens: bad"}}
 
 
 def test_only_vacuous_property_names_are_dropped():

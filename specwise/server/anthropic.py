@@ -10,6 +10,9 @@ switches the template's ``enable_thinking``; ``output_config.format`` constrains
 that change nothing in the answer (``metadata``, ``cache_control``, ``context_management``, ...) are ignored; images
 and documents are refused. Errors have Anthropic's shape ``{"type": "error", "error": {"type",
 "message"}}``.
+
+One file because it is one API's adapter, read against Anthropic's documentation: the body's models, their
+translation, the reply's blocks and events and the errors all speak its field names.
 """
 
 from __future__ import annotations
@@ -41,7 +44,19 @@ if TYPE_CHECKING:
 
     from specwise.server.app import ServerState
 
-__all__ = ["ContentBlocks", "CountTokensRequest", "MessagesRequest", "add_routes", "anthropic_error", "chat_request"]
+__all__ = [
+    "ContentBlocks",
+    "CountTokensRequest",
+    "MessagesRequest",
+    "Reply",
+    "add_routes",
+    "anthropic_error",
+    "chat_request",
+    "field_path",
+    "stream_events",
+    "tool_use_id",
+    "without_vacuous_keywords",
+]
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +207,7 @@ def parse(model: type[CountTokensRequest], body: dict) -> CountTokensRequest:
         raise _validation_error(err.errors(include_url=False)[:MAX_ERRORS_READ], body) from err
 
 
-_UNION_STEP = re.compile(r"^(str|int|float|bool|none|\w+\[.*\])$")  # pydantic's union members in a location
+_UNION_STEP = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")  # pydantic's union members in a location
 
 
 def field_path(loc: tuple, data: object) -> str:
@@ -224,10 +239,15 @@ def _validation_error(errors: list[dict], body: dict) -> APIError:
         path = field_path(tuple(error.get("loc", ())), body)
         if error.get("type") in ("union_tag_invalid", "union_tag_not_found"):
             path = f"{path}.type" if path else "type"
-        found.append((path, error.get("msg", "invalid")))
+        found.append((path, _message(error)))
     path = max((path for path, _ in found), key=_depth)  # the first of the deepest
     message = " or ".join(dict.fromkeys(msg for p, msg in found if p == path))
     return APIError(400, f"{path}: {message}" if path else message, param=path or None)
+
+
+def _message(error: dict) -> str:
+    """A pydantic error's message without pydantic's ``Value error, `` before a validator's own words."""
+    return str(error.get("msg", "invalid")).removeprefix("Value error, ")
 
 
 def _depth(path: str) -> int:
@@ -311,7 +331,7 @@ def chat_request(body: CountTokensRequest, model: str) -> tuple[ChatCompletionRe
     except ValidationError as err:
         first = err.errors(include_url=False)[0]
         where = origins.field(tuple(first.get("loc", ())) or ("messages",))
-        raise APIError(400, f"{where}: {first.get('msg', 'invalid')}", param=where) from err
+        raise APIError(400, f"{where}: {_message(first)}", param=where) from err
 
 
 def _text(blocks: list[TextBlock]) -> str:
@@ -327,6 +347,7 @@ def _messages(body: CountTokensRequest, origins: Origins) -> list[dict]:
     if system:
         out.append({"role": "system", "content": system})
         origins.messages.append("system")
+    called: set[str] = set()  # the ids of the tool_use blocks so far
     for i, message in enumerate(body.messages):
         where = f"messages.{i}"
         if message.role == "assistant" and all(m.role == "system" for m in body.messages[i + 1 :]):
@@ -337,7 +358,7 @@ def _messages(body: CountTokensRequest, origins: Origins) -> list[dict]:
                 param=where,
             )
         blocks = [TextBlock(type="text", text=message.content)] if isinstance(message.content, str) else message.content
-        for chat, origin in _chat_messages(message.role, blocks, where):
+        for chat, origin in _chat_messages(message.role, blocks, where, called):
             _append(out, origins, chat, origin)
     return out
 
@@ -360,8 +381,9 @@ def _append(out: list[dict], origins: Origins, message: dict, origin: str) -> No
         last["tool_calls"] = calls
 
 
-def _chat_messages(role: str, blocks: list, where: str) -> list[tuple[dict, str]]:
-    """One Messages message's chat messages and the field each came from."""
+def _chat_messages(role: str, blocks: list, where: str, called: set[str]) -> list[tuple[dict, str]]:
+    """One Messages message's chat messages and the field each came from (``called``: the ids of the earlier
+    tool_use blocks, which a tool_result must name; this message's are added)."""
     texts: list[str] = []
     calls: list[dict] = []
     results: list[tuple[dict, str]] = []
@@ -374,12 +396,13 @@ def _chat_messages(role: str, blocks: list, where: str) -> list[tuple[dict, str]
         elif isinstance(block, ToolUseBlock):
             if role != "assistant":
                 raise APIError(400, f"{at}: tool_use blocks belong in assistant messages", param=at)
+            called.add(block.id)
             arguments = json.dumps(block.input, ensure_ascii=False)
             calls.append({"id": block.id, "type": "function", "function": {"name": block.name, "arguments": arguments}})
         elif isinstance(block, ToolResultBlock):
             if role != "user":
                 raise APIError(400, f"{at}: tool_result blocks belong in user messages", param=at)
-            results.append(({"role": "tool", "tool_call_id": block.tool_use_id, "content": _result(block, at)}, at))
+            results.append((_tool_message(block, at, called), at))
     if role == "system":  # its tool_use and tool_result blocks were refused above
         return [({"role": "system", "content": BLOCK_JOIN.join(texts)}, where)]
     if role == "assistant":
@@ -395,6 +418,15 @@ def _chat_messages(role: str, blocks: list, where: str) -> list[tuple[dict, str]
 def _refuse_media(block: MediaBlock, at: str) -> None:
     what = "images" if block.type == "image" else "documents"
     raise APIError(400, f"{at}: {what} are not supported by this model (it reads text only)", param=at)
+
+
+def _tool_message(block: ToolResultBlock, at: str, called: set[str]) -> dict:
+    """The tool message of a tool_result block, which must answer an earlier tool_use block."""
+    if block.tool_use_id not in called:
+        where = f"{at}.tool_use_id"
+        message = f"{where}: no earlier assistant message has a tool_use block of id {block.tool_use_id!r}"
+        raise APIError(400, message, param=where)
+    return {"role": "tool", "tool_call_id": block.tool_use_id, "content": _result(block, at)}
 
 
 def _result(block: ToolResultBlock, at: str) -> str:
@@ -715,10 +747,10 @@ async def _streamed(state: ServerState, pieces: AsyncIterator, reply: Reply) -> 
     except BaseException:
         await pieces.aclose()
         raise
-    return ClosingStreamingResponse(_events(state, pieces, first, reply))
+    return ClosingStreamingResponse(stream_events(state, pieces, first, reply))
 
 
-async def _events(state: ServerState, pieces: AsyncIterator, item, reply: Reply):
+async def stream_events(state: ServerState, pieces: AsyncIterator, item, reply: Reply):
     """Anthropic's server-sent events: message_start, ping, each block's start, deltas and stop, message_delta
     (stop reason and usage), message_stop; an error after the headers is an ``error`` event."""
     blocks = ContentBlocks()
