@@ -15,19 +15,33 @@ for any drafter under a fixed gamma).
 The planner plans for the pass as a whole (``Planner.draft(..., batch=...)``): each request's gamma is chosen for
 the pass's tokens per second given the rows the others put in it, so drafting fades out as the batch makes the
 pass dear and comes back as it thins.
+
+A joining prompt is fed in slices chosen by what they cost (:class:`PrefillCosts`, measured as the batch runs):
+beside sequences that decode, a step's slice keeps the step within ``max_step_seconds`` and takes at most
+``prefill_share`` of it, so that the others' streams go on; with nothing else decoding, a long prompt goes in whole
+multiples of the layer kernel's rows within the same time. A row's numbers do not depend on its slice, so the
+slicing changes no output. A prompt whose prefix another slot's cache holds (a system prompt that sub-agents share
+with their parent, a conversation that another slot served) copies it (``Model.copy_prefix``, exact) rather than
+reading it again, and the slots' caches are kept within ``cache_memory`` bytes, the free slots' least recently used
+dropped first.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from specwise.drafters.base import common_prefix
 from specwise.engine import Engine, GenerationEvent, kept_prefix
+from specwise.estimates import Line, clip, smooth
 from specwise.models.base import Model
 from specwise.step import BatchStep, CheckedRequest, Request, Slot
 
-__all__ = ["BatchEngine", "BatchStep", "Request"]
+__all__ = ["BatchEngine", "BatchStep", "PrefillCosts", "Request", "default_cache_memory"]
 
 
 @dataclass
@@ -38,39 +52,205 @@ class _Slot(Slot):
     cancelled: bool = False
     order: int = 0  # when its request was admitted (the earliest of several with one prompt prefills it)
     finished: int = -1  # when its last request finished (a count of finished requests; -1: none)
+    written: int = 0  # the most positions its cache has held: what its memory holds (a rollback hands none back)
+    own: bool = False  # its sequence is the engine's own (a batch of one), whose memory the batch cannot drop
 
 
 # A request continues a free slot's conversation when the prefix its prompt shares with the slot's cache is at least
 # this share of what the cache holds (a chat's next turn shares all of it; another chat only the system prompt)
 CONTINUES = 0.5
+PREFILL_CHUNK = 256  # prompt tokens a step feeds when the slices are not chosen by cost (max_step_seconds None)
+MAX_STEP_SECONDS = 0.5  # the default budget of a step in which other sequences decode
+PREFILL_SHARE = 0.5  # the default share of such a step that a joining prompt may take
+FLOOR_SHARE = 0.25  # where decoding alone overruns the budget, a prompt still takes this share of a decoding step
+REFRESH = 8  # steps feeding a prompt beside decoding sequences before one without it (the decoding step re-measured)
+CACHE_SHARE = 0.25  # the default share of the machine's memory that the slots' caches may hold
+COPY_GAIN = 256  # another slot's prefix is copied when it adds a token and 1/COPY_GAIN of its length to what is kept
+
+
+def default_cache_memory() -> int | None:
+    """The default bound of the slots' caches: ``CACHE_SHARE`` of the machine's memory (of its cgroup's limit where
+    that is less); None where neither is known."""
+    sizes = []
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sizes.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as fh:
+                text = fh.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < 1 << 60:  # "max", or a huge number: no limit
+            sizes.append(int(text))
+    return int(CACHE_SHARE * min(sizes)) if sizes else None
+
+
+def position_bytes(model: Model) -> int | None:
+    """Bytes of keys and values that one position of ``model``'s cache takes in every layer (from its ``k_cache``
+    and ``v_cache``, laid out ``[layers, kv heads, capacity, head dim]``); None for a model that keeps its cache
+    otherwise."""
+    k, v = getattr(model, "k_cache", None), getattr(model, "v_cache", None)
+    shape = getattr(k, "shape", ())
+    if v is None or len(shape) != 4 or not shape[2]:
+        return None
+    return (int(k.nbytes) + int(v.nbytes)) // int(shape[2])
+
+
+def kernel_rows() -> int:
+    """Rows of one call of the native layer kernel: a pass over more runs them in calls of this many, each reading
+    every weight once."""
+    from specwise.models.kernels import quant
+
+    return quant.MAX_ROWS
+
+
+class PrefillCosts:
+    """What feeding a prompt costs, learnt from a batch's steps: the seconds of a step in which sequences only
+    decode, and the seconds per prompt row against its position (a row's attention reads every position before it,
+    so that a row deep in a long prompt costs several times one near its start). Apart for the rows fed beside
+    decoding sequences (what they add to a decoding step: the step's time less the decoding step's) and the rows fed
+    alone (the step's whole time).
+
+    A row's cost is a line in its position, fitted to the rows measured over a long memory (its shape), times a
+    factor that follows the last measurements (a machine that others share turns slower or faster within a few
+    steps). Each measurement is first clipped to [1/2, 2] times the estimate, so that one pause moves it by a
+    bounded step. A line starts as if a row cost twice as much ``SPAN`` positions further (steeper than measured
+    models: Qwen2.5-Coder-1.5B's rows cost about 5 times as much at 16k as at the start) until rows measured at
+    several positions outweigh that. Before the first slice of a kind is measured, the other kind's estimate is
+    used, and before either, the caller's first slice.
+    """
+
+    SPAN = 2048
+    FIRST_ROWS = 16  # a slice before any was measured
+    WEIGHT = 1.0  # the prior's weight in the line, in observations
+    DECAY = 0.97  # the line's memory
+    SMOOTHING = 0.3  # the factor's and the decoding step's
+
+    def __init__(self) -> None:
+        self.decode: float | None = None  # smoothed seconds of a step of decoding sequences only
+        self.since_decode = 0  # steps that fed a prompt beside decoding sequences since the last that fed none
+        self._lines: dict[bool, Line] = {}  # beside decoding sequences (True) or alone: seconds per row by position
+        self._least: dict[bool, float] = {}  # the cheapest row measured of each kind: a floor under its line
+        self._factor: dict[bool, float] = {}  # the last measurements against the line
+
+    def observe_decode(self, seconds: float) -> None:
+        """A step in which sequences only decoded took ``seconds``."""
+        self.decode = smooth(self.decode, seconds, self.SMOOTHING)
+        self.since_decode = 0
+
+    def observe_prefill(self, rows: int, position: float, seconds: float, decoding: bool) -> None:
+        """A step fed ``rows`` prompt rows at about ``position`` (their mean) in ``seconds``, beside decoding
+        sequences (``decoding``) or alone."""
+        if rows < 1:
+            return
+        if decoding:
+            self.since_decode += 1
+            if self.decode is None:
+                return
+            seconds -= self.decode
+        per_row = max(seconds, 0.0) / rows
+        line = self._lines.get(decoding)
+        if line is None:
+            per_row = max(per_row, 1e-7)
+            points = [(position, per_row), (position + self.SPAN, 2.0 * per_row)]
+            self._lines[decoding] = Line(points, self.WEIGHT, self.DECAY)
+            self._least[decoding], self._factor[decoding] = per_row, 1.0
+            return
+        shape = self._shape(decoding, position)
+        factor = self._factor[decoding]
+        per_row = clip(per_row, shape * factor)
+        self._factor[decoding] = smooth(factor, per_row / shape, self.SMOOTHING)
+        self._least[decoding] = min(self._least[decoding], per_row)
+        line.add(position, per_row)
+
+    def _shape(self, decoding: bool, position: float) -> float:
+        return max(self._lines[decoding].value(position), 0.5 * self._least[decoding])
+
+    def row_seconds(self, position: float, decoding: bool) -> float | None:
+        """Estimated seconds of one prompt row at ``position``, beside decoding sequences or alone (the other
+        kind's estimate before this kind was measured; None before either)."""
+        kind = decoding if decoding in self._lines else not decoding
+        if kind not in self._lines:
+            return None
+        return self._shape(kind, position) * self._factor[kind]
+
+    def rows_within(self, seconds: float, position: int, most: int, decoding: bool) -> int | None:
+        """The most prompt rows, at most ``most``, from ``position`` on whose estimated cost fits in ``seconds``
+        (None before anything was measured)."""
+        if not self._lines:
+            return None
+        lo, hi = 0, max(most, 0)  # the cost of n rows, n * (the cost of a row at their mean), grows with n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid * self.row_seconds(position + 0.5 * mid, decoding) <= seconds:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
 
 class BatchEngine:
     """Steps up to ``max_batch`` requests together on ``engine``'s target, drafters and planner.
 
-    max_batch: sequences that share a pass; more requests wait (``waiting``) and join as slots free.
-    prefill_chunk: prompt tokens a joining request feeds per step (longer prompts take several steps), so that
-        a long prompt delays the others' next tokens by a bounded amount.
+    max_batch: sequences that share a pass; more requests wait (``waiting``) and join as slots free. Each is a
+        sequence of its own (``Model.sequence``); a batch of one runs on the engine's own target and drafters.
+    prefill_chunk: the most prompt tokens a joining request feeds per step (None: as the costs allow; 256 when
+        ``max_step_seconds`` is None).
+    max_step_seconds: the time a step in which other sequences decode may take (None: fixed slices of
+        ``prefill_chunk``). A joining prompt's slice is chosen by the measured cost of prompt rows at its positions
+        (:class:`PrefillCosts`) so that the step stays within it; with nothing else decoding, a prompt goes in the
+        largest whole multiples of the layer kernel's rows (``kernel_rows``) within it, so that a request arriving
+        meanwhile waits about as long at most.
+    prefill_share: the most of such a step the prompt may take (0.5: the decoding sequences keep at least half of
+        their rate while a long prompt is read; where their step alone exceeds ``max_step_seconds`` the prompt still
+        takes ``FLOOR_SHARE`` of it, and at least one row).
+    cache_memory: bytes that the slots' caches may hold (None: ``default_cache_memory()``, a quarter of the
+        machine's memory; 0 keeps no finished request's cache): past it the free slots' caches are dropped, least
+        recently used first, their memory handed back. Counted from the positions each slot's cache has held
+        (``position_bytes``); a model that does not say what a position takes is not bounded.
     """
 
-    def __init__(self, engine: Engine, max_batch: int = 8, prefill_chunk: int = 256) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = 8,
+        prefill_chunk: int | None = None,
+        max_step_seconds: float | None = MAX_STEP_SECONDS,
+        prefill_share: float = PREFILL_SHARE,
+        cache_memory: int | None = None,
+    ) -> None:
         if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if prefill_chunk < 1:
+        if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if max_step_seconds is not None and not (max_step_seconds > 0 and math.isfinite(max_step_seconds)):
+            raise ValueError(f"max_step_seconds must be a number of seconds > 0 (or None), got {max_step_seconds!r}")
+        if not 0.0 < prefill_share < 1.0:
+            raise ValueError(f"prefill_share must be between 0 and 1 (exclusive), got {prefill_share!r}")
+        if cache_memory is None:
+            cache_memory = default_cache_memory()
+        elif cache_memory < 0:
+            raise ValueError(f"cache_memory must be a number of bytes >= 0, got {cache_memory!r}")
         self.engine = engine
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
+        self.max_step_seconds = max_step_seconds
+        self.prefill_share = prefill_share
+        self.cache_memory = cache_memory
+        self.costs = PrefillCosts()
         self._slots: list[_Slot] = []
         self._queue: deque[tuple[int, CheckedRequest]] = deque()
         self._next_id = 0
         self._admitted = 0
         self._finished = 0
+        self._position_bytes: int | None = None
         self.prefill_fed = 0  # prompt tokens fed to the target
-        self.prefill_copied = 0  # prompt tokens copied from another sequence's cache instead (see _share_prefill)
+        self.prefill_copied = 0  # prompt tokens copied from another sequence's cache instead (_copy_shared,
+        # _share_prefill)
+        self.caches_dropped = 0  # free slots' caches dropped to keep within cache_memory
         if max_batch > 1:  # a target or drafter that cannot hold several sequences says so now, not mid-request
-            self._new_slot()
             try:
+                self._new_slot()
                 self._new_slot()
             except NotImplementedError as err:
                 raise ValueError(f"cannot batch several requests: {err}; use max_batch 1") from err
@@ -111,15 +291,19 @@ class BatchEngine:
     # ---- slots -----------------------------------------------------------------------------------------------
 
     def _new_slot(self) -> _Slot:
-        engine = self.engine
-        if not self._slots:  # the engine's own sequence and drafters serve the first slot
-            target, drafters = engine.target, engine.drafters
-        else:
-            target = engine.target.sequence()
-            drafters = [d.fork(target) for d in engine.drafters]
-        slot = _Slot(target, engine.planner.new_state(drafters))
+        slot = self._made_slot()
         self._slots.append(slot)
         return slot
+
+    def _made_slot(self) -> _Slot:
+        """A slot with an empty cache: a sequence of the target of its own with its drafters forked for it (a batch
+        of one: the engine's own target and drafters, which need neither)."""
+        engine = self.engine
+        if self.max_batch == 1:
+            return _Slot(engine.target, engine.planner.new_state(engine.drafters), own=True)
+        target = engine.target.sequence()
+        drafters = [d.fork(target) for d in engine.drafters]
+        return _Slot(target, engine.planner.new_state(drafters))
 
     def _reusable(self, slot: _Slot, prompt: list[int]) -> int:
         """How many leading tokens of ``prompt`` ``slot``'s target cache holds from its last finished request (a
@@ -131,7 +315,8 @@ class BatchEngine:
     def _admit(self) -> None:
         """Queued requests into slots: the free slot whose conversation the prompt continues (``CONTINUES``), else
         a slot never used, else a new one while there is room, else the free slot that finished longest ago; so
-        each client's chat keeps its cache for its next turn. Any prefix the chosen slot holds is kept."""
+        each client's chat keeps its cache for its next turn. Any prefix the chosen slot holds is kept, and a longer
+        one that another slot holds is copied (``_copy_shared``)."""
         while self._queue:
             rid, req = self._queue[0]
             prompt = req.prompt_ids
@@ -156,6 +341,51 @@ class BatchEngine:
             self.engine.begin(slot, req, keep)
             slot.rid, slot.cancelled = rid, False
             slot.order, self._admitted = self._admitted, self._admitted + 1
+            self._copy_shared(slot, keep)
+            slot.written = max(slot.written, slot.target.length)
+
+    def _copy_shared(self, slot: _Slot, keep: int) -> None:
+        """Where another slot's cache, running or free, holds a longer prefix of ``slot``'s new prompt than the
+        ``keep`` tokens ``slot`` kept (sub-agents sharing their parent's system prompt, a conversation that another
+        slot served), copy it (``Model.copy_prefix``: the cache that feeding those tokens writes, so the output is
+        unchanged) and count it as cached (``SpecStats.cached_tokens``) and copied (``prefill_copied``). A prefix
+        that adds little to what ``slot`` kept is not worth copying whole (``COPY_GAIN``)."""
+        target, run = slot.target, slot.run
+        if type(target).copy_prefix is Model.copy_prefix:
+            return  # a model that cannot copy a cache
+        prompt = run.prompt_ids
+        best, source = keep, None
+        for other in self._slots:
+            if other is not slot:
+                held = self._holds(other, prompt, target.keep_features)
+                if held > best:
+                    best, source = held, other
+        if source is None or best - keep < max(1, best // COPY_GAIN):
+            return
+        try:
+            target.copy_prefix(source.target, best)
+        except (NotImplementedError, ValueError):  # (refused before anything is copied)
+            return
+        run.copied(best)
+        self.prefill_copied += best - keep
+
+    @staticmethod
+    def _holds(slot: _Slot, prompt: list[int], features: bool) -> int:
+        """How many leading tokens of ``prompt`` (but its last) ``slot``'s cache holds now: of its running request's
+        context, as far as its cache has it, or of its last request's (as :func:`kept_prefix` reads it, 0 when
+        anything else wrote the cache since); 0 when ``features`` are needed and the cache did not keep them."""
+        target, run = slot.target, slot.run
+        if run is None:
+            if slot.cache is None:
+                return 0
+            context, feeds, had_features = slot.cache
+            if feeds is None or feeds != target.feeds or (features and not had_features):
+                return 0
+        else:
+            if features and not target.keep_features:
+                return 0
+            context = run.context  # the prompt, then the output: the cache holds its first target.length tokens
+        return min(common_prefix(context, prompt, limit=len(prompt) - 1), target.length)
 
     def _release(self, slot: _Slot) -> None:
         slot.run, slot.cancelled = None, False
@@ -199,27 +429,134 @@ class BatchEngine:
     # ---- a step ----------------------------------------------------------------------------------------------
 
     def step(self) -> BatchStep:
-        """Admit what fits, then one target pass for every running request (``Engine.step``). Returns the events
-        it made."""
+        """Admit what fits, then one target pass for every running request (``Engine.step``), a joining prompt's
+        slice in it chosen by what it costs (``_slices``). Returns the events it made."""
         for slot in self._slots:
             if slot.cancelled:
                 self._release(slot)
+        copied = self.prefill_copied
         self._admit()
         active = [s for s in self._slots if s.run is not None]
         if not active:
             return BatchStep([])
-        copied = self.prefill_copied
         active = self._share_prefill(active)
-        out = self.engine.step(active, self.prefill_chunk)
+        limits = self._slices(active)
+        fed = [(slot, limit) for slot, limit in zip(active, limits) if limit != 0]
+        slots = [slot for slot, _ in fed]
+        began = [(slot, slot.prefill_at, slot.target.length) for slot, limit in fed if limit is not None]
+        out = self.engine.step(slots, [limit for _, limit in fed])
+        self._learn(out, began, decoding=len(began) < len(fed))
         out.prefill_copied = self.prefill_copied - copied
         self.prefill_fed += out.prefill_fed
-        for slot in active:
+        for slot in slots:
+            slot.written = max(slot.written, slot.target.length)
             finish = slot.run.finish
             if finish is not None:
                 if finish != "error":
                     slot.finished, self._finished = self._finished, self._finished + 1
                 self._release(slot)
+        self._trim_memory()
         return out
+
+    def _learn(self, out: BatchStep, began: list[tuple[_Slot, int, int]], decoding: bool) -> None:
+        """Tell the costs what the step did: how long it took, the prompt rows it fed (``began``: the prompts' slots
+        with where their prefill and their cache stood) and whether sequences decoded beside them."""
+        rows, weighted = 0, 0.0
+        for slot, at, position in began:
+            n = slot.prefill_at - at
+            rows += n
+            weighted += n * (position + 0.5 * n)
+        if rows:
+            self.costs.observe_prefill(rows, weighted / rows, out.seconds, decoding)
+        elif decoding and out.sequences:
+            self.costs.observe_decode(out.seconds)
+
+    def _slices(self, active: list[_Slot]) -> list[int | None]:
+        """Per slot of the pass, the most prompt tokens it feeds this step: None for one that decodes, 0 for a
+        prompt that waits this step.
+
+        With ``max_step_seconds``: beside decoding sequences, the prompts (the shortest rest first) take what the
+        measured costs say fits in ``prefill_share`` of the step and within the budget (at least a row); every
+        ``REFRESH`` steps, and before the decoding step was measured, none (a step of the decoding sequences
+        alone, measured). Alone, the whole budget, in multiples of the kernel's rows where it holds one. Either
+        way the pass's rows end at a multiple of the kernel's rows where they pass one (a call begun for a few
+        rows reads every weight for them)."""
+        rests: dict[int, int] = {}
+        for slot in active:
+            run = slot.run
+            if not run.prefill_done:
+                rest = max(len(run.prompt_ids) - 1 - run.cached, 0) - slot.prefill_at
+                if rest > 0:
+                    rests[id(slot)] = rest
+        if not rests:
+            return [None] * len(active)
+        if self.max_step_seconds is None:
+            chunk = self.prefill_chunk or PREFILL_CHUNK
+            return [chunk if id(s) in rests else None for s in active]
+        decoding = len(active) - len(rests)
+        rows = self._prefill_rows([s for s in active if id(s) in rests], rests, decoding)
+        return [rows[id(s)] if id(s) in rests else None for s in active]
+
+    def _prefill_rows(self, prompts: list[_Slot], rests: dict[int, int], decoding: int) -> dict[int, int]:
+        """The rows each of ``prompts`` (slots with ``rests`` prompt tokens to feed) feeds this step, beside
+        ``decoding`` decoding sequences (see ``_slices``)."""
+        costs, budget = self.costs, self.max_step_seconds
+        order = sorted(prompts, key=lambda s: (rests[id(s)], s.order))  # a short prompt first: its reply waits
+        if decoding:
+            spent = costs.decode
+            if spent is None or costs.since_decode >= REFRESH:
+                return {id(s): 0 for s in order}
+            share = self.prefill_share
+            allowed = min(spent * share / (1.0 - share), max(budget - spent, FLOOR_SHARE * spent))
+        else:
+            allowed = budget
+        out: dict[int, int] = {}
+        left = allowed
+        for i, slot in enumerate(order):
+            rest, position = rests[id(slot)], slot.target.length
+            n = costs.rows_within(left, position, rest, bool(decoding))
+            if n is None:  # nothing measured yet
+                n = costs.FIRST_ROWS
+            if i == 0:
+                n = max(n, 1)  # the prompts go on, whatever the budget
+            n = min(n, rest, self.prefill_chunk or rest)
+            per_row = costs.row_seconds(position + 0.5 * n, bool(decoding))
+            left = left - n * per_row if per_row is not None else 0.0
+            out[id(slot)] = n
+        call = kernel_rows()
+        total = decoding + sum(out.values())
+        last = next((s for s in reversed(order) if out[id(s)]), None)
+        if last is not None and total > call and total % call < out[id(last)]:
+            out[id(last)] -= total % call
+        return out
+
+    def _trim_memory(self) -> None:
+        """Keep the slots' caches within ``cache_memory``: past it, the free slots' caches are dropped, the least
+        recently used first (a slot dropped is made anew, its sequence's memory handed back)."""
+        budget = self.cache_memory
+        if budget is None:
+            return
+        if self._position_bytes is None:
+            self._position_bytes = position_bytes(self._slots[0].target) if self._slots else None
+            if self._position_bytes is None:
+                return
+        per = self._position_bytes
+        held = per * sum(slot.written for slot in self._slots)
+        if held <= budget:
+            return
+        kept = [s for s in self._slots if s.run is None and s.written and not s.own]
+        for slot in sorted(kept, key=lambda s: s.finished):
+            held -= per * slot.written
+            self._slots[self._slots.index(slot)] = self._made_slot()
+            self.caches_dropped += 1
+            if held <= budget:
+                return
+
+    @property
+    def cache_bytes(self) -> int | None:
+        """Bytes the slots' caches hold (as ``cache_memory`` counts them; None for a model that does not say)."""
+        per = position_bytes(self._slots[0].target) if self._slots else None
+        return None if per is None else per * sum(slot.written for slot in self._slots)
 
     def run_all(self, requests: Iterable[Request]) -> list[list[GenerationEvent]]:
         """Submit ``requests`` and step until all are done; each request's events in order (a convenience for

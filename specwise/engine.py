@@ -223,10 +223,11 @@ class Engine:
         slot.run, slot.cache, slot.prefill_at = run, None, 0
         return run
 
-    def step(self, slots: list[Slot], prefill_chunk: int | None = None) -> BatchStep:
+    def step(self, slots: list[Slot], prefill_chunk: int | None | Sequence[int | None] = None) -> BatchStep:
         """One target pass for every slot's request: each slot puts its next prompt chunk (at most
-        ``prefill_chunk`` tokens; None: the rest of the prompt) or its planned step in the pass; then each decoding
-        slot's rows are verified and its event made. The one step of ``stream`` (one slot) and ``BatchEngine``.
+        ``prefill_chunk`` tokens, or per slot a list of such limits; None: the rest of the prompt) or its planned
+        step in the pass; then each decoding slot's rows are verified and its event made. The one step of ``stream``
+        (one slot) and ``BatchEngine`` (which chooses each prompt's slice by what it costs).
 
         A request that fails on its own (a ValueError from its plan or verification) is in the result's
         ``errors`` and its run is over (``finish`` "error"); the others go on."""
@@ -291,18 +292,28 @@ class Engine:
         return out
 
     @staticmethod
-    def _prompt_chunks(slots: list[Slot], prefill_chunk: int | None) -> tuple[list[list[int] | None], int, float]:
+    def _prompt_chunks(
+        slots: list[Slot], prefill_chunk: int | None | Sequence[int | None]
+    ) -> tuple[list[list[int] | None], int, float]:
         """Per slot, the prompt tokens it feeds this step (None: a decoding step), the pass's rows so far (a
         decoding step's first) and the tokens its decoding steps are expected to emit so far (one each)."""
+        if prefill_chunk is None or isinstance(prefill_chunk, int):
+            limits: Sequence[int | None] = [prefill_chunk] * len(slots)
+        elif len(prefill_chunk) != len(slots):
+            raise ValueError(f"{len(slots)} slots need {len(slots)} prefill limits, got {len(prefill_chunk)}")
+        else:
+            limits = prefill_chunk
+        if any(limit is not None and limit < 1 for limit in limits):
+            raise ValueError(f"prefill limits must be >= 1 (or None), got {list(limits)}")
         chunks: list[list[int] | None] = []
         rows, tokens = 0, 0.0
-        for slot in slots:
+        for slot, limit in zip(slots, limits):
             run = slot.run
             chunk = None
             if not run.prefill_done:
                 rest = run.prefill_tokens()[slot.prefill_at :]
                 if rest:
-                    chunk = rest[:prefill_chunk] if prefill_chunk is not None else rest
+                    chunk = rest[:limit] if limit is not None else rest
                 else:
                     run.prefilled()
             chunks.append(chunk)

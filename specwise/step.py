@@ -73,8 +73,14 @@ class Run:
 
     @property
     def cached(self) -> int:
-        """Leading prompt tokens whose cache a previous request left (prompt caching)."""
+        """Leading prompt tokens whose cache a previous request left (prompt caching) or another sequence's cache
+        gave (:meth:`copied`)."""
         return self.stats.cached_tokens
+
+    def copied(self, length: int) -> None:
+        """The cache now holds the prompt's first ``length`` tokens, copied from another sequence's cache (a prefix
+        another conversation shares, ``Model.copy_prefix``): they are not fed, and count as cached."""
+        self.stats.cached_tokens = length
 
     def prefill_tokens(self) -> list[int]:
         """What goes into the cache before the first step: the prompt but its last token (and but the positions
@@ -124,7 +130,7 @@ class Slot:
 
     cache: what the target's cache held after the last step of its last request (that request's context, the
         cache's ``feeds`` then, whether it kept features): a next request whose prompt shares a prefix keeps it
-        (prompt caching, :func:`kept_prefix`).
+        (prompt caching, :func:`kept_prefix`), and another slot's request may copy it (``BatchEngine``).
     rid: the id its request is known by in the step's events and errors.
     """
 

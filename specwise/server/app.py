@@ -27,6 +27,7 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
+from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE
 from specwise.runtime import Runtime
 from specwise.server import anthropic, openai_responses
 from specwise.server.auth import APIKeyMiddleware
@@ -96,6 +97,9 @@ def create_app(
     max_body_bytes: int | None = None,
     api_key: str | None = None,
     reasoning_format: str = "auto",
+    max_step_seconds: float | None = MAX_STEP_SECONDS,
+    prefill_share: float = PREFILL_SHARE,
+    cache_memory: int | None = None,
 ) -> FastAPI:
     """Build the FastAPI app serving ``runtime``.
 
@@ -109,6 +113,10 @@ def create_app(
     api_key: when set, every route but ``/health`` requires ``Authorization: Bearer <api_key>`` (HTTP 401 without).
     reasoning_format: ``auto`` gives a thinking model's reasoning (Qwen3's ``<think>``) apart from its answer
         (``reasoning_content``, Responses' reasoning items, Messages' thinking blocks); ``none`` leaves it inline.
+    max_step_seconds: the time a step in which requests decode may take while a joining prompt is read (None:
+        prompts in fixed slices of 256 tokens); prefill_share: the most of such a step the prompt takes.
+    cache_memory: bytes the batch's caches may hold, the finished requests' least recently used dropped past it
+        (None: a quarter of the machine's memory).
     """
     if reasoning_format not in ("auto", "none"):
         raise ValueError(f"reasoning_format must be auto or none, got {reasoning_format!r}")
@@ -119,7 +127,15 @@ def create_app(
     if max_body_bytes is None:
         max_body_bytes = default_max_body_bytes(runtime.engine.target.max_length)
     metrics = ServerMetrics()
-    worker = GenerationWorker(runtime.engine, metrics, max_queue, max_batch)
+    worker = GenerationWorker(
+        runtime.engine,
+        metrics,
+        max_queue,
+        max_batch,
+        max_step_seconds=max_step_seconds,
+        prefill_share=prefill_share,
+        cache_memory=cache_memory,
+    )
     name = model_name or runtime.target.name
     encoder = PromptEncoder(runtime.tokenizer)
     texts = TokenTexts(runtime.tokenizer)
@@ -309,4 +325,7 @@ def serving_app(runtime, options, key: str | None):
         max_body_bytes=options.max_body_bytes,
         api_key=key,
         reasoning_format=getattr(options, "reasoning_format", "auto"),
+        max_step_seconds=getattr(options, "max_step_seconds", MAX_STEP_SECONDS),
+        prefill_share=getattr(options, "prefill_share", PREFILL_SHARE),
+        cache_memory=getattr(options, "cache_memory", None),
     )

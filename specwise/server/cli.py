@@ -52,6 +52,30 @@ def register(subparsers) -> None:
         "--max-queue", type=int, default=64, help="requests that may wait for the batch before HTTP 429 (default: 64)"
     )
     p.add_argument(
+        "--max-step-seconds",
+        type=float,
+        default=0.5,  # batch.MAX_STEP_SECONDS (not imported: the engine loads when the server starts)
+        metavar="SECONDS",
+        help="while a long prompt is read, a step in which other requests stream takes at most this long: the "
+        "prompt is fed in slices chosen by their measured cost (default: 0.5)",
+    )
+    p.add_argument(
+        "--prefill-share",
+        type=float,
+        default=0.5,  # batch.PREFILL_SHARE
+        metavar="SHARE",
+        help="the most of such a step the prompt takes: the streams keep at least 1 - SHARE of their rate "
+        "(default: 0.5)",
+    )
+    p.add_argument(
+        "--cache-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the batch's caches may hold, finished requests' kept for their next turn (least recently used "
+        "dropped first): bytes, or with k, M, G (default: a quarter of the machine's memory)",
+    )
+    p.add_argument(
         "--default-max-tokens",
         type=int,
         default=None,
@@ -116,6 +140,10 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.max_queue < 1:
         raise ValueError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if not args.max_step_seconds > 0:
+        raise ValueError(f"--max-step-seconds must be > 0, got {args.max_step_seconds}")
+    if not 0 < args.prefill_share < 1:
+        raise ValueError(f"--prefill-share must be between 0 and 1, got {args.prefill_share}")
     if args.default_max_tokens is not None and args.default_max_tokens < 1:
         raise ValueError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
     if args.threads is not None and args.threads < 1:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from specwise.batch import BatchEngine, BatchStep, Request
+from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, BatchStep, Request
 from specwise.engine import Engine, GenerationEvent, LogprobOptions
 from specwise.sampling import SamplingParams
 from specwise.server.metrics import ServerMetrics
@@ -201,16 +201,34 @@ class GenerationWorker:
 
     max_queue: how many jobs may wait for a place in the batch (those in it aside) before ``submit`` refuses more.
     max_batch: requests generated together (1: one at a time, in arrival order).
+    max_step_seconds, prefill_share, cache_memory: the batch's (:class:`~specwise.batch.BatchEngine`): the time a
+        step in which requests decode may take while a joining prompt is read, the most of it the prompt takes, and
+        the bytes the slots' caches may hold (None: a quarter of the machine's memory).
     """
 
-    def __init__(self, engine: Engine, metrics: ServerMetrics, max_queue: int = 64, max_batch: int = 16) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: ServerMetrics,
+        max_queue: int = 64,
+        max_batch: int = 16,
+        *,
+        max_step_seconds: float | None = MAX_STEP_SECONDS,
+        prefill_share: float = PREFILL_SHARE,
+        cache_memory: int | None = None,
+    ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
-        self._batch = BatchEngine(engine, max_batch)  # checks max_batch
         self.max_batch = max_batch
+        self._options = {
+            "max_step_seconds": max_step_seconds,
+            "prefill_share": prefill_share,
+            "cache_memory": cache_memory,
+        }
+        self._batch = self._new_batch()  # checks the options
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._jobs: dict[int, Job] = {}  # the batch's request ids -> their jobs (kept by the worker thread)
         self._thread: threading.Thread | None = None
@@ -352,7 +370,10 @@ class GenerationWorker:
     def _fail_batch(self, err: BaseException) -> None:
         """A step failed: its jobs end with ``err`` and a new, empty batch goes on."""
         self._fail_jobs(err, "error")
-        self._batch = BatchEngine(self.engine, self.max_batch)
+        self._batch = self._new_batch()
+
+    def _new_batch(self) -> BatchEngine:
+        return BatchEngine(self.engine, self.max_batch, **self._options)
 
     def _deliver(self, rid: int, job: Job, event: GenerationEvent) -> None:
         m = self.metrics
