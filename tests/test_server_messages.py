@@ -20,7 +20,7 @@ for _module in ("fastapi", "uvicorn", "httpx", "openai", "anthropic"):
 import anthropic
 import httpx
 import openai
-from test_server import live_server
+from test_server import live_server, wait_until
 from test_tools import QWEN_TEMPLATE, WEATHER, tiny_tool_gguf
 
 from specwise.runtime import build_runtime
@@ -191,6 +191,17 @@ def test_the_raw_stream_has_anthropics_events(url):
     delta = data[-2]
     assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
     assert delta["usage"]["output_tokens"] == 5 and "speculative" in delta["usage"]
+
+
+def test_a_stream_closed_early_cancels_its_job(url):
+    body = {"model": CLIENT_MODEL, "messages": QUESTION, "max_tokens": 900, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/messages", json=body, timeout=TIMEOUT) as response:
+        lines = response.iter_lines()
+        assert next(lines) == "event: message_start"
+    wait_until(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["requests_running"] == 0)
+    metrics = httpx.get(f"{url}/metrics", timeout=TIMEOUT).text
+    assert 'specwise_requests_total{endpoint="messages",outcome="cancelled"}' in metrics
+    assert create(url, max_tokens=2).usage.output_tokens == 2
 
 
 # ------------------------------------------------------------------------------------------------------ tools
