@@ -43,13 +43,16 @@ def write_vocab(source: Path, out: Path, set_tokens: dict[int, str], template: s
         writer.add_token_types(types)
         if "tokenizer.ggml.merges" in reader.fields:
             writer.add_token_merges(list(_value(reader.fields["tokenizer.ggml.merges"])))
+        if "tokenizer.ggml.scores" in reader.fields:
+            writer.add_token_scores([float(x) for x in _value(reader.fields["tokenizer.ggml.scores"])])
         for key, field in reader.fields.items():
             name = key.removeprefix("tokenizer.ggml.")
             if key.startswith("tokenizer.ggml.") and name.endswith("_token_id"):
                 writer.add_uint32(key, int(_value(field)))
-            elif key in ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"):
+            elif key.startswith("tokenizer.ggml.add_"):
                 writer.add_bool(key, bool(_value(field)))
-        chat = template if template is not None else _value(reader.fields.get("tokenizer.chat_template"))
+        found = reader.fields.get("tokenizer.chat_template")
+        chat = template if template is not None else None if found is None else _value(found)
         if chat:
             writer.add_chat_template(chat)
         writer.write_header_to_file()

@@ -23,7 +23,7 @@ for _module in ("fastapi", "uvicorn", "httpx", "openai", "llguidance"):
 
 import openai
 from test_server import live_server
-from vocab_models import tiny_vocab_gguf
+from vocab_models import GEMMA_TEMPLATE, GEMMA_VOCAB, tiny_vocab_gguf
 
 from specwise.models import load_model
 from specwise.runtime import build_runtime, eos_ids
@@ -196,6 +196,42 @@ def test_fill_in_the_middle_uses_qwens_fim_tokens(qwen):
     assert reply.usage.prompt_tokens > 3 and reply.choices[0].finish_reason in ("stop", "length")
 
 
+# ------------------------------------------------------------------------- Gemma 3's vocabulary: the generic format
+
+
+@pytest.fixture(scope="module")
+def gemma_gguf(tmp_path_factory) -> Path:
+    return tiny_vocab_gguf(tmp_path_factory.mktemp("gemma") / "tiny-gemma3.gguf", GEMMA_VOCAB, GEMMA_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_gguf):
+    yield from serve(str(gemma_gguf))
+
+
+def test_gemmas_vocabulary_ends_turns_and_has_no_tool_tags(gemma_gguf):
+    loaded = load_model(str(gemma_gguf))
+    assert loaded.model.vocab_size == 262144
+    assert eos_ids(loaded) == {1, 106}  # <eos> and <end_of_turn>
+    assert FORMATS["generic"] is __import__("specwise.tools", fromlist=["detect_format"]).detect_format(GEMMA_TEMPLATE)
+
+
+def test_gemma_calls_in_the_generic_format(gemma):
+    reply = client(gemma).chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[CITY], tool_choice="required", parallel_tool_calls=False,
+        temperature=0, max_tokens=64,
+    )  # fmt: skip
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert [name for name, _ in calls_of(reply)] == ["get_weather"]
+    assert all(matches_schema(args, CITY["function"]["parameters"]) for _, args in calls_of(reply))
+
+
+def test_gemma_has_no_fim_tokens(gemma):
+    with pytest.raises(openai.BadRequestError) as err:
+        client(gemma).completions.create(model=MODEL, prompt="def f(", suffix="\n", max_tokens=4)
+    assert err.value.status_code == 400 and "suffix" in str(err.value)
+
+
 # ---------------------------------------------------------------------------------- the real file, when present
 
 
@@ -222,3 +258,29 @@ def test_the_real_file_calls_the_weather_tool(real, choice, stream):
         calls, finish = calls_of(reply), reply.choices[0].finish_reason
     assert finish == "tool_calls" and [name for name, _ in calls] == ["get_weather"]
     assert matches_schema(calls[0][1], WEATHER["function"]["parameters"]) and "Paris" in calls[0][1]["location"]
+
+
+def test_schema_keywords_the_grammar_cannot_enforce_do_not_refuse_the_tool(qwen):
+    """Agents' tool schemas use keywords llguidance does not implement (Claude Code's ``propertyNames``,
+    ``uniqueItems``): they are left unchecked, the rest of the schema constrains the call."""
+    edit = {
+        "type": "function",
+        "function": {
+            "name": "edit",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "paths": {"type": "array", "items": {"type": "string", "enum": ["a.py"]}, "uniqueItems": True},
+                    "opts": {"type": "object", "propertyNames": {"pattern": "^[a-z]+$"}, "maxProperties": 0},
+                },
+                "required": ["paths"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    reply = client(qwen).chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[edit], tool_choice="required", parallel_tool_calls=False,
+        temperature=0, max_tokens=48,
+    )  # fmt: skip
+    name, arguments = calls_of(reply)[0]
+    assert name == "edit" and set(arguments) <= {"paths", "opts"} and set(arguments["paths"]) <= {"a.py"}

@@ -14,6 +14,12 @@ import numpy as np
 
 FIXTURES = Path(__file__).parent / "fixtures"
 QWEN_VOCAB = FIXTURES / "qwen2.5-coder.vocab.gguf.gz"  # Qwen2.5-Coder-1.5B-Instruct's (Apache-2.0, the Qwen team)
+GEMMA_VOCAB = FIXTURES / "gemma-3.vocab.gguf.gz"  # Gemma-3-270M's (Gemma terms of use; Google)
+# Gemma 3's turn markers (the base model's file has no chat template): a template written for the tests
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m.role == 'assistant' else 'user' }}\n"
+    "{{ m.content }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+)
 QWEN3_TEMPLATE_FILE = FIXTURES / "qwen3-chat-template.jinja"
 # Qwen3's vocabulary is Qwen2.5's with four added tokens in its padding slots
 QWEN3_TOKENS = {151665: "<tool_response>", 151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
@@ -66,10 +72,15 @@ def tiny_vocab_gguf(
     writer.add_tokenizer_pre(field("tokenizer.ggml.pre"))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(list(field("tokenizer.ggml.merges")))
+    if "tokenizer.ggml.merges" in source.fields:
+        writer.add_token_merges(list(field("tokenizer.ggml.merges")))
+    if "tokenizer.ggml.scores" in source.fields:
+        writer.add_token_scores([float(x) for x in field("tokenizer.ggml.scores")])
     for key in source.fields:
         if key.startswith("tokenizer.ggml.") and key.endswith("_token_id"):
             writer.add_uint32(key, int(field(key)))
+        elif key.startswith("tokenizer.ggml.add_"):
+            writer.add_bool(key, bool(field(key)))
     chat = template if template is not None else field("tokenizer.chat_template")
     writer.add_chat_template(chat)
     rng = np.random.default_rng(seed)

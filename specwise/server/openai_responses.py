@@ -13,6 +13,9 @@ Responses field at fault (``input[2].call_id``, ``tools[0].parameters``, ``text.
 Responses are kept in memory, the last :data:`STORED_RESPONSES` (least recently used first out), so that
 ``previous_response_id`` continues a conversation: the stored conversation is the request's input items and its
 output items (not its instructions, as at OpenAI).
+
+One file because an API is one adapter: its request model, its translation into the chat request, its stored
+responses and its events change together, and adding an API touches this file and its tests only (docs/DESIGN.md).
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ from specwise.tools.spec import Function, ToolRequest
 
 __all__ = ["FORMATS", "ToolFormat", "ToolGrammar", "detect_format", "special_token_id"]
 
-# fixed separators, as JsonSchema's default layout: the parsers and the grammar agree on one layout
-_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# fixed separators, as JsonSchema's default layout: the parsers and the grammar agree on one layout; lenient: schema
+# keywords the grammar engine cannot enforce (propertyNames, uniqueItems, not, if/then, ...; agents' tool schemas
+# use them) are left unchecked rather than refusing the request
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 
 
 @dataclass(frozen=True)
@@ -242,7 +244,7 @@ class Generic(ToolFormat):
         branches = [_object({"tool_calls": calls})]
         if not request.choice.calls_only:
             branches.append(_object({"response": {"type": "string"}}))
-        return JsonSchema(_one_of(branches))
+        return JsonSchema({**_one_of(branches), "x-guidance": _LAYOUT})
 
     def parser(self, request: ToolRequest | None) -> CallParser | None:
         return None if request is None or request.choice.mode == "none" else GenericParser()

@@ -214,7 +214,7 @@ def schema_depth_error(schema: object, field: str) -> str | None:
 def check_parameters(schema: object, param: str) -> None:
     """Raise ToolError unless ``schema`` is a JSON schema of an object that constrained decoding can follow
     (at most MAX_SCHEMA_DEPTH levels deep, checked against the JSON Schema meta-schema when jsonschema is
-    installed, and compiled by llguidance)."""
+    installed, and compiled by llguidance, leniently: keywords it cannot enforce are left unchecked)."""
     if not isinstance(schema, dict):
         raise ToolError(f"{param} must be a JSON schema (an object), got {type(schema).__name__}", param)
     too_deep = schema_depth_error(schema, param)
@@ -243,8 +243,9 @@ def _schema_problem(text: str) -> str | None:
             return f" is not a valid JSON schema: {err.message}"
     from specwise.constraints import ConstraintError, JsonSchema
 
-    try:
-        JsonSchema(schema).check()
+    try:  # leniently, as the call's grammar: keywords the engine cannot enforce are left unchecked, not refused
+        own = schema.get("x-guidance") if isinstance(schema.get("x-guidance"), dict) else {}
+        JsonSchema({**schema, "x-guidance": {**own, "lenient": True}}).check()
     except ConstraintError as err:
         return f": {err}"
     return None
