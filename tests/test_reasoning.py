@@ -177,3 +177,35 @@ def test_an_earlier_replys_reasoning_is_taken_back(server):
         {"role": "user", "content": "Again"},
     ]
     assert chat(server, messages=messages, max_tokens=2)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Every chat job constrained to FORCED (the Messages API has no grammar field of its own)."""
+    from dataclasses import replace
+
+    from specwise.constraints import Grammar
+    from specwise.server.parsing import ChatTools
+
+    def job(self, spec):
+        return replace(spec, params=replace(spec.params, constraint=Grammar(FORCED)))
+
+    monkeypatch.setattr(ChatTools, "job", job)
+
+
+def test_messages_give_thinking_blocks(server, forced):
+    body = {"model": "any", "max_tokens": 48, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
+    reply = httpx.post(f"{server}/v1/messages", json=body, timeout=120).json()
+    assert [(b["type"], b.get("thinking", b.get("text"))) for b in reply["content"]] == [
+        ("thinking", "The user greets me."),
+        ("text", "Hello there!"),
+    ]
+    deltas = {"thinking_delta": "", "text_delta": ""}
+    with httpx.stream("POST", f"{server}/v1/messages", json={**body, "stream": True}, timeout=120) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                delta = event.get("delta", {})
+                if delta.get("type") in deltas:
+                    deltas[delta["type"]] += delta.get("thinking", delta.get("text", ""))
+    assert deltas == {"thinking_delta": "The user greets me.", "text_delta": "Hello there!"}
