@@ -17,9 +17,9 @@ the pass's tokens per second given the rows the others put in it, so drafting fa
 pass dear and comes back as it thins.
 
 A joining prompt is fed in slices chosen by what they cost (:class:`PrefillCosts`, measured as the batch runs):
-beside sequences that decode, a step's slice keeps the step within ``max_step_seconds`` and takes at most
-``prefill_share`` of it, so that the others' streams go on; with nothing else decoding, a long prompt goes in whole
-multiples of the layer kernel's rows within the same time. A row's numbers do not depend on its slice, so the
+beside sequences that decode, a slice keeps its step within ``max_step_seconds`` and the prompt takes at most
+``prefill_share`` of the time, so that the others' streams go on; with nothing else decoding, a long prompt goes in
+whole multiples of the layer kernel's rows within the same time. A row's numbers do not depend on its slice, so the
 slicing changes no output. A prompt whose prefix another slot's cache holds (a system prompt that sub-agents share
 with their parent, a conversation that another slot served) copies it (``Model.copy_prefix``, exact) rather than
 reading it again, and the slots' caches are kept within ``cache_memory`` bytes, the free slots' least recently used
@@ -61,9 +61,9 @@ class _Slot(Slot):
 CONTINUES = 0.5
 PREFILL_CHUNK = 256  # prompt tokens a step feeds when the slices are not chosen by cost (max_step_seconds None)
 MAX_STEP_SECONDS = 0.5  # the default budget of a step in which other sequences decode
-PREFILL_SHARE = 0.5  # the default share of such a step that a joining prompt may take
-FLOOR_SHARE = 0.25  # where decoding alone overruns the budget, a prompt still takes this share of a decoding step
-REFRESH = 8  # steps feeding a prompt beside decoding sequences before one without it (the decoding step re-measured)
+PREFILL_SHARE = 0.4  # the default share of the time a long prompt takes while other sequences decode
+FLOOR_SHARE = 0.25  # where decoding alone overruns the budget, a slice still adds this share of a decoding step
+REFRESH = 8  # steps feeding a prompt beside decoding ones before one without it (the decoding step measured anew)
 CACHE_SHARE = 0.25  # the default share of the machine's memory that the slots' caches may hold
 COPY_GAIN = 256  # another slot's prefix is copied when it adds a token and 1/COPY_GAIN of its length to what is kept
 
@@ -201,9 +201,9 @@ class BatchEngine:
         (:class:`PrefillCosts`) so that the step stays within it; with nothing else decoding, a prompt goes in the
         largest whole multiples of the layer kernel's rows (``kernel_rows``) within it, so that a request arriving
         meanwhile waits about as long at most.
-    prefill_share: the most of such a step the prompt may take (0.5: the decoding sequences keep at least half of
-        their rate while a long prompt is read; where their step alone exceeds ``max_step_seconds`` the prompt still
-        takes ``FLOOR_SHARE`` of it, and at least one row).
+    prefill_share: the share of the time a long prompt takes while other sequences decode (0.4: they keep about 60%
+        of their rate; slices of whole kernel calls, in the steps the prompt's account allows, ``_prefill_rows``).
+        Where a decoding step alone takes more than ``max_step_seconds``, a slice still adds ``FLOOR_SHARE`` of one.
     cache_memory: bytes that the slots' caches may hold (None: ``default_cache_memory()``, a quarter of the
         machine's memory; 0 keeps no finished request's cache): past it the free slots' caches are dropped, least
         recently used first, their memory handed back. Counted from the positions each slot's cache has held
@@ -238,6 +238,8 @@ class BatchEngine:
         self.prefill_share = prefill_share
         self.cache_memory = cache_memory
         self.costs = PrefillCosts()
+        self._credit = 0.0  # seconds the longer prompts may still add to steps beside decoding ones (_learn)
+        self._beside = self._long_fed = False  # the step: whether something waited on it; whether a longer prompt fed
         self._slots: list[_Slot] = []
         self._queue: deque[tuple[int, CheckedRequest]] = deque()
         self._next_id = 0
@@ -459,28 +461,33 @@ class BatchEngine:
         return out
 
     def _learn(self, out: BatchStep, began: list[tuple[_Slot, int, int]], decoding: bool) -> None:
-        """Tell the costs what the step did: how long it took, the prompt rows it fed (``began``: the prompts' slots
-        with where their prefill and their cache stood) and whether sequences decoded beside them."""
+        """Tell the costs what the step did (how long it took, the prompt rows it fed: ``began``, the prompts' slots
+        with where their prefill and their cache stood; whether sequences decoded beside them), and keep the long
+        prompts' account beside decoding sequences (``_credit``)."""
         rows, weighted = 0, 0.0
         for slot, at, position in began:
             n = slot.prefill_at - at
             rows += n
             weighted += n * (position + 0.5 * n)
+        spent = self.costs.decode
         if rows:
             self.costs.observe_prefill(rows, weighted / rows, out.seconds, decoding)
         elif decoding and out.sequences:
             self.costs.observe_decode(out.seconds)
+        if not self._beside:
+            self._credit = 0.0  # nothing waits on the step: the account starts anew when something does
+            return
+        ratio = self.prefill_share / (1.0 - self.prefill_share)
+        if self._long_fed and spent is not None:  # a decoding step's time, and what the prompt's slice added to it
+            self._credit += ratio * spent - max(out.seconds - spent, 0.0)
+        else:
+            self._credit += ratio * out.seconds
+        self._credit = min(self._credit, max(self.max_step_seconds or 0.0, spent or 0.0))
 
     def _slices(self, active: list[_Slot]) -> list[int | None]:
         """Per slot of the pass, the most prompt tokens it feeds this step: None for one that decodes, 0 for a
-        prompt that waits this step.
-
-        With ``max_step_seconds``: beside decoding sequences, the prompts (the shortest rest first) take what the
-        measured costs say fits in ``prefill_share`` of the step and within the budget (at least a row); every
-        ``REFRESH`` steps, and before the decoding step was measured, none (a step of the decoding sequences
-        alone, measured). Alone, the whole budget, in multiples of the kernel's rows where it holds one. Either
-        way the pass's rows end at a multiple of the kernel's rows where they pass one (a call begun for a few
-        rows reads every weight for them)."""
+        prompt that waits this step (see ``_prefill_rows``)."""
+        self._beside = self._long_fed = False
         rests: dict[int, int] = {}
         for slot in active:
             run = slot.run
@@ -488,6 +495,7 @@ class BatchEngine:
                 rest = max(len(run.prompt_ids) - 1 - run.cached, 0) - slot.prefill_at
                 if rest > 0:
                     rests[id(slot)] = rest
+        self._beside = len(rests) < len(active)
         if not rests:
             return [None] * len(active)
         if self.max_step_seconds is None:
@@ -499,36 +507,68 @@ class BatchEngine:
 
     def _prefill_rows(self, prompts: list[_Slot], rests: dict[int, int], decoding: int) -> dict[int, int]:
         """The rows each of ``prompts`` (slots with ``rests`` prompt tokens to feed) feeds this step, beside
-        ``decoding`` decoding sequences (see ``_slices``)."""
-        costs, budget = self.costs, self.max_step_seconds
-        order = sorted(prompts, key=lambda s: (rests[id(s)], s.order))  # a short prompt first: its reply waits
-        if decoding:
+        ``decoding`` decoding sequences.
+
+        A prompt that one call of the layer kernel takes whole (a client's next question, a short turn) goes in
+        whole, and a reply waits on it as on a decoding sequence. Where none waits, the longer prompts (the
+        shortest first) take ``max_step_seconds`` as the measured costs (:class:`PrefillCosts`) say, in whole
+        calls of the kernel where that is one or more. Beside ones that wait, the shortest longer prompt feeds a
+        slice that keeps the step within the budget (whole calls where they fit: a row costs several times less in
+        a call of 64 than in one of a few), in the steps its account allows: it gains ``prefill_share / (1 -
+        prefill_share)`` of each decoding step's time and pays what its slices add to the steps, so that over time
+        the decoding sequences keep at least ``1 - prefill_share`` of their rate. Every ``REFRESH`` steps that fed
+        one, and before the decoding step was measured, no longer prompt is fed (the decoding step is measured).
+        In every pass the rows end at a multiple of the kernel's rows where they pass one."""
+        costs, budget, call, cap = self.costs, self.max_step_seconds, kernel_rows(), self.prefill_chunk
+        order = sorted(prompts, key=lambda s: (rests[id(s)], s.order))  # the shortest first: its reply waits
+        out = {id(s): min(rests[id(s)], cap or call) for s in order if rests[id(s)] <= call}
+        longer = [s for s in order if id(s) not in out]
+        for slot in longer:
+            out[id(slot)] = 0
+        if not longer:
+            return out
+        fixed = decoding + sum(out.values())  # the rows of the pass besides the longer prompts'
+        if decoding or fixed:
+            self._beside = True
             spent = costs.decode
             if spent is None or costs.since_decode >= REFRESH:
-                return {id(s): 0 for s in order}
-            share = self.prefill_share
-            allowed = min(spent * share / (1.0 - share), max(budget - spent, FLOOR_SHARE * spent))
-        else:
-            allowed = budget
-        out: dict[int, int] = {}
-        left = allowed
-        for i, slot in enumerate(order):
-            rest, position = rests[id(slot)], slot.target.length
-            n = costs.rows_within(left, position, rest, bool(decoding))
-            if n is None:  # nothing measured yet
-                n = costs.FIRST_ROWS
-            if i == 0:
-                n = max(n, 1)  # the prompts go on, whatever the budget
-            n = min(n, rest, self.prefill_chunk or rest)
-            per_row = costs.row_seconds(position + 0.5 * n, bool(decoding))
+                return out
+            room = max(budget - spent, FLOOR_SHARE * spent)  # what a slice may add to a decoding step
+            for slot in order:
+                n = out[id(slot)]
+                if n:
+                    room -= n * (costs.row_seconds(slot.target.length + 0.5 * n, True) or 0.0)
+            slot = longer[0]
+            n = self._slice(slot, rests[id(slot)], room, fixed, True)
+            need = n * (costs.row_seconds(slot.target.length + 0.5 * n, True) or 0.0)
+            ratio = self.prefill_share / (1.0 - self.prefill_share)
+            if self._credit + ratio * spent < min(need, max(budget, spent)):
+                return out  # the slice waits for the decoding steps that pay for it
+            out[id(slot)] = n
+            self._long_fed = True
+            return out
+        left = budget
+        for i, slot in enumerate(longer):
+            n = self._slice(slot, rests[id(slot)], left, fixed, False, least=1 if i == 0 else 0)
+            fixed += n
+            per_row = costs.row_seconds(slot.target.length + 0.5 * n, False)
             left = left - n * per_row if per_row is not None else 0.0
             out[id(slot)] = n
-        call = kernel_rows()
-        total = decoding + sum(out.values())
-        last = next((s for s in reversed(order) if out[id(s)]), None)
-        if last is not None and total > call and total % call < out[id(last)]:
-            out[id(last)] -= total % call
         return out
+
+    def _slice(self, slot: _Slot, rest: int, seconds: float, fixed: int, beside: bool, least: int = 1) -> int:
+        """The rows of ``slot``'s prompt (``rest`` left) whose estimated cost fits in ``seconds`` (the first slice
+        before anything was measured), at least ``least``; the pass's rows (``fixed`` of others besides) ending at
+        a multiple of the kernel's rows where they pass one."""
+        n = self.costs.rows_within(seconds, slot.target.length, rest, beside)
+        if n is None:
+            n = PrefillCosts.FIRST_ROWS
+        n = min(max(n, least), rest, self.prefill_chunk or rest)
+        call = kernel_rows()
+        total = fixed + n
+        if total > call and total % call < n:
+            n -= total % call
+        return n
 
     def _trim_memory(self) -> None:
         """Keep the slots' caches within ``cache_memory``: past it, the free slots' caches are dropped, the least

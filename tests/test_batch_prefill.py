@@ -38,7 +38,7 @@ class Timed(ToyModel):
     """A toy model whose passes take time on a clock of the test's: a pass reads the weights (``WEIGHTS`` seconds)
     and each row costs ``ROW`` seconds and ``SLOPE`` more per position before it (its attention)."""
 
-    WEIGHTS, ROW, SLOPE = 0.010, 0.001, 1e-6
+    WEIGHTS, ROW, SLOPE = 0.010, 0.001, 4e-7
 
     def __init__(self, table: np.ndarray, clock: Clock, max_length: int | None = None) -> None:
         super().__init__(table, max_length)
@@ -74,9 +74,10 @@ def _tokens(events) -> list[int]:
 
 
 def test_a_step_beside_a_stream_keeps_its_budget_and_a_prompt_alone_goes_in_whole_calls(clock):
-    """A client streams while another's 1,500-token prompt is read: every step stays within the budget, the stream
-    keeps at least half of its rate alone (prefill_share 0.5), and once it is done the prompt goes in whole calls of
-    the layer kernel within the budget. Both answers are those of the same requests alone."""
+    """A client streams while another's 1,500-token prompt is read: every step stays within the budget (up to the
+    estimates' error), the stream keeps more than half of its rate alone (prefill_share 0.4: about 60%), the
+    prompt's slices beside it fill whole calls of the layer kernel, and once the stream is done the prompt goes in
+    whole calls within the budget. Both answers are those of the same requests alone."""
     table = ToyModel.random(50, seed=3).table
     stream = Request([1, 2, 3, 4, 5], GREEDY, 150, eos_token_ids=[])
     long = Request([int(t) for t in np.random.default_rng(1).integers(0, 50, 1500)], GREEDY, 3, eos_token_ids=[])
@@ -95,14 +96,17 @@ def test_a_step_beside_a_stream_keeps_its_budget_and_a_prompt_alone_goes_in_whol
     solo_rate = len(got[first]) / (clock.now - began)
     second = batch.submit(long)
     beside: list[tuple[float, int]] = []  # (seconds, tokens streamed) of the steps while the prompt is read
+    passes: list[int] = []  # the rows of the passes in which the prompt was fed beside the stream
     slices: list[int] = []  # the prompt's rows in the steps it has alone
     streaming = True
     while batch.has_work():
         step = batch.step()
-        assert step.seconds <= 0.5 + 1e-9
+        assert step.seconds <= 0.5 * 1.05  # (the costs are estimates)
         reading = not got.get(second)
         if reading and streaming:
             beside.append((step.seconds, sum(len(e.token_ids) for rid, e in step.events if rid == first)))
+            if step.prefill_fed:
+                passes.append(step.rows)
         elif reading and step.prefill_fed:
             slices.append(step.prefill_fed)
         for rid, event in step.events:
@@ -112,7 +116,7 @@ def test_a_step_beside_a_stream_keeps_its_budget_and_a_prompt_alone_goes_in_whol
     seconds, tokens = sum(s for s, _ in beside), sum(n for _, n in beside)
     assert len(beside) > 50 and tokens / seconds >= 0.5 * solo_rate
     call = kernel_rows()
-    print(slices, len(beside), tokens / seconds, solo_rate)
+    assert passes and all(rows % call == 0 for rows in passes)  # whole calls of the kernel beside the stream too
     assert slices and all(n % call == 0 for n in slices[:-1]) and max(slices) >= 2 * call
 
 
@@ -315,7 +319,7 @@ def test_serve_takes_the_options_and_the_worker_passes_them_on():
     args = parser.parse_args(["serve", "--max-step-seconds", "0.2", "--prefill-share", "0.3", "--cache-memory", "2G"])
     assert (args.max_step_seconds, args.prefill_share, args.cache_memory) == (0.2, 0.3, 2 << 30)
     defaults = parser.parse_args(["serve"])
-    assert (defaults.max_step_seconds, defaults.prefill_share, defaults.cache_memory) == (0.5, 0.5, None)
+    assert (defaults.max_step_seconds, defaults.prefill_share, defaults.cache_memory) == (0.5, 0.4, None)
     engine = Engine(ToyModel.random(8), None, gamma=0)
     worker = GenerationWorker(
         engine, ServerMetrics(), max_batch=2, max_step_seconds=0.2, prefill_share=0.3, cache_memory=1 << 20

@@ -114,7 +114,7 @@ def create_app(
     reasoning_format: ``auto`` gives a thinking model's reasoning (Qwen3's ``<think>``) apart from its answer
         (``reasoning_content``, Responses' reasoning items, Messages' thinking blocks); ``none`` leaves it inline.
     max_step_seconds: the time a step in which requests decode may take while a joining prompt is read (None:
-        prompts in fixed slices of 256 tokens); prefill_share: the most of such a step the prompt takes.
+        prompts in fixed slices of 256 tokens); prefill_share: the share of the time the prompt takes meanwhile.
     cache_memory: bytes the batch's caches may hold, the finished requests' least recently used dropped past it
         (None: a quarter of the machine's memory).
     """

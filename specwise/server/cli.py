@@ -62,10 +62,10 @@ def register(subparsers) -> None:
     p.add_argument(
         "--prefill-share",
         type=float,
-        default=0.5,  # batch.PREFILL_SHARE
+        default=0.4,  # batch.PREFILL_SHARE
         metavar="SHARE",
-        help="the most of such a step the prompt takes: the streams keep at least 1 - SHARE of their rate "
-        "(default: 0.5)",
+        help="the share of the time such a prompt takes while other requests stream, which keep about 1 - SHARE of "
+        "their rate (default: 0.4)",
     )
     p.add_argument(
         "--cache-memory",

@@ -202,8 +202,8 @@ class GenerationWorker:
     max_queue: how many jobs may wait for a place in the batch (those in it aside) before ``submit`` refuses more.
     max_batch: requests generated together (1: one at a time, in arrival order).
     max_step_seconds, prefill_share, cache_memory: the batch's (:class:`~specwise.batch.BatchEngine`): the time a
-        step in which requests decode may take while a joining prompt is read, the most of it the prompt takes, and
-        the bytes the slots' caches may hold (None: a quarter of the machine's memory).
+        step in which requests decode may take while a joining prompt is read, the share of the time the prompt
+        takes meanwhile, and the bytes the slots' caches may hold (None: a quarter of the machine's memory).
     """
 
     def __init__(
