@@ -50,7 +50,11 @@ def refuse(path: Path | str, what: str, fix: str = REBUILD) -> NoReturn:
 def fingerprint(tokenizer) -> str:
     """SHA-256 (hex) of the tokenizer's tokens in id order: two tokenizers with the same fingerprint give every id
     the same token, so a ranking made for one serves the other."""
-    by_id = sorted((i, s) for s, i in tokenizer.get_vocab().items())
+    iter_tokens = getattr(tokenizer, "iter_tokens", None)
+    if iter_tokens is not None:  # one token at a time (the same digest where no two ids share a text)
+        by_id = ((i, s) for i, s in enumerate(iter_tokens()) if s is not None)
+    else:
+        by_id = sorted((i, s) for s, i in tokenizer.get_vocab().items())
     digest = hashlib.sha256()
     for i, s in by_id:
         digest.update(f"{i}\t{s}\n".encode("utf-8", "surrogatepass"))

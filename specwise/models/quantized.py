@@ -19,6 +19,7 @@ that read and write them are the fields and methods of one class.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -400,7 +401,7 @@ class QuantizedModel(Model):
         if not ids.size or int(ids.min()) < 0 or int(ids.max()) >= rows or np.unique(ids).size != ids.size:
             raise ValueError(f"{self.path.name}: output rows must be distinct token ids in [0, {rows})")
         head = QTensor(info.type, None, ids.size, n_in, name=f"{name}[{ids.size} rows]")
-        repack_jobs([(head, meta.raw(name), ids)], release=True)  # row j is the file's row ids[j]
+        repack_jobs([(head, _read_rows(self.path, info.offset, info.nbytes // rows, ids), None)])
         return head
 
     def restrict_output(self, ids) -> None:
@@ -670,3 +671,19 @@ class QuantizedModel(Model):
             f"QuantizedModel({self.name}, {self.config.architecture}, precision={self.precision}, "
             f"{self.weight_bytes / 1e6:.1f} MB of weights)"
         )
+
+
+def _read_rows(path, offset: int, row_bytes: int, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of a row-major tensor at ``offset`` of the file, read with ``pread`` into one array ``[n,
+    row_bytes]``. Rows scattered over a large tensor, read through the file's mapping, would bring most of its pages
+    into the process's resident memory for a moment (the kernel maps pages around each one touched): 150 MB of
+    Gemma 3's output layer for 16,384 of its rows."""
+    out = np.empty((ids.size, row_bytes), dtype=np.uint8)
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        for j, row in enumerate(ids.tolist()):
+            data = os.pread(fd, row_bytes, offset + row * row_bytes)
+            if len(data) != row_bytes:
+                raise GGUFError(f"{Path(path).name}: the file ends inside row {row} of its output layer")
+            out[j] = np.frombuffer(data, dtype=np.uint8)
+    return out

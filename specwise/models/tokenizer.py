@@ -194,6 +194,13 @@ class LightTokenizer:
     def get_vocab(self) -> dict[str, int]:
         return self._backend.get_vocab(with_added_tokens=True)
 
+    def iter_tokens(self):
+        """Every token's text in id order (None for an id without one), one at a time: what ``get_vocab`` holds,
+        without building its dict (60 MB for Gemma 3's 262,144 tokens)."""
+        backend = self._backend
+        for i in range(backend.get_vocab_size(with_added_tokens=True)):
+            yield backend.id_to_token(i)
+
     @property
     def vocab_size(self) -> int:
         """The base vocabulary, without added tokens (as transformers counts it)."""
