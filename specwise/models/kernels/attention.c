@@ -34,6 +34,17 @@ T256 static int softmax_exp8(float *sc, int len, float mx, float *a) {
     return j;
 }
 
+/* softmax_exp8 continued from the lane sums in a (the tiled loops' blocks) */
+T256 static void exp_lanes8(float *sc, int n8, float mx, float *a) {
+    __m256 acc = _mm256_loadu_ps(a), m = _mm256_set1_ps(mx);
+    for (int j = 0; j + 8 <= n8; j += 8) {
+        __m256 e = exp256(_mm256_sub_ps(_mm256_loadu_ps(sc + j), m));
+        _mm256_storeu_ps(sc + j, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    _mm256_storeu_ps(a, acc);
+}
+
 T256 static inline float hsum8(__m256 acc) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
@@ -273,6 +284,14 @@ static float max_portable(const float *sc, int len) {
     return mx;
 }
 
+static void exp_lanes_portable(float *sc, int n8, float mx, float *a) {
+    for (int j = 0; j + 8 <= n8; j += 8)
+        for (int l = 0; l < 8; l++) {
+            sc[j + l] = exp_approx(sc[j + l] - mx);
+            a[l] += sc[j + l];
+        }
+}
+
 static int exp_sums_portable(float *sc, int len, float mx, float *a) {
     (void)sc, (void)len, (void)mx, (void)a;
     return 0; /* the loop below does it all */
@@ -337,16 +356,6 @@ static inline void task_span(const struct attn_task *t, int j0, int nb, int *a, 
     *b = hi < nb ? hi : nb;
 }
 
-/* The same as x86's score vectors: w scores of block indexes s .. s + w - 1 (in v) stored where task t attends to
- * them. */
-static inline void store_scores(const struct attn_task *t, int j0, int nb, int s, int w, const float *v) {
-    int a, b;
-    task_span(t, j0, nb, &a, &b);
-    a = a > s ? a : s;
-    b = b < s + w ? b : s + w;
-    for (int j = a; j < b; j++) t->sc[j0 + j - t->first] = v[j - s];
-}
-
 /* keys [nb][hd] to kt[d * kb + j] (zeros past nb) */
 #define TILE_KEYS(SUFFIX, T, LOAD1)                                                                                \
     static void tile_keys##SUFFIX(const void *keys_, int nb, int hd, float *kt, int kb) {                      \
@@ -362,14 +371,16 @@ TILE_KEYS(_h, uint16_t, F16_1)
 #undef TILE_KEYS
 
 /* key_scores' chain for 16 keys at a time (kt's columns s .. s + 15): eight lanes (d mod 8) of fused multiply-adds
- * per key, added pairwise, times scale */
-static void tile_scores_portable(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+ * per key, added pairwise, times scale; each score stored where the task attends to it, and the task's largest score
+ * so far (mx) raised to it (a NaN skipped) */
+static void tile_scores_portable(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                  float scale) {
     for (int i = 0; i < n; i++) {
         int a, b;
         task_span(t + i, j0, nb, &a, &b);
+        float mx = t[i].mx;
         for (int s = a & ~15; s < b; s += 16) {
-            float acc[8][16], v[16];
+            float acc[8][16];
             for (int l = 0; l < 8; l++)
                 for (int u = 0; u < 16; u++) acc[l][u] = 0.0f;
             for (int d = 0; d < hd; d += 8)
@@ -377,15 +388,19 @@ static void tile_scores_portable(const struct attn_task *t, int n, int j0, int n
                     const float qd = t[i].q[d + l], *k = kt + (size_t)(d + l) * kb + s;
                     for (int u = 0; u < 16; u++) acc[l][u] = fmaf(qd, k[u], acc[l][u]);
                 }
-            for (int u = 0; u < 16; u++) {
+            const int lo = a > s ? a : s, hi = b < s + 16 ? b : s + 16;
+            for (int j = lo; j < hi; j++) {
+                const int u = j - s;
                 float t0 = acc[0][u] + acc[4][u], t1 = acc[1][u] + acc[5][u];
                 const float t2 = acc[2][u] + acc[6][u], t3 = acc[3][u] + acc[7][u];
                 t0 = t0 + t2;
                 t1 = t1 + t3;
-                v[u] = (t0 + t1) * scale;
+                const float v = (t0 + t1) * scale;
+                t[i].sc[j0 + j - t[i].first] = v;
+                mx = v > mx ? v : mx;
             }
-            store_scores(t + i, j0, nb, s, 16, v);
         }
+        t[i].mx = mx;
     }
 }
 
@@ -419,6 +434,7 @@ const struct attn_ops attn_portable = {
     .exp_sums = exp_sums_portable,
     .tile_keys = {tile_keys_f, tile_keys_h},
     .tile_scores = tile_scores_portable,
+    .exp_lanes = exp_lanes_portable,
     .tile_values = tile_values_portable,
 };
 
@@ -515,58 +531,96 @@ TILE_KEYS256(_f, float, F32_8)
 TILE_KEYS256(_h, uint16_t, F16_8)
 #undef TILE_KEYS256
 
-/* NQ tasks' scores of keys s .. s + W - 1 of the block (kt's columns), W the vector's lanes: per task and key the
- * eight lanes' chains of key_scores, side by side across keys; each key column of kt loaded once for the NQ tasks */
-#define TILE_SCORES(NAME, TARGET, VEC, W, ZERO, LOAD, SET1, FMA, ADD, MUL, STORE, NQ)                              \
-    TARGET static void NAME(const struct attn_task *const *t, int j0, int nb, int s, const float *kt, int kb,   \
+/* NQ tasks' scores of the block's key columns lo .. hi - 1 (kt's columns), W keys at a time (the vector's lanes): per
+ * task and key the eight lanes' chains of key_scores, side by side across keys, each key column of kt loaded once
+ * for the NQ tasks; each score stored where its task attends to it, and the task's largest score so far (mx) raised
+ * to the largest of them (NaN skipped, as the per-row max skips it: MAX(x, m) gives m for a NaN x) */
+#define TILE_SCORES(NAME, TARGET, VEC, W, ZERO, LOAD, SET1, FMA, ADD, MUL, STORE, MAX, KEEP, HMAX, NQ)              \
+    TARGET static void NAME(struct attn_task *const *t, int j0, int nb, int lo, int hi, const float *kt, int kb, \
                             int hd, float scale) {                                                               \
-        VEC acc[NQ][8];                                                                                          \
         const float *q[NQ];                                                                                      \
+        VEC mx[NQ];                                                                                              \
+        int sa[NQ], sb[NQ];                                                                                      \
         for (int i = 0; i < NQ; i++) {                                                                           \
             q[i] = t[i]->q;                                                                                      \
-            for (int l = 0; l < 8; l++) acc[i][l] = ZERO();                                                      \
+            mx[i] = SET1(-INFINITY);                                                                             \
+            task_span(t[i], j0, nb, &sa[i], &sb[i]);                                                             \
         }                                                                                                        \
-        for (int d = 0; d < hd; d += 8) {                                                                        \
-            const float *k = kt + (size_t)d * kb + s;                                                            \
-            for (int l = 0; l < 8; l++) {                                                                        \
-                VEC kv = LOAD(k + (size_t)l * kb);                                                               \
-                IN_REGISTER(kv);                                                                                 \
-                for (int i = 0; i < NQ; i++) acc[i][l] = FMA(SET1(q[i][d + l]), kv, acc[i][l]);                  \
+        for (int s = lo & ~(W - 1); s < hi; s += W) {                                                            \
+            VEC acc[NQ][8];                                                                                      \
+            for (int i = 0; i < NQ; i++)                                                                         \
+                for (int l = 0; l < 8; l++) acc[i][l] = ZERO();                                                  \
+            for (int d = 0; d < hd; d += 8) {                                                                    \
+                const float *k = kt + (size_t)d * kb + s;                                                        \
+                for (int l = 0; l < 8; l++) {                                                                    \
+                    VEC kv = LOAD(k + (size_t)l * kb);                                                           \
+                    IN_REGISTER(kv);                                                                             \
+                    for (int i = 0; i < NQ; i++) acc[i][l] = FMA(SET1(q[i][d + l]), kv, acc[i][l]);              \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int i = 0; i < NQ; i++) {                                                                       \
+                VEC t0 = ADD(acc[i][0], acc[i][4]), t1 = ADD(acc[i][1], acc[i][5]);                              \
+                const VEC t2 = ADD(acc[i][2], acc[i][6]), t3 = ADD(acc[i][3], acc[i][7]);                        \
+                t0 = ADD(t0, t2);                                                                                \
+                t1 = ADD(t1, t3);                                                                                \
+                const VEC sc = MUL(ADD(t0, t1), SET1(scale));                                                    \
+                const int a = sa[i] > s ? sa[i] : s, b = sb[i] < s + W ? sb[i] : s + W;                          \
+                if (a >= b) continue;                                                                            \
+                if (b - a == W) {                                                                                \
+                    STORE(t[i]->sc + (j0 + s - t[i]->first), sc);                                                \
+                    mx[i] = MAX(sc, mx[i]);                                                                      \
+                } else {                                                                                         \
+                    float v[W];                                                                                  \
+                    STORE(v, sc);                                                                                \
+                    for (int j = a; j < b; j++) t[i]->sc[j0 + j - t[i]->first] = v[j - s];                       \
+                    mx[i] = MAX(KEEP(sc, a - s, b - s), mx[i]);                                                  \
+                }                                                                                                \
             }                                                                                                    \
         }                                                                                                        \
         for (int i = 0; i < NQ; i++) {                                                                           \
-            VEC t0 = ADD(acc[i][0], acc[i][4]), t1 = ADD(acc[i][1], acc[i][5]);                                  \
-            const VEC t2 = ADD(acc[i][2], acc[i][6]), t3 = ADD(acc[i][3], acc[i][7]);                            \
-            t0 = ADD(t0, t2);                                                                                    \
-            t1 = ADD(t1, t3);                                                                                    \
-            const VEC sc = MUL(ADD(t0, t1), SET1(scale));                                                        \
-            int a, b;                                                                                            \
-            task_span(t[i], j0, nb, &a, &b);                                                                     \
-            if (a <= s && s + W <= b) {                                                                          \
-                STORE(t[i]->sc + (j0 + s - t[i]->first), sc);                                                    \
-            } else {                                                                                             \
-                float v[W];                                                                                      \
-                STORE(v, sc);                                                                                    \
-                store_scores(t[i], j0, nb, s, W, v);                                                             \
-            }                                                                                                    \
+            const float m = HMAX(mx[i]);                                                                         \
+            t[i]->mx = m > t[i]->mx ? m : t[i]->mx;                                                              \
         }                                                                                                        \
     }
-TILE_SCORES(tile_scores512_1, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 1)
-TILE_SCORES(tile_scores512_2, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 2)
-TILE_SCORES(tile_scores512_3, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps, _mm512_fmadd_ps,
-            _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, 3)
+
+/* lanes a .. b - 1 of x, -inf elsewhere */
+T512 static inline __m512 keep16(__m512 x, int a, int b) {
+    const __mmask16 k = (__mmask16)(((1u << b) - 1u) & ~((1u << a) - 1u));
+    return _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), k, x);
+}
+T256 static inline __m256 keep8(__m256 x, int a, int b) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i in = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(a - 1)),
+                                        _mm256_cmpgt_epi32(_mm256_set1_epi32(b), lane));
+    return _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), x, _mm256_castsi256_ps(in));
+}
+/* the largest lane (none is NaN: any order) */
+T512 static inline float hmax16(__m512 x) { return _mm512_reduce_max_ps(x); }
+T256 static inline float hmax8(__m256 x) {
+    float v[8];
+    _mm256_storeu_ps(v, x);
+    float m = v[0];
+    for (int l = 1; l < 8; l++) m = v[l] > m ? v[l] : m;
+    return m;
+}
+
+#define SCORES512(NQ)                                                                                              \
+    TILE_SCORES(tile_scores512_##NQ, T512, __m512, 16, _mm512_setzero_ps, _mm512_loadu_ps, _mm512_set1_ps,        \
+                _mm512_fmadd_ps, _mm512_add_ps, _mm512_mul_ps, _mm512_storeu_ps, _mm512_max_ps, keep16, hmax16, NQ)
+SCORES512(1)
+SCORES512(2)
+SCORES512(3)
+#undef SCORES512
 TILE_SCORES(tile_scores256_1, T256, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
-            _mm256_add_ps, _mm256_mul_ps, _mm256_storeu_ps, 1)
+            _mm256_add_ps, _mm256_mul_ps, _mm256_storeu_ps, _mm256_max_ps, keep8, hmax8, 1)
 #undef TILE_SCORES
 
 /* The tasks in groups of up to three (AVX-512's 32 registers: 24 accumulators) that attend to the block, each group
- * over the key columns that any of its tasks attends to, 16 at a time. */
-T512 static void tile_scores512(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+ * over the key columns that any of its tasks attends to. */
+T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                 float scale) {
     for (int i = 0; i < n;) {
-        const struct attn_task *sel[3];
+        struct attn_task *sel[3];
         int m = 0, lo = nb, hi = 0;
         for (; i < n && m < 3; i++) {
             int a, b;
@@ -576,25 +630,23 @@ T512 static void tile_scores512(const struct attn_task *t, int n, int j0, int nb
             lo = a < lo ? a : lo;
             hi = b > hi ? b : hi;
         }
-        for (int s = lo & ~15; s < hi; s += 16) {
-            if (m == 3)
-                tile_scores512_3(sel, j0, nb, s, kt, kb, hd, scale);
-            else if (m == 2)
-                tile_scores512_2(sel, j0, nb, s, kt, kb, hd, scale);
-            else
-                tile_scores512_1(sel, j0, nb, s, kt, kb, hd, scale);
-        }
+        if (m == 3)
+            tile_scores512_3(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+        else if (m == 2)
+            tile_scores512_2(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+        else if (m == 1)
+            tile_scores512_1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
     }
 }
 
 /* AVX2's 16 registers: one task at a time, eight keys at a time */
-T256 static void tile_scores256(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+T256 static void tile_scores256(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                 float scale) {
     for (int i = 0; i < n; i++) {
         int a, b;
         task_span(t + i, j0, nb, &a, &b);
-        const struct attn_task *one = t + i;
-        for (int s = a & ~7; s < b; s += 8) tile_scores256_1(&one, j0, nb, s, kt, kb, hd, scale);
+        struct attn_task *one = t + i;
+        if (a < b) tile_scores256_1(&one, j0, nb, a, b, kt, kb, hd, scale);
     }
 }
 
@@ -773,6 +825,7 @@ const struct attn_ops attn_avx2 = {
     .exp_sums = softmax_exp8,
     .tile_keys = {tile_keys_f256, tile_keys_h256},
     .tile_scores = tile_scores256,
+    .exp_lanes = exp_lanes8,
     .tile_values = tile_values256,
 };
 
@@ -785,6 +838,7 @@ const struct attn_ops attn_avx512 = {
     .exp_sums = softmax_exp8,
     .tile_keys = {tile_keys_f256, tile_keys_h256},
     .tile_scores = tile_scores512,
+    .exp_lanes = exp_lanes8,
     .tile_values = tile_values512,
 };
 #endif
@@ -803,20 +857,45 @@ const struct attn_ops attn_avx512 = {
 #define TILE_MIN_TASKS 4
 #define TILE_MIN_JOINT 16
 
+/* The task's scores of the block's positions j0 .. j0 + nb - 1 that it attends to, to e^(s - mx) in place, each of
+ * the row's first multiple of 8 added to its lane's sum (lane: its index in the row mod 8): softmax_unnormalised's
+ * operations, a block at a time, in increasing position. */
+static void probabilities(struct attn_task *t, int j0, int nb, const struct attn_ops *ops) {
+    int a, b;
+    task_span(t, j0, nb, &a, &b);
+    const int m8 = (t->last - t->first) & ~7, end = j0 + b - t->first;
+    int i = j0 + a - t->first;
+    if (a >= b) return;
+    if (i % 8 == 0 && i < m8) {
+        const int n8 = ((end < m8 ? end : m8) - i) & ~7;
+        ops->exp_lanes(t->sc + i, n8, t->mx, t->lanes);
+        i += n8;
+    }
+    for (; i < end; i++) {
+        const float e = exp_approx(t->sc[i] - t->mx);
+        t->sc[i] = e;
+        if (i < m8) t->lanes[i % 8] += e;
+    }
+}
+
 /* One tile: n tasks (query heads of rows that share one cache, and one key-value head whose keys and values start at
  * `keys` and `vals`, position 0), each key and value of their positions read once for all of them. Every score,
  * probability and output element is computed with the same operations in the same order as by the per-row loops:
- * the scores of each block of keys (transposed to float32 in buf) for every task, then each task's softmax over its
- * whole row of scores, then each task's output chains continued over each block of values in increasing position,
- * and each output times its 1 / sum. */
-static void attention_tile(const struct attn_task *tasks, int n, const void *keys, const void *vals, int kv_half,
-                           int hd, float scale, const struct attn_ops *ops, float *buf) {
+ * the scores of each block of keys (transposed to float32 in buf) for every task, with each task's largest; then
+ * for each block of values, each task's probabilities there (their lane sums continued) and its output chains
+ * continued in increasing position; then each sum (the lanes added pairwise, then the row's last len mod 8) and each
+ * output times its 1 / sum. Each row of scores is written once and read once more. */
+static void attention_tile(struct attn_task *tasks, int n, const void *keys, const void *vals, int kv_half, int hd,
+                           float scale, const struct attn_ops *ops, float *buf) {
     const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
     int lo = tasks[0].first, hi = tasks[0].last;
     for (int i = 0; i < n; i++) {
-        lo = tasks[i].first < lo ? tasks[i].first : lo;
-        hi = tasks[i].last > hi ? tasks[i].last : hi;
-        memset(tasks[i].out, 0, (size_t)hd * sizeof(float));
+        struct attn_task *t = tasks + i;
+        lo = t->first < lo ? t->first : lo;
+        hi = t->last > hi ? t->last : hi;
+        t->mx = -INFINITY;
+        for (int l = 0; l < 8; l++) t->lanes[l] = 0.0f;
+        memset(t->out, 0, (size_t)hd * sizeof(float));
     }
     int kb = TILE_FLOATS / hd;
     kb = (kb < TILE_KEYS ? kb : TILE_KEYS) & ~15;
@@ -825,17 +904,20 @@ static void attention_tile(const struct attn_task *tasks, int n, const void *key
         ops->tile_keys[kv_half]((const char *)keys + (size_t)j0 * hd * elem, nb, hd, buf, kb);
         ops->tile_scores(tasks, n, j0, nb, buf, kb, hd, scale);
     }
-    float sums[TILE_TASKS];
-    for (int i = 0; i < n; i++) sums[i] = softmax_unnormalised(tasks[i].sc, tasks[i].last - tasks[i].first, ops);
     int vb = TILE_FLOATS / hd;
     vb = vb < TILE_VALUES ? vb : TILE_VALUES;
     for (int j0 = lo; j0 < hi; j0 += vb) {
         const int nb = hi - j0 < vb ? hi - j0 : vb;
+        for (int i = 0; i < n; i++) probabilities(tasks + i, j0, nb, ops);
         ops->tile_values(tasks, n, j0, nb, (const char *)vals + (size_t)j0 * hd * elem, hd, kv_half);
     }
     for (int i = 0; i < n; i++) {
-        const float inv = 1.0f / sums[i];
-        for (int d = 0; d < hd; d++) tasks[i].out[d] *= inv;
+        const struct attn_task *t = tasks + i;
+        const float *a = t->lanes;
+        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        for (int j = (t->last - t->first) & ~7; j < t->last - t->first; j++) sum += t->sc[j];
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < hd; d++) t->out[d] *= inv;
     }
 }
 

@@ -43,18 +43,20 @@ typedef void (*joint_values_fn)(const float *p, size_t ld, const void *vals, int
 
 /* One task of a tile (the tiled loops of attention.c): a query head of a row, the row of scores it fills (sc[j -
  * first] for position j: the score, then the unnormalised probability) and its output [hd], over the positions
- * first .. last - 1 of the cache. */
+ * first .. last - 1 of the cache; its largest score (mx) and the eight lane sums of its probabilities so far. */
 struct attn_task {
     const float *q;
     float *sc;
     float *out;
     int first, last;
+    float mx;
+    float lanes[8];
 };
 /* keys [nb][hd] of the cache (float32, or float16 bits) to float32 kt[d * kb + j] for j < kb (zeros past nb) */
 typedef void (*tile_keys_fn)(const void *keys, int nb, int hd, float *kt, int kb);
 /* each task's scores of the positions j0 .. j0 + nb - 1 it attends to, from the keys in kt (kt[d * kb + j] the key
- * of position j0 + j): the same chain per score as scores_fn */
-typedef void (*tile_scores_fn)(const struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
+ * of position j0 + j): the same chain per score as scores_fn; the task's mx raised to the largest (NaN skipped) */
+typedef void (*tile_scores_fn)(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                float scale);
 /* each task's output continued over the positions j0 .. j0 + nb - 1 it attends to, in increasing order, from the
  * values v [nb][hd] of the cache (float32, or float16 bits with half) and the task's probabilities:
@@ -72,6 +74,8 @@ struct attn_ops {
      * keys and values read once for all of them */
     tile_keys_fn tile_keys[2]; /* [cache] */
     tile_scores_fn tile_scores;
+    /* e^(s - mx) in place over sc[0 .. n8 - 1] (n8 a multiple of 8), each added to a[j mod 8] in increasing j */
+    void (*exp_lanes)(float *sc, int n8, float mx, float *a);
     tile_values_fn tile_values;
 };
 
