@@ -249,6 +249,7 @@ def main() -> None:
     parser.add_argument("--model", required=True, help="the served model's id (GET /v1/models)")
     parser.add_argument("--clients", nargs="*", default=list(CLIENTS), choices=list(CLIENTS))
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--server-command", default=None, help="how the server was started, for the report")
     args = parser.parse_args()
     os.environ.setdefault("OPENAI_API_KEY", "sk-local")
     results = []
@@ -260,6 +261,7 @@ def main() -> None:
     model_name = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if "Model name" in line), "")
     report = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "server_command": args.server_command,
         "cpu": model_name,
         "python": platform.python_version(),
         "results": results,

@@ -163,6 +163,8 @@ FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "location"
         ('{"name": "get_weather", "arguments": {"location": "Rome"}}', [("get_weather", {"location": "Rome"})]),
         ('{{"name": "get_weather", "arguments": {"location": "Rome"}}', [("get_weather", {"location": "Rome"})]),
         ('{{"name": "get_weather", "arguments": {"location": "Rome"}}}', [("get_weather", {"location": "Rome"})]),
+        ('{{"name": "get_weather", "arguments": {"location": "Rome"}}}}', [("get_weather", {"location": "Rome"})]),
+        ('{{"name": "get_weather", "arguments": {"location": "Rome"}}} Done', []),
         ('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>', [("get_time", {})]),
         ('```json\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n```', []),  # not its schema: content
         ('```json\n{"name": "send_mail", "arguments": {}}\n```', []),  # not a listed function

@@ -54,9 +54,8 @@ class LooseCalls:
         fenced = _FENCED.fullmatch(text)
         body = (fenced.group("body") if fenced else text).strip()
         value = _json(body)
-        if value is None and body.startswith("{{"):  # Qwen2.5-Coder at times doubles the opening brace
-            value = _json(body[1:])
-            value = _json(body[1:-1]) if value is None and body.endswith("}}") else value
+        if value is None and body.startswith("{{"):  # Qwen2.5-Coder at times doubles the braces around its call
+            value = _doubled_braces(body)
         if value is None:
             return None
         items = value if isinstance(value, list) and self.parallel else [value]
@@ -90,6 +89,16 @@ def _json(text: str):
         return json.loads(text)
     except (ValueError, RecursionError):
         return None
+
+
+def _doubled_braces(body: str):
+    """The object of ``{{...}`` followed by closing braces only (``}}``, ``}}}``): Qwen2.5-Coder's call written with
+    doubled braces, else None."""
+    try:
+        value, end = json.JSONDecoder().raw_decode(body[1:])
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) and not body[1 + end :].strip().strip("}") else None
 
 
 _TYPES = {
