@@ -23,6 +23,7 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from datetime import datetime, timezone
@@ -179,11 +180,10 @@ def tools_at_the_budget(model: str) -> Callable[[], bytes]:
     from specwise.tools.spec import MAX_SCHEMA_VALUES
 
     per_tool = (MAX_SCHEMA_VALUES // MAX_TOOLS - 4) // 2  # each property: its name's object and its type
-    rounds = iter(range(1 << 30))
 
     def make() -> bytes:
         body = wide_tools(model, per_tool, distinct=True)
-        salt = next(rounds)
+        salt = uuid.uuid4().hex  # new to the server, run after run
         for tool in body["tools"]:
             tool["function"]["parameters"]["description"] = f"round {salt}"
         return json.dumps(body).encode()
