@@ -14,8 +14,8 @@ flags, the load average before and after).
         --corpus tinyshakespeare.txt --lengths 4096 8192 --out stall.json
 
 Goal: the streaming client keeps at least half of its solo rate and never waits more than 1 s between tokens.
-``--fixed`` also runs each length with the earlier fixed slices (256 prompt tokens a step, ``max_step_seconds``
-None) for comparison.
+``--slices fixed`` runs the earlier fixed slices instead (256 prompt tokens a step, ``max_step_seconds`` None), for
+comparison (``both``: each length both ways).
 """
 
 from __future__ import annotations
@@ -191,7 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-batch", type=int, default=4)
     p.add_argument("--max-step-seconds", type=float, default=MAX_STEP_SECONDS)
     p.add_argument("--prefill-share", type=float, default=PREFILL_SHARE)
-    p.add_argument("--fixed", action="store_true", help="also each length with fixed slices of 256 tokens")
+    p.add_argument(
+        "--slices",
+        choices=("cost", "fixed", "both"),
+        default="cost",
+        help="prompt slices by cost (the default), fixed ones of 256 tokens (as before, for comparison), or both",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--keep-steps", action="store_true", help="every step's seconds, prompt rows and rows in the JSON")
     p.add_argument("--out")
@@ -210,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for i, n in enumerate(args.lengths):
         long_ids = ids[64 * i : 64 * i + n]  # each length its own start: no cache of another length's prompt helps
-        for fixed in (False, True) if args.fixed else (False,):
+        for fixed in {"cost": (False,), "fixed": (True,), "both": (False, True)}[args.slices]:
             result = run_length(runtime.engine, questions, long_ids, args, fixed)
             print(
                 f"{n} tokens ({result['slices']}): stream {result['stream_solo_tokens_per_s']} tok/s alone, "
@@ -226,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "gamma": "auto",
         "threads": args.threads,
         "max_batch": args.max_batch,
+        "slices": args.slices,
         "max_step_seconds": args.max_step_seconds,
         "prefill_share": args.prefill_share,
         "stream_tokens": args.stream_tokens,
