@@ -123,6 +123,15 @@ def test_assistant_content_null_or_empty_beside_tool_calls(url, content):
     )
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+def test_an_earlier_replys_thinking_sent_back_is_taken(url, field):
+    """Clients send the reasoning of an earlier reply back with it: reasoning_content as this server writes it
+    (the template renders it or not), reasoning as others do (ignored)."""
+    messages = history(None)
+    messages[2][field] = "The user wants the weather: call the tool."
+    assert post(url, messages=messages, tools=[WEATHER]).status_code == 200
+
+
 def test_an_earlier_reply_sent_back_as_the_openai_client_returned_it(url):
     """Agents append the reply's message as the client parsed it: refusal, annotations, audio and function_call
     come back null."""

@@ -253,6 +253,7 @@ class ChatMessage(_Strict):
     # (a legacy function_call refused before content, whose absence it would explain)
     refusal: str | None = None
     annotations: list | None = None
+    reasoning: str | None = None  # an earlier reply's thinking as other servers write it: ignored
     audio: dict | None = None
     function_call: dict | None = None
     # an earlier reply's reasoning, as this server returned it: the template may render it (Qwen3's does)
