@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 import specwise.engine as engine_module
-from specwise.batch import BatchEngine, PrefillCosts, Request, default_cache_memory, kernel_rows, position_bytes
+from specwise.batch import BatchEngine, Request
 from specwise.drafters import NgramDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
+from specwise.prefill import PrefillCosts, default_cache_memory, kernel_rows, position_bytes
 from specwise.sampling import SamplingParams
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -42,39 +42,7 @@ def register(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port to bind, 0 for any free one (default: 8000)")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the target's name)")
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        default=16,
-        help="requests generated together, sharing each target pass (default: 16; 1: one at a time)",
-    )
-    p.add_argument(
-        "--max-queue", type=int, default=64, help="requests that may wait for the batch before HTTP 429 (default: 64)"
-    )
-    p.add_argument(
-        "--max-step-seconds",
-        type=float,
-        default=0.5,  # batch.MAX_STEP_SECONDS (not imported: the engine loads when the server starts)
-        metavar="SECONDS",
-        help="while a long prompt is read, a step in which other requests stream takes at most this long: the "
-        "prompt is fed in slices chosen by their measured cost (default: 0.5)",
-    )
-    p.add_argument(
-        "--prefill-share",
-        type=float,
-        default=0.4,  # batch.PREFILL_SHARE
-        metavar="SHARE",
-        help="the share of the time such a prompt takes while other requests stream, which keep about 1 - SHARE of "
-        "their rate (default: 0.4)",
-    )
-    p.add_argument(
-        "--cache-memory",
-        type=parse_size,
-        default=None,
-        metavar="SIZE",
-        help="memory the batch's caches may hold, finished requests' kept for their next turn (least recently used "
-        "dropped first): bytes, or with k, M, G (default: a quarter of the machine's memory)",
-    )
+    _add_batch_args(p)
     p.add_argument(
         "--default-max-tokens",
         type=int,
@@ -111,6 +79,49 @@ def register(subparsers) -> None:
         "else no key; the variable keeps the key out of the process list)",
     )
     p.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="uvicorn's log level (default: info)")
+    _add_cluster_args(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def _add_batch_args(p: argparse.ArgumentParser) -> None:
+    """The batch's options: its size, its queue, how long prompts share steps, the memory of kept caches."""
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        default=16,
+        help="requests generated together, sharing each target pass (default: 16; 1: one at a time)",
+    )
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait for the batch before HTTP 429 (default: 64)"
+    )
+    p.add_argument(
+        "--max-step-seconds",
+        type=float,
+        default=0.5,  # batch.MAX_STEP_SECONDS (not imported: the engine loads when the server starts)
+        metavar="SECONDS",
+        help="while a long prompt is read, a step in which other requests stream takes at most this long: the "
+        "prompt is fed in slices chosen by their measured cost (default: 0.5)",
+    )
+    p.add_argument(
+        "--prefill-share",
+        type=float,
+        default=0.4,  # batch.PREFILL_SHARE
+        metavar="SHARE",
+        help="the share of the time such a prompt takes while other requests stream, which keep about 1 - SHARE of "
+        "their rate (default: 0.4)",
+    )
+    p.add_argument(
+        "--cache-memory",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="memory the batch's caches may hold, finished requests' kept for their next turn (least recently used "
+        "dropped first): bytes, or with k, M, G (default: a quarter of the machine's memory)",
+    )
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The options of serving on a Ray cluster."""
     cluster = p.add_argument_group("Ray cluster (docs/SCALING.md; needs pip install 'specwise[cluster]')")
     cluster.add_argument(
         "--ray",
@@ -130,7 +141,6 @@ def register(subparsers) -> None:
     cluster.add_argument(
         "--gateways", type=int, default=1, help="replicas of the gateway that forwards requests (default 1)"
     )
-    p.set_defaults(func=cmd_serve)
 
 
 def _check_args(args: argparse.Namespace) -> None:
