@@ -79,6 +79,10 @@ class ClusterOptions:
     default_max_tokens: int | None = None
     max_body_bytes: int | None = None
     api_key: str | None = None
+    reasoning_format: str = "auto"
+    max_step_seconds: float | None = 0.5  # specwise.batch.MAX_STEP_SECONDS
+    prefill_share: float = 0.4  # specwise.batch.PREFILL_SHARE
+    cache_memory: int | None = None
     replicas: int = 1  # the number of replicas (the least, with autoscaling)
     max_replicas: int | None = None  # with autoscaling: the most (None: a fixed number of replicas)
     cpus_per_replica: float = 1.0  # Ray's CPUs per replica, and so its threads
@@ -468,6 +472,10 @@ def options_from_args(args: argparse.Namespace) -> ClusterOptions:
         default_max_tokens=args.default_max_tokens,
         max_body_bytes=args.max_body_bytes,
         api_key=api_key(args),
+        reasoning_format=args.reasoning_format,
+        max_step_seconds=args.max_step_seconds,
+        prefill_share=args.prefill_share,
+        cache_memory=args.cache_memory,
         replicas=args.replicas,
         max_replicas=args.max_replicas,
         cpus_per_replica=float(args.threads or 1),
