@@ -17,12 +17,16 @@ setup-core:
 demo: setup-core
 	$(CORE)/specwise generate "$(PROMPT)" --max-new-tokens 128 --compare
 
-# the suite twice: on the core alone (tests that need an extra are skipped, with the extra named), then with every
-# extra
+# the suite on the core install for what differs without extras (import boundaries, the light tokenizers, the CLI
+# and its messages naming missing extras, the GGUF path and the engine's requests), then the whole suite with every
+# extra: every test runs at least once
+CORE_TESTS := tests/test_imports.py tests/test_cli.py tests/test_tokenizer.py tests/test_gguf_tokenizer.py \
+	tests/test_spm_tokenizer.py tests/test_models.py tests/test_bench.py tests/test_bench_workloads.py \
+	tests/test_engine_requests.py tests/test_real_model.py
 test: setup setup-core lint test-core test-full
 
 test-core:
-	$(CORE)/python -m pytest -q -p no:cacheprovider
+	$(CORE)/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
 
 test-full:
 	$(VENV)/python -m pytest -q
