@@ -9,6 +9,9 @@
  * its own target attribute. Every path computes each score, probability and output element
  * with the same operations in the same order (fused multiply-adds written out, sums over eight lanes added
  * pairwise), so the portable, AVX2 and AVX-512 paths agree bit for bit.
+ *
+ * One file because those paths, the one-row loops and the tiled loops of multi-row passes must compute every number
+ * with the same operations in the same order: they are read and changed side by side.
  */
 #include "specwise.h"
 
