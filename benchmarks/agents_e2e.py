@@ -23,6 +23,7 @@ Not run in CI: it installs npm and PyPI packages (--install) and runs each agent
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -54,6 +55,7 @@ TASKS = {
 }
 VENVS = Path("/root/agent-venvs")
 EXCERPT = 600  # characters of a refused request's body kept in the report
+CLIENT_CLOSED = 499  # the status noted for a request its client gave up on (as the server counts it)
 HTTP_ERROR = re.compile(r"(?i)\b(?:status(?: code)?|http)[ :=]*([45]\d\d)\b|\b([45]\d\d) (?:bad request|error)")
 
 
@@ -197,12 +199,21 @@ class RecordingProxy:
         exchange = Exchange(scope["method"], path, self.label, summarize(body))
         with self.lock:
             self.exchanges.append(exchange)
+        forward = asyncio.ensure_future(self._forward(scope, path, headers, body, send, exchange))
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            await self._forward(scope, path, headers, body, send, exchange)
-        except Exception as err:  # the server went away, or the client did
-            if exchange.status is None:
+            await asyncio.wait([forward, gone], return_when=asyncio.FIRST_COMPLETED)
+            if not forward.done():  # the client went away: so does the request to the server, which stops it
+                forward.cancel()
+                with contextlib.suppress(BaseException):
+                    await forward
+                exchange.status = exchange.status or CLIENT_CLOSED
+                exchange.error = exchange.error or "the client closed the connection before the answer ended"
+            elif forward.exception() is not None and exchange.status is None:  # the server went away
+                err = forward.exception()
                 exchange.status, exchange.error = 502, f"proxy: {type(err).__name__}: {err}"
         finally:
+            gone.cancel()
             exchange.seconds = time.perf_counter() - exchange.started
 
     async def _forward(self, scope, path: str, headers: list, body: bytes, send, exchange: Exchange) -> None:
@@ -226,6 +237,12 @@ class RecordingProxy:
             exchange.error = error_message(kept)
             exchange.body_excerpt = excerpt_at(body, error_param(kept))
         exchange.status = response.status_code
+
+
+async def _disconnected(receive) -> None:
+    """Return once the client has closed the connection (the request's body was read already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def error_param(body: bytes) -> str | None:
@@ -344,6 +361,7 @@ class Setup:
     base: str  # the proxy, no /v1
     model: str
     context: int
+    timeout_ms: int  # the clients' own request timeouts: a long first prompt is minutes of prefill on a CPU
     work: Path  # the project folder (util.py)
     home: Path  # the client's HOME
     env: dict = field(default_factory=dict)
@@ -363,12 +381,16 @@ def client_command(client: Client, path: str, task: str, s: Setup) -> list[str]:
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
             "DISABLE_AUTOUPDATER": "1",
+            "API_TIMEOUT_MS": str(s.timeout_ms),
         }
         return [path, "-p", task, "--allowedTools", "Read,Edit", "--model", s.model]
     if client.name == "codex":
         s.env |= {"SPECWISE_API_KEY": "specwise", "CODEX_HOME": str(s.home / ".codex")}
         (s.home / ".codex").mkdir(parents=True, exist_ok=True)
-        provider = f'{{ name = "specwise", base_url = "{v1}", wire_api = "responses", env_key = "SPECWISE_API_KEY" }}'
+        provider = (
+            f'{{ name = "specwise", base_url = "{v1}", wire_api = "responses", env_key = "SPECWISE_API_KEY", '
+            f"stream_idle_timeout_ms = {s.timeout_ms} }}"
+        )
         config = ["-c", "model_provider=specwise", "-c", f"model_providers.specwise={provider}"]
         config += ["-c", f"model_context_window={s.context}"]
         command = [path, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox"]
@@ -381,7 +403,7 @@ def client_command(client: Client, path: str, task: str, s: Setup) -> list[str]:
                 "specwise": {
                     "npm": "@ai-sdk/openai-compatible",
                     "name": "specwise",
-                    "options": {"baseURL": v1, "apiKey": "specwise"},
+                    "options": {"baseURL": v1, "apiKey": "specwise", "timeout": s.timeout_ms},
                     "models": {s.model: {"name": s.model, "limit": {"context": s.context, "output": output}}},
                 }
             },
@@ -397,10 +419,11 @@ def client_command(client: Client, path: str, task: str, s: Setup) -> list[str]:
         return [path, "run", "--print-logs", "--log-level", "WARN", "-m", f"specwise/{s.model}", task]
     if client.name == "qwen":
         s.env |= {"OPENAI_BASE_URL": v1, "OPENAI_API_KEY": "specwise", "OPENAI_MODEL": s.model}
+        s.env["QWEN_CODE_API_TIMEOUT_MS"] = str(s.timeout_ms)  # its default, 120 s (4 tries), ends a long prefill
         settings = {
             "security": {"auth": {"selectedType": "openai"}},
             "privacy": {"usageStatisticsEnabled": False},
-            "model": {"name": s.model},
+            "model": {"name": s.model, "generationConfig": {"contextWindowSize": s.context}},
         }
         (s.home / ".qwen").mkdir(parents=True, exist_ok=True)
         (s.home / ".qwen" / "settings.json").write_text(json.dumps(settings, indent=2))
@@ -464,7 +487,7 @@ def run_task(client: Client, path: str, task: str, base: str, app: RecordingProx
     work.mkdir()
     home.mkdir()
     (work / FILE).write_text(SOURCE)
-    setup = Setup(base, args.model, context, work, home)
+    setup = Setup(base, args.model, context, int(args.timeout * 1000), work, home)
     command = client_command(client, path, TASKS[task], setup)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_"))}
     # PWD too: opencode takes its project folder from it, not from the process's working directory
@@ -479,7 +502,7 @@ def run_task(client: Client, path: str, task: str, base: str, app: RecordingProx
     errors = [
         {"route": e.path, "status": e.status, "error": e.error, "request": e.summary, "body_excerpt": e.body_excerpt}
         for e in exchanges
-        if e.status is not None and e.status >= 400
+        if e.status is not None and e.status >= 400 and e.status != CLIENT_CLOSED
     ]
     report = {
         "completed": completed(task, output, work),
