@@ -90,6 +90,18 @@ def test_sizes_are_compared_with_their_own_kind(two_threads, clock):
     assert governor.threads(1) == 1  # now it has
 
 
+def test_each_size_keeps_its_own_choice(two_threads, clock):
+    """One-row steps that run best on one thread do not send a prompt's 64-row slices to one thread."""
+    governor = ThreadGovernor(fixed=False)
+    run(governor, clock, {2: 0.004, 1: 0.003}, 400)  # decoding steps: one thread is faster (joins cost more)
+    assert governor.in_use(1) == 1
+    used = run(governor, clock, {2: 0.5, 1: 0.9}, 40, rows=64)  # a prompt's slices: two threads are faster
+    assert governor.in_use(64) == 2 and used[-30:] == [2] * 30
+    assert governor.in_use(1) == 1  # the steps keep theirs
+    used = run(governor, clock, {2: 0.004, 1: 0.003}, 50)
+    assert used.count(2) <= 1
+
+
 def test_fixed_never_changes_the_count(two_threads, clock, monkeypatch):
     monkeypatch.setenv("SPECWISE_THREADS", "fixed")
     governor = ThreadGovernor()

@@ -105,13 +105,16 @@ def _bucket(rows: int) -> int:
 
 class ThreadGovernor:
     """Chooses the thread count of each pass: the process's count (``most``, :func:`get_num_threads`) or one,
-    whichever is faster now.
+    whichever is faster now for passes of its size.
 
-    Passes are timed per size (rows) on the count in use (a running average, weight ``ewma``). Now and then a pass
-    runs on the other count, and its time over the average of passes of its size on the count in use is the ratio
-    that decides which count is in use. A try waits until ``budget`` of the time since the last one pays for it (a
-    try on two threads beside a busy process can take a hundred times a quiet pass), and at least
-    ``min_interval`` seconds."""
+    Passes are timed per size (rows, :func:`_bucket`) on the count in use for that size (a running average, weight
+    ``ewma``). Now and then a pass runs on the other count, and its time over the average of passes of its size on
+    the count in use is the ratio that decides which count that size uses: a one-row decoding step and a 64-row
+    slice of a prompt are chosen apart (on a quiet machine the first may run best on one thread while the second
+    needs both; one choice for every size ran a long prompt on one thread after the decoding steps had chosen it).
+    A size not tried yet follows the last ratio measured (a busy competitor slows every size). A try of a size
+    waits until ``budget`` of the time since its last one pays for it (a try on two threads beside a busy process
+    can take a hundred times a quiet pass), and at least ``min_interval`` seconds."""
 
     def __init__(
         self, budget: float = 0.03, min_interval: float = 1.0, ewma: float = 0.25, fixed: bool | None = None
@@ -121,8 +124,9 @@ class ThreadGovernor:
         self.ewma = ewma
         self.fixed = thread_mode() == "fixed" if fixed is None else fixed
         self._time: dict[tuple[int, int], float] = {}  # (size, threads) -> average seconds per pass
-        self.ratio: float | None = None  # seconds on one thread / seconds on all (None: not tried yet)
-        self._next_try = 0.0  # when the count not in use may be tried again (perf_counter)
+        self.ratio: float | None = None  # the last try's seconds on one thread / seconds on all (None: none yet)
+        self._ratios: dict[int, float] = {}  # the same per size (its last try)
+        self._next_try: dict[int, float] = {}  # per size: when the count not in use may be tried again
         self._most: int | None = None
         self.last: int | None = None  # the thread count of the last pass recorded
 
@@ -133,6 +137,7 @@ class ThreadGovernor:
         current = get_num_threads()
         if self._most is not None and current != self._most:
             self._time.clear()
+            self._ratios.clear()
             self.ratio = None
         self._most = current
         return current
@@ -141,9 +146,10 @@ class ThreadGovernor:
         """Every pass on the process's count (True), or the count chosen per pass (False)."""
         self.fixed = bool(fixed)
 
-    def in_use(self) -> int:
-        """The count passes run on between tries."""
-        return 1 if self.ratio is not None and self.ratio < 1.0 else self.most
+    def in_use(self, rows: int = 1) -> int:
+        """The count passes of ``rows`` rows run on between tries."""
+        ratio = self._ratios.get(_bucket(rows), self.ratio)
+        return 1 if ratio is not None and ratio < 1.0 else self.most
 
     def threads(self, rows: int) -> int:
         """The thread count for a pass of ``rows`` rows; torch's own operations, where torch is loaded, follow the
@@ -151,24 +157,25 @@ class ThreadGovernor:
         most = self.most
         if self.fixed or most <= 1:
             return most
-        use = self.in_use()
+        key = _bucket(rows)
+        use = self.in_use(rows)
         _follow(use)  # the rest of a step (sampling, drafting) stalls the same way
         other = most if use == 1 else 1
-        comparable = (_bucket(rows), use) in self._time
-        return other if comparable and time.perf_counter() >= self._next_try else use
+        comparable = (key, use) in self._time
+        return other if comparable and time.perf_counter() >= self._next_try.get(key, 0.0) else use
 
     def record(self, threads: int, rows: int, seconds: float) -> None:
         """Note that a pass of ``rows`` rows took ``seconds`` on ``threads`` threads."""
         self.last = threads
         if self.fixed:
             return
-        use, key = self.in_use(), _bucket(rows)
+        use, key = self.in_use(rows), _bucket(rows)
         if threads == use:
             old = self._time.get((key, use))
             self._time[(key, use)] = seconds if old is None else old + self.ewma * (seconds - old)
             return
         base = self._time.get((key, use))
         if base:  # a try of the other count, against passes of the same size on the count in use
-            self.ratio = seconds / base if threads == 1 else base / seconds
+            self.ratio = self._ratios[key] = seconds / base if threads == 1 else base / seconds
             self._time[(key, threads)] = seconds
-        self._next_try = time.perf_counter() + max(self.min_interval, seconds / self.budget)
+        self._next_try[key] = time.perf_counter() + max(self.min_interval, seconds / self.budget)
