@@ -96,7 +96,7 @@ def test_each_size_keeps_its_own_choice(two_threads, clock):
     run(governor, clock, {2: 0.004, 1: 0.003}, 400)  # decoding steps: one thread is faster (joins cost more)
     assert governor.in_use(1) == 1
     used = run(governor, clock, {2: 0.5, 1: 0.9}, 40, rows=64)  # a prompt's slices: two threads are faster
-    assert governor.in_use(64) == 2 and used[-30:] == [2] * 30
+    assert governor.in_use(64) == 2 and used[1] == 2 and used[-30:].count(1) <= 1  # found at its first try
     assert governor.in_use(1) == 1  # the steps keep theirs
     used = run(governor, clock, {2: 0.004, 1: 0.003}, 50)
     assert used.count(2) <= 1
