@@ -272,6 +272,9 @@ class Engine:
             run = slot.run
             if plan is None:
                 slot.prefill_at += len(chunk)
+                # what the cache holds now (the prompt so far): kept should the request end before its first token
+                # (a client that gives up waiting and asks again finds the prompt read so far)
+                slot.cache = (run.context, slot.target.feeds, slot.target.keep_features)
                 if slot.prefill_at >= len(run.prefill_tokens()):
                     run.prefilled()
                 continue

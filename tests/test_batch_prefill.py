@@ -327,3 +327,24 @@ def test_serve_takes_the_options_and_the_worker_passes_them_on():
     )
     for batch in (worker._batch, worker._new_batch()):
         assert (batch.max_step_seconds, batch.prefill_share, batch.cache_memory) == (0.2, 0.3, 1 << 20)
+
+
+@pytest.mark.parametrize("max_batch", [1, 3])
+def test_a_prompt_given_up_mid_read_is_not_read_again(tiny, max_batch):
+    """A client that gives up waiting for a long prompt's first token and sends it again (agents retry after their
+    timeout) finds the part already read in the cache: only the rest is fed, and the answer is the one read afresh."""
+    spec = tiny[1]
+    prompt = _ids(spec, 400, seed=30)
+    batch = BatchEngine(
+        Engine(_model(tiny), NgramDrafter(), gamma="auto"), max_batch=max_batch, max_step_seconds=None, prefill_chunk=64
+    )
+    rid = batch.submit(Request(prompt, GREEDY, 8, eos_token_ids=[]))
+    for _ in range(3):  # three slices of 64 read
+        assert not batch.step().events
+    batch.cancel(rid)
+    batch.step()
+    assert batch.prefill_fed == 192 and batch.running == 0
+    (events,) = batch.run_all([Request(prompt, GREEDY, 8, eos_token_ids=[])])
+    assert events[-1].stats.cached_tokens == 192
+    assert batch.prefill_fed == len(prompt) - 1
+    assert _tokens(events) == _fresh(tiny, prompt, 8)
