@@ -19,8 +19,8 @@ import subprocess
 import sys
 import time
 
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
-from specwise.bench.runner import emit_json, script_header
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
+from specwise.lab.bench.runner import emit_json, script_header
 from specwise.models.base import Model
 from specwise.models.threads import get_num_threads, set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
                         ]
                         cells.setdefault(key, []).append(statistics.median(rates))
                 if args.llama_cpp:
-                    from specwise.bench.llamacpp import llama_bench
+                    from specwise.lab.bench.llamacpp import llama_bench
                     from specwise.models.loader import gguf_source
 
                     peer = llama_bench(gguf_source(args.target), n_gen=args.new_tokens, threads=args.threads)

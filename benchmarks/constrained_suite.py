@@ -6,7 +6,7 @@ and vLLM's structured output do: a forced token costs a pass like any other); ``
 which feeds the tokens the grammar forces in the next pass (jump-forward, exact); ``auto`` is the default drafter
 (or ``--drafter``) with jump-forward. Ratios are given against both plain decoders.
 
-The items are the suite's 20 shapes with their prompts (specwise/bench/schemas.py) and questions of
+The items are the suite's 20 shapes with their prompts (specwise/lab/bench/schemas.py) and questions of
 ``--categories`` (extraction by default: the project's own prompts, or a Spec-Bench file with ``--questions``) asked
 for an answer in the suite's extraction shape. Every shape is
 bounded and each request gets max_json_bytes(schema) new tokens, so every answer ends complete: the goal is 100%
@@ -34,10 +34,10 @@ import time
 
 import jsonschema
 
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
-from specwise.bench.runner import emit_json, script_header
-from specwise.bench.schemas import EXTRACTION, SUITE, extraction_prompt
 from specwise.constraints import GrammarState, JsonSchema, max_json_bytes
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
+from specwise.lab.bench.runner import emit_json, script_header
+from specwise.lab.bench.schemas import EXTRACTION, SUITE, extraction_prompt
 from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
 from specwise.models import load_model
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams

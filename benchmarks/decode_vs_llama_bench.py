@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.bench.llamacpp import llama_bench
-from specwise.bench.runner import emit_json, script_header
 from specwise.engine import Engine
+from specwise.lab.bench.llamacpp import llama_bench
+from specwise.lab.bench.runner import emit_json, script_header
 from specwise.models.threads import set_num_threads
 from specwise.sampling import SamplingParams
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import httpx
 
-from specwise.bench.runner import emit_json
+from specwise.lab.bench.runner import emit_json
 from specwise.machine import cpu_name
 
 MB = 1024 * 1024

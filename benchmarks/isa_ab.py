@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.lab.bench.runner import emit_json, machine_info
 from specwise.models.kernels import quant
 from specwise.models.threads import get_num_threads
 

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.lab.bench.runner import emit_json, machine_info
 from specwise.models.kernels import abi, quant
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel

@@ -26,8 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from specwise.bench.environment import emit_json, script_header
-from specwise.bench.paired import geometric_interval
+from specwise.lab.bench.environment import emit_json, script_header
+from specwise.lab.bench.paired import geometric_interval
 
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome, with a docstring and two examples.",

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, Request
-from specwise.bench.environment import emit_json, load_average, script_header
+from specwise.lab.bench.environment import emit_json, load_average, script_header
 from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams

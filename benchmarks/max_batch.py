@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.prompts import default_prompts, interleave_categories, load_questions
-from specwise.bench.runner import machine_info
+from specwise.lab.bench.prompts import default_prompts, interleave_categories, load_questions
+from specwise.lab.bench.runner import machine_info
 from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams

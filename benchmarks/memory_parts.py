@@ -21,7 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specwise.bench.runner import emit_json, script_header
+from specwise.lab.bench.runner import emit_json, script_header
 
 _PROBE = """
 import json, sys

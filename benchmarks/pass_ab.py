@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 
-from specwise.bench.runner import emit_json, script_header
+from specwise.lab.bench.runner import emit_json, script_header
 
 CHILD = r"""
 import hashlib, json, statistics, sys, time

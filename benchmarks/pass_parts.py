@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from specwise.bench.runner import machine_info
+from specwise.lab.bench.runner import machine_info
 from specwise.models.kernels.quant import q_gemm
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel

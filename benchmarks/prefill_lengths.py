@@ -28,9 +28,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from specwise.bench.environment import emit_json, load_average, script_header
-from specwise.bench.llamacpp import parse_llama_bench_json, summarize_bench_record
 from specwise.engine import Engine
+from specwise.lab.bench.environment import emit_json, load_average, script_header
+from specwise.lab.bench.llamacpp import parse_llama_bench_json, summarize_bench_record
 from specwise.models.threads import set_num_threads
 from specwise.sampling import SamplingParams
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import server_load  # noqa: E402  (its server start-up, prompts and environment)
 
-from specwise.bench.runner import emit_json, script_header  # noqa: E402
+from specwise.lab.bench.runner import emit_json, script_header  # noqa: E402
 
 CLUSTER_HEADER_REPLICA = "x-specwise-replica"
 CLUSTER_HEADER_RETRIES = "x-specwise-retries"

@@ -108,7 +108,7 @@ def specwise_server(args: argparse.Namespace, drafter: str, max_batch: int):
 @contextmanager
 def llama_server(args: argparse.Namespace):
     """`llama-server -np MAX_BATCH` on the target's GGUF file, same threads; yields its url and command."""
-    from specwise.bench.llamacpp import LlamaServer
+    from specwise.lab.bench.llamacpp import LlamaServer
     from specwise.models.loader import gguf_source
 
     path = gguf_source(args.target)
@@ -338,7 +338,7 @@ async def run_all(servers: dict[str, dict], args: argparse.Namespace) -> dict[st
 def prompt_texts(args: argparse.Namespace) -> list[str]:
     """The requests' user messages, one category after another in turn: the first turns of a Spec-Bench question
     file, or the project's own prompts."""
-    from specwise.bench.prompts import default_prompts, interleave_categories, load_questions
+    from specwise.lab.bench.prompts import default_prompts, interleave_categories, load_questions
 
     return [
         q.text for q in interleave_categories(load_questions(args.questions) if args.questions else default_prompts())

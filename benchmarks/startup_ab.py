@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from specwise.bench.runner import emit_json, script_header
+from specwise.lab.bench.runner import emit_json, script_header
 
 _CHILD = (
     "import time\nt = time.perf_counter()\nfrom specwise.models import load_model\n"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.bench.runner import machine_info
 from specwise.engine import Engine, StopText
+from specwise.lab.bench.runner import machine_info
 from specwise.models.loader import load_model
 from specwise.rejection import verify_greedy, verify_stochastic
 from specwise.runtime import encode_prompt

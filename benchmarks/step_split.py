@@ -17,10 +17,10 @@ import os
 import sys
 import time
 
-from specwise.bench.prompts import default_prompts, load_questions
-from specwise.bench.runner import emit_json, machine_info
 from specwise.drafters import make_drafter
 from specwise.engine import Engine
+from specwise.lab.bench.prompts import default_prompts, load_questions
+from specwise.lab.bench.runner import emit_json, machine_info
 from specwise.models.loader import load_model
 from specwise.runtime import encode_prompt, saved_cost_prior
 from specwise.sampling import SamplingParams

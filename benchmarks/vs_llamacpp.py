@@ -24,10 +24,10 @@ import sys
 import time
 from pathlib import Path
 
-from specwise.bench.llamacpp import LlamaServer, find_llama_cpp
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
-from specwise.bench.runner import machine_info
 from specwise.engine import Engine
+from specwise.lab.bench.llamacpp import LlamaServer, find_llama_cpp
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
+from specwise.lab.bench.runner import machine_info
 from specwise.models import load_model
 from specwise.models.loader import gguf_source
 from specwise.models.quantized import QuantizedModel
@@ -85,7 +85,7 @@ def main() -> int:
     set_num_threads(args.threads)
     gguf = gguf_source(args.target)
     if gguf is None or (args.no_llama_cpp is None and find_llama_cpp() is None):
-        raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/bench/llamacpp.py)")
+        raise SystemExit("needs a GGUF target and the llama.cpp binaries (see specwise/lab/bench/llamacpp.py)")
     prompts = select_prompts(
         (load_questions(args.questions) if args.questions else default_prompts()), args.categories, args.per_category
     )

@@ -31,8 +31,14 @@ INTERRUPTED_STATUS = 130  # 128 + SIGINT, as shells report it
 USER_ERRORS = (ValueError, NotImplementedError, OSError, MissingExtraError, MemoryError)
 
 # Modules that add subcommands: each has register(subparsers), whose parsers set func=handler(args) -> int.
-_SUBCOMMAND_MODULES = ["specwise.bench.cli", "specwise.server.cli", "specwise.distill.cli", "specwise.index.cli"]
-_BUILTIN = ("generate", "profile")  # parsed without importing the other subcommands' modules (start-up time)
+_SUBCOMMAND_MODULES = [
+    "specwise.lab.profile",
+    "specwise.lab.bench.cli",
+    "specwise.server.cli",
+    "specwise.lab.distill.cli",
+    "specwise.lab.index.cli",
+]
+_BUILTIN = ("generate",)  # parsed without importing the other subcommands' modules (start-up time)
 
 
 def parse_gamma(value: str) -> int | str:
@@ -91,7 +97,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser(builtin_only: bool = False) -> argparse.ArgumentParser:
     """The command line's parser; ``builtin_only``: without the subcommands of the other modules (``bench``,
-    ``serve``, ...), whose parsers import more than ``generate`` and ``profile`` need."""
+    ``serve``, ``profile``, ...), whose parsers import more than ``generate`` needs."""
     parser = Parser(prog="specwise", description="Exact speculative decoding for causal LMs.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     gen = sub.add_parser("generate", help="generate a reply to a prompt, streaming it, then print statistics")
@@ -127,23 +133,6 @@ def build_parser(builtin_only: bool = False) -> argparse.ArgumentParser:
     )
     gen.set_defaults(func=cmd_generate)
 
-    prof = sub.add_parser("profile", help="measure the cost curve c(k) of the target and the drafter's cost")
-    add_model_args(prof)
-    prof.add_argument("--max-k", type=int, default=16, help="largest number of tokens per forward (default: 16)")
-    prof.add_argument(
-        "--repeats",
-        type=int,
-        default=30,
-        help="timed forwards per k, interleaved over k = 1 .. max-k pass by pass; the median is kept (default: 30)",
-    )
-    prof.add_argument(
-        "--context",
-        type=int,
-        default=256,
-        help="tokens in the cache before each timed forward, like a prompt and part of an answer (default: 256)",
-    )
-    prof.add_argument("--json", action="store_true", help="print the profile as JSON")
-    prof.set_defaults(func=cmd_profile)
     for module in [] if builtin_only else _SUBCOMMAND_MODULES:
         try:
             importlib.import_module(module).register(sub)
@@ -284,84 +273,6 @@ def comparison(drafter: str, spec, spec_ids: list[int], plain, plain_ids: list[i
     note = "" if spec_ids == plain_ids or not sampled else " (sampled: equal in distribution, not token for token)"
     lines.append(f"speed-up {speedup:.2f}x; the replies are {same}{note}")
     return "\n".join(lines)
-
-
-def cmd_profile(args: argparse.Namespace) -> int:
-    import platform
-
-    from specwise.models.threads import get_num_threads
-    from specwise.profile import cost_curve, drafter_cost, profile_path, save_profile
-    from specwise.runtime import build_runtime
-
-    if not 1 <= args.max_k <= 32:
-        raise ValueError(f"--max-k must be in 1..32, got {args.max_k}")
-    if args.context < 1:
-        raise ValueError(f"--context must be >= 1, got {args.context}")
-    if args.repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
-    model = runtime.target.model
-    backends: dict[str, dict[int, float]] = {}
-    native = sys.modules.get("specwise.models.native")  # the float32 native model (torch): loaded only where used
-    if native is not None and isinstance(model, native.NativeModel):
-        for backend in native.GEMM_BACKENDS:
-            if backend == "kernel" and not model.kernel_usable:
-                continue
-            model.set_gemm(default=backend)
-            print(f"measuring forward passes with the {backend} backend ...", file=sys.stderr)
-            backends[backend] = cost_curve(model, args.max_k, args.repeats, args.context)
-        best = {k: min(backends, key=lambda b: backends[b][k]) for k in range(1, args.max_k + 1)}
-        model.set_gemm(best, default=best[args.max_k])
-        seconds = {k: backends[best[k]][k] for k in best}
-    else:
-        print("measuring forward passes ...", file=sys.stderr)
-        seconds = cost_curve(model, args.max_k, args.repeats, args.context)
-        best = {}
-    # several drafters (ngram+head): the first, the one asked first each step
-    drafter_s = drafter_cost(runtime.engine.drafters[0], model.vocab_size, target=model)
-    data = {
-        "model": runtime.target.name,
-        "implementation": type(model).__name__,
-        "device": runtime.device,
-        "threads": get_num_threads(),
-        "machine": platform.machine(),
-        "context": args.context,
-        "forward_seconds": {str(k): v for k, v in seconds.items()},
-        "cost_curve": {str(k): v / seconds[1] for k, v in seconds.items()},
-        "gemm": {str(k): v for k, v in best.items()},
-        "backends": {b: {str(k): v for k, v in c.items()} for b, c in backends.items()},
-        "drafter": runtime.drafter_spec,
-        "drafter_seconds_per_token": drafter_s,
-        "drafter_relative_cost": drafter_s / seconds[1],
-    }
-    torch_version = _torch_version()
-    if torch_version is not None:  # the hf extra is installed
-        data["torch"] = torch_version
-    from specwise.models.loader import profile_device
-
-    path = profile_path(runtime.target.name, profile_device(runtime.device, model))
-    save_profile(path, data)
-    if args.json:
-        print(json.dumps(data))
-        return 0
-    print(f"{runtime.target.name} ({data['implementation']}, {runtime.device}, {data['threads']} threads)")
-    print(" k  forward ms   c(k)" + ("  backend" if best else ""))
-    for k, v in seconds.items():
-        print(f"{k:2d}  {v * 1000:10.1f}  {v / seconds[1]:5.2f}" + (f"  {best[k]}" if best else ""))
-    relative = data["drafter_relative_cost"]
-    print(f"drafter {runtime.drafter_spec}: {drafter_s * 1000:.3f} ms per token = {relative:.4f} of c(1)")
-    print(f"saved to {path}")
-    return 0
-
-
-def _torch_version() -> str | None:
-    """torch's version where the hf extra is installed (None without it), for the profile's record."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("torch")
-    except PackageNotFoundError:
-        return None
 
 
 def debug_requested(argv: list[str] | None) -> bool:

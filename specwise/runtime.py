@@ -139,8 +139,8 @@ def _load(target: str, drafter: str, device: str, impl: str, precision: str):
 def saved_cost_prior(loaded, device: str) -> dict[int, float] | None:
     """The adaptive planner's prior for the cost of target passes: the cost curve c(k) that `specwise profile`
     measured for this target (a LoadedModel) on ``device`` with the same implementation, if it ran."""
+    from specwise.artifacts import saved_cost_curve
     from specwise.models.loader import profile_device
-    from specwise.profile import saved_cost_curve
 
     model = loaded.model
     return saved_cost_curve(loaded.name, profile_device(device, model), type(model).__name__)

@@ -1,4 +1,4 @@
-"""The target answers prompts (specwise/answers.py), the pipeline `specwise distill` and `specwise index` share:
+"""The target answers prompts (specwise/lab/answers.py), the pipeline `specwise distill` and `specwise index` share:
 their arguments and options, the requests gathered, the data directory's plan, resumable answering in chunks, the
 cache of requests the target writes, and `specwise index` end to end on a tiny target."""
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from conftest import needs_hf
-from specwise import answers
-from specwise.answers import AnswerOptions, answer_in_chunks, answer_seed, check_plan, gather_prompts
+from specwise.lab import answers
+from specwise.lab.answers import AnswerOptions, answer_in_chunks, answer_seed, check_plan, gather_prompts
 
 
 def _write_prompts(directory, count: int):
@@ -49,8 +49,8 @@ def test_distill_and_index_share_their_arguments_and_options():
     }
     assert distill["prompt_limits"]["gsm8k_train.prompts.jsonl"] == 5 and distill["progress"] is False
     assert (distill["max_new_tokens"], index["max_new_tokens"]) == (192, 256)  # each command's own default
-    from specwise.distill import DistillOptions
-    from specwise.index import IndexOptions
+    from specwise.lab.distill import DistillOptions
+    from specwise.lab.index import IndexOptions
 
     assert DistillOptions(**distill).passages == IndexOptions(**index).passages == 3
     assert IndexOptions().temperatures != DistillOptions().temperatures  # the subclasses keep their own defaults

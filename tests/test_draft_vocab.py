@@ -8,19 +8,12 @@ import pytest
 from gguf_raw import ARRAY, STRING, tiny_model
 from test_engine import LENGTH, VOCAB, chi2_pvalue, exact_joint, run_many
 
+from specwise.artifacts import SHIPPED, DraftVocabError, fingerprint, read_ranking, write_ranking
 from specwise.drafters import ModelDrafter, NgramDrafter, NoDrafter, make_drafter, resolve_drafter_spec
 from specwise.drafters.sibling import auto_model_spec, find_sibling, missing_sibling_hint
-from specwise.drafters.vocab import (
-    SHIPPED,
-    DraftVocabError,
-    draft_vocabulary,
-    fingerprint,
-    parse_model_spec,
-    rank_tokens,
-    read_ranking,
-    write_ranking,
-)
+from specwise.drafters.vocab import draft_vocabulary, parse_model_spec
 from specwise.engine import Engine
+from specwise.lab.ranking import rank_tokens
 from specwise.models.base import Model
 from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams, make_generator
@@ -221,7 +214,7 @@ def test_a_hostile_ranking_file_is_refused_in_one_line(tmp_path, case):
         read_ranking(path, 10)
     message = str(err.value)
     assert "\n" not in message and str(path) in message and what in message
-    assert "python -m specwise.drafters.vocab" in message  # the fix
+    assert "python -m specwise.lab.ranking" in message  # the fix
 
 
 def test_missing_file_and_sizes_are_refused(tmp_path):
@@ -267,7 +260,7 @@ def test_shipped_rankings_are_valid():
     from specwise.drafters.self_draft import DEFAULT_VOCAB
     from specwise.drafters.sibling import DRAFT_VOCAB_SIZE
 
-    shipped = sorted(SHIPPED.glob("*.npy"))
+    shipped = sorted((SHIPPED / "vocabs").glob("*.npy"))
     for path in shipped:
         raw = np.load(path, allow_pickle=False)
         ids = read_ranking(path, int(raw.max()) + 1)
@@ -419,7 +412,7 @@ def test_auto_without_a_sibling_says_how_to_get_one(tmp_path, monkeypatch, capsy
     empty.mkdir()
     monkeypatch.setattr(specwise.files, "gguf_dir", lambda cache=None: empty)
     hint = missing_sibling_hint(target_path)
-    assert "python -m specwise.bench.fetch qwen2.5-coder-0.5b-instruct" in hint and "\n" not in hint
+    assert "python -m specwise.lab.bench.fetch qwen2.5-coder-0.5b-instruct" in hint and "\n" not in hint
     assert resolve_drafter_spec("auto", Loaded(QuantizedModel(target_path), name="q")) == "ngram"
     assert capsys.readouterr().err.strip() == f"specwise: {hint}"
     unknown = _write(tmp_path / "Tiny-1B.gguf", _named(tiny_model(), "Tiny"))
@@ -432,7 +425,7 @@ def test_auto_without_a_sibling_says_how_to_get_one(tmp_path, monkeypatch, capsy
 def test_builder_prompts_take_the_files_in_turn_and_answers_resume(tmp_path):
     import json
 
-    from specwise.ranking import read_answers, sampled_prompts
+    from specwise.lab.ranking import read_answers, sampled_prompts
 
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     a.write_text("".join(json.dumps({"prompt": f"a{i}\u2028x"}) + "\n" for i in range(5)))
@@ -448,7 +441,7 @@ def test_builder_prompts_take_the_files_in_turn_and_answers_resume(tmp_path):
 
 def test_auto_gives_the_sibling_the_shipped_draft_vocabulary(tmp_path, monkeypatch):
     """With a ranking shipped for the target's tokenizer, `auto` drafts from its first DRAFT_VOCAB_SIZE tokens."""
-    import specwise.drafters.vocab as vocab
+    import specwise.artifacts as artifacts
     from specwise.drafters.sibling import DRAFT_VOCAB_SIZE
 
     base = _named(tiny_model(), "Tiny")
@@ -457,10 +450,10 @@ def test_auto_gives_the_sibling_the_shipped_draft_vocabulary(tmp_path, monkeypat
     folder.mkdir()
     _write(folder / "sibling.gguf", _one_layer(base))
     tokenizer = Vocab([f"t{i}" for i in range(96)])
-    monkeypatch.setattr(vocab, "SHIPPED", tmp_path / "shipped")
+    monkeypatch.setattr(artifacts, "SHIPPED", tmp_path / "shipped")
     assert auto_model_spec(target, tokenizer, [folder]) == f"ngram+model:{folder / 'sibling.gguf'}"
-    (tmp_path / "shipped").mkdir()
-    write_ranking(tmp_path / "shipped" / f"{fingerprint(tokenizer)[:16]}.npy", range(96))
+    (tmp_path / "shipped" / "vocabs").mkdir(parents=True)
+    write_ranking(tmp_path / "shipped" / "vocabs" / f"{fingerprint(tokenizer)[:16]}.npy", range(96))
     want = f"ngram+model:{folder / 'sibling.gguf'}?vocab={DRAFT_VOCAB_SIZE}"
     assert auto_model_spec(target, tokenizer, [folder]) == want
 
@@ -476,7 +469,7 @@ def test_builder_ranks_saved_answers_then_prompts_then_texts(tmp_path, monkeypat
     import json
 
     import specwise.models
-    from specwise.ranking import main
+    from specwise.lab.ranking import main
 
     path, spec = tiny
     loaded = Loaded(QuantizedModel(path), CharTokenizer([f"t{i}" for i in range(spec.vocab)]))

@@ -445,7 +445,7 @@ def training():
 
 
 def _resume(path: Path, setup=None):
-    from specwise.distill.train import train_head
+    from specwise.lab.distill.train import train_head
 
     head, batches, cfg, full = setup or _train_setup()
     return train_head(head, batches, batches[:1], full, cfg, path, resume=True, progress=False, log=lambda m: None)
@@ -453,7 +453,7 @@ def _resume(path: Path, setup=None):
 
 def test_a_planted_pickle_in_the_checkpoint_is_refused_without_running(tmp_path, training):
     torch = needs_hf()
-    from specwise.distill.train import TrainStateError
+    from specwise.lab.distill.train import TrainStateError
 
     marker = tmp_path / "marker"
     path = tmp_path / "train_state.pt"
@@ -470,7 +470,7 @@ def test_a_planted_pickle_in_the_checkpoint_is_refused_without_running(tmp_path,
 def _state(tmp_path: Path) -> tuple[Path, dict]:
     """A real checkpoint after one step, and its contents."""
     torch = needs_hf()
-    from specwise.distill.train import train_head
+    from specwise.lab.distill.train import train_head
 
     head, batches, cfg, full = _train_setup()
     path = tmp_path / "train_state.pt"
@@ -482,7 +482,7 @@ def test_a_malformed_checkpoint_is_refused(tmp_path, training):
     import copy
 
     torch = needs_hf()
-    from specwise.distill.train import TrainStateError
+    from specwise.lab.distill.train import TrainStateError
 
     path, state = _state(tmp_path)
     raw = path.read_bytes()

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from specwise.artifacts import shipped_index_dir
 from specwise.drafters.suffix import (
     SEP,
     IndexFileError,
@@ -21,7 +22,6 @@ from specwise.drafters.suffix import (
     SuffixIndex,
     load_index,
     make_suffix_drafter,
-    shipped_index_dir,
 )
 from specwise.drafters.suffix.index import SfxDraft, SfxIndex, SfxOut
 

@@ -374,7 +374,7 @@ def test_default_model_splits_digits_as_llama_cpp_does():
 
 def _llama_server():
     try:
-        from specwise.bench.llamacpp import find_llama_cpp
+        from specwise.lab.bench.llamacpp import find_llama_cpp
     except ImportError:
         return None
     folder = find_llama_cpp()
@@ -397,7 +397,7 @@ def test_llama_cpp_tokenizes_as_we_do(path, tmp_path):
     that mark it normal (Qwen's vocabulary), unlike the model's own tokenizer."""
     server = _llama_server()
     if server is None:
-        pytest.skip("llama.cpp's llama-server is not installed (specwise.bench.llamacpp.find_llama_cpp)")
+        pytest.skip("llama.cpp's llama-server is not installed (specwise.lab.bench.llamacpp.find_llama_cpp)")
     if path is None:
         from specwise.models.loader import default_gguf_path
 

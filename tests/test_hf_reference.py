@@ -399,7 +399,7 @@ def test_a_suffix_index_drafts_for_every_architecture(arch, tmp_path, monkeypatc
     native(arch.q8, "q8")  # skips an architecture the native model does not run
     from specwise.drafters.suffix import index_identity, make_suffix_drafter
     from specwise.engine import Engine
-    from specwise.index import build_index
+    from specwise.lab.index import build_index
     from specwise.models.loader import load_model
     from specwise.sampling import SamplingParams
 

@@ -28,8 +28,8 @@ TORCH_MODULES = {
     "specwise.models.native",
     "specwise.models.layer",
     "specwise.drafters.head.module",
-    "specwise.distill.train",
-    "specwise.distill.data",
+    "specwise.lab.distill.train",
+    "specwise.lab.distill.data",
 }
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -199,23 +199,25 @@ def test_modules_import_no_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def _runs_ever(body: list[ast.stmt]):
+def _runs_ever(body: list[ast.stmt], typing: bool = False):
     """The statements of ``body`` that may run when the module is imported, at once or later: everything, functions'
-    bodies included, but what is under ``if TYPE_CHECKING:`` (read by type checkers only) or ``if __name__ ==
-    "__main__":`` (run when the module is the program, ``python -m``, not when it is imported)."""
+    bodies included, but what is under ``if TYPE_CHECKING:`` (read by type checkers only; kept with ``typing``) or
+    ``if __name__ == "__main__":`` (run when the module is the program, ``python -m``, not when it is imported)."""
     for node in body:
         if isinstance(node, ast.If) and _not_on_import(node.test):
-            yield from _runs_ever(node.orelse)
+            if typing and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from _runs_ever(node.body, typing)
+            yield from _runs_ever(node.orelse, typing)
             continue
         yield node
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.stmt):
-                yield from _runs_ever([child])
+                yield from _runs_ever([child], typing)
             else:  # an expression or a handler: the statements within it
                 for name in ("body", "orelse", "finalbody", "handlers", "cases"):
                     inner = getattr(child, name, None)
                     if isinstance(inner, list):
-                        yield from _runs_ever(inner)
+                        yield from _runs_ever(inner, typing)
 
 
 def _with_packages(module: str) -> list[str]:
@@ -224,16 +226,17 @@ def _with_packages(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def imported_ever(name: str, modules: set[str]) -> set[str]:
+def imported_ever(name: str, modules: set[str], typing: bool = False) -> set[str]:
     """The modules of ``modules`` that module ``name`` may import, when it is imported or later (imports inside
-    functions too), each with the packages whose ``__init__`` importing it runs. A package that holds ``name`` is
-    left out (Python imports it before ``name``), unless ``name`` takes a name defined in its ``__init__`` (``from
-    specwise.drafters import NgramDrafter``), which needs that ``__init__`` to have run."""
+    functions too; with ``typing``, those under ``if TYPE_CHECKING:`` too), each with the packages whose ``__init__``
+    importing it runs. A package that holds ``name`` is left out (Python imports it before ``name``), unless ``name``
+    takes a name defined in its ``__init__`` (``from specwise.drafters import NgramDrafter``), which needs that
+    ``__init__`` to have run."""
     path = _module_file(name)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     ancestors = set(_with_packages(package)) if package else set()
     found: set[str] = set()
-    for node in _runs_ever(ast.parse(path.read_text(encoding="utf-8")).body):
+    for node in _runs_ever(ast.parse(path.read_text(encoding="utf-8")).body, typing):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 found.update(m for m in _with_packages(alias.name) if m not in ancestors)
@@ -298,13 +301,52 @@ def test_no_import_cycle_even_through_lazy_imports():
     graph = {name: imported_ever(name, modules) for name in modules}
     # the graph finds imports inside functions, the packages they pass through, and none under TYPE_CHECKING
     assert "specwise.models.loader" in graph["specwise.runtime"]  # inside build_runtime
-    assert "specwise.bench" in graph["specwise.drafters.sibling"]  # specwise.bench.fetch runs specwise/bench/__init__
+    assert "specwise.models" in graph["specwise.drafters.sibling"]  # importing models.gguf_file runs its __init__
     assert "specwise.models.loader" not in graph["specwise.models"]  # TYPE_CHECKING only (and importlib)
     cycles = [c for c in import_cycles(graph) if c not in KNOWN_CYCLES]
     assert not cycles, "import cycles (lazy imports included):\n" + "\n".join(
         " -> ".join(c + c[:1]) + "\n    " + "\n    ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c)
         for c in cycles
     )
+
+
+# The lab: what measures and trains (specwise/lab/), and the former paths kept for the commands written with them.
+LAB = "specwise.lab"
+LAB_FORWARDS = {"specwise.bench", "specwise.bench.fetch"}  # python -m specwise.bench.fetch
+
+
+def in_lab(module: str) -> bool:
+    return module == LAB or module.startswith(LAB + ".") or module in LAB_FORWARDS
+
+
+def arrows_into_the_lab(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of ``graph`` from a module outside the lab to one inside it."""
+    return sorted((a, b) for a, bs in graph.items() if not in_lab(a) for b in bs if in_lab(b))
+
+
+def test_the_runtime_never_imports_the_lab():
+    """No module outside the lab imports one of the lab's, at import time, later (inside a function) or for type
+    checkers (under ``if TYPE_CHECKING:``): what the lab writes and the runtime reads is read and written through
+    ``specwise.artifacts``, and the command line names the lab's subcommands' modules only (by string, as the
+    server's). Running ``python -m specwise.drafters.vocab`` as a program forwards to the lab's builder, which is
+    no import."""
+    toy = {"specwise.runtime": {"specwise.lab.bench", "specwise.files"}, "specwise.lab.profile": {"specwise.runtime"}}
+    assert arrows_into_the_lab(toy) == [("specwise.runtime", "specwise.lab.bench")]
+    modules = set(all_modules())
+    assert modules > LAB_FORWARDS and LAB in modules
+    graph = {name: imported_ever(name, modules, typing=True) for name in modules}
+    assert "specwise.lab.bench.fetch" in graph["specwise.bench.fetch"]  # the graph sees imports into the lab
+    assert "specwise.lab.bench.configs" in graph["specwise.lab.bench"]  # and those under TYPE_CHECKING
+    assert "specwise.artifacts" in graph["specwise.models.loader"]  # the profile, read through the formats' module
+    arrows = arrows_into_the_lab(graph)
+    assert not arrows, "the runtime imports the lab: " + ", ".join(f"{a} -> {b}" for a, b in arrows)
+
+
+def test_the_formats_module_sits_below_the_runtime_and_the_lab():
+    """``specwise.artifacts`` (every format the lab writes and the runtime reads) imports nothing of specwise but the
+    cache's paths, so that any module may read its files through it."""
+    modules = set(all_modules())
+    assert imported_ever("specwise.artifacts", modules, typing=True) == {"specwise.files"}
 
 
 needs_fork = pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="the import check forks")
@@ -330,7 +372,7 @@ def test_no_module_on_a_gguf_files_path_loads_torch():
     modules = [
         m
         for m in all_modules()
-        if m not in TORCH_MODULES and not m.startswith(("specwise.distill", "specwise.server.ray"))
+        if m not in TORCH_MODULES and not m.startswith(("specwise.lab.distill", "specwise.server.ray"))
     ]
     errors = import_alone(modules, forbidden=HEAVY)
     # where an extra is missing (the core install), its modules may only fail naming it
@@ -353,7 +395,7 @@ def test_lower_layers_do_not_import_the_loader():
         "specwise.models.kernels",
         "specwise.models.kernels.quant",
         "specwise.models.quantized",
-        "specwise.profile",
+        "specwise.artifacts",
     ] + (["specwise.models.native"] if HAS_TORCH else [])
     assert import_alone(lower, forbidden=["specwise.models.loader"]) == {}
 
@@ -426,7 +468,7 @@ def test_importing_a_part_without_its_extra_names_the_extra(monkeypatch, module,
 
 
 def test_plots_without_matplotlib_name_the_bench_extra(monkeypatch):
-    from specwise.bench import report, simulate
+    from specwise.lab.bench import report, simulate
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     for figure in (report._figure, simulate._figure):

@@ -345,7 +345,7 @@ def test_the_engine_gives_the_planner_the_cost_curve():
 def test_the_runtime_hands_the_saved_cost_curve_to_the_planner(tmp_path, monkeypatch, tiny_dir):
     """`specwise profile` saves c(k) per model, device and implementation; build_runtime reads it for the planner
     (the Model carries no cost curve). A profile of another implementation, or a broken one, is not used."""
-    from specwise.profile import profile_path, save_profile, saved_cost_curve
+    from specwise.artifacts import profile_path, save_profile, saved_cost_curve
     from specwise.runtime import build_runtime
 
     monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from specwise.artifacts import load_profile, profile_path, save_profile
 from specwise.cli import main
 from specwise.models import load_model
-from specwise.profile import load_profile, profile_path, save_profile
 
 
 @pytest.fixture
@@ -52,7 +52,7 @@ def test_profile_measures_after_the_given_context(capsys, cache, tiny_dir):
 def test_cost_curve_interleaves_the_passes_and_takes_the_median(monkeypatch):
     """One untimed sweep over k, then every sweep times every k once in alternating order, so that the machine's
     drift hits all k alike; passes disturbed by the machine (here two sweeps 10x slower) are dropped by the median."""
-    from specwise import profile
+    from specwise.lab import profile
 
     class Model:
         vocab_size, device = 50, "cpu"
@@ -102,8 +102,8 @@ def test_cost_curve_and_drafter_cost_on_a_gguf_model(tmp_path):
     """The core path: a quantized model's cost curve from random ids (numpy), and a draft model's cost."""
     from gguf_raw import tiny_model
 
-    from specwise import profile
     from specwise.drafters import ModelDrafter, NgramDrafter
+    from specwise.lab import profile
     from specwise.models.kernels import quant
 
     if not quant.quantized_available():

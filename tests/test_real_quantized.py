@@ -2,7 +2,7 @@
 Hugging Face model built from the same GGUF file, and greedy identity of speculative decoding in both precisions.
 
 ``SPECWISE_QWEN_GGUF=/path/Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf`` adds the same logits check on that file (slow:
-it converts 1.5B parameters to float32; `python -m specwise.bench.fetch qwen2.5-coder-1.5b-instruct` fetches it).
+it converts 1.5B parameters to float32; `python -m specwise.lab.bench.fetch qwen2.5-coder-1.5b-instruct` fetches it).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import needs_hf
-from specwise.bench.prompts import default_prompts
 from specwise.engine import Engine
+from specwise.lab.bench.prompts import default_prompts
 from specwise.models import load_model
 from specwise.models.loader import default_gguf_path
 from specwise.models.quantized import QuantizedModel

@@ -12,10 +12,10 @@ pytest.importorskip("gguf")
 from test_head import _assert_follows_target, gguf5  # noqa: E402, F401  (gguf5: a fixture)
 from test_quantized_model import VARIANTS, assert_bits, sequence, write_gguf  # noqa: E402
 
+from specwise.artifacts import DraftVocabError, write_ranking  # noqa: E402
 from specwise.batch import BatchEngine, Request  # noqa: E402
 from specwise.drafters import NgramDrafter, NoDrafter, make_drafter  # noqa: E402
 from specwise.drafters.self_draft import SelfDrafter  # noqa: E402
-from specwise.drafters.vocab import DraftVocabError, write_ranking  # noqa: E402
 from specwise.engine import Engine  # noqa: E402
 from specwise.models.loader import LoadedModel  # noqa: E402
 from specwise.models.quantized import QuantizedModel  # noqa: E402
@@ -305,7 +305,7 @@ def test_bad_specs_are_refused_with_the_fix(tiny, tmp_path):
     for bad in ("self?lookup=2", "self?foo=1", "self?vocab"):
         with pytest.raises(ValueError, match="self takes vocab=N and ranking=FILE"):
             make_drafter(bad, loaded(path))
-    with pytest.raises(DraftVocabError, match="python -m specwise.drafters.vocab"):
+    with pytest.raises(DraftVocabError, match="python -m specwise.lab.ranking"):
         make_drafter("self", loaded(path))  # no ranking shipped for a tokenizer-less tiny model
     toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
     with pytest.raises(ValueError, match="GGUF target on the CPU"):
@@ -331,8 +331,8 @@ def test_a_new_request_does_not_reuse_an_earlier_ones_answer(tiny):
 
 
 def test_auto_adds_self_where_the_output_layer_is_most_of_a_pass(tiny, tmp_path, monkeypatch):
+    import specwise.artifacts as artifacts
     import specwise.drafters as drafters
-    import specwise.drafters.vocab as vocab
     from specwise.drafters import resolve_drafter_spec, self_pays
 
     path, spec = tiny
@@ -341,13 +341,13 @@ def test_auto_adds_self_where_the_output_layer_is_most_of_a_pass(tiny, tmp_path,
     ranking = tmp_path / "rank.npy"
     write_ranking(ranking, range(spec.vocab))
     share = target.model.lm_head.nbytes / target.model.weight_bytes
-    monkeypatch.setattr(vocab, "shipped_ranking", lambda tokenizer: ranking)
+    monkeypatch.setattr(artifacts, "shipped_ranking", lambda tokenizer: ranking)
     monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", share)  # at the threshold: self
     assert self_pays(target) and resolve_drafter_spec("auto", target) == "ngram+self"
     monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", share * 1.01)  # below it: prompt lookup alone
     assert not self_pays(target) and resolve_drafter_spec("auto", target) == "ngram"
     monkeypatch.setattr(drafters, "SELF_OUTPUT_SHARE", 0.0)
-    monkeypatch.setattr(vocab, "shipped_ranking", lambda tokenizer: None)  # no ranking for its tokenizer
+    monkeypatch.setattr(artifacts, "shipped_ranking", lambda tokenizer: None)  # no ranking for its tokenizer
     assert resolve_drafter_spec("auto", target) == "ngram"
     toy = LoadedModel(ToyModel.random(16, seed=0), None, "toy")
     assert not self_pays(toy)
@@ -355,7 +355,7 @@ def test_auto_adds_self_where_the_output_layer_is_most_of_a_pass(tiny, tmp_path,
 
 def test_the_profile_times_drafting_new_tokens(tiny):
     """`specwise profile` times each proposal's own work: what the previous one left in the cache is not found."""
-    from specwise import profile
+    from specwise.lab import profile
 
     path, spec = tiny
     target = QuantizedModel(path)

@@ -23,7 +23,7 @@ from specwise.drafters.suffix import (
     make_suffix_drafter,
 )
 from specwise.engine import Engine
-from specwise.index import build_index
+from specwise.lab.index import build_index
 from specwise.models.loader import LoadedModel
 from specwise.models.toy import ToyModel
 from specwise.sampling import SamplingParams
@@ -273,7 +273,7 @@ def test_build_keeps_the_index_within_its_size_limit(tmp_path):
 
 
 def test_calibration_fits_each_source_on_held_out_answers():
-    from specwise.index import calibrate
+    from specwise.lab.index import calibrate
 
     rng = random.Random(4)
     phrases = [[rng.randrange(60) for _ in range(12)] for _ in range(6)]

@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.paired import geometric_interval
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
-from specwise.bench.runner import machine_info
+from specwise.lab.bench.paired import geometric_interval
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
+from specwise.lab.bench.runner import machine_info
 from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_chat
 from specwise.sampling import SamplingParams

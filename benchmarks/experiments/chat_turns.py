@@ -40,7 +40,7 @@ FOLLOW_UPS = ("Can you give a concrete example?", "Summarize your answers so far
 def _paired(ratios: dict[int, list[float]]) -> dict:
     """Geometric mean over conversations (each the geometric mean over its turns) and a 95% t interval (the bench's
     ``geometric_interval``)."""
-    from specwise.bench.paired import geometric_interval
+    from specwise.lab.bench.paired import geometric_interval
 
     per_conversation = [math.exp(sum(math.log(r) for r in v) / len(v)) for v in ratios.values()]
     g = geometric_interval(per_conversation)
@@ -50,8 +50,8 @@ def _paired(ratios: dict[int, list[float]]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from specwise.batch import BatchEngine, Request
-    from specwise.bench.runner import emit_json, script_header
     from specwise.drafters.model import ModelDrafter
+    from specwise.lab.bench.runner import emit_json, script_header
     from specwise.models.threads import set_num_threads
     from specwise.runtime import build_runtime, encode_chat
     from specwise.sampling import SamplingParams

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.lab.bench.runner import emit_json, machine_info
 from specwise.models.loader import load_model
 
 

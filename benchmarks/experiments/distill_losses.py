@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from specwise.distill import default_data_dir, held_out_split
-from specwise.distill.data import load_shards
-from specwise.distill.train import LOSSES, TrainConfig, draft_vocabulary, make_batches, train_head
 from specwise.drafters.head import new_head
+from specwise.lab.distill import default_data_dir, held_out_split
+from specwise.lab.distill.data import load_shards
+from specwise.lab.distill.train import LOSSES, TrainConfig, draft_vocabulary, make_batches, train_head
 from specwise.models.loader import load_model
 from specwise.runtime import eos_ids
 

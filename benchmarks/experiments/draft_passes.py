@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from specwise.bench.prompts import default_prompts, load_questions, select_prompts
-from specwise.bench.runner import emit_json, script_header
+from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
+from specwise.lab.bench.runner import emit_json, script_header
 from specwise.models.threads import set_num_threads
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams

@@ -114,7 +114,7 @@ def _questions(
     prompts), or of a ``*.prompts.jsonl`` file of human-written prompts (to choose a rule's levels on: never on
     Spec-Bench), every ``skip``-th line."""
     if prompts is None:
-        from specwise.bench.prompts import default_prompts, load_questions, select_prompts
+        from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
 
         chosen = select_prompts(load_questions(questions) if questions else default_prompts(), [category], count)
         return [(str(q.id), q.text) for q in chosen]
@@ -150,7 +150,7 @@ def _answers(target: str, drafter: str, chosen: list[tuple[str, str]], max_new: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from specwise.bench.runner import emit_json, script_header
+    from specwise.lab.bench.runner import emit_json, script_header
     from specwise.models.threads import set_num_threads
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

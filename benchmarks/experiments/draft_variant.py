@@ -164,7 +164,7 @@ def project(results: dict, scale: str, byte_ratio: float = 14 / 18) -> dict:
     """Paired speedups over plain of every configuration in a bench's ``results`` (the bench's pairing,
     ``paired_speedups``, on 1 / total seconds), as measured, and for those whose drafter names ``scale``, with their
     draft time multiplied by ``byte_ratio``."""
-    from specwise.bench.paired import paired_speedups
+    from specwise.lab.bench.paired import paired_speedups
 
     if not 0 < byte_ratio <= 1:
         raise ValueError(f"--byte-ratio {byte_ratio}: give a fraction in (0, 1]")
@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError, KeyError) as err:
             print(f"error: {args.project}: {err}", file=sys.stderr)
             return 2
-        from specwise.bench.runner import emit_json, script_header
+        from specwise.lab.bench.runner import emit_json, script_header
 
         emit_json({**script_header(argv), **projection}, args.out)
         print(json.dumps(projection["configurations"], indent=1))

@@ -6,7 +6,7 @@ Question: how many tokens should a sibling draft model keep in its output layer 
 layer, where 32,768 and 49,152 lost acceptance on code (specwise/drafters/sibling.py; end to end, 65,536 against
 32,768: benchmarks/results/xeon_qwen15_vocab32768_coding/).
 
-For each size N (the first N ids of a ranking, ``python -m specwise.drafters.vocab``): the milliseconds of one
+For each size N (the first N ids of a ranking, ``python -m specwise.lab.ranking``): the milliseconds of one
 draft-model token (a 1-row pass with its logits, after a 64-token prefill; rounds interleaved, medians), the share
 of the target's held-out answer tokens inside the vocabulary (coverage), and the greedy first-token acceptance:
 over the held-out answers, teacher-forced, how often the draft's argmax over the vocabulary is the target's next
@@ -30,11 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.bench.runner import emit_json, script_header
 from specwise.drafters.vocab import read_ranking
+from specwise.lab.bench.runner import emit_json, script_header
+from specwise.lab.ranking import read_answers, sampled_prompts
 from specwise.models import load_model
 from specwise.models.quantized import QuantizedModel
-from specwise.ranking import read_answers, sampled_prompts
 from specwise.runtime import encode_prompt
 
 

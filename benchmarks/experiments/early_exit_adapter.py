@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.features:
         features(args, out)
     if args.train:
-        from specwise.bench.environment import script_header
+        from specwise.lab.bench.environment import script_header
         from specwise.models import load_model
 
         results = train(args, out)

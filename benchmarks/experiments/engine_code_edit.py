@@ -23,8 +23,8 @@ import sys
 import time
 
 from specwise.batch import BatchEngine, Request
-from specwise.bench.runner import emit_json, script_header
-from specwise.bench.workloads import workload_requests
+from specwise.lab.bench.runner import emit_json, script_header
+from specwise.lab.bench.workloads import workload_requests
 from specwise.runtime import build_runtime
 from specwise.sampling import SamplingParams
 

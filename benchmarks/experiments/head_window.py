@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from specwise.answers import corpus_files, passage_prompts
-from specwise.drafters import quantized_head, shipped_head_dir
+from specwise.artifacts import shipped_head_dir
+from specwise.drafters import quantized_head
 from specwise.drafters.head import HeadDrafter, check_target, read_head
 from specwise.engine import Engine
+from specwise.lab.answers import corpus_files, passage_prompts
 from specwise.models import load_model
 from specwise.runtime import encode_prompt
 from specwise.sampling import SamplingParams

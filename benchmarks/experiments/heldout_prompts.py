@@ -22,8 +22,8 @@ import json
 import random
 from pathlib import Path
 
-from specwise.answers import corpus_files, gather_prompts, passage_prompts
-from specwise.index import IndexOptions
+from specwise.lab.answers import corpus_files, gather_prompts, passage_prompts
+from specwise.lab.index import IndexOptions
 
 
 def _rows(path: Path) -> list[str]:

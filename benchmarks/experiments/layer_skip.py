@@ -54,8 +54,8 @@ def parse_args(argv=None):
 
 
 def prompts(questions: str | None) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    from specwise.answers import SHIPPED_PROMPTS
-    from specwise.bench.workloads import DATA_DIR
+    from specwise.lab.answers import SHIPPED_PROMPTS
+    from specwise.lab.bench.workloads import DATA_DIR
 
     def read(name: str) -> list[str]:
         return [json.loads(line)["prompt"] for line in (SHIPPED_PROMPTS / name).read_text().splitlines() if line]
@@ -90,7 +90,7 @@ def generate(args, out: Path) -> None:
 def study(args, out: Path) -> None:
     import torch
 
-    from specwise.bench.environment import script_header
+    from specwise.lab.bench.environment import script_header
     from specwise.models import load_model
 
     hf = load_model(args.target, impl="hf").hf_model

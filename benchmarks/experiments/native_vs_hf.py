@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from specwise.bench.runner import emit_json, script_header
 from specwise.engine import Engine
+from specwise.lab.bench.runner import emit_json, script_header
 from specwise.models import load_model
 from specwise.models.loader import converted_gguf_dir, default_gguf_path
 from specwise.models.threads import set_num_threads

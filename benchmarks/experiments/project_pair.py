@@ -210,7 +210,7 @@ def read_acceptance(path: str, category: str, config: str | None) -> dict:
 
 
 def run(args) -> dict:
-    from specwise.bench.runner import script_header
+    from specwise.lab.bench.runner import script_header
 
     target = read_profile(args.target_profile)
     check = read_profile(args.check_profile) if args.check_profile else None
@@ -284,7 +284,7 @@ def _summary(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from specwise.bench.runner import emit_json
+    from specwise.lab.bench.runner import emit_json
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target-profile", required=True, help="`specwise profile --json` of the target to project")

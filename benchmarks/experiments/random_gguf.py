@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if not reference.is_file():
         print(
             f"error: {reference} is not a file: fetch one with "
-            "`python -m specwise.bench.fetch qwen2.5-coder-1.5b-instruct`",
+            "`python -m specwise.lab.bench.fetch qwen2.5-coder-1.5b-instruct`",
             file=sys.stderr,
         )
         return 2

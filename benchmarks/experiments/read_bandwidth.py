@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from specwise.bench.runner import emit_json, machine_info
+from specwise.lab.bench.runner import emit_json, machine_info
 
 BUSY = "while True: pass"
 

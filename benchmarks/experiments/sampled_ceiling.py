@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 import specwise.rejection as rejection
-from specwise.bench.runner import emit_json, machine_info
+from specwise.lab.bench.runner import emit_json, machine_info
 from specwise.metrics import expected_tau
 from specwise.runtime import build_runtime, encode_prompt
 from specwise.sampling import SamplingParams

@@ -174,7 +174,7 @@ def resolve_drafter_spec(spec: str, target) -> str:
     ngram+head, suffix, suffix+head and ngram+suffix+head (benchmarks/results/README.md)."""
     if spec != "auto":
         return spec
-    from specwise.drafters.suffix import shipped_index_dir
+    from specwise.artifacts import shipped_head_dir, shipped_index_dir
 
     if shipped_index_dir(target.name) is not None:
         return "suffix"
@@ -196,7 +196,7 @@ SELF_OUTPUT_SHARE = 0.5
 def self_pays(target) -> bool:
     """Whether ``auto`` adds the `self` drafter for ``target`` (a LoadedModel): a GGUF target on the CPU whose output
     layer is at least SELF_OUTPUT_SHARE of its weights' bytes, with a ranking shipped for its tokenizer."""
-    from specwise.drafters.vocab import shipped_ranking
+    from specwise.artifacts import shipped_ranking
 
     model = target.model
     if not hasattr(model, "reusable") or not getattr(model, "weight_bytes", 0):
@@ -260,24 +260,13 @@ def _self_drafter(spec: str, target) -> Drafter:
     return SelfDrafter.for_target(model, ids)
 
 
-def shipped_head_dir(target_name: str):
-    """The head shipped with specwise for the model named ``target_name`` (the default model has one), or None."""
-    import json
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent / "shipped" / "heads"
-    for config in sorted(root.glob("*/config.json")):
-        if json.loads(config.read_text()).get("target", {}).get("name") == target_name:
-            return config.parent
-    return None
-
-
 def quantized_head(model) -> bool:
     """Whether a head drafts on the quantized kernels: where its target runs on them (a GGUF on the CPU)."""
     return getattr(model, "precision", None) is not None and str(getattr(model, "device", "cpu")) == "cpu"
 
 
 def _head_drafter(arg: str, target, device) -> Drafter:
+    from specwise.artifacts import shipped_head_dir
     from specwise.drafters.head import HeadDrafter, check_target, read_head
 
     directory = arg or shipped_head_dir(target.name)

@@ -1,5 +1,6 @@
 """Finding a draft model for a target without being told: a smaller GGUF model of the same vocabulary among the
-files on this machine (the fetch cache, ``python -m specwise.bench.fetch``), for ``--drafter auto``."""
+files on this machine (the fetch cache, filled by ``python -m specwise.lab.bench.fetch`` from the catalogue of
+known files, :data:`specwise.artifacts.KNOWN_GGUFS`), for ``--drafter auto``."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def find_sibling(target_path: Path | str, folders: list[Path] | None = None) -> 
 def auto_model_spec(target_path: Path | str, tokenizer, folders: list[Path] | None = None) -> str | None:
     """``ngram+model:SIBLING`` (with ``?vocab=32768`` where a ranking is shipped for the tokenizer) for a GGUF target
     whose smaller sibling is on this machine, else None."""
-    from specwise.drafters.vocab import shipped_ranking
+    from specwise.artifacts import shipped_ranking
 
     sibling = find_sibling(target_path, folders)
     if sibling is None:
@@ -104,9 +105,9 @@ def _size_label(name: str) -> float | None:
 
 
 def missing_sibling_hint(target_path: Path | str) -> str | None:
-    """One line for a GGUF target without a sibling on this machine when ``python -m specwise.bench.fetch`` knows a
+    """One line for a GGUF target without a sibling on this machine when ``python -m specwise.lab.bench.fetch`` knows a
     smaller model of its family (a known file whose name starts like the target's and names fewer parameters)."""
-    from specwise.bench.fetch import KNOWN_GGUFS
+    from specwise.artifacts import KNOWN_GGUFS
 
     target = Path(target_path)
     meta = _gguf(target)
@@ -120,6 +121,6 @@ def missing_sibling_hint(target_path: Path | str) -> str | None:
             return (
                 f"no draft model for {target.name} on this machine: its sibling {source.filename} would draft for "
                 f"it (model: or ngram+model:, about 1.3-1.6x plain decoding measured on Qwen2.5-Coder-1.5B); "
-                f"fetch it with `python -m specwise.bench.fetch {key}` and --drafter auto uses it"
+                f"fetch it with `python -m specwise.lab.bench.fetch {key}` and --drafter auto uses it"
             )
     return None

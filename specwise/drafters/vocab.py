@@ -9,102 +9,36 @@ A **ranking** is the target's vocabulary ordered by how often the target writes 
 (the first N ids are the draft vocabulary of size N). It is an ``.npy`` file of token ids (uint32, int32 or int64),
 read without unpickling and checked against the target's vocabulary (range, uniqueness, size). Rankings shipped
 with specwise live in ``specwise/shipped/vocabs/<fingerprint>.npy``, named by the fingerprint of the tokenizer
-they rank (:func:`fingerprint`). ``python -m specwise.drafters.vocab`` builds one from the target's own answers to
-instruction prompts and from text corpora (never from benchmark questions).
+they rank (:func:`fingerprint`); the format is :mod:`specwise.artifacts`'. ``python -m specwise.lab.ranking``
+builds one from the target's own answers to instruction prompts and from text corpora (never from benchmark
+questions).
 """
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
+
+from specwise.artifacts import (
+    RANKING_REBUILD,
+    DraftVocabError,
+    fingerprint,
+    read_ranking,
+    refuse_ranking,
+    shipped_ranking,
+    write_ranking,
+)
 
 __all__ = [
     "DraftVocabError",
     "draft_vocabulary",
     "fingerprint",
     "parse_model_spec",
-    "rank_tokens",
     "read_ranking",
     "shipped_ranking",
     "write_ranking",
 ]
-
-SHIPPED = Path(__file__).resolve().parent.parent / "shipped" / "vocabs"
-_DTYPES = (np.dtype("<u4"), np.dtype("<i4"), np.dtype("<i8"))
-REBUILD = "build one with `python -m specwise.drafters.vocab --target TARGET --out FILE`"
-
-
-class DraftVocabError(ValueError):
-    """A draft vocabulary (a ranking file or a size) that cannot be used with this target."""
-
-
-def refuse(path: Path | str, what: str, fix: str = REBUILD) -> NoReturn:
-    """Raise DraftVocabError ``"<path>: <what>: <fix>"`` (one line)."""
-    raise DraftVocabError(f"{path}: {what}: {fix}")
-
-
-def fingerprint(tokenizer) -> str:
-    """SHA-256 (hex) of the tokenizer's tokens in id order: two tokenizers with the same fingerprint give every id
-    the same token, so a ranking made for one serves the other."""
-    iter_tokens = getattr(tokenizer, "iter_tokens", None)
-    if iter_tokens is not None:  # one token at a time (the same digest where no two ids share a text)
-        by_id = ((i, s) for i, s in enumerate(iter_tokens()) if s is not None)
-    else:
-        by_id = sorted((i, s) for s, i in tokenizer.get_vocab().items())
-    digest = hashlib.sha256()
-    for i, s in by_id:
-        digest.update(f"{i}\t{s}\n".encode("utf-8", "surrogatepass"))
-    return digest.hexdigest()
-
-
-def shipped_ranking(tokenizer) -> Path | None:
-    """The ranking shipped with specwise for this tokenizer's vocabulary, or None."""
-    if tokenizer is None:
-        return None
-    path = SHIPPED / f"{fingerprint(tokenizer)[:16]}.npy"
-    return path if path.is_file() else None
-
-
-def read_ranking(path: Path | str, vocab_size: int) -> np.ndarray:
-    """The token ids of a ranking file (int64 ``[n]``), checked against a vocabulary of ``vocab_size`` ids: at
-    least one id, no more than the vocabulary holds, each in ``[0, vocab_size)``, none twice. Any other file is a
-    DraftVocabError of one line."""
-    from specwise.drafters.suffix import IndexFileError, IndexNotFoundError, read_array
-
-    path = Path(path)
-    if not path.is_file():
-        refuse(path, "no such file", f"give a ranking .npy file, or {REBUILD}")
-    try:
-        ids = read_array(path, _DTYPES)
-    except (IndexFileError, IndexNotFoundError) as err:  # the .npy reader's own one-line refusals
-        what = str(err).removeprefix(f"{path}: ").split(": build", 1)[0].split(": rebuild", 1)[0]
-        refuse(path, what)
-    ids = ids.astype(np.int64)
-    if ids.size == 0:
-        refuse(path, "no token ids")
-    if ids.size > vocab_size:
-        refuse(path, f"{ids.size:,} ids, more than the target's vocabulary of {vocab_size:,}")
-    low, high = int(ids.min()), int(ids.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        refuse(path, f"token id {bad} is outside the target's vocabulary 0..{vocab_size - 1}")
-    if np.unique(ids).size != ids.size:
-        values, counts = np.unique(ids, return_counts=True)
-        refuse(path, f"token id {int(values[counts > 1][0])} appears more than once")
-    return ids
-
-
-def write_ranking(path: Path | str, ids: Iterable[int]) -> None:
-    """Write a ranking (token ids, most frequent first) as a uint32 ``.npy`` file, atomically."""
-    from specwise.files import atomic_path
-
-    array = np.asarray(list(ids), dtype=np.uint32)
-    with atomic_path(Path(path)) as tmp, open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
 
 
 def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vocab_size: int, always=()) -> np.ndarray:
@@ -117,15 +51,15 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
         ranking = shipped_ranking(tokenizer)
         if ranking is None:
             raise DraftVocabError(
-                f"no draft vocabulary ranking is shipped for this target's tokenizer: {REBUILD}, then add "
+                f"no draft vocabulary ranking is shipped for this target's tokenizer: {RANKING_REBUILD}, then add "
                 "&ranking=FILE to the drafter spec"
             )
     ids = read_ranking(ranking, vocab_size)
     if size is not None and size > ids.size:
-        refuse(
+        refuse_ranking(
             ranking,
             f"ranks {ids.size:,} token ids, fewer than the draft vocabulary of {size:,} asked for",
-            f"ask for at most {ids.size:,}, or {REBUILD} --size {size}",
+            f"ask for at most {ids.size:,}, or {RANKING_REBUILD} --size {size}",
         )
     chosen = ids if size is None else ids[:size]
     extra = [int(t) for t in always if 0 <= int(t) < vocab_size]
@@ -211,24 +145,7 @@ def vocab_size_option(value: str) -> int | None:
     return size
 
 
-# ---- building a ranking ------------------------------------------------------------------------------------------
-
-
-def rank_tokens(counts: list[np.ndarray], vocab_size: int, always: Iterable[int] = (), size: int | None = None):
-    """Token ids ranked by ``counts`` (one ``[vocab_size]`` array per source, in order of trust: the first decides,
-    each later one breaks the earlier ones' ties), then by id (a BPE vocabulary's lower ids are its earlier, more
-    frequent merges); ``always`` first. Returns int64 ``[size or vocab_size]``."""
-    keys = [np.arange(vocab_size, dtype=np.int64)]  # lexsort: the last key is the primary one
-    for c in reversed(counts):
-        keys.append(-np.asarray(c, dtype=np.int64))
-    first = np.zeros(vocab_size, dtype=np.int64)
-    first[[int(t) for t in always]] = -1
-    keys.append(first)
-    order = np.lexsort(keys)
-    return order[: size or vocab_size]
-
-
-if __name__ == "__main__":  # the builder runs the engine, which sits above the drafters: it lives above them
-    from specwise.ranking import main
+if __name__ == "__main__":  # the former path of the ranking's builder, which is the lab's: run as a program, forward
+    from specwise.lab.ranking import main
 
     raise SystemExit(main())

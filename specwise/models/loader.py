@@ -521,7 +521,7 @@ def _load_float(spec: str, name: str, device, dtype_name: str, impl: str, what: 
 
 def _apply_profile(native: Model, device: str) -> None:
     """Use the matrix-product backends that `specwise profile` measured fastest on this machine, if it ran."""
-    from specwise.profile import load_profile
+    from specwise.artifacts import load_profile
 
     profile = load_profile(native.name, device)
     gemm = (profile or {}).get("gemm") or {}

@@ -13,7 +13,7 @@ The head runs on the host in numpy and the native kernels, whatever the target's
 numpy arrays): on the quantized kernels (:mod:`specwise.drafters.head.quantized`, where the target is a GGUF file
 on the CPU), else on the float kernels (float16 or float32 weights), else in numpy alone.
 
-Training is in :mod:`specwise.distill`; ``specwise distill`` writes a directory with ``config.json`` and
+Training is in :mod:`specwise.lab.distill`; ``specwise distill`` writes a directory with ``config.json`` and
 ``model.safetensors`` that ``--drafter head:DIR`` loads (:func:`~specwise.drafters.head.format.read_head`).
 """
 

@@ -18,7 +18,7 @@ The parts:
 
 - :mod:`~specwise.drafters.suffix.index`: :class:`SuffixIndex` (build, search, save) and :func:`confidence`;
 - :mod:`~specwise.drafters.suffix.load`: reading an index directory (untrusted input: every file checked first),
-  the target an index was built for, the index shipped for a target;
+  the target an index was built for (the index shipped for a target: :func:`specwise.artifacts.shipped_index_dir`);
 - :mod:`~specwise.drafters.suffix.drafter`: :class:`SuffixDrafter`, its counts kept as text arrives, and
   :func:`make_suffix_drafter` (the spec ``suffix[:DIR]``).
 """
@@ -64,7 +64,6 @@ from specwise.drafters.suffix.load import (
     read_array,
     read_index_info,
     refuse,
-    shipped_index_dir,
 )
 
 __all__ = [
@@ -101,5 +100,4 @@ __all__ = [
     "read_array",
     "read_index_info",
     "refuse",
-    "shipped_index_dir",
 ]

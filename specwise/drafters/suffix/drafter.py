@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections import deque
 from pathlib import Path
 
+from specwise.artifacts import shipped_index_dir
 from specwise.drafters.base import Draft, Drafter
 from specwise.drafters.suffix.index import DEFAULT_PRIORS, DEPTH, LEAD, SuffixIndex, confidence
-from specwise.drafters.suffix.load import load_index, shipped_index_dir
+from specwise.drafters.suffix.load import load_index
 from specwise.sampling import SamplingParams
 
 __all__ = [

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import re
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
+from specwise.artifacts import ArtifactError, read_npy
+from specwise.artifacts import shown as _shown
 from specwise.drafters.suffix.index import (
     DEFAULT_PRIORS,
     DEPTH,
@@ -39,7 +39,6 @@ __all__ = [
     "read_array",
     "read_index_info",
     "refuse",
-    "shipped_index_dir",
 ]
 
 MAX_META_BYTES = 1 << 20  # an index.json is a few KB
@@ -50,8 +49,6 @@ SPOT_WIDTH = 32  # tokens compared per pair (at most the index's depth)
 MAX_TOKENS = (1 << 31) - 1024  # positions are int32 (the suffix array's dtype), with room for offsets
 TOKEN_DTYPES = (np.dtype(np.uint16), np.dtype(np.uint32))
 SA_DTYPES = (np.dtype(np.int32),)
-# the header np.save writes for a one-dimensional integer array (others go to numpy's parser)
-_NPY_1D = re.compile(rb"\{'descr': '([<>|][iu][1248])', 'fortran_order': False, 'shape': \((\d{1,18}),\), \} *\n")
 _SPOT_FRACTIONS = (np.arange(SPOT_PAIRS) * 0.6180339887498949) % 1.0  # golden-ratio steps: spread over [0, 1)
 _COLUMNS = np.arange(max(SPOT_PAIRS, SPOT_WIDTH), dtype=np.int32)
 _PAIR = np.array([[0], [1]], dtype=np.int32)  # a pair's first entry and the next
@@ -60,12 +57,6 @@ _PAIR = np.array([[0], [1]], dtype=np.int32)  # a pair's first entry and the nex
 def refuse(path: Path | str, what: str, fix: str = REBUILD) -> NoReturn:
     """Raise IndexFileError ``"<path>: <what>: <fix>"`` (one line)."""
     raise IndexFileError(f"{path}: {what}: {fix}")
-
-
-def _shown(value: Any) -> str:
-    """A value as a message quotes it, cut to 40 characters (a hostile file's strings can be long)."""
-    text = repr(value).replace("\n", " ")
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _integer(path: Path, key: str, value: Any, low: int, high: int) -> int:
@@ -147,50 +138,15 @@ def read_index_info(directory: Path | str) -> dict:
     return _check_meta(path, meta)
 
 
-def _npy_header(path: Path, f) -> tuple[tuple, bool, np.dtype]:
-    """(shape, fortran_order, dtype) from an .npy header, a literal parsed without running anything: the header
-    ``np.save`` writes for a one-dimensional array by a pattern, any other by numpy's parser."""
-    head = f.read(10)
-    if head[:8] == b"\x93NUMPY\x01\x00":
-        match = _NPY_1D.fullmatch(f.read(int.from_bytes(head[8:], "little")))
-        if match:
-            return (int(match[2]),), False, np.dtype(match[1].decode())
-    f.seek(0)
-    try:
-        version = np.lib.format.read_magic(f)
-        if version == (1, 0):
-            return np.lib.format.read_array_header_1_0(f)
-        if version == (2, 0):
-            return np.lib.format.read_array_header_2_0(f)
-    except Exception as e:  # numpy's parser of a hostile header raises more than ValueError (tokenize's errors...)
-        refuse(path, f"not an .npy file ({_shown(str(e))})")
-    refuse(path, f".npy format version {version[0]}.{version[1]}, expected 1.0 or 2.0")
-
-
 def read_array(path: Path, dtypes: tuple[np.dtype, ...]) -> np.ndarray:
-    """A one-dimensional array of one of ``dtypes`` from an .npy file: its header is checked (dtype, rank, order,
-    the data's size against the file's) before the data is read. Never unpickles: an object array is refused by its
-    header's dtype."""
+    """A one-dimensional array of one of ``dtypes`` from an .npy file of an index, checked before it is read
+    (:func:`specwise.artifacts.read_npy`); a bad file is an IndexFileError, a missing one an IndexNotFoundError."""
     try:
-        with open(path, "rb") as f:
-            shape, fortran, dtype = _npy_header(path, f)
-            if dtype not in dtypes:
-                pickled = " (pickled Python objects, never loaded)" if dtype.hasobject else ""
-                refuse(path, f"dtype {dtype}{pickled}, expected {' or '.join(str(d) for d in dtypes)}")
-            if len(shape) != 1 or fortran:
-                refuse(path, f"shape {shape}{' in Fortran order' if fortran else ''}, expected one dimension")
-            size = os.fstat(f.fileno()).st_size - f.tell()
-            if size != shape[0] * dtype.itemsize:
-                cut = "truncated" if size < shape[0] * dtype.itemsize else "trailing bytes"
-                refuse(path, f"{cut}: {size:,} bytes of data, expected {shape[0]:,} entries of {dtype.itemsize} bytes")
-            data = np.fromfile(f, dtype=dtype, count=shape[0])
+        return read_npy(path, dtypes)
     except (FileNotFoundError, NotADirectoryError):
         raise IndexNotFoundError(f"{path}: missing: {REBUILD}") from None
-    except OSError as e:
-        refuse(path, f"cannot be read ({e.strerror or e})")
-    if len(data) != shape[0]:
-        refuse(path, f"truncated while read: {len(data):,} of {shape[0]:,} entries")
-    return data
+    except ArtifactError as err:
+        refuse(path, err.what)
 
 
 def _text(path: Path, tokens: np.ndarray, vocab: int | None) -> tuple[np.ndarray, int]:
@@ -306,12 +262,3 @@ def check_index_target(info: dict, target) -> None:
             f"index built for {recorded.get('name')!r}, target is {name!r}: "
             f"build one with `specwise index --target {name} --out DIR`"
         )
-
-
-def shipped_index_dir(target_name: str) -> Path | None:
-    """The index shipped with specwise for the model named ``target_name``, or None."""
-    root = Path(__file__).resolve().parents[2] / "shipped" / "indexes"
-    for meta in sorted(root.glob("*/index.json")):
-        if read_index_info(meta.parent).get("target", {}).get("name") == target_name:
-            return meta.parent
-    return None

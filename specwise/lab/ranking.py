@@ -1,7 +1,7 @@
-"""Building a draft vocabulary's ranking (:mod:`specwise.drafters.vocab`) from the target's own answers:
-``python -m specwise.drafters.vocab`` (or ``python -m specwise.ranking``). The target answers instruction prompts
-through the batch engine; its tokens are ranked by how often the answers use them, then the prompts', then the
-texts'. It lives above the engine (the drafters' package stays below it)."""
+"""Building a draft vocabulary's ranking (:mod:`specwise.drafters.vocab`; the file format is
+:mod:`specwise.artifacts`') from the target's own answers: ``python -m specwise.lab.ranking``. The target answers
+instruction prompts through the batch engine; its tokens are ranked by how often the answers use them, then the
+prompts', then the texts'."""
 
 from __future__ import annotations
 
@@ -13,9 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.drafters.vocab import fingerprint, rank_tokens, write_ranking
+from specwise.artifacts import fingerprint, write_ranking
 
-__all__ = ["main", "read_answers", "sampled_prompts"]
+__all__ = ["main", "rank_tokens", "read_answers", "sampled_prompts"]
+
+
+def rank_tokens(counts: list[np.ndarray], vocab_size: int, always: Iterable[int] = (), size: int | None = None):
+    """Token ids ranked by ``counts`` (one ``[vocab_size]`` array per source, in order of trust: the first decides,
+    each later one breaks the earlier ones' ties), then by id (a BPE vocabulary's lower ids are its earlier, more
+    frequent merges); ``always`` first. Returns int64 ``[size or vocab_size]``."""
+    keys = [np.arange(vocab_size, dtype=np.int64)]  # lexsort: the last key is the primary one
+    for c in reversed(counts):
+        keys.append(-np.asarray(c, dtype=np.int64))
+    first = np.zeros(vocab_size, dtype=np.int64)
+    first[[int(t) for t in always]] = -1
+    keys.append(first)
+    order = np.lexsort(keys)
+    return order[: size or vocab_size]
 
 
 def sampled_prompts(paths: list[Path], per_file: int, seed: int) -> list[str]:
@@ -74,7 +88,7 @@ def _answer_tokens(target, prompts: list[str], max_new_tokens: int, batch: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m specwise.drafters.vocab``: build a ranking; a bad input is one line on stderr (exit 2)."""
+    """``python -m specwise.lab.ranking``: build a ranking; a bad input is one line on stderr (exit 2)."""
     try:
         return _main(argv)
     except (OSError, ValueError, KeyError) as err:  # unreadable files, bad JSON lines, prompts without "prompt"
@@ -85,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m specwise.drafters.vocab",
+        prog="python -m specwise.lab.ranking",
         description="Rank a target's vocabulary by how often the target writes each token (a draft vocabulary).",
     )
     parser.add_argument("--target", required=True, help="the target model (a .gguf file or an ID)")

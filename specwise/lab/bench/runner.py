@@ -10,9 +10,9 @@ By default every run generates exactly ``max_new_tokens`` tokens: EOS is treated
 work and greedy outputs can be compared token for token. ``stop_at_eos`` honours EOS instead.
 
 Statistics come from :mod:`specwise.metrics`; speedups are ratios of median tokens/s over the same runs, and
-paired speedups with 95% intervals and verdicts come from :mod:`specwise.bench.paired`. What runs is
-:mod:`specwise.bench.configs`'; the records and ``results.json`` are :mod:`specwise.bench.schema`'s; the machine
-record is :mod:`specwise.bench.environment`'s.
+paired speedups with 95% intervals and verdicts come from :mod:`specwise.lab.bench.paired`. What runs is
+:mod:`specwise.lab.bench.configs`'; the records and ``results.json`` are :mod:`specwise.lab.bench.schema`'s; the machine
+record is :mod:`specwise.lab.bench.environment`'s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import os
 import sys
 import time
 
-from specwise.bench.configs import (
+from specwise.engine import Engine
+from specwise.lab.bench.configs import (
     HF_GENERATE,
     HF_GENERATE_ID,
     LLAMA_CPP,
@@ -32,9 +33,9 @@ from specwise.bench.configs import (
     BenchSettings,
     make_configs,
 )
-from specwise.bench.environment import emit_json, load_average, machine_info, script_header
-from specwise.bench.prompts import BenchPrompt
-from specwise.bench.schema import (
+from specwise.lab.bench.environment import emit_json, load_average, machine_info, script_header
+from specwise.lab.bench.prompts import BenchPrompt
+from specwise.lab.bench.schema import (
     SCHEMA,
     SCHEMA_VERSION,
     Outcome,
@@ -44,7 +45,6 @@ from specwise.bench.schema import (
     summarize,
     validate_results,
 )
-from specwise.engine import Engine
 from specwise.models.threads import get_num_threads
 from specwise.sampling import SamplingParams
 
@@ -208,7 +208,7 @@ class LlamaCppRunner:
         self.gguf, self.tokenizer, self.threads = gguf, tokenizer, threads
 
     def run(self, prompt_ids: list[int], params: SamplingParams, max_new_tokens: int, eos: list[int]) -> Outcome:
-        from specwise.bench.llamacpp import completion_decode
+        from specwise.lab.bench.llamacpp import completion_decode
 
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         out = completion_decode(self.gguf, text, max_new_tokens, self.threads)
@@ -218,7 +218,7 @@ class LlamaCppRunner:
 
 def llama_cpp_tokens(gguf, prompts: dict[str, list[int]], max_new_tokens: int, threads: int) -> dict[str, list[int]]:
     """llama.cpp's greedy tokens for each prompt's ids (one ``llama-server`` for all; untimed), EOS ignored."""
-    from specwise.bench.llamacpp import LlamaServer
+    from specwise.lab.bench.llamacpp import LlamaServer
 
     with LlamaServer(gguf, threads=threads, ctx_size=4096) as server:
         return {pid: server.greedy(ids, max_new_tokens)["token_ids"] for pid, ids in prompts.items()}
@@ -226,7 +226,7 @@ def llama_cpp_tokens(gguf, prompts: dict[str, list[int]], max_new_tokens: int, t
 
 def llama_cpp_info(gguf, max_new_tokens: int, threads: int) -> dict:
     """Where llama.cpp came from and its own ``llama-bench`` decode figure (``tg``, 3 repetitions) on the file."""
-    from specwise.bench.llamacpp import find_llama_cpp, llama_bench
+    from specwise.lab.bench.llamacpp import find_llama_cpp, llama_bench
 
     return {
         "binaries": str(find_llama_cpp()),
@@ -432,7 +432,7 @@ def _llama_cpp_file(settings: BenchSettings):
     """The GGUF file llama.cpp runs (None without the peer); points ``find_llama_cpp`` at a given folder."""
     if settings.llama_cpp is None:
         return None
-    from specwise.bench.llamacpp import ENV_VAR, find_llama_cpp
+    from specwise.lab.bench.llamacpp import ENV_VAR, find_llama_cpp
     from specwise.models.loader import gguf_source
 
     if settings.llama_cpp:
@@ -440,7 +440,7 @@ def _llama_cpp_file(settings: BenchSettings):
     if find_llama_cpp() is None:
         raise FileNotFoundError(
             f"llama.cpp binaries not found (in ${ENV_VAR} or ~/.cache/specwise-peers/llama.cpp/bin): build them "
-            "as specwise/bench/llamacpp.py describes, or pass their folder: --llama-cpp PATH"
+            "as specwise/lab/bench/llamacpp.py describes, or pass their folder: --llama-cpp PATH"
         )
     gguf = gguf_source(settings.target)
     if gguf is None:

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specwise.bench.configs import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID
-from specwise.bench.paired import FASTER, SLOWER
-from specwise.bench.schema import validate_results
 from specwise.extras import missing_extra
+from specwise.lab.bench.configs import HF_GENERATE_ID, LLAMA_CPP_ID, PLAIN_ID
+from specwise.lab.bench.paired import FASTER, SLOWER
+from specwise.lab.bench.schema import validate_results
 from specwise.metrics import expected_tau
 
 __all__ = ["PLOT_FILES", "overall_lines", "paired_lines", "render_markdown", "write_plots", "write_report"]

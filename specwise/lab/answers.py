@@ -5,7 +5,7 @@ passages, requests the target writes itself), take the same options and command-
 answers in a data directory whose plan (``manifest.json``) must match the run's, and answer request j at
 ``temperatures[j % n]`` with seed :func:`answer_seed` ``(seed, j)``. They differ in what they keep of an answer:
 ``index`` keeps its tokens (:func:`answer_in_chunks`, through the engine, any target), ``distill`` also the
-target's features (:func:`specwise.distill.data.generate_shards`, a Hugging Face model in batches).
+target's features (:func:`specwise.lab.distill.data.generate_shards`, a Hugging Face model in batches).
 
 The inputs are the user's files, in two plain formats:
 
@@ -66,7 +66,7 @@ PROMPT_FILES = ("oasst_en.prompts.jsonl", "mbpp.prompts.jsonl", "gsm8k_train.pro
 GSM8K = "gsm8k_train.prompts.jsonl"
 
 # the prompts shipped with specwise (a public subset, its sources and licences in README.md there): the default
-SHIPPED_PROMPTS = Path(__file__).resolve().parent / "shipped" / "prompts"
+SHIPPED_PROMPTS = Path(__file__).resolve().parents[1] / "shipped" / "prompts"
 
 # generate(prompt ids, temperature, seed) -> the answer's token ids (its end-of-sequence token included)
 Generate = Callable[[list[int], float, int], list[int]]

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from specwise.bench.workloads import Request
+from specwise.lab.bench.workloads import Request
 
 __all__ = ["MODEL", "Sampling", "StreamEvent", "send", "server_decode_rate", "stream_figures"]
 

@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from specwise.bench.paired import paired_speedups
-from specwise.bench.workloads import Request, workload_requests
-from specwise.bench.workloads.client import Sampling, send
-from specwise.bench.workloads.servers import LLAMA_CPP, PLAIN, SPECWISE, ServeConfig
+from specwise.lab.bench.paired import paired_speedups
+from specwise.lab.bench.workloads import Request, workload_requests
+from specwise.lab.bench.workloads.client import Sampling, send
+from specwise.lab.bench.workloads.servers import LLAMA_CPP, PLAIN, SPECWISE, ServeConfig
 
 __all__ = ["DEFAULT_MAX_TOKENS", "RESULTS_KIND", "WorkloadSettings", "run_workloads", "summarize"]
 
@@ -109,7 +109,7 @@ def run_workloads(
 
 
 def _load():
-    from specwise.bench.environment import load_average
+    from specwise.lab.bench.environment import load_average
 
     return load_average()
 

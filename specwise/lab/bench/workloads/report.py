@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specwise.bench.report import _figure, _fmt, _table
+from specwise.lab.bench.report import _figure, _fmt, _table
 
 __all__ = ["PLOT_FILES", "check_results", "render_markdown", "write_report"]
 
@@ -15,7 +15,7 @@ _REQUIRED = ("kind", "command", "settings", "configurations", "workloads", "runs
 
 def check_results(results: dict) -> None:
     """Refuse an object that is not a coding-workloads result, naming the missing field."""
-    from specwise.bench.workloads.runner import RESULTS_KIND
+    from specwise.lab.bench.workloads.runner import RESULTS_KIND
 
     if not isinstance(results, dict) or results.get("kind") != RESULTS_KIND:
         raise ValueError(f"not a coding-workloads result (kind {RESULTS_KIND!r}): run `specwise bench --workload`")

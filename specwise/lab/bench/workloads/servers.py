@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from specwise.bench.workloads.client import MODEL
+from specwise.lab.bench.workloads.client import MODEL
 
 __all__ = ["CONFIG_IDS", "ServeConfig", "SpecwiseServer", "make_configs", "start_servers"]
 
@@ -107,7 +107,7 @@ class SpecwiseServer:
         return cmd + (["--threads", str(self.threads)] if self.threads else [])
 
     def start(self) -> SpecwiseServer:
-        from specwise.bench.llamacpp import _free_port
+        from specwise.lab.bench.llamacpp import _free_port
 
         self.port = _free_port("127.0.0.1")
         fd, name = tempfile.mkstemp(prefix="specwise-serve-", suffix=".log")
@@ -156,7 +156,7 @@ class SpecwiseServer:
 def start_servers(configs: list[ServeConfig], target: str, gguf: Path | None, draft: str | None, threads: int):
     """One started server per configuration, by id (specwise ones on ``target``, llama.cpp ones on ``gguf``);
     the caller stops them. A configuration whose server fails stops the ones already started."""
-    from specwise.bench.llamacpp import LlamaServer, speculative_args
+    from specwise.lab.bench.llamacpp import LlamaServer, speculative_args
 
     servers: dict = {}
     try:

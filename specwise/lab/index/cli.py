@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from specwise import answers
+from specwise.lab import answers
 
 
 def _temperatures(value: str) -> tuple[float, ...]:
@@ -40,7 +40,7 @@ def register(sub) -> None:
 
 
 def cmd_index(args: argparse.Namespace) -> int:
-    from specwise.index import IndexOptions, run_index
+    from specwise.lab.index import IndexOptions, run_index
 
     answers.record_command()
     opts = IndexOptions(

@@ -7,11 +7,11 @@ import json
 import sys
 from pathlib import Path
 
-from specwise import answers
+from specwise.lab import answers
 
 
 def register(sub) -> None:
-    from specwise.distill import LOSSES
+    from specwise.lab.distill import LOSSES
 
     p = sub.add_parser(
         "distill",
@@ -73,8 +73,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
     require("distill", "specwise distill")  # torch, transformers: checked before anything runs
     import torch  # noqa: F401  (loaded first: set_num_threads sets its thread count too)
 
-    from specwise.distill import DistillOptions, run_distill
-    from specwise.distill.train import TrainConfig
+    from specwise.lab.distill import DistillOptions, run_distill
+    from specwise.lab.distill.train import TrainConfig
     from specwise.models.threads import set_num_threads
 
     if args.threads:

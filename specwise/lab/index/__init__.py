@@ -3,7 +3,7 @@
 The target answers requests one at a time through the engine (greedy, and sampled at the temperatures given in
 turn): human-written prompts (``*.prompts.jsonl`` files; by default the prompts shipped with specwise), tasks on
 passages of the user's plain-text corpus (``--corpus-dir``) and requests the target writes itself (the formats:
-:mod:`specwise.answers`). Never benchmark questions. Each answer is kept with the last few tokens of its
+:mod:`specwise.lab.answers`). Never benchmark questions. Each answer is kept with the last few tokens of its
 prompt (:data:`specwise.drafters.suffix.LEAD`) and indexed by :class:`specwise.drafters.suffix.SuffixIndex`.
 
 The answers are saved in chunks under a data directory as they come, so an interrupted run continues where it
@@ -23,15 +23,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specwise.answers import AnswerOptions, Generate, answer_in_chunks, check_plan
 from specwise.files import cache_dir, safe_name, write_json_atomic
+from specwise.lab.answers import AnswerOptions, Generate, answer_in_chunks, check_plan
 
 __all__ = ["IndexOptions", "build_index", "calibrate", "default_data_dir", "run_index"]
 
 
 @dataclass
 class IndexOptions(AnswerOptions):
-    """What ``specwise index`` answers (:class:`specwise.answers.AnswerOptions`) and the index it writes."""
+    """What ``specwise index`` answers (:class:`specwise.lab.answers.AnswerOptions`) and the index it writes."""
 
     out: Path = Path("index")
     max_new_tokens: int = 256
@@ -195,7 +195,7 @@ def calibrate(
 def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, progress: bool = True) -> list[str]:
     """``count`` user requests the target writes itself (sampled at temperature 1 from the opening of a user turn,
     as in Magpie), cached in ``path`` (written after each one: an interrupted run continues)."""
-    from specwise.answers import progress_bar, request_cache, request_seed, user_turn_prefix
+    from specwise.lab.answers import progress_bar, request_cache, request_seed, user_turn_prefix
     from specwise.sampling import SamplingParams
 
     state = request_cache(path, user_turn_prefix(tokenizer), seed, "tries")
@@ -222,8 +222,8 @@ def self_written_requests(engine, tokenizer, count: int, path: Path, seed: int, 
 
 def run_index(opts: IndexOptions, log: Callable[[str], None] = print) -> dict:
     """Load the target, gather the requests, answer them and write the index to ``opts.out``. Returns a report."""
-    from specwise.answers import engine_answers, gather_prompts
     from specwise.drafters.suffix import index_identity
+    from specwise.lab.answers import engine_answers, gather_prompts
     from specwise.runtime import build_runtime, encode_prompt
 
     prompts, tasks = gather_prompts(opts)  # checked before the model loads

@@ -4,7 +4,7 @@ The selection is fixed here (files, functions, instructions, cuts), so the files
 ``Lib`` folder of CPython 3.11.7 (a checkout of the ``v3.11.7`` tag, or that version's installed standard library)
 and it writes the same ``code_edit.jsonl``, ``fim.jsonl`` and ``agent.jsonl``::
 
-    python -m specwise.bench.workloads.build --lib /path/to/cpython/Lib --out specwise/bench/workloads
+    python -m specwise.lab.bench.workloads.build --lib /path/to/cpython/Lib --out specwise/lab/bench/workloads
 
 Every item records the file's path under CPython's tree and the SHA-256 of the file it was cut from; the build
 refuses a ``Lib`` folder whose files differ from the recorded version's.

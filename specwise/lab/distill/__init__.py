@@ -2,9 +2,9 @@
 
 Stages, each cached and resumable:
 
-1. data (:mod:`specwise.distill.data`): the target answers human-written instruction prompts; its features and
+1. data (:mod:`specwise.lab.distill.data`): the target answers human-written instruction prompts; its features and
    log-normalisers are stored in shards under the data directory;
-2. training (:mod:`specwise.distill.train`): a head drafter (:mod:`specwise.drafters.head`) learns the target's
+2. training (:mod:`specwise.lab.distill.train`): a head drafter (:mod:`specwise.drafters.head`) learns the target's
    next-token distribution from those features, with several drafting steps unrolled;
 3. report: held-out fidelity before and after (top-1 agreement, alpha per drafting step) and tau at a fixed
    gamma on held-out prompts, run through the engine.
@@ -17,16 +17,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from specwise.answers import AnswerOptions, prompts_dir_label
-from specwise.distill.losses import LOSSES
 from specwise.files import distill_dir, safe_name, write_json_atomic, write_text_atomic
+from specwise.lab.answers import AnswerOptions, prompts_dir_label
+from specwise.lab.distill.losses import LOSSES
 
 __all__ = ["LOSSES", "DistillData", "DistillOptions", "held_out_split", "make_data", "run_distill"]
 
 
 @dataclass
 class DistillOptions(AnswerOptions):
-    """What ``specwise distill`` answers (:class:`specwise.answers.AnswerOptions`) and how it trains a head."""
+    """What ``specwise distill`` answers (:class:`specwise.lab.answers.AnswerOptions`) and how it trains a head."""
 
     out: Path = Path("head")
     max_new_tokens: int = 192
@@ -108,10 +108,10 @@ def make_data(
     opts: DistillOptions, loaded, prompts: list[str], tasks: list[str], log=print, native=None
 ) -> DistillData:
     """Generate (or reuse: every stage resumes) the shards of ``opts``' data for the target ``loaded``, from the
-    gathered prompts and passage tasks (:func:`specwise.answers.gather_prompts`); ``native`` (``native_target``)
+    gathered prompts and passage tasks (:func:`specwise.lab.answers.gather_prompts`); ``native`` (``native_target``)
     writes the answers to prompts and passage tasks with the native quantized model."""
-    from specwise.answers import corpus_files
-    from specwise.distill.data import corpus_shards, generate_shards, self_prompts
+    from specwise.lab.answers import corpus_files
+    from specwise.lab.distill.data import corpus_shards, generate_shards, self_prompts
 
     data_dir = Path(opts.data_dir) if opts.data_dir else default_data_dir(opts.target)
 
@@ -161,8 +161,8 @@ def _start_head(opts: DistillOptions, loaded, train_shards):
     the draft vocabulary of the training data; a new start is saved in ``opts.out`` at once (its config)."""
     import torch
 
-    from specwise.distill.train import draft_vocabulary
     from specwise.drafters.head import check_target, load_head, new_head, save_head
+    from specwise.lab.distill.train import draft_vocabulary
     from specwise.runtime import eos_ids
 
     out, hf = Path(opts.out), loaded.hf_model
@@ -188,10 +188,10 @@ def run_distill(opts: DistillOptions, cfg, log=print) -> dict:
     """Generate (or reuse) data, train a head into ``opts.out``, write its report. Returns the report."""
     import torch
 
-    from specwise.answers import gather_prompts
-    from specwise.distill.data import load_shards
-    from specwise.distill.train import make_batches, train_head
     from specwise.drafters.head import save_head
+    from specwise.lab.answers import gather_prompts
+    from specwise.lab.distill.data import load_shards
+    from specwise.lab.distill.train import make_batches, train_head
     from specwise.models.loader import load_model
     from specwise.models.threads import get_num_threads
 
@@ -347,7 +347,7 @@ The full numbers are in `report.json`.
 
 def _coverage(shards, vocab_ids, vocab_size: int) -> float:
     """Share of the shards' tokens inside the draft vocabulary."""
-    from specwise.distill.train import token_counts
+    from specwise.lab.distill.train import token_counts
 
     if not shards:
         return float("nan")

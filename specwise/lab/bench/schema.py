@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from specwise.bench.configs import (
+from specwise.lab.bench.configs import (
     HF_ASSISTED,
     HF_GENERATE,
     HF_GENERATE_ID,
@@ -19,8 +19,8 @@ from specwise.bench.configs import (
     BenchConfig,
     BenchSettings,
 )
-from specwise.bench.paired import paired_speedups
-from specwise.bench.prompts import BenchPrompt
+from specwise.lab.bench.paired import paired_speedups
+from specwise.lab.bench.prompts import BenchPrompt
 from specwise.metrics import SpecStats
 
 __all__ = [
@@ -190,7 +190,7 @@ def _baselines(config: BenchConfig, ids: set[str]) -> list[tuple[str, str]]:
 
 def paired_summary(configurations: list[dict], runs: list[dict], categories: list[str]) -> list[dict]:
     """Paired speedups (95% intervals, verdicts) of every configuration over its baselines, per category and over
-    ``all``, from the results' configurations and run records (see :mod:`specwise.bench.paired`)."""
+    ``all``, from the results' configurations and run records (see :mod:`specwise.lab.bench.paired`)."""
     configs = [BenchConfig(c["method"], c["drafter"], c["gamma"]) for c in configurations]
     ids = {c.id for c in configs}
     entries = []

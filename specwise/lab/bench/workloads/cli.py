@@ -18,7 +18,7 @@ _WORKLOADS = ("code-edit", "fim", "agent")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of the served coding workloads, in their own group of ``specwise bench``."""
-    from specwise.bench.workloads.servers import CONFIG_IDS
+    from specwise.lab.bench.workloads.servers import CONFIG_IDS
 
     g = p.add_argument_group("coding workloads through servers (docs/BENCHMARKS.md, Coding workloads)")
     g.add_argument(
@@ -79,7 +79,7 @@ def _llama_gguf(args: argparse.Namespace):
     """The target's GGUF file for llama.cpp (None without --llama-cpp); points the lookup at a given folder."""
     if args.llama_cpp is None:
         return None
-    from specwise.bench.llamacpp import ENV_VAR, find_llama_cpp
+    from specwise.lab.bench.llamacpp import ENV_VAR, find_llama_cpp
     from specwise.models.loader import gguf_source
 
     if args.llama_cpp:
@@ -93,7 +93,7 @@ def _llama_gguf(args: argparse.Namespace):
 
 
 def _finish(results: dict, out: Path) -> int:
-    from specwise.bench.workloads.report import write_report
+    from specwise.lab.bench.workloads.report import write_report
 
     files = write_report(results, out)
     print("wrote " + ", ".join(str(f) for f in [out / RESULTS_FILE, *files]))
@@ -105,19 +105,19 @@ def _finish(results: dict, out: Path) -> int:
 
 def cmd_workloads(args: argparse.Namespace) -> int:
     """Run the workloads (or, with --report-only, re-render their report) and write results, report and plots."""
-    from specwise.bench.workloads.runner import WorkloadSettings, run_workloads, summarize
+    from specwise.lab.bench.workloads.runner import WorkloadSettings, run_workloads, summarize
 
     out = Path(args.out)
     if args.report_only:
-        from specwise.bench.workloads.report import check_results
+        from specwise.lab.bench.workloads.report import check_results
 
         results = json.loads((out / RESULTS_FILE).read_text(encoding="utf-8"))
         check_results(results)
         results.update(summarize(results))
         return _finish(results, out)
     _check(args)
-    from specwise.bench.environment import machine_info
-    from specwise.bench.workloads.servers import make_configs, start_servers
+    from specwise.lab.bench.environment import machine_info
+    from specwise.lab.bench.workloads.servers import make_configs, start_servers
 
     gguf = _llama_gguf(args)
     configs = make_configs(args.configs, args.draft_model, gguf is not None)

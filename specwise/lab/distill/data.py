@@ -10,7 +10,7 @@ For every sequence (chat-formatted prompt followed by the target's answer) a sha
 Answers are generated in batches (left-padded, the batch's rows share each forward pass), which is several
 times faster than one sequence at a time on a CPU. Shards are written atomically and the run resumes where it
 stopped: a prompt whose shard exists is not generated again. The prompts, their files and the data directory's plan
-are :mod:`specwise.answers`' (shared with ``specwise index``).
+are :mod:`specwise.lab.answers`' (shared with ``specwise index``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ except ModuleNotFoundError as err:  # torch code: the distill extra
 
     raise missing_extra(err, "distill", "specwise distill") from err
 
-from specwise.answers import answer_seed, check_plan, request_cache, request_seed, user_turn_prefix
 from specwise.files import atomic_path, write_json_atomic
+from specwise.lab.answers import answer_seed, check_plan, request_cache, request_seed, user_turn_prefix
 
 __all__ = ["Shard", "generate_shards", "load_shards", "self_prompts", "corpus_shards"]
 

@@ -8,9 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from specwise.bench.workloads.cli import add_arguments as add_workload_arguments
 from specwise.drafters import DRAFTER_HELP
 from specwise.extras import require
+from specwise.lab.bench.workloads.cli import add_arguments as add_workload_arguments
 
 __all__ = ["register", "cmd_bench", "cmd_simulate"]
 
@@ -142,7 +142,7 @@ def bench_command(args: argparse.Namespace) -> str:
 
 
 def _settings(args: argparse.Namespace, device: str):
-    from specwise.bench.configs import BenchSettings
+    from specwise.lab.bench.configs import BenchSettings
 
     if _max_new_tokens(args) < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -175,7 +175,7 @@ def _settings(args: argparse.Namespace, device: str):
 
 
 def _prompts(args: argparse.Namespace):
-    from specwise.bench.prompts import default_prompts, load_questions, select_prompts
+    from specwise.lab.bench.prompts import default_prompts, load_questions, select_prompts
 
     prompts = load_questions(args.questions) if args.questions else default_prompts()
     return select_prompts(prompts, args.categories, args.limit_per_category)
@@ -183,7 +183,7 @@ def _prompts(args: argparse.Namespace):
 
 def _finish(results: dict, out: Path) -> int:
     """Write the report, print where everything is and the overall table; 1 when a greedy check failed."""
-    from specwise.bench.report import overall_lines, write_report
+    from specwise.lab.bench.report import overall_lines, write_report
 
     files = write_report(results, out)
     print("\n".join(overall_lines(results)))
@@ -197,7 +197,7 @@ def _finish(results: dict, out: Path) -> int:
 
 def _read_results(path: Path, out: str) -> dict:
     """A results.json checked against the schema; the errors name the file."""
-    from specwise.bench.schema import validate_results
+    from specwise.lab.bench.schema import validate_results
 
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `specwise bench --out {out}` first")
@@ -213,11 +213,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """``specwise bench``: run (or, with --report-only, re-render) and write results, report and plots."""
     require("bench", "specwise bench")  # the plots: checked before anything runs
     if getattr(args, "workload", None):
-        from specwise.bench.workloads.cli import cmd_workloads
+        from specwise.lab.bench.workloads.cli import cmd_workloads
 
         return cmd_workloads(args)
-    from specwise.bench.runner import run_bench
-    from specwise.bench.schema import paired_summary
+    from specwise.lab.bench.runner import run_bench
+    from specwise.lab.bench.schema import paired_summary
 
     out = Path(args.out)
     if args.report_only:
@@ -246,7 +246,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """``specwise simulate``: write the theory plots and the toy exactness experiment."""
     require("bench", "specwise simulate")
-    from specwise.bench.simulate import SIMULATE_FILES, SimulateSettings, run_simulate, summary_lines
+    from specwise.lab.bench.simulate import SIMULATE_FILES, SimulateSettings, run_simulate, summary_lines
 
     settings = SimulateSettings(
         gammas=tuple(args.gammas),

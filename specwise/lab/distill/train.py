@@ -1,4 +1,4 @@
-"""Training a head drafter on cached target features (see :mod:`specwise.distill.data`).
+"""Training a head drafter on cached target features (see :mod:`specwise.lab.distill.data`).
 
 The loss compares q (the head's distribution over the draft vocabulary, after each unrolled drafting step) with
 p (the target's, recomputed from its stored features: ``log p = lm_head(feature) - lse``):
@@ -33,10 +33,10 @@ except ModuleNotFoundError as err:  # torch code: the distill extra
 
     raise missing_extra(err, "distill", "specwise distill") from err
 
-from specwise.distill.data import Shard
-from specwise.distill.losses import LOSSES
 from specwise.drafters.head import EagleHead
 from specwise.files import atomic_path
+from specwise.lab.distill.data import Shard
+from specwise.lab.distill.losses import LOSSES
 
 __all__ = [
     "TrainConfig",

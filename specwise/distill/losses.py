@@ -1,3 +1,0 @@
-"""The token losses training offers (``specwise distill --loss``; :mod:`specwise.distill.train` computes them)."""
-
-LOSSES = ("kl", "tv", "jsd")
