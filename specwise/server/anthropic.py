@@ -17,6 +17,7 @@ translation, the reply's blocks and events and the errors all speak its field na
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -33,6 +34,7 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
+from specwise.server import keepalive
 from specwise.server.chat import ChatJob, ReplyEnd, prepare_chat, reply_pieces
 from specwise.server.errors import APIError, as_api_error, error_shape
 from specwise.server.protocol import ChatCompletionRequest
@@ -739,9 +741,13 @@ async def _whole(state: ServerState, pieces: AsyncIterator, reply: Reply) -> Res
 
 
 async def _streamed(state: ServerState, pieces: AsyncIterator, reply: Reply) -> Response:
-    """The event stream, once the reply's first pieces are out (an error before them is an HTTP error)."""
+    """The event stream, once the reply's first pieces are out (an error before them is an HTTP error), or after
+    ``keepalive.FIRST_WAIT`` seconds without them (a long prompt): then ``ping`` events until they come."""
+    task = await keepalive.first_piece(pieces)
+    if not task.done():
+        return ClosingStreamingResponse(stream_events(state, pieces, task, reply))
     try:
-        first = await anext(pieces)
+        first = task.result()
     except StopAsyncIteration:
         return Response(status_code=CLIENT_CLOSED)
     except BaseException:
@@ -752,11 +758,21 @@ async def _streamed(state: ServerState, pieces: AsyncIterator, reply: Reply) -> 
 
 async def stream_events(state: ServerState, pieces: AsyncIterator, item, reply: Reply):
     """Anthropic's server-sent events: message_start, ping, each block's start, deltas and stop, message_delta
-    (stop reason and usage), message_stop; an error after the headers is an ``error`` event."""
+    (stop reason and usage), message_stop; an error after the headers is an ``error`` event. ``item``: the first
+    pieces, or a task still taking them (a ``ping`` every ``keepalive.BEAT_SECONDS`` until they come)."""
     blocks = ContentBlocks()
     yield _event({"type": "message_start", "message": reply.message([], None, None, reply.start_usage())})
     yield _event({"type": "ping"})
     try:
+        if isinstance(item, asyncio.Task):
+            task = item
+            try:
+                async for beat in keepalive.beats(task, _event({"type": "ping"})):
+                    yield beat
+            finally:
+                if not task.done():
+                    task.cancel()
+            item = task.result()
         while not isinstance(item, ReplyEnd):
             for event in blocks.add(item):
                 yield _event(event)

@@ -20,6 +20,7 @@ responses and its events change together, and adding an API touches this file an
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -38,6 +39,7 @@ try:
 except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
+from specwise.server import keepalive
 from specwise.server.chat import ReplyEnd, prepare_chat, reply_pieces
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import ChatCompletionRequest, ErrorResponse
@@ -796,15 +798,23 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     except APIError as err:
         raise plan.renamed(err) from None
     pieces = reply_pieces(state, request, job)
+    draft = ResponseDraft(body, OutputWriter(plan.custom))
+    conversation = [*history, *_input_items(body)]
+    if body.stream:  # a long prompt: the stream starts after keepalive.FIRST_WAIT, beating until the first pieces
+        task = await keepalive.first_piece(pieces)
+        if not task.done():
+            events = _events(draft, task, pieces, store, conversation)
+            return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        first_pieces = task.result
+    else:
+        first_pieces = None
     try:
-        first = await anext(pieces)
+        first = first_pieces() if first_pieces else await anext(pieces)
     except StopAsyncIteration:  # the client went away
         return Response(status_code=CLIENT_CLOSED)
     except APIError as err:
         await pieces.aclose()
         raise plan.renamed(err) from None
-    draft = ResponseDraft(body, OutputWriter(plan.custom))
-    conversation = [*history, *_input_items(body)]
     if body.stream:
         events = _events(draft, first, pieces, store, conversation)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
@@ -842,6 +852,15 @@ async def _events(draft: ResponseDraft, first, pieces: AsyncIterator, store: Res
     yield _sse(writer.event("response.created", response=draft.json("in_progress")))
     yield _sse(writer.event("response.in_progress", response=draft.json("in_progress")))
     try:
+        if isinstance(first, asyncio.Task):  # still reading the prompt: comment lines until the first pieces
+            task = first
+            try:
+                async for beat in keepalive.beats(task, keepalive.COMMENT):
+                    yield beat
+            finally:
+                if not task.done():
+                    task.cancel()
+            first = task.result()
         piece = first
         while not isinstance(piece, ReplyEnd):
             for event in writer.feed(piece):

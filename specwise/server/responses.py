@@ -15,6 +15,7 @@ except ModuleNotFoundError as err:
     raise missing_extra(err, "server", "specwise's server") from err
 
 from specwise.metrics import SpecStats
+from specwise.server import keepalive
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import Choice, ResponseFormat, usage
 from specwise.server.worker import ClientDisconnected, JobGroup, JobSpec, QueueFullError
@@ -45,10 +46,15 @@ async def answer(group: JobGroup, events, stream: bool, streamed, whole) -> Resp
     answer ends (the stream cancels them when it ends)."""
     handed_over = False
     try:
-        first = await anext(events)
         if stream:
+            task = await keepalive.first_piece(events)
+            if not task.done():  # a long prompt: the stream starts, beating until the first event (keepalive)
+                handed_over = True
+                return JobStreamingResponse(group, _late(task, streamed))
+            first = task.result()
             handed_over = True
             return JobStreamingResponse(group, streamed(first))
+        first = await anext(events)
         return JSONResponse(await whole(first))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
@@ -57,6 +63,27 @@ async def answer(group: JobGroup, events, stream: bool, streamed, whole) -> Resp
     finally:
         if not handed_over:
             group.cancel()  # a no-op when they finished; stops them when the handler failed or was cancelled
+
+
+async def _late(task, streamed):
+    """A chat stream started before its first event: comment lines until it comes, then the events (an error that
+    comes instead is the stream's error chunk)."""
+    try:
+        async for beat in keepalive.beats(task, keepalive.COMMENT):
+            yield beat
+        try:
+            first = task.result()
+        except ClientDisconnected:
+            return
+        except Exception as err:  # after the headers: the error goes in the stream, as OpenAI does
+            yield _data(as_api_error(err).body())
+            yield "data: [DONE]\n\n"
+            return
+        async for chunk in streamed(first):
+            yield chunk
+    finally:
+        if not task.done():
+            task.cancel()
 
 
 class Tally:
