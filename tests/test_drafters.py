@@ -220,6 +220,28 @@ def test_make_drafter_specs_and_errors():
         make_drafter("ngram:x", None)
 
 
+
+def test_the_catalogue_maps_each_method_to_its_builder(monkeypatch):
+    """A spec's method is looked up in the catalogue (``DRAFTERS``) and its builder gets the argument after the
+    method's separator; a new method is one row, and what matches no row is refused naming the methods."""
+    from specwise import drafters
+    from specwise.drafters import DRAFTERS, DrafterSpec, Method, parse_spec
+
+    assert set(DRAFTERS) == {"none", "ngram", "model", "head", "suffix", "self"}
+    assert parse_spec("ngram:3:2") == DrafterSpec("ngram:3:2", "ngram", "3:2")
+    assert parse_spec("self?vocab=64") == DrafterSpec("self?vocab=64", "self", "vocab=64")
+    assert parse_spec("head") == DrafterSpec("head", "head", None)
+    assert parse_spec("model:a.gguf?vocab=8").arg == "a.gguf?vocab=8"
+    for bad in ("self:x", "model", "model:", "none:x", "ngramx", "magic:1"):
+        with pytest.raises(ValueError, match="unknown drafter") as err:
+            make_drafter(bad, None)
+        assert "ngram[:MAX_N[:MIN_N]]" in str(err.value)  # the spec's forms, from DRAFTER_HELP
+    seen = []
+    new = Method(lambda spec, build: seen.append((spec.arg, build.device)) or NoDrafter(build.device), separator="/")
+    monkeypatch.setitem(drafters.DRAFTERS, "echo", new)
+    [built] = make_drafter("ngram+echo/x", None, device="cpu")[1:]
+    assert isinstance(built, NoDrafter) and seen == [("x", "cpu")]
+
 # ---- forks: one drafter per sequence of a batch --------------------------------------------------------------
 
 SAMPLE = SamplingParams(temperature=1.0, top_k=6)

@@ -3,6 +3,10 @@ head on the target's features), `self` (the target's own layers and part of its 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 
 from specwise.drafters.base import Draft, Drafter
@@ -21,8 +25,13 @@ __all__ = [
     "NoDrafter",
     "PredictionDrafter",
     "VocabularyMismatchError",
+    "DRAFTERS",
+    "BuildContext",
+    "DrafterSpec",
+    "Method",
     "check_same_vocabulary",
     "build_drafter",
+    "parse_spec",
     "make_drafter",
     "resolve_drafter_spec",
 ]
@@ -115,51 +124,111 @@ def build_drafter(
 ) -> list[Drafter]:
     """make_drafter for a spec already resolved (``resolve_drafter_spec``: no ``auto`` left in it): one drafter
     per ``+``-separated part, in order."""
-    return [_build_one(part, target, device, dtype, impl, precision) for part in spec.split("+")]
+    build = BuildContext(target, device, dtype, impl, precision)
+    return [_build_one(part, build) for part in spec.split("+")]
 
 
-def _build_one(spec: str, target, device, dtype, impl: str, precision: str | None) -> Drafter:
-    """One drafter of a spec without ``+``."""
-    if spec == "self" or spec.startswith("self?"):
-        return _self_drafter(spec, target)
-    kind, _, arg = spec.partition(":")
-    if kind == "none" and not arg:
-        return NoDrafter(device)
-    if kind == "ngram":
-        max_s, _, min_s = arg.partition(":")
-        try:
-            max_n = int(max_s) if max_s else 3
-            min_n = int(min_s) if min_s else 1
-        except ValueError:
-            raise ValueError(f"bad drafter {spec!r}: ngram takes integers, as in ngram:3 or ngram:3:2") from None
-        return NgramDrafter(max_ngram=max_n, min_ngram=min_n, device=device)
-    if kind == "model" and arg:
-        from specwise.drafters.vocab import lookahead_option, lookup_option, parse_model_spec
-        from specwise.models.loader import DEFAULT_PRECISION, load_model
+@dataclass(frozen=True)
+class BuildContext:
+    """What a drafter's builder is given besides its spec: the target (a LoadedModel) and how a draft model loads."""
 
-        model_id, options = parse_model_spec(arg)
-        if not model_id:
-            raise ValueError(f"bad drafter {spec!r}: name the draft model, as in model:PATH.gguf?vocab=32768")
-        precision = precision or DEFAULT_PRECISION
-        # dtype None: float32 (the loader's default)
-        draft = load_model(model_id, device=device, dtype=dtype, impl=impl, precision=precision, drafting=True)
-        check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
-        lookup, lookahead = lookup_option(options), lookahead_option(options)
-        if "vocab" in options:
-            return _vocab_model_drafter(draft, target, options, lookup, lookahead)
-        if draft.model.vocab_size < target.model.vocab_size:  # the target's output layer has more padding rows
-            ids = np.arange(draft.model.vocab_size, dtype=np.int64)
-            full = int(target.model.vocab_size)
-            size = int(draft.model.vocab_size)
-            return ModelDrafter(draft.model, ids, full, size, lookup=lookup, lookahead=lookahead)
-        return ModelDrafter(draft.model, lookup=lookup, lookahead=lookahead)
-    if kind == "head":
-        return _head_drafter(arg, target, device)
-    if kind == "suffix":
-        from specwise.drafters.suffix import make_suffix_drafter
+    target: Any
+    device: Any = "cpu"
+    dtype: Any = None
+    impl: str = "auto"
+    precision: str | None = None  # how a draft model from a GGUF file is evaluated; None: the default
 
-        return make_suffix_drafter(arg, target, device)
-    raise ValueError(f"unknown drafter {spec!r}: use {DRAFTER_HELP}")
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """One drafter of a ``--drafter`` spec (no ``+``): its method, and the argument after the method's separator
+    (None where the spec is the method's name alone)."""
+
+    text: str
+    method: str
+    arg: str | None
+
+    def unknown(self) -> ValueError:
+        return ValueError(f"unknown drafter {self.text!r}: use {DRAFTER_HELP}")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A drafting method of the catalogue: how its argument follows its name, and the builder that parses that
+    argument and makes the drafter."""
+
+    build: Callable[[DrafterSpec, BuildContext], Drafter]
+    separator: str = ":"
+
+
+def parse_spec(text: str) -> DrafterSpec:
+    """The method and argument of one drafter's spec (``ngram:3`` -> ngram, ``"3"``; ``self?vocab=N`` -> self,
+    ``"vocab=N"``); an unknown method is a ValueError naming the ones there are."""
+    for name, method in DRAFTERS.items():
+        if text == name:
+            return DrafterSpec(text, name, None)
+        if text.startswith(name + method.separator):
+            return DrafterSpec(text, name, text[len(name) + len(method.separator) :])
+    raise DrafterSpec(text, "", None).unknown()
+
+
+def _build_one(text: str, build: BuildContext) -> Drafter:
+    """One drafter of a spec without ``+``: its method's builder from the catalogue."""
+    spec = parse_spec(text)
+    return DRAFTERS[spec.method].build(spec, build)
+
+
+def _none(spec: DrafterSpec, build: BuildContext) -> Drafter:
+    """``none``: plain decoding."""
+    if spec.arg:
+        raise spec.unknown()
+    return NoDrafter(build.device)
+
+
+def _ngram(spec: DrafterSpec, build: BuildContext) -> Drafter:
+    """``ngram[:MAX_N[:MIN_N]]``: prompt lookup."""
+    max_s, _, min_s = (spec.arg or "").partition(":")
+    try:
+        max_n = int(max_s) if max_s else 3
+        min_n = int(min_s) if min_s else 1
+    except ValueError:
+        raise ValueError(f"bad drafter {spec.text!r}: ngram takes integers, as in ngram:3 or ngram:3:2") from None
+    return NgramDrafter(max_ngram=max_n, min_ngram=min_n, device=build.device)
+
+
+def _model(spec: DrafterSpec, build: BuildContext) -> Drafter:
+    """``model:ID[?key=value&...]``: a draft model (options: ``specwise.drafters.vocab.parse_model_spec``)."""
+    from specwise.drafters.vocab import lookahead_option, lookup_option, parse_model_spec
+    from specwise.models.loader import DEFAULT_PRECISION, load_model
+
+    if not spec.arg:
+        raise spec.unknown()
+    target = build.target
+    model_id, options = parse_model_spec(spec.arg)
+    if not model_id:
+        raise ValueError(f"bad drafter {spec.text!r}: name the draft model, as in model:PATH.gguf?vocab=32768")
+    precision = build.precision or DEFAULT_PRECISION
+    # dtype None: float32 (the loader's default)
+    draft = load_model(
+        model_id, device=build.device, dtype=build.dtype, impl=build.impl, precision=precision, drafting=True
+    )
+    check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
+    lookup, lookahead = lookup_option(options), lookahead_option(options)
+    if "vocab" in options:
+        return _vocab_model_drafter(draft, target, options, lookup, lookahead)
+    if draft.model.vocab_size < target.model.vocab_size:  # the target's output layer has more padding rows
+        ids = np.arange(draft.model.vocab_size, dtype=np.int64)
+        full = int(target.model.vocab_size)
+        size = int(draft.model.vocab_size)
+        return ModelDrafter(draft.model, ids, full, size, lookup=lookup, lookahead=lookahead)
+    return ModelDrafter(draft.model, lookup=lookup, lookahead=lookahead)
+
+
+def _suffix(spec: DrafterSpec, build: BuildContext) -> Drafter:
+    """``suffix[:DIR]``: the target's earlier answers."""
+    from specwise.drafters.suffix import make_suffix_drafter
+
+    return make_suffix_drafter(spec.arg or "", build.target, build.device)
 
 
 def resolve_drafter_spec(spec: str, target) -> str:
@@ -245,13 +314,14 @@ def _vocab_model_drafter(
     return ModelDrafter(draft.model, ids, width, full, lookup=lookup, lookahead=lookahead)
 
 
-def _self_drafter(spec: str, target) -> Drafter:
+def _self(spec: DrafterSpec, build: BuildContext) -> Drafter:
     """``self[?vocab=N[&ranking=FILE]]``: the target's layers and N rows of its output layer (SelfDrafter)."""
     from specwise.drafters.self_draft import DEFAULT_VOCAB, SelfDrafter, check_self_target
     from specwise.drafters.vocab import draft_vocabulary, parse_model_spec, vocab_size_option
     from specwise.models.loader import eos_ids
 
-    _, options = parse_model_spec(spec.removeprefix("self"), kind="self")
+    target = build.target
+    _, options = parse_model_spec("" if spec.arg is None else "?" + spec.arg, kind="self")
     model = target.model
     check_self_target(model)  # before the draft vocabulary: the target is what to fix first
     full = int(model.vocab_size)
@@ -265,11 +335,13 @@ def quantized_head(model) -> bool:
     return getattr(model, "precision", None) is not None and str(getattr(model, "device", "cpu")) == "cpu"
 
 
-def _head_drafter(arg: str, target, device) -> Drafter:
+def _head(spec: DrafterSpec, build: BuildContext) -> Drafter:
+    """``head[:DIR]``: a head trained by ``specwise distill`` (plain ``head``: the one shipped for the target)."""
     from specwise.artifacts import shipped_head_dir
     from specwise.drafters.head import HeadDrafter, check_target, read_head
 
-    directory = arg or shipped_head_dir(target.name)
+    target = build.target
+    directory = spec.arg or shipped_head_dir(target.name)
     if directory is None:
         raise ValueError(
             f"no head is shipped for target {target.name!r}: train one with `specwise distill --target "
@@ -283,3 +355,15 @@ def _head_drafter(arg: str, target, device) -> Drafter:
     check_target(head.config, target.hf_model, target.name)
     head.attach_target(target.hf_model)
     return HeadDrafter(head, target.model, quantized=quantized_head(target.model))
+
+
+# The catalogue: each drafting method and its builder, as vLLM maps a speculative method to its proposer. A new
+# drafter is a file of its own and one row here.
+DRAFTERS: dict[str, Method] = {
+    "none": Method(_none),
+    "ngram": Method(_ngram),
+    "model": Method(_model),
+    "head": Method(_head),
+    "suffix": Method(_suffix),
+    "self": Method(_self, separator="?"),
+}
