@@ -220,7 +220,6 @@ def test_make_drafter_specs_and_errors():
         make_drafter("ngram:x", None)
 
 
-
 def test_the_catalogue_maps_each_method_to_its_builder(monkeypatch):
     """A spec's method is looked up in the catalogue (``DRAFTERS``) and its builder gets the argument after the
     method's separator; a new method is one row, and what matches no row is refused naming the methods."""
@@ -241,6 +240,7 @@ def test_the_catalogue_maps_each_method_to_its_builder(monkeypatch):
     monkeypatch.setitem(drafters.DRAFTERS, "echo", new)
     [built] = make_drafter("ngram+echo/x", None, device="cpu")[1:]
     assert isinstance(built, NoDrafter) and seen == [("x", "cpu")]
+
 
 # ---- forks: one drafter per sequence of a batch --------------------------------------------------------------
 
