@@ -272,6 +272,16 @@ def test_a_declared_body_over_the_limit_gets_413_naming_the_limit_and_the_flag(s
     assert count("specwise_http_requests_total", {"route": "other", "status": "413"}) >= 1
 
 
+def test_a_body_over_the_limit_gets_413_in_the_shape_of_its_api(served):
+    """Claude Code reads Anthropic's error shape: a Messages body over the limit gets it, with Anthropic's type."""
+    url, _ = served
+    response = httpx.post(f"{url}/v1/messages", content=big_body(), headers=JSON, timeout=TIMEOUT)
+    assert response.status_code == 413
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+    assert "--max-body-bytes" in body["error"]["message"]
+
+
 def test_a_chunked_body_over_the_limit_gets_413_as_it_passes_the_limit(url):
     response = httpx.post(f"{url}/v1/chat/completions", content=chunks(big_body()), headers=JSON, timeout=TIMEOUT)
     assert response.status_code == 413

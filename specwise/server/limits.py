@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 
-from specwise.server.protocol import error_body
+from specwise.server.errors import APIError, error_body_for
 
 __all__ = [
     "BodyLimitMiddleware",
@@ -66,23 +66,24 @@ class BodyLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             await _drain(receive, self.drain_bytes if declared <= self.drain_bytes else 0)
-            await self._refuse(send, f"the request body ({declared} bytes) is")
+            await self._refuse(send, scope, f"the request body ({declared} bytes) is")
             return
         try:
             body = await _read_body(receive, self.max_bytes)
         except BodyTooLarge:
             await _drain(receive, self.drain_bytes)
-            await self._refuse(send, "the request body is")
+            await self._refuse(send, scope, "the request body is")
             return
         if body is not None:
             await self.app(scope, _replay(body, receive), send)
 
-    async def _refuse(self, send, what: str) -> None:
+    async def _refuse(self, send, scope, what: str) -> None:
+        """HTTP 413 in the error shape of the API the path belongs to (OpenAI's, Anthropic's for /v1/messages)."""
         message = (
             f"{what} larger than this server accepts ({self.max_bytes} bytes): send a shorter request, or start "
             f"the server with a larger {MAX_BODY_FLAG}"
         )
-        content = error_body(message, "invalid_request_error", None, "request_too_large")
+        content = error_body_for(scope.get("path", ""), APIError(413, message, code="request_too_large"))
         await _send_json(send, 413, content, close=True)
 
 
