@@ -286,6 +286,23 @@ def test_loads_the_file(tiny, precision):
     assert model.precision == precision and model.weight_bytes > 0
 
 
+def test_its_optional_abilities_are_declared_protocols(tiny):
+    """The quantized model has the abilities the drafters ask for by type (models/base.py); the other models do not,
+    so that a drafter needing one refuses them by their type."""
+    from specwise.drafters.self_draft import check_self_target
+    from specwise.models.base import OutputRows, QuantizedWeights, ReusableRows
+    from specwise.models.toy import ToyModel
+
+    model = QuantizedModel(tiny[0])
+    assert isinstance(model, OutputRows) and isinstance(model, ReusableRows) and isinstance(model, QuantizedWeights)
+    assert model.weight_bytes > model.lm_head.nbytes > 0
+    toy = ToyModel.random(16, seed=0)
+    assert not any(isinstance(toy, ability) for ability in (OutputRows, ReusableRows, QuantizedWeights))
+    check_self_target(model)
+    with pytest.raises(ValueError, match="the self drafter needs a GGUF target"):
+        check_self_target(toy)
+
+
 def test_logits_match_float64_reference(tiny, precision):
     _, spec, w = tiny
     tokens = sequence(spec, 24)

@@ -266,9 +266,10 @@ def self_pays(target) -> bool:
     """Whether ``auto`` adds the `self` drafter for ``target`` (a LoadedModel): a GGUF target on the CPU whose output
     layer is at least SELF_OUTPUT_SHARE of its weights' bytes, with a ranking shipped for its tokenizer."""
     from specwise.artifacts import shipped_ranking
+    from specwise.models.base import OutputRows, ReusableRows
 
     model = target.model
-    if not hasattr(model, "reusable") or not getattr(model, "weight_bytes", 0):
+    if not isinstance(model, OutputRows) or not isinstance(model, ReusableRows) or not model.weight_bytes:
         return False
     if model.lm_head.nbytes < SELF_OUTPUT_SHARE * model.weight_bytes:
         return False
@@ -282,10 +283,11 @@ def _auto_sibling(target) -> str | None:
     from pathlib import Path
 
     from specwise.drafters.sibling import auto_model_spec, missing_sibling_hint
+    from specwise.models.base import QuantizedWeights
 
-    path = getattr(target.model, "path", None)
-    if path is None or Path(path).suffix.lower() != ".gguf":
+    if not isinstance(target.model, QuantizedWeights) or Path(target.model.path).suffix.lower() != ".gguf":
         return None
+    path = target.model.path
     spec = auto_model_spec(path, target.tokenizer)
     if spec is None:
         hint = missing_sibling_hint(path)
@@ -299,10 +301,11 @@ def _vocab_model_drafter(
 ) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
     from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
+    from specwise.models.base import OutputRows
     from specwise.models.loader import eos_ids
 
     size = vocab_size_option(options["vocab"])
-    if not hasattr(draft.model, "restrict_output"):
+    if not isinstance(draft.model, OutputRows):
         raise ValueError(
             f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
             "model): use a .gguf draft, or drop ?vocab="
@@ -332,7 +335,9 @@ def _self(spec: DrafterSpec, build: BuildContext) -> Drafter:
 
 def quantized_head(model) -> bool:
     """Whether a head drafts on the quantized kernels: where its target runs on them (a GGUF on the CPU)."""
-    return getattr(model, "precision", None) is not None and str(getattr(model, "device", "cpu")) == "cpu"
+    from specwise.models.base import QuantizedWeights
+
+    return isinstance(model, QuantizedWeights)
 
 
 def _head(spec: DrafterSpec, build: BuildContext) -> Drafter:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from specwise.drafters.base import Draft, Drafter
-from specwise.models.base import Model
+from specwise.models.base import Model, OutputRows, ReusableRows
 from specwise.sampling import SamplingParams, probs_from_logits, sample
 
 __all__ = ["SelfDrafter", "check_self_target", "DEFAULT_VOCAB", "MAX_SEEN"]
@@ -43,8 +43,9 @@ DEFAULT_VOCAB = 16384
 
 
 def check_self_target(target: Model) -> None:
-    """Refuse a target whose cache cannot keep the drafted tokens for the verification pass (one line)."""
-    if not hasattr(target, "reusable"):
+    """Refuse a target whose cache cannot keep the drafted tokens for the verification pass, or whose output layer's
+    rows cannot be read apart (one line)."""
+    if not isinstance(target, ReusableRows) or not isinstance(target, OutputRows):
         raise ValueError(
             "the self drafter needs a GGUF target on the CPU (the quantized native model), whose cache keeps "
             "the drafted tokens for the verification pass: use a .gguf target, or another drafter"

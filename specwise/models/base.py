@@ -1,16 +1,19 @@
-"""The Model contract: a causal LM with a KV cache that can be rolled back."""
+"""The Model contract: a causal LM with a KV cache that can be rolled back; and the optional abilities some models
+have, as protocols the callers ask for by type (``isinstance(model, OutputRows)``), never by probing attributes."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from specwise.models.threads import ThreadGovernor
 
-__all__ = ["Model", "PassThreads", "TokenIds", "token_ids"]
+__all__ = ["Model", "OutputRows", "PassThreads", "QuantizedWeights", "ReusableRows", "TokenIds", "token_ids"]
 
 TokenIds = np.ndarray | Sequence[int]  # what forward takes: anything np.asarray(x, dtype=np.int64) accepts
 
@@ -22,6 +25,43 @@ class PassThreads:
 
     in_use: int
     last: int | None
+
+
+@runtime_checkable
+class QuantizedWeights(Protocol):
+    """A model that runs a GGUF file's weights in their own block formats on the CPU (the quantized native model)."""
+
+    path: Path  # the GGUF file
+    precision: str  # how its activations are evaluated: "q8" or "exact"
+
+
+@runtime_checkable
+class OutputRows(Protocol):
+    """A model whose output layer's rows can be read and kept apart (the quantized native model): a draft model over
+    a draft vocabulary (``restrict_output``), the `self` drafter's passes over some rows (``read_output_rows``,
+    ``output_rows``, ``forward_last``), and what the layer weighs against the whole (``lm_head``,
+    ``weight_bytes``)."""
+
+    lm_head: Any  # the output layer (its ``nbytes``: what a pass reads of it)
+
+    @property
+    def weight_bytes(self) -> int: ...
+
+    def read_output_rows(self, ids) -> Any: ...
+
+    def restrict_output(self, ids) -> None: ...
+
+    def output_rows(self, rows) -> tuple: ...
+
+    def forward_last(self, tokens: TokenIds, output: tuple) -> np.ndarray: ...
+
+
+@runtime_checkable
+class ReusableRows(Protocol):
+    """A model whose cache keeps the rows fed past a rollback and finds them again (the quantized native model with
+    features kept): a pass over tokens a drafting pass already fed computes only the rest."""
+
+    def reusable(self, tokens: np.ndarray) -> int: ...
 
 
 class Model(ABC):

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from specwise.extras import require
 from specwise.files import cache_dir, converted_dir
-from specwise.models.base import Model
+from specwise.models.base import Model, QuantizedWeights
 from specwise.models.gguf_file import GGUFError, GGUFFile
 
 __all__ = [
@@ -393,8 +393,7 @@ def release_free_memory() -> None:
 
 def profile_device(device: str, model: Model) -> str:
     """The device key of a model's saved profile: the quantized model's cost depends on its precision too."""
-    precision = getattr(model, "precision", None)
-    return f"{device}-{precision}" if precision else device
+    return f"{device}-{model.precision}" if isinstance(model, QuantizedWeights) else device
 
 
 def _resolve(spec: str) -> Path | str:
