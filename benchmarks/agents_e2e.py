@@ -100,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--install", action="store_true", help="install the missing clients (npm -g, pip in a venv)")
     p.add_argument("--keep", action="store_true", help="keep each run's folder (its path is in the report)")
     p.add_argument("--out", default=None, help="JSON file (default: print the JSON)")
+    p.add_argument(
+        "--trace-dir",
+        default=None,
+        help="save every request body of each run there, in order (a trace for benchmarks/agent_traces.py)",
+    )
     return p.parse_args(argv)
 
 
@@ -178,6 +183,7 @@ class RecordingProxy:
         self.exchanges: list[Exchange] = []
         self.lock = threading.Lock()
         self.label: str | None = None  # the run the requests coming in now belong to
+        self.trace_dir: Path | None = None  # where each run's POST bodies are saved, in order (--trace-dir)
 
     def of(self, label: str) -> list[Exchange]:
         """The exchanges of run ``label``, answered or not (a request of a client stopped at its timeout may
@@ -199,6 +205,8 @@ class RecordingProxy:
         exchange = Exchange(scope["method"], path, self.label, summarize(body))
         with self.lock:
             self.exchanges.append(exchange)
+            if self.trace_dir is not None and scope["method"] == "POST" and body:
+                self._save(path, body)
         forward = asyncio.ensure_future(self._forward(scope, path, headers, body, send, exchange))
         gone = asyncio.ensure_future(_disconnected(receive))
         try:
@@ -215,6 +223,20 @@ class RecordingProxy:
         finally:
             gone.cancel()
             exchange.seconds = time.perf_counter() - exchange.started
+
+    def _save(self, path: str, body: bytes) -> None:
+        """The request as a trace's next turn: ``TRACE_DIR/<client>-<task>/<n>.json`` holding its route and body
+        (``benchmarks/agent_traces.py`` replays them)."""
+        client, task = (self.label or "unlabelled:run").split(":")[:2]
+        folder = self.trace_dir / f"{client}-{task}"
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return
+        n = len(list(folder.glob("*.json")))
+        record = {"route": path.split("?")[0], "body": payload}
+        (folder / f"{n:03d}.json").write_text(json.dumps(record, ensure_ascii=False, indent=1))
 
     async def _forward(self, scope, path: str, headers: list, body: bytes, send, exchange: Exchange) -> None:
         async with httpx.AsyncClient(timeout=None) as client:
@@ -576,6 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         server = specwise_server(args, log)
     results: dict = {}
     with server as info, proxy(info["url"]) as (base, app):
+        app.trace_dir = Path(args.trace_dir) if args.trace_dir else None
         health = httpx.get(f"{info['url']}/health", timeout=60).json()
         model = httpx.get(f"{info['url']}/v1/models", timeout=60).json()["data"][0]["id"]
         if model != args.model:

@@ -23,6 +23,7 @@ command line and the machine (``lscpu``'s model name and flags).
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import subprocess
 import time
@@ -145,9 +146,10 @@ def attention_alone(stack, positions: int, rows: int, tiling: int, repeats: int,
     return best
 
 
-def llama_bench_prefill(binary: str, target: Path, n: int, threads: int) -> dict:
-    """llama-bench's prompt processing of n tokens (one repetition)."""
+def llama_bench_prefill(binary: str, target: Path, n: int, threads: int, extra: list[str] = ()) -> dict:
+    """llama-bench's prompt processing of n tokens (one repetition); ``extra``: more of its arguments (``-fa 1``)."""
     cmd = [binary, "-m", str(target), "-p", str(n), "-n", "0", "-t", str(threads), "-r", "1", "-o", "json"]
+    cmd += list(extra)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=7200)
     if proc.returncode != 0:
         raise SystemExit(f"error: {' '.join(cmd)} failed:\n{proc.stderr[-2000:]}")
@@ -168,6 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs per length (each program)")
     ap.add_argument("--precision", default="q8", choices=["q8", "exact"])
     ap.add_argument("--llama-bench", help="path of llama.cpp's llama-bench, to time it at the same lengths")
+    ap.add_argument(
+        "--llama-args", default="", help="more llama-bench arguments, quoted as one (e.g. '-fa 1' for flash attention)"
+    )
+    ap.add_argument("--no-specwise", action="store_true", help="time llama-bench only")
     ap.add_argument("--max-rows", type=int, help="rows per layer call of a prompt (default: the package's)")
     ap.add_argument("--engine", action="store_true", help="also time one Engine.generate per length")
     ap.add_argument(
@@ -215,24 +221,28 @@ def main(argv: list[str] | None = None) -> None:
     for n in args.lengths:
         entry: dict = {"tokens": n, "specwise": [], "llama_bench": []}
         for _ in range(args.repeats):
-            entry["specwise"].append(specwise_slices(model, ids[:n], MAX_ROWS))
-            print(f"{n} tokens: specwise {entry['specwise'][-1]['tokens_per_s']:.1f} tok/s", flush=True)
+            if not args.no_specwise:
+                entry["specwise"].append(specwise_slices(model, ids[:n], MAX_ROWS))
+                print(f"{n} tokens: specwise {entry['specwise'][-1]['tokens_per_s']:.1f} tok/s", flush=True)
             if args.llama_bench:
-                entry["llama_bench"].append(llama_bench_prefill(args.llama_bench, target, n, args.threads))
+                extra = shlex.split(args.llama_args)
+                entry["llama_bench"].append(llama_bench_prefill(args.llama_bench, target, n, args.threads, extra))
                 print(f"{n} tokens: llama-bench {entry['llama_bench'][-1]['tokens_per_s']:.1f} tok/s", flush=True)
         if args.engine:
             entry["specwise_engine"] = specwise_engine(model, ids[:n])
-        rates = [r["tokens_per_s"] for r in entry["specwise"]]
-        best_slices = [min(s) for s in zip(*(r["slice_seconds"] for r in entry["specwise"]))]
-        entry["specwise_tokens_per_s"] = {
-            "median": statistics.median(rates),
-            "best": max(rates),
-            "slice_best": n / sum(best_slices),
-            "per_cpu_second": max(r["tokens_per_cpu_s"] for r in entry["specwise"]),
-        }
+        if entry["specwise"]:
+            rates = [r["tokens_per_s"] for r in entry["specwise"]]
+            best_slices = [min(s) for s in zip(*(r["slice_seconds"] for r in entry["specwise"]))]
+            entry["specwise_tokens_per_s"] = {
+                "median": statistics.median(rates),
+                "best": max(rates),
+                "slice_best": n / sum(best_slices),
+                "per_cpu_second": max(r["tokens_per_cpu_s"] for r in entry["specwise"]),
+            }
         if entry["llama_bench"]:
             rates = [r["tokens_per_s"] for r in entry["llama_bench"]]
             entry["llama_bench_tokens_per_s"] = {"median": statistics.median(rates), "best": max(rates)}
+        if entry["llama_bench"] and entry["specwise"]:
             entry["ratio"] = {
                 "median": entry["specwise_tokens_per_s"]["median"] / entry["llama_bench_tokens_per_s"]["median"],
                 "best": entry["specwise_tokens_per_s"]["best"] / entry["llama_bench_tokens_per_s"]["best"],
