@@ -30,6 +30,8 @@ def qwen3_template() -> str:
 
 
 def _reader(vocab: Path, tmp: Path) -> gguf.GGUFReader:
+    if not vocab.name.endswith(".gz"):  # a GGUF file as it is (the default model's)
+        return gguf.GGUFReader(str(vocab))
     plain = tmp / (vocab.name.removesuffix(".gz"))
     if not plain.exists():
         with gzip.open(vocab, "rb") as src, open(plain, "wb") as dst:
@@ -46,7 +48,8 @@ def tiny_vocab_gguf(
     hidden: int = 32,
     context: int = 4096,
 ) -> Path:
-    """A one-layer random Llama GGUF at ``path`` with the vocabulary of ``vocab`` (its chat template, or
+    """A one-layer random Llama GGUF at ``path`` with the vocabulary of ``vocab`` (a fixture, or a GGUF file such as
+    the default model's; its chat template, or
     ``template``; ``set_tokens``: tokens renamed and made user-defined, as Qwen3's added tokens)."""
     source = _reader(Path(vocab), Path(path).parent)
 

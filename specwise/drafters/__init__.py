@@ -53,7 +53,8 @@ DRAFTER_HELP = (
     "its tokenizer, else ngram) | "
     "none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID[?vocab=N[&ranking=FILE]] (ID: default, a .gguf file, a model directory or a hub id; vocab=N: draft "
-    "from the N tokens the target writes most, a ranking shipped for its tokenizer or FILE) | "
+    "from the N tokens the target writes most, a ranking shipped for its tokenizer or FILE; a model of another "
+    "vocabulary drafts across it, ?method=tli|slem to choose how) | "
     "head[:DIR] (a head trained by `specwise distill`; plain `head` is the one shipped for the default model) | "
     "suffix[:DIR] (the target's earlier answers: an index built by `specwise index`, plain `suffix` the one shipped "
     "for the target if any, and the request's own tokens) | "
@@ -212,7 +213,16 @@ def _model(spec: DrafterSpec, build: BuildContext) -> Drafter:
     draft = load_model(
         model_id, device=build.device, dtype=build.dtype, impl=build.impl, precision=precision, drafting=True
     )
-    check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
+    try:
+        check_same_vocabulary(target.model.vocab_size, draft.model.vocab_size, target.tokenizer, draft.tokenizer)
+    except VocabularyMismatchError:
+        if draft.tokenizer is None or target.tokenizer is None:
+            raise
+        options.setdefault("method", "auto")  # another vocabulary: drafted for across it
+    if "method" in options:
+        from specwise.drafters.cross_vocab import cross_vocab_drafter
+
+        return cross_vocab_drafter(draft, target, options)
     lookup, lookahead = lookup_option(options), lookahead_option(options)
     if "vocab" in options:
         return _vocab_model_drafter(draft, target, options, lookup, lookahead)

@@ -70,13 +70,14 @@ def parse_model_spec(arg: str, kind: str = "model") -> tuple[str, dict[str, str]
     """Split a ``model:`` drafter's argument ``ID?key=value&key=value`` into the model ID and its options
     (``vocab``: a draft vocabulary size, ``ranking``: a ranking file, ``lookup``: the longest match of greedy drafting
     on the draft model itself, ``lookahead``: the guess of the next token's probability that decides whether a draft
-    pass is spent on it, see ModelDrafter). Unknown or repeated keys are refused. ``kind="self"``: the options of the
+    pass is spent on it, see ModelDrafter; ``method``: how a draft model of another vocabulary drafts, see
+    :mod:`specwise.drafters.cross_vocab`). Unknown or repeated keys are refused. ``kind="self"``: the options of the
     `self` drafter's ``?...`` (``vocab`` and ``ranking`` only; no ID)."""
     model_id, sep, query = arg.partition("?")
     options: dict[str, str] = {}
     if not sep:
         return model_id, options
-    keys = ("vocab", "ranking", "lookup", "lookahead") if kind == "model" else ("vocab", "ranking")
+    keys = ("vocab", "ranking", "lookup", "lookahead", "method") if kind == "model" else ("vocab", "ranking")
     for item in query.split("&"):
         key, eq, value = item.partition("=")
         if key not in keys or not eq or not value:
@@ -88,8 +89,9 @@ def parse_model_spec(arg: str, kind: str = "model") -> tuple[str, dict[str, str]
             raise ValueError(
                 f"bad drafter option {item!r} in model:{arg}: use model:ID?vocab=N (a draft vocabulary of the N "
                 "tokens the target writes most), optionally &ranking=FILE, lookup=N (the draft model checks "
-                "prompt-lookup continuations of matches up to N tokens long) and lookahead=X (0 < X <= 1: a greedy "
-                "draft's next pass is spent while its confidence times X clears the stop level)"
+                "prompt-lookup continuations of matches up to N tokens long), lookahead=X (0 < X <= 1: a greedy "
+                "draft's next pass is spent while its confidence times X clears the stop level) and method=tli|slem "
+                "(a draft model of another vocabulary: how it drafts across)"
             )
         if key in options:
             raise ValueError(f"drafter option {key!r} given twice in {'model:' if kind == 'model' else kind}{arg}")

@@ -1,0 +1,344 @@
+"""A draft model of another vocabulary than the target's (Timor et al., ICML 2025, arXiv 2502.05202).
+
+Two methods keep the output exact:
+
+- **TLI** (token-level intersection): the draft model's distribution restricted to the tokens both vocabularies
+  spell the same (by their bytes; turn and end markers by what they mark) and renormalized there, its ids mapped to
+  the target's; the usual rejection rule verifies it, so the output is the target's at any temperature, top-k, top-p
+  and min-p (q is a distribution over the target's ids that is zero outside the shared tokens).
+- **SLEM** (string-level exact match): the draft model writes freely, greedily; its text is tokenized by the
+  target's tokenizer (its boundary with the context handled: the target's last tokens are tokenized with it, and
+  kept only where they come out the same) and proposed as single tokens. The greedy rule, or under sampling the
+  coupled rule for single tokens, verifies them: exact too, whatever the draft.
+
+The draft model keeps its own cache, in its own tokens, of the text the target's tokens spell: each step the text the
+context gained is tokenized by the draft's tokenizer from a few draft tokens back (a target token may end inside
+a draft token, or complete a character that byte tokens began) and only the draft tokens that differ from those in
+the cache are fed, after rolling the cache back to the first difference. Special tokens travel as markers: a turn,
+end or fill-in-the-middle marker of one vocabulary becomes the other's marker of the same role where the other has
+one, and is left out of the draft's text where it has none (the draft's own beginning-of-text token is put first as
+its tokenizer puts it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+
+import numpy as np
+
+from specwise.drafters.base import Draft, Drafter, common_prefix
+from specwise.drafters.cross_vocab.vocabulary import TokenSpace, VocabularyPair
+from specwise.drafters.model import LOOKAHEAD, _draw, _top_probability
+from specwise.models.base import Model
+from specwise.sampling import SamplingParams, probs_from_logits
+
+__all__ = ["CrossVocabDrafter", "METHODS", "cross_vocab_drafter"]
+
+METHODS = ("auto", "tli", "slem")
+_BACK = 3  # draft tokens re-tokenized behind the first byte the context changed (a word the new text continues)
+
+
+class CrossVocabDrafter(Drafter):
+    """A draft model of another vocabulary (see the module's docstring): ``method`` ``tli``, ``slem`` or ``auto``
+    (SLEM under greedy decoding, TLI under sampling).
+
+    model: the draft model (its own ids); pair: the two vocabularies (:class:`VocabularyPair`).
+    target_vocab: the width of the target's logits (q is over it).
+    lookahead: greedy drafting spends a draft pass on the next token only while the product of the draft's
+        probabilities so far times this clears the stop level (as ModelDrafter's).
+    """
+
+    def __init__(
+        self, model: Model, pair: VocabularyPair, target_vocab: int, method: str = "auto", lookahead: float = LOOKAHEAD
+    ) -> None:
+        if method not in METHODS:
+            raise ValueError(f"unknown cross-vocabulary method {method!r}: use one of {', '.join(METHODS)}")
+        if not len(pair.shared_draft) and method != "slem":
+            raise ValueError(
+                "the draft and target vocabularies share no token: TLI has nothing to draft (use method=slem)"
+            )
+        if not 0 < lookahead <= 1:
+            raise ValueError(f"lookahead must be in (0, 1], got {lookahead}")
+        self.model, self.pair, self.method = model, pair, method
+        self.target_vocab = int(target_vocab)
+        self.lookahead = float(lookahead)
+        self.device = model.device
+        self.name = "model" if method == "auto" else f"model-{method}"
+        self._reset()
+        self._mark: tuple[int | None, int] | None = None
+
+    def _reset(self) -> None:
+        """Forget both sides' state: the context converted so far and the draft tokens in the cache."""
+        self._ctx: list[int] = []  # target ids whose stream is in _cs
+        self._cend: list[int] = [0]  # _cs's length after each of them
+        self._cs = bytearray()  # the context's stream
+        head = list(self.pair.draft.head)
+        self._fed: list[int] = []  # draft ids in the draft model's cache
+        self._fend: list[int] = [0]  # _fs's length after each of them
+        self._fs = bytearray()  # their stream
+        self._head = head  # the draft's beginning-of-text ids, always first in its cache
+        self._last: np.ndarray | None = None  # the logits after the last fed token
+
+    def _forked(self, target: Model) -> None:
+        self.model = self.model.sequence()
+        self._reset()
+        self._mark = None
+
+    def begin(self, prompt: list[int]) -> None:
+        # as ModelDrafter's: the cache of the previous request is kept and rolled back to what the new one shares
+        if self._mark is None or self._mark != (self.model.feeds, self.model.length):
+            self.model.reset()
+            self._reset()
+
+    def pending(self, context: list[int]) -> int:
+        return len(context) - common_prefix(self._ctx, context, limit=len(context) - 1)
+
+    # ---- keeping the draft model's cache in step with the context ----------------------------------------------
+
+    def _convert(self, context: list[int]) -> None:
+        """Bring the context's stream to ``context`` (only the target tokens that changed are spelled again)."""
+        same = common_prefix(self._ctx, context)
+        if same < len(self._ctx):
+            del self._ctx[same:]
+            del self._cend[same + 1 :]
+            del self._cs[self._cend[-1] :]
+        pieces = self.pair.target_piece
+        n = len(pieces)
+        for t in context[same:]:
+            self._cs += pieces[t] if 0 <= t < n else b""
+            self._ctx.append(t)
+            self._cend.append(len(self._cs))
+
+    def _common_bytes(self) -> int:
+        """Length of the longest common prefix of the fed tokens' stream and the context's."""
+        a, b = self._fs, self._cs
+        n = min(len(a), len(b))
+        if a[:n] == b[:n]:
+            return n
+        lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if a[lo:mid] == b[lo:mid]:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _truncate(self, n: int) -> None:
+        """Keep the first ``n`` fed tokens (cache included)."""
+        if n < len(self._fed):
+            self._last = None
+            self.model.rollback(n)
+            del self._fed[n:]
+            del self._fend[n + 1 :]
+            del self._fs[self._fend[-1] :]
+
+    def _feed(self, ids: list[int], logits: int = 1) -> np.ndarray:
+        """Feed draft ``ids`` after the cache; the logits of the last ``logits`` positions."""
+        rows = self.model.forward(np.asarray(ids, dtype=np.int64), num_logits=logits)
+        self._last = rows[-1]
+        pieces = self.pair.draft_piece
+        for d in ids:
+            self._fed.append(d)
+            self._fs += pieces[d]
+            self._fend.append(len(self._fs))
+        return rows
+
+    def _sync(self, context: list[int]) -> tuple[np.ndarray | None, int]:
+        """Bring the draft model's cache to the draft's tokens of ``context``; the logits for its next token (None
+        when there is no text to draft after) and how many draft tokens were fed."""
+        self._convert(context)
+        head = len(self._head)
+        if self._fed[:head] != self._head:  # (a cache rolled back into its head: started again)
+            self._truncate(0)
+        if not self._fed:
+            want = self._head + self.pair.to_draft(bytes(self._cs))
+        else:
+            agree = self._common_bytes()
+            kept = max(head, bisect_right(self._fend, agree) - 1)  # fed tokens whose text the context has
+            start = max(head, kept - _BACK)
+            while start > head and self.pair.partial[self._fed[start - 1]]:
+                start -= 1
+            want = self._fed[:start] + self.pair.to_draft(bytes(self._cs[self._fend[start] :]))
+        if not want:
+            return None, 0
+        same = common_prefix(self._fed, want)
+        if same == len(want) == len(self._fed) and self._last is not None:  # the same text spelled anew
+            return self._last, 0
+        same = min(same, len(want) - 1)  # at least one token fed: its logits are needed
+        limit = self.model.max_length
+        if limit is not None and len(want) >= limit:
+            return None, 0
+        self._truncate(same)
+        new = want[same:]
+        return self._feed(new)[-1], len(new)
+
+    # ---- drafting ----------------------------------------------------------------------------------------------
+
+    def propose(
+        self,
+        context: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: np.random.Generator | None,
+        stop: float = 0.0,
+    ) -> Draft:
+        if k <= 0:
+            return Draft.empty()
+        logits, intake = self._sync(context)
+        if logits is None:
+            draft = Draft.empty()
+        elif self.method == "slem" or (self.method == "auto" and params.greedy):
+            draft = self._slem(context, logits, k, stop, intake)
+        else:
+            draft = self._tli(logits, k, params, generator, stop, intake)
+        self._mark = (self.model.feeds, self.model.length)
+        return draft
+
+    def _room(self, k: int) -> int:
+        """Draft tokens that fit in the draft model's context after its cache."""
+        limit = self.model.max_length
+        return k if limit is None else max(0, min(k, limit - self.model.length))
+
+    def _tli(self, logits, k, params, generator, stop, intake) -> Draft:
+        """TLI: draft from the shared tokens only, q mapped to the target's ids."""
+        pair = self.pair
+        shared, targets = pair.shared_draft, pair.shared_target
+        tokens: list[int] = []
+        probs: list[np.ndarray] = []
+        confidence: list[float] | None = [] if params.greedy and stop > 0 else None
+        reach = 1.0
+        k = self._room(k)
+        for i in range(k):
+            row = logits[shared]  # [shared]
+            if params.greedy:
+                j = int(np.argmax(row))
+                if confidence is not None:
+                    confidence.append(_top_probability(row))
+                    reach *= confidence[-1]
+            else:
+                q_shared = probs_from_logits(row, params)  # [shared]: top-k, top-p, min-p over the shared tokens
+                j = _draw(q_shared, generator)
+                q = np.zeros(self.target_vocab, dtype=np.float32)
+                q[targets] = q_shared
+                probs.append(q)  # [target_vocab]
+            tokens.append(int(targets[j]))
+            if confidence is not None and reach < stop:
+                break
+            if i + 1 < k:
+                if confidence is not None and reach * self.lookahead < stop:
+                    break
+                logits = self._feed([int(shared[j])])[-1]
+        return Draft(tokens, np.stack(probs) if probs else None, confidence, intake=intake)
+
+    def _slem(self, context, logits, k, stop, intake) -> Draft:
+        """SLEM: the draft writes ``k`` of its own tokens greedily; their text in the target's tokens."""
+        pair = self.pair
+        rows = min(pair.draft_rows, pair.draft.size)
+        pieces = pair.draft_piece
+        drafted: list[int] = []
+        chances: list[float] = []
+        reach = 1.0
+        k = self._room(k)
+        for i in range(k):
+            d = int(np.argmax(logits[:rows]))
+            if not pieces[d]:  # a special token the target has no counterpart of (or a text-start): stop there
+                break
+            drafted.append(d)
+            chances.append(_top_probability(logits[:rows]))
+            reach *= chances[-1]
+            if stop > 0 and reach < stop:
+                break
+            if i + 1 < k:
+                if stop > 0 and reach * self.lookahead < stop:
+                    break
+                logits = self._feed([d])[-1]
+        if not drafted:
+            return Draft.empty()
+        text = b"".join(pieces[d] for d in drafted)
+        ends = np.cumsum([len(pieces[d]) for d in drafted]).tolist()
+        text = _whole_characters(text)
+        if not text:
+            return Draft.empty()
+        tokens = self._continuation(context, text)[:k]
+        if not tokens:
+            return Draft.empty()
+        confidence = self._confidence(tokens, ends, chances) if stop > 0 else None
+        return Draft(tokens, None, confidence, intake=intake)
+
+    def _continuation(self, context: list[int], text: bytes) -> list[int]:
+        """The target's tokens for ``text`` after ``context``: the context's last few tokens are tokenized with it
+        (a word it continues) and the result kept where those come out as they are in the context."""
+        pair = self.pair
+        tail = 0
+        for t in reversed(context[-_BACK:]):
+            piece = pair.target_piece[t] if 0 <= t < len(pair.target_piece) else b""
+            if not piece or piece.startswith(b"\x00\x02"):
+                break
+            tail += 1
+        for m in range(tail, 0, -1):
+            before = context[len(context) - m :]
+            ids = pair.to_target(pair.stream(before, pair.target_piece) + text)
+            if ids[:m] == before and len(ids) > m:
+                return ids[m:]
+        return pair.to_target(text)
+
+    def _confidence(self, tokens: list[int], ends: list[int], chances: list[float]) -> list[float]:
+        """Each target token's confidence: the product of the draft's probabilities of the draft tokens whose text
+        it reaches into first."""
+        pieces = self.pair.target_piece
+        out, at, j = [], 0, 0
+        for t in tokens:
+            at += len(pieces[t])
+            c = 1.0
+            while j < len(ends) and (j == 0 or ends[j - 1] < at):
+                c *= chances[j]
+                j += 1
+            out.append(c)
+        return out
+
+
+def _whole_characters(text: bytes) -> bytes:
+    """``text`` without an incomplete UTF-8 character at its end (a draft token that ends inside one: the target's
+    tokens of the part would differ from those of the whole)."""
+    cut = len(text)
+    for back in range(1, min(4, len(text)) + 1):
+        byte = text[-back]
+        if byte < 0x80:
+            break
+        if byte >= 0xC0:  # a lead byte: whole if its sequence fits
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            if back < need:
+                cut = len(text) - back
+            break
+    return text[:cut]
+
+
+def cross_vocab_drafter(draft, target, options: dict[str, str]) -> CrossVocabDrafter:
+    """The drafter of ``draft`` (a LoadedModel) for ``target`` (a LoadedModel) of another vocabulary; ``options``:
+    the ``model:`` spec's (``method``: auto, tli or slem; ``lookahead``). A draft vocabulary (``vocab``,
+    ``ranking``) and ``lookup`` are for a draft model of the target's own vocabulary, and refused here."""
+    from specwise.drafters.vocab import lookahead_option
+
+    method = options.get("method", "auto")
+    if method not in METHODS:
+        raise ValueError(f"bad drafter option method={method!r}: use method=tli, method=slem or method=auto")
+    for key in ("vocab", "ranking", "lookup"):
+        if key in options:
+            raise ValueError(
+                f"drafter option {key}= is for a draft model of the target's vocabulary; this one drafts across "
+                "vocabularies: drop it"
+            )
+    for loaded, what in ((draft, "draft"), (target, "target")):
+        if loaded.tokenizer is None:
+            raise ValueError(
+                f"the {what} model has no tokenizer: a draft model of another vocabulary than the target's needs "
+                "both tokenizers (a GGUF file carries its own; a model directory needs its tokenizer.json)"
+            )
+    pair = VocabularyPair(
+        TokenSpace.from_tokenizer(target.tokenizer, "target"),
+        TokenSpace.from_tokenizer(draft.tokenizer, "draft"),
+        int(target.model.vocab_size),
+        int(draft.model.vocab_size),
+    )
+    return CrossVocabDrafter(draft.model, pair, int(target.model.vocab_size), method, lookahead_option(options))
