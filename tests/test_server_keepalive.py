@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 
@@ -18,18 +19,20 @@ for _module in ("fastapi", "uvicorn", "httpx", "openai", "anthropic"):
 import anthropic
 import httpx
 import openai
-from test_server import live_server
+from test_server import live_server, wait_until
 from test_tools import QWEN_TEMPLATE, tiny_tool_gguf
 
 from specwise.runtime import build_runtime
 from specwise.server import keepalive
 from specwise.server.app import create_app
 from specwise.server.errors import APIError
+from specwise.server.worker import JobGroup
 
 MODEL = "m"
 TIMEOUT = 120.0
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
-DELAY = 0.2  # seconds the first piece is held back
+DELAY = 0.3  # seconds the first event is held back
+FIRST_WAIT = 0.05
 BEAT = 0.02
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,25 +47,20 @@ def url(tmp_path_factory):
 
 @pytest.fixture
 def slow_first(monkeypatch):
-    """The first piece of every streamed answer comes DELAY seconds late (a long prompt), beats every BEAT seconds;
-    ``fail[0]`` set: an error comes instead of the first piece."""
+    """The first event of every request comes DELAY seconds late (a long prompt being read), the stream starts after
+    FIRST_WAIT and beats every BEAT seconds; ``fail[0]`` set: an error comes instead of the first event."""
     fail: list = [None]
-    first_piece = keepalive.first_piece
+    events = JobGroup.events
 
-    async def late(pieces, wait=None):
-        async def held():
-            item = await anext(pieces)
-            await asyncio.sleep(DELAY)
-            if fail[0] is not None:
-                raise fail[0]
-            return item
+    async def late(self, is_disconnected=None):
+        await asyncio.sleep(DELAY)
+        if fail[0] is not None:
+            raise fail[0]
+        async for pair in events(self, is_disconnected):
+            yield pair
 
-        task = asyncio.ensure_future(held())
-        await asyncio.wait({task}, timeout=0)
-        return task
-
-    assert first_piece is not late
-    monkeypatch.setattr(keepalive, "first_piece", late)
+    monkeypatch.setattr(JobGroup, "events", late)
+    monkeypatch.setattr(keepalive, "FIRST_WAIT", FIRST_WAIT)
     monkeypatch.setattr(keepalive, "BEAT_SECONDS", BEAT)
     return fail
 
@@ -150,3 +148,27 @@ def test_a_quick_first_piece_keeps_the_plain_stream(url):
         f"{url}/v1/chat/completions", json={"model": MODEL, "messages": [], "stream": True}, timeout=TIMEOUT
     )
     assert bad.status_code == 400
+
+
+@pytest.mark.parametrize(
+    "path, body",
+    [
+        ("/v1/messages", {"model": "c", "messages": QUESTION, "max_tokens": 50, "stream": True}),
+        ("/v1/responses", {"model": "c", "input": "hi", "max_output_tokens": 50, "stream": True}),
+        ("/v1/chat/completions", {"model": MODEL, "messages": QUESTION, "max_tokens": 50, "stream": True}),
+    ],
+)
+def test_a_client_gone_while_the_prompt_is_read_cancels_cleanly(url, slow_first, monkeypatch, caplog, path, body):
+    """Claude Code drops a request after 5 minutes of waiting: the stream ends without an error in the server's
+    log, the request is cancelled, and the server answers the next one."""
+    monkeypatch.setattr(keepalive, "BEAT_SECONDS", 0.01)
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=TIMEOUT) as response:
+        assert response.status_code == 200
+        next(response.iter_bytes())  # the stream has started; the first piece is still held back
+    wait_until(lambda: httpx.get(f"{url}/health", timeout=TIMEOUT).json()["requests_running"] == 0)
+    time.sleep(DELAY + 0.1)  # the held-back piece's time has passed
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], [r.getMessage() for r in caplog.records]
+    text = openai.OpenAI(base_url=f"{url}/v1", api_key="x", timeout=TIMEOUT).chat.completions.create(
+        model=MODEL, messages=QUESTION, max_tokens=3, temperature=0
+    )
+    assert text.choices[0].message.content is not None

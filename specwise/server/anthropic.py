@@ -761,17 +761,13 @@ async def stream_events(state: ServerState, pieces: AsyncIterator, item, reply: 
     (stop reason and usage), message_stop; an error after the headers is an ``error`` event. ``item``: the first
     pieces, or a task still taking them (a ``ping`` every ``keepalive.BEAT_SECONDS`` until they come)."""
     blocks = ContentBlocks()
+    task = item if isinstance(item, asyncio.Task) else None
     yield _event({"type": "message_start", "message": reply.message([], None, None, reply.start_usage())})
     yield _event({"type": "ping"})
     try:
-        if isinstance(item, asyncio.Task):
-            task = item
-            try:
-                async for beat in keepalive.beats(task, _event({"type": "ping"})):
-                    yield beat
-            finally:
-                if not task.done():
-                    task.cancel()
+        if task is not None:
+            async for beat in keepalive.beats(task, _event({"type": "ping"})):
+                yield beat
             item = task.result()
         while not isinstance(item, ReplyEnd):
             for event in blocks.add(item):
@@ -788,7 +784,7 @@ async def stream_events(state: ServerState, pieces: AsyncIterator, item, reply: 
     except Exception as err:  # after the headers: the error goes in the stream, as Anthropic does
         yield _event(anthropic_error(as_api_error(err)))
     finally:
-        await pieces.aclose()
+        await keepalive.close(pieces, task)
 
 
 def _event(data: dict) -> str:

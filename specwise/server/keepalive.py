@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-__all__ = ["BEAT_SECONDS", "COMMENT", "FIRST_WAIT", "beats", "first_piece"]
+__all__ = ["BEAT_SECONDS", "COMMENT", "FIRST_WAIT", "beats", "close", "first_piece"]
 
 FIRST_WAIT = 5.0  # seconds a streamed request waits for its first piece before its headers go out
 BEAT_SECONDS = 10.0  # then, seconds between beats until the first piece comes
@@ -42,3 +42,13 @@ async def beats(task: asyncio.Task, beat: str, every: float | None = None) -> As
     finally:
         if not task.done():
             task.cancel()
+
+
+async def close(pieces: AsyncIterator, task: asyncio.Task | None) -> None:
+    """Close ``pieces`` when its stream ends, unless ``task`` is still taking its first item (the client went away
+    during the wait): then the task is cancelled, which ends the generator (its own ``finally`` runs), and closing it
+    meanwhile would fail (it is running)."""
+    if task is not None and not task.done():
+        task.cancel()
+        return
+    await pieces.aclose()

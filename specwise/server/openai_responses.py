@@ -851,15 +851,11 @@ async def _events(draft: ResponseDraft, first, pieces: AsyncIterator, store: Res
     writer = draft.writer
     yield _sse(writer.event("response.created", response=draft.json("in_progress")))
     yield _sse(writer.event("response.in_progress", response=draft.json("in_progress")))
+    task = first if isinstance(first, asyncio.Task) else None
     try:
-        if isinstance(first, asyncio.Task):  # still reading the prompt: comment lines until the first pieces
-            task = first
-            try:
-                async for beat in keepalive.beats(task, keepalive.COMMENT):
-                    yield beat
-            finally:
-                if not task.done():
-                    task.cancel()
+        if task is not None:  # still reading the prompt: comment lines until the first pieces
+            async for beat in keepalive.beats(task, keepalive.COMMENT):
+                yield beat
             first = task.result()
         piece = first
         while not isinstance(piece, ReplyEnd):
@@ -879,4 +875,4 @@ async def _events(draft: ResponseDraft, first, pieces: AsyncIterator, store: Res
         failed = draft.json("failed", error={"code": error.code or "server_error", "message": error.message})
         yield _sse(writer.event("response.failed", response=failed))
     finally:
-        await pieces.aclose()
+        await keepalive.close(pieces, task)
