@@ -173,6 +173,10 @@ def test_health_is_open_without_a_key(keyed):
     url, _ = keyed
     health = httpx.get(f"{url}/health", timeout=TIMEOUT)
     assert health.status_code == 200 and health.json()["status"] == "ok"
+    # Claude Code probes the base URL with HEAD / before its first request (a 404 there was counted as an error)
+    assert httpx.head(f"{url}/", timeout=TIMEOUT).status_code == 200
+    root = httpx.get(f"{url}/", timeout=TIMEOUT)
+    assert root.status_code == 200 and root.json()["status"] == "ok" and root.json()["model"]
 
 
 def test_a_refused_request_is_not_read(keyed):

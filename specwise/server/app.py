@@ -177,6 +177,7 @@ def _add_routes(app: FastAPI) -> None:
     app.get("/v1/models", summary="The served model")(list_models)
     app.get("/v1/models/{model_id}", responses={404: {"model": ErrorResponse}}, summary="One model")(get_model)
     app.get("/health", summary="Liveness and queue state")(health)
+    app.api_route("/", methods=["GET", "HEAD"], summary="Liveness (clients that probe the base URL)")(root)
     app.get("/metrics", summary="Prometheus metrics", response_class=Response)(metrics)
     anthropic.add_routes(app)
     openai_responses.add_routes(app)
@@ -217,6 +218,12 @@ async def get_model(model_id: str, request: Request) -> dict:
     if model_id != state.model_name:
         raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     return _model_card(state)
+
+
+async def root(request: Request) -> dict:
+    """``GET /`` and ``HEAD /``: 200 with the served model, for clients that probe the base URL before their first
+    request (Claude Code sends ``HEAD /``)."""
+    return {"status": "ok", "model": _state(request).model_name}
 
 
 async def health(request: Request) -> dict:

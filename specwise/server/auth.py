@@ -1,11 +1,11 @@
-"""API keys: ``Authorization: Bearer <key>`` on every route but ``/health`` (or ``x-api-key: <key>`` on Anthropic's
-Messages routes, as Anthropic's clients send it), and the warning for an open server.
+"""API keys: ``Authorization: Bearer <key>`` on every route but ``/health`` and ``/`` (or ``x-api-key: <key>`` on
+Anthropic's Messages routes, as Anthropic's clients send it), and the warning for an open server.
 
 With a key set (``specwise serve --api-key`` or ``SPECWISE_API_KEY``) a request without the header, or with another
 key, gets HTTP 401 and an error in its API's shape (OpenAI's, or Anthropic's on ``/v1/messages``) before its body is
-read. ``/health`` stays open for load balancers and
-liveness probes; ``/metrics`` needs the key like the API (Prometheus sends it with ``authorization: credentials``
-in the scrape config), and so do the OpenAPI document and its pages.
+read. ``/health`` and ``/`` (which names the model only: Claude Code probes it with ``HEAD /``) stay open for load
+balancers and liveness probes; ``/metrics`` needs the key like the API (Prometheus sends it with ``authorization:
+credentials`` in the scrape config), and so do the OpenAPI document and its pages.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from specwise.server.options import API_KEY_ENV
 
 __all__ = ["API_KEY_ENV", "OPEN_PATHS", "APIKeyMiddleware", "exposure_warning", "is_loopback"]
 
-OPEN_PATHS = frozenset({"/health"})  # answered without a key
+OPEN_PATHS = frozenset({"/health", "/"})  # answered without a key (liveness; "/" names the model only)
 X_API_KEY_PATHS = ("/v1/messages",)  # Anthropic's routes, whose clients send the key as ``x-api-key``
 MISSING = "Missing API key: send it as 'Authorization: Bearer <key>' (this server requires one)"
 MISSING_X_API_KEY = (
