@@ -414,3 +414,11 @@ def test_fork_gives_each_sequence_its_own_cache():
         other.propose([0, 1, 3], 3, SamplingParams(), None).ids
         == toy_drafter("tli").propose([0, 1, 3], 3, SamplingParams(), None).ids
     )
+
+
+def test_auto_drafts_by_slem_under_greedy_decoding_and_by_tli_under_sampling():
+    drafter = toy_drafter("auto")
+    greedy_draft = drafter.propose([0, 1, 3], 3, SamplingParams(), None)
+    assert drafter.name == "model-slem" and greedy_draft.probs is None
+    sampled = drafter.propose([0, 1, 3], 3, SamplingParams(temperature=0.8), make_generator(1))
+    assert drafter.name == "model-tli" and sampled.probs is not None

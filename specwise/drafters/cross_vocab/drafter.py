@@ -63,7 +63,7 @@ class CrossVocabDrafter(Drafter):
         self.target_vocab = int(target_vocab)
         self.lookahead = float(lookahead)
         self.device = model.device
-        self.name = "model" if method == "auto" else f"model-{method}"
+        self.name = "model-tli" if method == "tli" else "model-slem"  # (auto: the method of its last draft)
         self._reset()
         self._mark: tuple[int | None, int] | None = None
 
@@ -189,8 +189,10 @@ class CrossVocabDrafter(Drafter):
         if logits is None:
             draft = Draft.empty()
         elif self.method == "slem" or (self.method == "auto" and params.greedy):
+            self.name = "model-slem"
             draft = self._slem(context, logits, k, stop, intake)
         else:
+            self.name = "model-tli"
             draft = self._tli(logits, k, params, generator, stop, intake)
         self._mark = (self.model.feeds, self.model.length)
         return draft
