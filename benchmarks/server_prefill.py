@@ -53,16 +53,25 @@ def run_specwise(args, drafter: str, ids: list[int]) -> dict:
     port = free_port()
     command = [sys.executable, "-m", "specwise", "serve", "--target", args.target, "--drafter", drafter]
     command += ["--port", str(port), "--threads", str(args.threads), "--log-level", "warning"]
+    command += ["--served-model-name", "specwise"]
     proc = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     rows = []
     try:
         _wait_ready(url, proc, timeout=600)
-        post(f"{url}/v1/completions", {"prompt": ids[:8], "max_tokens": 2, "temperature": 0}, args.timeout)
+        post(
+            f"{url}/v1/completions",
+            {"model": "specwise", "prompt": ids[:8], "max_tokens": 2, "temperature": 0},
+            args.timeout,
+        )
         for i, n in enumerate(args.lengths):
             for prompt in prompts(ids, n, args.repeats, i):
                 began = time.perf_counter()
-                out = post(f"{url}/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0}, args.timeout)
+                out = post(
+                    f"{url}/v1/completions",
+                    {"model": "specwise", "prompt": prompt, "max_tokens": 1, "temperature": 0},
+                    args.timeout,
+                )
                 seconds = time.perf_counter() - began
                 usage = out.get("usage", {})
                 rows.append(
@@ -77,7 +86,12 @@ def run_specwise(args, drafter: str, ids: list[int]) -> dict:
                 )
                 print(f"specwise {drafter} {n}: {n / seconds:.1f} tok/s", flush=True)
                 if args.answer_tokens:  # an answer between prompts, as an agent's turn has (untimed)
-                    answer = {"prompt": ids[:32], "max_tokens": args.answer_tokens, "ignore_eos": True}
+                    answer = {
+                        "model": "specwise",
+                        "prompt": ids[:32],
+                        "max_tokens": args.answer_tokens,
+                        "ignore_eos": True,
+                    }
                     post(f"{url}/v1/completions", answer | {"temperature": 0}, args.timeout)
     finally:
         proc.terminate()
