@@ -160,35 +160,53 @@ def test_greedy_output_equals_plain_on_real_vocabularies(spaces, target, draft, 
 # target's "ab" ends inside the draft's "abc" and the draft's "ba" straddles two target tokens.
 TOY_TARGET = [b"a", b"b", b"ab", b"c"]
 TOY_DRAFT = [b"b", b"a", b"ba", b"c", b"x", b"abc"]
+# Whitespace the two split differently: the draft writes a newline and the indentation after it as one token, and a
+# colon and the newline after it, the target each as two, so that the draft's "\n" or ":" ending the context is
+# held back and its first token drawn among "\n  " or ":\n" (their rests "  " and "\n" mapped to the target's).
+TOY_TARGET_SPACES = [b"x", b":", b"\n", b"  "]
+TOY_DRAFT_SPACES = [b":", b"\n", b"\n  ", b"x", b" ", b":\n"]
 
 
-def toy_pair() -> VocabularyPair:
-    return VocabularyPair(TokenSpace(TOY_TARGET), TokenSpace(TOY_DRAFT), len(TOY_TARGET), len(TOY_DRAFT))
+def toy_pair(target=TOY_TARGET, draft=TOY_DRAFT) -> VocabularyPair:
+    return VocabularyPair(TokenSpace(target), TokenSpace(draft), len(target), len(draft))
 
 
-def toy_target() -> ToyModel:
+def toy_target(pieces=TOY_TARGET) -> ToyModel:
     """The target: its next token's logits depend on its last token only."""
-    return ToyModel.random(len(TOY_TARGET), periods=1, seed=11)
+    return ToyModel.random(len(pieces), periods=1, seed=11)
 
 
-def toy_draft() -> ToyModel:
+def toy_draft(target=TOY_TARGET, draft=TOY_DRAFT) -> ToyModel:
     """A draft near the target: after a draft token, the target's logits after the target token its text ends
-    like (a little off), over the draft's tokens of the same text (its own "ba", "x", "abc" given logits of their
-    own), so that TLI's drafts are accepted about half the time."""
-    target = toy_target().table[0]  # [4, 4]
-    ends_like = {0: 1, 1: 0, 2: 0, 3: 3, 4: 3, 5: 3}  # draft id -> the target id of its text's end
-    same = {0: 1, 1: 0, 3: 3}  # shared draft id -> target id
-    noise = np.random.Generator(np.random.Philox(12)).standard_normal((len(TOY_DRAFT), len(TOY_DRAFT)))
-    table = np.zeros((1, len(TOY_DRAFT), len(TOY_DRAFT)), dtype=np.float32)
-    for d, t in ends_like.items():
-        row = target[t]
-        table[0, d] = [row[same[j]] if j in same else row[2] - 1.0 for j in range(len(TOY_DRAFT))]
-        table[0, d] += 0.5 * noise[d]
-    return ToyModel(table)
+    like (a little off), over the draft's tokens of the same text (its own tokens given logits of their own), so
+    that TLI's drafts are accepted about half the time."""
+    table = toy_target(target).table[0]  # [target, target]
+    log_p = table - np.log(np.exp(table).sum(axis=1, keepdims=True))  # log p(next | last target token)
+    noise = np.random.Generator(np.random.Philox(12)).standard_normal((len(draft), len(draft)))
+    out = np.zeros((1, len(draft), len(draft)), dtype=np.float32)
+    for d, text in enumerate(draft):
+        ends = [t for t, piece in enumerate(target) if text.endswith(piece)]
+        last = max(ends, key=lambda t: len(target[t])) if ends else 0
+        for j, piece in enumerate(draft):  # log p of the target's tokens spelling the draft token's text
+            spelled, at, prev = 0.0, 0, last
+            while at < len(piece):
+                t = max(
+                    (t for t in range(len(target)) if piece.startswith(target[t], at)),
+                    default=None,
+                    key=lambda t: len(target[t]),
+                )
+                if t is None:
+                    spelled = log_p[last].min() - 1.0
+                    break
+                spelled += log_p[prev, t]
+                at, prev = at + len(target[t]), t
+            out[0, d, j] = spelled
+        out[0, d] += 0.5 * noise[d]
+    return ToyModel(out)
 
 
-def toy_drafter(method: str) -> CrossVocabDrafter:
-    return CrossVocabDrafter(toy_draft(), toy_pair(), len(TOY_TARGET), method)
+def toy_drafter(method: str, target=TOY_TARGET, draft=TOY_DRAFT) -> CrossVocabDrafter:
+    return CrossVocabDrafter(toy_draft(target, draft), toy_pair(target, draft), len(target), method)
 
 
 def sampled_counts(engine: Engine, params: SamplingParams, n: int, length: int = 3) -> dict:
@@ -200,23 +218,30 @@ def sampled_counts(engine: Engine, params: SamplingParams, n: int, length: int =
     return counts
 
 
+SPACES = (TOY_TARGET_SPACES, TOY_DRAFT_SPACES)
+
+
 @pytest.mark.parametrize(
-    ("method", "params", "gamma"),
+    ("method", "params", "gamma", "vocabularies"),
     [
-        ("tli", SamplingParams(temperature=1.0, top_p=0.9), 3),
-        ("tli", SamplingParams(temperature=0.7, top_p=0.8), 2),
-        ("tli", SamplingParams(temperature=1.0, top_k=3, min_p=0.05), 4),
-        ("slem", SamplingParams(temperature=0.7, top_p=0.9), 3),
+        ("tli", SamplingParams(temperature=1.0, top_p=0.9), 3, ()),
+        ("tli", SamplingParams(temperature=0.7, top_p=0.8), 2, ()),
+        ("tli", SamplingParams(temperature=1.0, top_k=3, min_p=0.05), 4, ()),
+        ("tli", SamplingParams(temperature=0.7, top_p=0.9), 3, SPACES),
+        ("tli", SamplingParams(temperature=1.0), 2, SPACES),
+        ("slem", SamplingParams(temperature=0.7, top_p=0.9), 3, ()),
     ],
 )
-def test_sampled_output_follows_the_targets_distribution(method, params, gamma):
-    """The first three emitted tokens follow the target's joint distribution (chi-square against enumeration)."""
-    target = toy_target()
-    engine = Engine(target, toy_drafter(method), gamma=gamma)
+def test_sampled_output_follows_the_targets_distribution(method, params, gamma, vocabularies):
+    """The first three emitted tokens follow the target's joint distribution (chi-square against enumeration), on
+    letters and on whitespace (where TLI's first token is drawn among the draft's longer tokens)."""
+    target = toy_target(*vocabularies[:1])
+    engine = Engine(target, toy_drafter(method, *vocabularies), gamma=gamma)
     n = 5000
     counts = sampled_counts(engine, params, n)
-    stats = Engine(target, toy_drafter(method), gamma=gamma).generate([1], params, 200, eos_token_ids=[]).stats
-    low = 0.2 if method == "tli" else 0.05  # SLEM's greedy drafts under sampling: accepted with p(x) only
+    long_run = Engine(target, toy_drafter(method, *vocabularies), gamma=gamma)
+    stats = long_run.generate([1], params, 200, eos_token_ids=[]).stats
+    low = 0.1 if method == "tli" else 0.05  # SLEM's greedy drafts under sampling: accepted with p(x) only
     assert low < stats.acceptance_rate < 0.95, stats.by_drafter  # accepted and rejected drafts both
     pvalue = chi2_pvalue(counts, exact_joint(target, [1], params, 3), n)
     assert pvalue > 1e-4, f"emitted sequences do not follow p (chi-square p-value {pvalue:.2e})"
@@ -422,3 +447,26 @@ def test_auto_drafts_by_slem_under_greedy_decoding_and_by_tli_under_sampling():
     assert drafter.name == "model-slem" and greedy_draft.probs is None
     sampled = drafter.propose([0, 1, 3], 3, SamplingParams(temperature=0.8), make_generator(1))
     assert drafter.name == "model-tli" and sampled.probs is not None
+
+
+def test_tli_draws_its_first_token_among_the_drafts_longer_tokens_after_held_back_whitespace():
+    """The context ends with the target's "\n": the draft's "\n" is held back, and where the draft model prefers a
+    longer token beginning with it ("\n  "), TLI proposes the target's token of the rest ("  ") with q over the
+    rests; the cache then holds the longer token."""
+    drafter = toy_drafter("tli", TOY_TARGET_SPACES, TOY_DRAFT_SPACES)
+    pair = drafter.pair
+    assert [a.tolist() for a in pair.healed(1)] == [[2], [3]]  # after the draft's "\n": "\n  ", its rest "  "
+    assert [a.tolist() for a in pair.healed(0)] == [[5], [2]]  # after ":": ":\n", its rest "\n"
+    table = drafter.model.table
+    table[0, :, :] = -5.0
+    table[0, :, 2] = 5.0  # the draft model always writes "\n  "
+    draft = drafter.propose([0, 2], 2, SamplingParams(temperature=1.0), make_generator(0))  # "x\n"
+    assert draft.ids[0] == 3 and draft.probs[0, 3] == 1.0  # "  ", the one rest there is
+    assert drafter._fed[:2] == [3, 2]  # "x", then "\n  " in place of the held "\n"
+    table[0, :, 5] = 4.0  # and ":\n" over ":"
+    assert drafter.propose([0, 1], 1, SamplingParams(), None).ids == [2]  # "x:": ":\n", its rest "\n"
+    drafter = toy_drafter("tli", TOY_TARGET_SPACES, TOY_DRAFT_SPACES)
+    drafter.model.table[0, :, :] = -5.0
+    drafter.model.table[0, :, 5] = -6.0  # ":" over ":\n": the held ":" is fed, then a shared token drafted
+    assert len(drafter.propose([0, 1], 1, SamplingParams(), None)) == 1
+    assert drafter._fed == [3, 0]

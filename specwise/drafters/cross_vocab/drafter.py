@@ -144,9 +144,12 @@ class CrossVocabDrafter(Drafter):
             self._fend.append(len(self._fs))
         return rows
 
-    def _sync(self, context: list[int]) -> tuple[np.ndarray | None, int]:
+    def _sync(self, context: list[int], heal: bool = False) -> tuple[np.ndarray | None, int, int | None]:
         """Bring the draft model's cache to the draft's tokens of ``context``; the logits for its next token (None
-        when there is no text to draft after) and how many draft tokens were fed."""
+        when there is no text to draft after), how many draft tokens were fed, and the draft token held back (None:
+        none). ``heal``: the context's last draft token is held back, where longer draft tokens begin with its
+        text: the context may end inside a draft token (Qwen2.5's ``):\\n`` then ``   ``, where SmolLM2 writes
+        ``):`` then ``\\n   ``), and the draft model, after a token it would have written longer, guesses badly."""
         self._convert(context)
         head = len(self._head)
         if self._fed[:head] != self._head:  # (a cache rolled back into its head: started again)
@@ -160,18 +163,21 @@ class CrossVocabDrafter(Drafter):
             while start > head and self.pair.partial[self._fed[start - 1]]:
                 start -= 1
             want = self._fed[:start] + self.pair.to_draft(bytes(self._cs[self._fend[start] :]))
+        held = None
+        if heal and len(want) > max(head, 1) and self.pair.extensions(want[-1]) is not None:
+            held = want.pop()
         if not want:
-            return None, 0
+            return None, 0, None
         same = common_prefix(self._fed, want)
         if same == len(want) == len(self._fed) and self._last is not None:  # the same text spelled anew
-            return self._last, 0
+            return self._last, 0, held
         same = min(same, len(want) - 1)  # at least one token fed: its logits are needed
         limit = self.model.max_length
         if limit is not None and len(want) >= limit:
-            return None, 0
+            return None, 0, None
         self._truncate(same)
         new = want[same:]
-        return self._feed(new)[-1], len(new)
+        return self._feed(new)[-1], len(new), held
 
     # ---- drafting ----------------------------------------------------------------------------------------------
 
@@ -185,15 +191,16 @@ class CrossVocabDrafter(Drafter):
     ) -> Draft:
         if k <= 0:
             return Draft.empty()
-        logits, intake = self._sync(context)
+        slem = self.method == "slem" or (self.method == "auto" and params.greedy)
+        logits, intake, held = self._sync(context, heal=True)
         if logits is None:
             draft = Draft.empty()
-        elif self.method == "slem" or (self.method == "auto" and params.greedy):
+        elif slem:
             self.name = "model-slem"
-            draft = self._slem(context, logits, k, stop, intake)
+            draft = self._slem(context, logits, k, stop, intake, held)
         else:
             self.name = "model-tli"
-            draft = self._tli(logits, k, params, generator, stop, intake)
+            draft = self._tli(logits, k, params, generator, stop, intake, held)
         self._mark = (self.model.feeds, self.model.length)
         return draft
 
@@ -202,27 +209,38 @@ class CrossVocabDrafter(Drafter):
         limit = self.model.max_length
         return k if limit is None else max(0, min(k, limit - self.model.length))
 
-    def _tli(self, logits, k, params, generator, stop, intake) -> Draft:
-        """TLI: draft from the shared tokens only, q mapped to the target's ids."""
+    def _tli(self, logits, k, params, generator, stop, intake, held) -> Draft:
+        """TLI: draft from the shared tokens only, q mapped to the target's ids. With ``held`` (the context's last
+        draft token, held back): where the draft model's most likely token beginning with its text is a longer one,
+        the first token is drawn among those longer ones whose rest is a token of the target's (the rest mapped to
+        it), else the held token is fed and drafting goes on as usual. Which of the two is a function of the draft
+        model's logits, not of the draw: each token is drawn from the q it is verified with."""
         pair = self.pair
-        shared, targets = pair.shared_draft, pair.shared_target
         tokens: list[int] = []
         probs: list[np.ndarray] = []
         confidence: list[float] | None = [] if params.greedy and stop > 0 else None
         reach = 1.0
         k = self._room(k)
+        if held is not None:
+            drafts, targets = pair.healed(held)  # [n] longer draft tokens, [n] the target's token of each one's rest
+            options = pair.extensions(held)
+            if not len(drafts) or int(options[int(np.argmax(logits[options]))]) == held:
+                logits = self._feed([held])[-1]
+                held = None
         for i in range(k):
-            row = logits[shared]  # [shared]
+            if i or held is None:
+                drafts, targets = pair.shared_draft, pair.shared_target
+            row = logits[drafts]  # [n]
             if params.greedy:
                 j = int(np.argmax(row))
                 if confidence is not None:
                     confidence.append(_top_probability(row))
                     reach *= confidence[-1]
             else:
-                q_shared = probs_from_logits(row, params)  # [shared]: top-k, top-p, min-p over the shared tokens
-                j = _draw(q_shared, generator)
+                q_row = probs_from_logits(row, params)  # [n]: top-k, top-p, min-p over the tokens it may draft
+                j = _draw(q_row, generator)
                 q = np.zeros(self.target_vocab, dtype=np.float32)
-                q[targets] = q_shared
+                q[targets] = q_row
                 probs.append(q)  # [target_vocab]
             tokens.append(int(targets[j]))
             if confidence is not None and reach < stop:
@@ -230,39 +248,43 @@ class CrossVocabDrafter(Drafter):
             if i + 1 < k:
                 if confidence is not None and reach * self.lookahead < stop:
                     break
-                logits = self._feed([int(shared[j])])[-1]
+                logits = self._feed([int(drafts[j])])[-1]
         return Draft(tokens, np.stack(probs) if probs else None, confidence, intake=intake)
 
-    def _slem(self, context, logits, k, stop, intake) -> Draft:
-        """SLEM: the draft writes ``k`` of its own tokens greedily; their text in the target's tokens."""
+    def _slem(self, context, logits, k, stop, intake, held) -> Draft:
+        """SLEM: the draft writes its own tokens greedily (the first one beginning with the text of ``held``, the
+        context's last draft token, held back) until their text holds ``k`` of the target's tokens and the start of
+        one more (whose end the text may cut), or the stop level ends it; the target's tokens of that text."""
         pair = self.pair
         rows = min(pair.draft_rows, pair.draft.size)
         pieces = pair.draft_piece
-        drafted: list[int] = []
-        chances: list[float] = []
+        skip = len(pieces[held]) if held is not None else 0  # text of the first token that the context has
+        text, ends, chances, ids = b"", [], [], []
         reach = 1.0
-        k = self._room(k)
-        for i in range(k):
-            d = int(np.argmax(logits[:rows]))
+        steps = self._room(2 * k + 2)
+        for i in range(steps):
+            if i == 0 and held is not None:
+                options = pair.extensions(held)  # [n] draft ids whose text begins with held's
+                row = logits[options]
+                d = int(options[int(np.argmax(row))])
+            else:
+                row = logits[:rows]
+                d = int(np.argmax(row))
             if not pieces[d]:  # a special token the target has no counterpart of (or a text-start): stop there
                 break
-            drafted.append(d)
-            chances.append(_top_probability(logits[:rows]))
+            text += pieces[d][skip:] if i == 0 else pieces[d]
+            ends.append(len(text))
+            chances.append(_top_probability(row))
             reach *= chances[-1]
-            if stop > 0 and reach < stop:
+            whole = _whole_characters(text)
+            ids = self._continuation(context, whole) if whole else []
+            if len(ids) > k or (stop > 0 and reach < stop):
                 break
-            if i + 1 < k:
+            if i + 1 < steps:
                 if stop > 0 and reach * self.lookahead < stop:
                     break
                 logits = self._feed([d])[-1]
-        if not drafted:
-            return Draft.empty()
-        text = b"".join(pieces[d] for d in drafted)
-        ends = np.cumsum([len(pieces[d]) for d in drafted]).tolist()
-        text = _whole_characters(text)
-        if not text:
-            return Draft.empty()
-        tokens = self._continuation(context, text)[:k]
+        tokens = ids[:k] if len(ids) > k else ids[:-1] if len(ids) > 1 else ids
         if not tokens:
             return Draft.empty()
         confidence = self._confidence(tokens, ends, chances) if stop > 0 else None

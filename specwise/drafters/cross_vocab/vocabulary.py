@@ -42,6 +42,7 @@ _ROLES = {
     "<fim_middle>": "fim-middle",
 }
 _TEXT_START = "text-start"
+_WORDY = re.compile(rb"[A-Za-z0-9\x80-\xff]")
 _INVALID = re.compile("([\udc80-\udcff]+)")  # bytes that are not UTF-8, as `surrogateescape` decodes them
 
 
@@ -261,10 +262,62 @@ class VocabularyPair:
         self.overlap = len(d_ids) / max(1, spelled)  # share of the draft's vocabulary the target has too
         # a lone byte of a character that is not whole: the draft token before the first byte the context changed
         # is re-tokenized too while it is one (its character may be completed by the next target token)
+        self._extensions: dict[int, np.ndarray] | None = None  # built when first asked for
+        self._healed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._target_by_piece: dict[bytes, int] | None = None
         self.partial = np.zeros(draft.size, dtype=bool)
         for i, text in enumerate(draft.text):
             if text is not None and len(text) == 1 and text[0] >= 0x80:
                 self.partial[i] = True
+
+    def extensions(self, d: int) -> np.ndarray | None:
+        """The draft ids whose text begins with draft token ``d``'s (``d`` first), where some longer one does;
+        else None."""
+        if self._extensions is None:
+            self._extensions = self._build_extensions()
+        return self._extensions.get(d)
+
+    def healed(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """The longer draft tokens beginning with draft token ``d``'s text whose rest is a token of the target's
+        (``[n]`` draft ids), and that token of each (``[n]`` target ids): TLI's first token after a held-back
+        ``d``. Remembered per ``d``."""
+        found = self._healed.get(d)
+        if found is None:
+            if self._target_by_piece is None:
+                pieces = self.target_piece
+                by_piece: dict[bytes, int] = {}
+                for t in self.target.by_bytes.values():  # each text's preferred id
+                    if t < self.target_rows and pieces[t]:
+                        by_piece.setdefault(pieces[t], t)
+                self._target_by_piece = by_piece
+            cut = len(self.draft_piece[d])
+            drafts, targets = [], []
+            longer = self.extensions(d)
+            for e in longer[1:].tolist() if longer is not None else ():
+                t = self._target_by_piece.get(self.draft_piece[e][cut:])
+                if t is not None:
+                    drafts.append(e)
+                    targets.append(t)
+            found = self._healed[d] = (np.asarray(drafts, dtype=np.int64), np.asarray(targets, dtype=np.int64))
+        return found
+
+    def _build_extensions(self) -> dict[int, np.ndarray]:
+        """Every draft token that begins another one -> those tokens (itself first): each token's text is cut at
+        every byte, and the cuts that are tokens get it."""
+        pieces = self.draft_piece
+        rows = min(self.draft_rows, len(pieces))
+        by_piece: dict[bytes, int] = {}
+        for i in range(rows):
+            piece = pieces[i]
+            if piece and not piece.startswith(b"\x00\x02"):
+                by_piece.setdefault(piece, i)
+        longer: dict[int, list[int]] = {}
+        for piece, i in by_piece.items():
+            for n in range(1, len(piece)):
+                shorter = by_piece.get(piece[:n])
+                if shorter is not None and not _WORDY.search(piece[:n]):
+                    longer.setdefault(shorter, [shorter]).append(i)
+        return {d: np.asarray(ids, dtype=np.int64) for d, ids in longer.items()}
 
     @staticmethod
     def _roles(space: TokenSpace) -> dict[str, int]:
