@@ -177,7 +177,7 @@ def _add_routes(app: FastAPI) -> None:
     app.get("/v1/models", summary="The served model")(list_models)
     app.get("/v1/models/{model_id}", responses={404: {"model": ErrorResponse}}, summary="One model")(get_model)
     app.get("/health", summary="Liveness and queue state")(health)
-    app.api_route("/", methods=["GET", "HEAD"], summary="Liveness (clients that probe the base URL)")(root)
+    app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)(root)  # a probe (Claude Code: HEAD /)
     app.get("/metrics", summary="Prometheus metrics", response_class=Response)(metrics)
     anthropic.add_routes(app)
     openai_responses.add_routes(app)
