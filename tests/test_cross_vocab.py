@@ -470,3 +470,23 @@ def test_tli_draws_its_first_token_among_the_drafts_longer_tokens_after_held_bac
     drafter.model.table[0, :, 5] = -6.0  # ":" over ":\n": the held ":" is fed, then a shared token drafted
     assert len(drafter.propose([0, 1], 1, SamplingParams(), None)) == 1
     assert drafter._fed == [3, 0]
+
+
+def test_sequences_of_a_batch_each_draft_across_vocabularies(files, loaded):
+    """The batch engine forks the drafter per sequence: each keeps its own cache of its own text, and greedy output
+    equals each request decoded alone."""
+    from specwise.batch import BatchEngine
+    from specwise.step import Request
+
+    target = loaded["qwen"]
+    tok = target.tokenizer
+    texts = ["def f(x):", "Hello, world", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "x = [1, 2"]
+    prompts = [tok.encode(t, add_special_tokens=False) for t in texts]
+    requests = [Request(p, SamplingParams(), 10 + 2 * i, eos_token_ids=[]) for i, p in enumerate(prompts)]
+    drafters = make_drafter(f"ngram+model:{files['gemma']}", target)
+    engine = Engine(target.model, drafters, gamma=3)
+    events = BatchEngine(engine, max_batch=4).run_all(requests)
+    got = [[t for e in evs for t in e.token_ids] for evs in events]
+    plain = Engine(target.model.sequence(), None, gamma=0)
+    want = [plain.generate(r.prompt_ids, r.params, r.max_new_tokens, eos_token_ids=[]).token_ids for r in requests]
+    assert got == want
