@@ -51,8 +51,7 @@ def prepared(turn: dict, model: str, max_tokens: int) -> dict:
     if route == "/v1/responses":
         body["max_output_tokens"] = min(int(body.get("max_output_tokens") or max_tokens), max_tokens)
     else:
-        for key in ("max_completion_tokens",):
-            body.pop(key, None)
+        body.pop("max_completion_tokens", None)
         body["max_tokens"] = min(int(turn["body"].get("max_tokens") or max_tokens), max_tokens)
     if route == "/v1/chat/completions":
         body["stream_options"] = {"include_usage": True}
@@ -172,8 +171,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.llama_cpp:
         from specwise.lab.bench.llamacpp import LlamaServer
 
-        server = LlamaServer(args.target, threads=args.threads, ctx_size=args.context, extra_args=["--jinja"])
-        server.command = _with_prompt_cache(server.command)
+        server = LlamaServer(
+            args.target, threads=args.threads, ctx_size=args.context, extra_args=["--jinja"], prompt_cache=True
+        )
         with server:
             result = replay(server.url, "specwise", traces, args, LLAMA_ROUTES)
             servers["llama-server"] = {"command": shlex.join(server.command()), "traces": result}
@@ -190,20 +190,6 @@ def main(argv: list[str] | None = None) -> None:
         summary[name] = row
     header["machine"]["load_average_end"] = load_average()
     emit_json({**header, "target": Path(args.target).name, "servers": servers, "summary": summary}, args.out)
-
-
-def _with_prompt_cache(command):
-    """llama-server's command without ``--cache-ram 0`` (LlamaServer's default for cold timings): an agent's turns
-    reuse the cache, as a user's llama-server does."""
-
-    def wrapped() -> list[str]:
-        parts = command()
-        if "--cache-ram" in parts:
-            i = parts.index("--cache-ram")
-            del parts[i : i + 2]
-        return parts
-
-    return wrapped
 
 
 if __name__ == "__main__":

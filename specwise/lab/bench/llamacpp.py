@@ -295,10 +295,11 @@ class LlamaServer:
 
     ``parallel`` slots (``-np``, default 1; continuous batching across them), ``ctx_size`` tokens of context per
     slot, ``-t threads``, no web UI and no prompt cache between requests, so each request is timed from an empty
-    KV cache. ``extra_args`` go on the command line as they are (for example
-    ``["-md", draft_gguf]`` for llama.cpp's own speculative decoding). The server's log goes to ``log_path`` (a
-    temporary file by default) and its tail is quoted when it fails to start. After startup a ``warmup_tokens``
-    completion runs untimed, so that the first measured request does not pay for page-ins.
+    KV cache (``prompt_cache=True`` keeps llama-server's own, as a user's server runs it). ``extra_args`` go on the
+    command line as they are (for example ``["-md", draft_gguf]`` for llama.cpp's own speculative decoding). The
+    server's log goes to ``log_path`` (a temporary file by default) and its tail is quoted when it fails to start.
+    After startup a ``warmup_tokens`` completion runs untimed, so that the first measured request does not pay for
+    page-ins.
     """
 
     def __init__(
@@ -315,8 +316,10 @@ class LlamaServer:
         request_timeout: float = 1800.0,
         log_path: Path | None = None,
         warmup_tokens: int = 4,
+        prompt_cache: bool = False,
     ) -> None:
         self.gguf_path = Path(gguf_path)
+        self.prompt_cache = prompt_cache
         self.threads = threads
         self.ctx_size = ctx_size
         self.parallel = parallel
@@ -353,8 +356,7 @@ class LlamaServer:
             str(self.ctx_size * self.parallel),
             "-np",
             str(self.parallel),
-            "--cache-ram",
-            "0",
+            *([] if self.prompt_cache else ["--cache-ram", "0"]),
             "--no-webui",
             *self.extra_args,
         ]
