@@ -185,12 +185,14 @@ def forced(monkeypatch):
     from dataclasses import replace
 
     from specwise.constraints import Grammar
-    from specwise.server.parsing import ChatTools
+    from specwise.server import chat
 
-    def job(self, spec):
-        return replace(spec, params=replace(spec.params, constraint=Grammar(FORCED)))
+    tools = chat.chat_tools
 
-    monkeypatch.setattr(ChatTools, "job", job)
+    def forced_tools(state, body):
+        return replace(tools(state, body), constraint=Grammar(FORCED))
+
+    monkeypatch.setattr(chat, "chat_tools", forced_tools)
 
 
 def test_messages_give_thinking_blocks(server, forced):

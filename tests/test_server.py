@@ -42,7 +42,8 @@ from specwise.sampling import SamplingParams
 from specwise.server.app import create_app, sampling_params
 from specwise.server.metrics import ServerMetrics
 from specwise.server.protocol import ChatCompletionRequest
-from specwise.server.worker import GenerationWorker, Job, JobSpec, ServerStopping
+from specwise.server.worker import GenerationWorker, Job, ServerStopping
+from specwise.step import Request
 
 MODEL = "tiny"
 CONTEXT = 128
@@ -523,7 +524,7 @@ def test_a_bad_request_while_others_stream_gets_its_400_and_they_finish(served, 
             with pytest.raises(openai.BadRequestError) as overflow:
                 await api.chat.completions.create(**chat_body("hi", max_tokens=4, temperature=1e-160))
             # past the HTTP layer's checks, the engine's own: the error comes back on the job at once
-            job = Job(JobSpec([1] * CONTEXT, SamplingParams(), 4))
+            job = Job(Request([1] * CONTEXT, SamplingParams(), 4))
             worker.submit(job)
             with pytest.raises(ValueError, match=f"the prompt has {CONTEXT} tokens but the model's context is"):
                 _ = [event async for event in job.events()]
@@ -658,7 +659,7 @@ def test_stopping_fails_the_running_and_the_queued_jobs(tiny_server_dir):
     worker = GenerationWorker(runtime.engine, ServerMetrics(), max_queue=4, max_batch=1)
 
     async def scenario() -> None:
-        jobs = [Job(JobSpec([1, 2, 3], SamplingParams(), 100, eos_token_ids=[])) for _ in range(2)]
+        jobs = [Job(Request([1, 2, 3], SamplingParams(), 100, eos_token_ids=[])) for _ in range(2)]
         for job in jobs:
             worker.submit(job)
         running = jobs[0].events()

@@ -39,12 +39,13 @@ from specwise.server.chat import ChatJob, ReplyEnd, prepare_chat, reply_pieces
 from specwise.server.errors import APIError, as_api_error, error_shape
 from specwise.server.protocol import ChatCompletionRequest
 from specwise.server.responses import CLIENT_CLOSED
+from specwise.server.state import server_state
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
-    from specwise.server.app import ServerState
+    from specwise.server.state import ServerState
 
 __all__ = [
     "ContentBlocks",
@@ -647,10 +648,6 @@ def usage(openai: dict) -> dict:
 # ------------------------------------------------------------------------------------------------------- routes
 
 
-def _state(request: Request) -> ServerState:
-    return request.app.state.server
-
-
 _BODY_SCHEMA = {
     "type": "object",
     "required": ["model", "messages", "max_tokens"],
@@ -690,7 +687,7 @@ Json = Annotated[dict, Body(description="Anthropic's Messages body")]
 
 async def create_message(body: Json, request: Request) -> Response:
     """Anthropic ``POST /v1/messages``: the conversation through the chat path, answered whole or streamed."""
-    state = _state(request)
+    state = server_state(request)
     message = parse(MessagesRequest, body)
     chat, origins = chat_request(message, state.model_name)
     try:
@@ -707,7 +704,7 @@ async def create_message(body: Json, request: Request) -> Response:
 
 async def count_tokens(body: Json, request: Request) -> dict:
     """Anthropic ``POST /v1/messages/count_tokens``: the rendered prompt's length in tokens."""
-    state = _state(request)
+    state = server_state(request)
     chat, origins = chat_request(parse(CountTokensRequest, body), state.model_name)
     try:
         job = await prepare_chat(state, chat)  # encoded as a message's prompt is: nothing is generated
@@ -721,7 +718,8 @@ def _budget(state: ServerState, job: ChatJob, max_tokens: int) -> tuple[ChatJob,
     do: the reply then stops with ``model_context_window_exceeded``); whether it was cut."""
     room = None if state.context is None else state.context - job.prompt_tokens
     budget = max_tokens if room is None else min(max_tokens, room)
-    return replace(job, spec=replace(job.spec, max_tokens=budget, endpoint="messages")), budget < max_tokens
+    request = replace(job.request, max_new_tokens=budget)
+    return replace(job, request=request, endpoint="messages"), budget < max_tokens
 
 
 async def _whole(state: ServerState, pieces: AsyncIterator, reply: Reply) -> Response:

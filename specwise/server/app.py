@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from specwise.extras import missing_extra
 
@@ -34,17 +33,17 @@ from specwise.server.auth import APIKeyMiddleware
 from specwise.server.chat import prepare_chat
 from specwise.server.encoding import PromptEncoder
 from specwise.server.errors import APIError, add_error_handlers
-from specwise.server.infill import encode_fim_completion, infill, with_fim_stops
+from specwise.server.infill import encode_fim_completion, fim_end_tokens, infill
 from specwise.server.limits import BodyLimitMiddleware, default_max_body_bytes
 from specwise.server.logprobs import TokenTexts
 from specwise.server.metrics import CONTENT_TYPE_LATEST, ServerMetrics
 from specwise.server.parsing import (
     check_model,
+    choice_requests,
     choice_seed,
-    choice_specs,
     encode_completion,
     encode_prediction,
-    job_spec,
+    generation_request,
     sampling_params,
 )
 from specwise.server.protocol import (
@@ -57,34 +56,15 @@ from specwise.server.protocol import (
     SamplingRequest,
 )
 from specwise.server.responses import CLIENT_CLOSED, Tally, answer, collect, queue, sse
-from specwise.server.worker import GenerationWorker, JobSpec
+from specwise.server.state import ServerState, server_state
+from specwise.server.worker import GenerationWorker
+from specwise.step import Request as GenerationRequest
 from specwise.tools import ReplyReader
 
 __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_params", "serving_app"]
 
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 _ERRORS[401] = {"model": ErrorResponse}
-
-
-@dataclass
-class ServerState:
-    """What the routes share: the runtime, the generation worker, the metrics and the serving options."""
-
-    runtime: Runtime
-    model_name: str
-    worker: GenerationWorker
-    metrics: ServerMetrics
-    default_max_tokens: int | None
-    encoder: PromptEncoder  # prompts -> token ids on a thread of its own (the worker thread decodes)
-    max_body_bytes: int
-    created: int
-    token_texts: TokenTexts  # token ids -> text and bytes, for log-probabilities
-    reasoning_format: str = "auto"  # auto: a thinking model's reasoning apart from its answer; none: inline
-
-    @property
-    def context(self) -> int | None:
-        """The target's context size in tokens (None when unknown)."""
-        return self.runtime.engine.target.max_length
 
 
 def create_app(
@@ -163,10 +143,6 @@ def create_app(
     return app
 
 
-def _state(request: Request) -> ServerState:
-    return request.app.state.server
-
-
 # ----------------------------------------------------------------------------------------------------- routes
 
 
@@ -185,36 +161,38 @@ def _add_routes(app: FastAPI) -> None:
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
     """OpenAI ``POST /v1/completions``: a string or token-id prompt, streamed or not."""
-    state = _state(request)
+    state = server_state(request)
     check_model(state, body.model)
     if body.suffix:  # fill in the middle (infill.py): the prompt is the text before the cursor, the suffix after
         prompt_ids = await state.encoder.run(encode_fim_completion, state, body)
     else:
         prompt_ids = await state.encoder.run(encode_completion, state, body.prompt)
     prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)
-    spec = job_spec(state, body, prompt_ids, body.max_tokens, "completions", prediction=prediction)
-    spec = with_fim_stops(state, spec, body.ignore_eos) if body.suffix else spec
+    end = fim_end_tokens(state) if body.suffix else None  # a middle ends at the FIM stop tokens too
+    generation = generation_request(
+        state, body, prompt_ids, body.max_tokens, "completions", prediction=prediction, end_tokens=end
+    )
     fmt = CompletionFormat(state.model_name, state.token_texts, body.top_logprobs_count())
-    return await _generate(state, request, spec, fmt, body)
+    return await _generate(state, request, generation, "completions", fmt, body)
 
 
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI ``POST /v1/chat/completions``: the conversation through the chat template, streamed or not."""
-    state = _state(request)
+    state = server_state(request)
     check_model(state, body.model)
     job = await prepare_chat(state, body)
     fmt = ChatFormat(state.model_name, state.token_texts, body.top_logprobs_count())
-    return await _generate(state, request, job.spec, fmt, body, job.readers(state))
+    return await _generate(state, request, job.request, job.endpoint, fmt, body, job.readers(state))
 
 
 async def list_models(request: Request) -> dict:
     """OpenAI ``GET /v1/models``: the one model this server serves."""
-    return {"object": "list", "data": [_model_card(_state(request))]}
+    return {"object": "list", "data": [_model_card(server_state(request))]}
 
 
 async def get_model(model_id: str, request: Request) -> dict:
     """OpenAI ``GET /v1/models/{model}``."""
-    state = _state(request)
+    state = server_state(request)
     if model_id != state.model_name:
         raise APIError(404, f"The model '{model_id}' does not exist", param="model", code="model_not_found")
     return _model_card(state)
@@ -223,12 +201,12 @@ async def get_model(model_id: str, request: Request) -> dict:
 async def root(request: Request) -> dict:
     """``GET /`` and ``HEAD /``: 200 with the served model, for clients that probe the base URL before their first
     request (Claude Code sends ``HEAD /``)."""
-    return {"status": "ok", "model": _state(request).model_name}
+    return {"status": "ok", "model": server_state(request).model_name}
 
 
 async def health(request: Request) -> dict:
     """Liveness, the model and drafter served, the batch and the queue."""
-    state = _state(request)
+    state = server_state(request)
     return {
         "status": "ok",
         "model": state.model_name,
@@ -244,7 +222,7 @@ async def health(request: Request) -> dict:
 
 async def metrics(request: Request) -> Response:
     """Prometheus text format."""
-    return Response(_state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(server_state(request).metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def _model_card(state: ServerState) -> dict:
@@ -254,16 +232,17 @@ def _model_card(state: ServerState) -> dict:
 async def _generate(
     state: ServerState,
     request: Request,
-    spec: JobSpec,
+    generation: GenerationRequest,
+    endpoint: str,
     fmt: ResponseFormat,
     body: SamplingRequest,
     readers: list[ReplyReader] | None = None,
 ):
-    """Queue the request's choices and answer: a JSON response, or (once the first tokens are out) an event
-    stream. ``readers``: each choice's tool-call reader (None: the text is all content)."""
-    group = queue(state, choice_specs(spec, body.n))
+    """Queue the request's choices (``generation``, one per choice) and answer: a JSON response, or (once the first
+    tokens are out) an event stream. ``readers``: each choice's tool-call reader (None: the text is all content)."""
+    group = queue(state, choice_requests(generation, body.n), endpoint)
     events = group.events(request.is_disconnected)
-    tally = Tally(state, body.n, len(spec.prompt_ids), spec.logprobs is not None, readers)
+    tally = Tally(state, body.n, len(generation.prompt_ids), generation.logprobs is not None, readers)
     include_usage = body.stream_options is not None and body.stream_options.include_usage
     return await answer(
         group,

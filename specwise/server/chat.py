@@ -12,36 +12,39 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specwise.server.errors import APIError, as_api_error
-from specwise.server.parsing import ChatTools, chat_tools, encode_chat, encode_prediction, job_spec
+from specwise.server.parsing import ChatTools, chat_tools, encode_chat, encode_prediction, generation_request
 from specwise.server.protocol import ChatCompletionRequest
 from specwise.server.responses import Tally, queue
-from specwise.server.worker import ClientDisconnected, JobSpec
+from specwise.server.worker import ClientDisconnected
+from specwise.step import Request
 from specwise.tools import ContentPiece, ReplyReader, ToolCall
 
 if TYPE_CHECKING:
-    from fastapi import Request
+    from fastapi import Request as HTTPRequest
 
-    from specwise.server.app import ServerState
+    from specwise.server.state import ServerState
 
 __all__ = ["ChatJob", "ReplyEnd", "prepare_chat", "reply_pieces"]
 
 
 @dataclass(frozen=True)
 class ChatJob:
-    """A chat request ready to run: its job (prompt ids, sampling, constraint, budget) and its tools."""
+    """A chat request ready to run: the step's request (prompt ids, sampling, constraint, budget), its tools, and
+    the endpoint its metrics count it under (``chat``; the Messages API's ``messages``)."""
 
-    spec: JobSpec
+    request: Request
     tools: ChatTools
     stop: list[str]
     n: int = 1
+    endpoint: str = "chat"
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.spec.prompt_ids)
+        return len(self.request.prompt_ids)
 
     def readers(self, state: ServerState) -> list[ReplyReader] | None:
         """Each choice's reader of the reply (None: the reply is all content)."""
-        return self.tools.readers(state.runtime.tokenizer, self.stop, self.n, self.spec.prompt_ids)
+        return self.tools.readers(state.runtime.tokenizer, self.stop, self.n, self.request.prompt_ids)
 
 
 async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJob:
@@ -52,8 +55,8 @@ async def prepare_chat(state: ServerState, body: ChatCompletionRequest) -> ChatJ
     max_tokens = body.max_completion_tokens or body.max_tokens
     param = "max_completion_tokens" if body.max_completion_tokens else "max_tokens"
     prediction = None if body.prediction is None else await state.encoder.run(encode_prediction, state, body.prediction)
-    spec = tools.job(job_spec(state, body, prompt_ids, max_tokens, "chat", param, prediction))
-    return ChatJob(spec, tools, body.stop_list(), body.n)
+    request = generation_request(state, body, prompt_ids, max_tokens, "chat", param, prediction, tools.constraint)
+    return ChatJob(request, tools, body.stop_list(), body.n)
 
 
 @dataclass
@@ -70,7 +73,7 @@ class ReplyEnd:
     token_ids: list[int] = field(default_factory=list)
 
 
-async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpoint: str = "chat") -> AsyncIterator:
+async def reply_pieces(state: ServerState, request: HTTPRequest, job: ChatJob) -> AsyncIterator:
     """One reply (``job.n`` must be 1) as it comes: lists of pieces (ContentPiece, ReasoningPiece, CallStart,
     ArgumentsPiece), one list per target pass, then a :class:`ReplyEnd`. Errors before the first piece raise
     APIError (nothing was sent yet); a client that went away ends the iteration. The job is cancelled however
@@ -78,7 +81,7 @@ async def reply_pieces(state: ServerState, request: Request, job: ChatJob, endpo
     if job.n != 1:
         raise APIError(400, "this API generates one reply per request", param="n")
     readers = job.readers(state)
-    group = queue(state, [job.spec])
+    group = queue(state, [job.request], job.endpoint)
     tally = Tally(state, 1, job.prompt_tokens, False, readers)
     events = group.events(request.is_disconnected)
     token_ids: list[int] = []

@@ -13,7 +13,6 @@ fields, with llama.cpp's defaults) and answers as llama.cpp's ``/completion`` do
 from __future__ import annotations
 
 import weakref
-from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated
 
 from specwise.extras import missing_extra
@@ -28,15 +27,16 @@ except ModuleNotFoundError as err:
 
 from specwise.constraints import Constraint, JsonSchema
 from specwise.server.errors import APIError, as_api_error
-from specwise.server.parsing import check_model, encode_completion, job_spec
+from specwise.server.parsing import check_model, encode_completion, generation_request
 from specwise.server.protocol import _FAIL_FAST, CompletionRequest, SamplingRequest, _Checked
 from specwise.server.responses import _data, answer, queue
-from specwise.server.worker import ClientDisconnected, JobSpec
+from specwise.server.state import ServerState, server_state
+from specwise.server.worker import ClientDisconnected
 
 if TYPE_CHECKING:
-    from specwise.server.app import ServerState
+    from specwise.step import Request as GenerationRequest
 
-__all__ = ["ExtraFile", "InfillRequest", "encode_fim_completion", "infill", "with_fim_stops"]
+__all__ = ["ExtraFile", "InfillRequest", "encode_fim_completion", "fim_end_tokens", "infill"]
 
 RANDOM_SEEDS = (-1, 0xFFFFFFFF)  # llama.cpp's "pick a random seed"
 _NOT_FIM = (
@@ -143,8 +143,7 @@ def server_fim(state: ServerState) -> FimTokens | None:
     """The served model's FIM tokens (looked up once, on the encoder's thread)."""
     encoder = state.encoder
     if encoder not in _FIM_BY_ENCODER:
-        target = state.runtime.target
-        metadata = getattr(target, "fim_token_ids", None)
+        metadata = state.runtime.target.fim_token_ids
         _FIM_BY_ENCODER[encoder] = fim_tokens(encoder.tokenizer, metadata, state.runtime.engine.target.vocab_size)
     return _FIM_BY_ENCODER[encoder]
 
@@ -219,12 +218,10 @@ def check_context(state: ServerState, n: int, max_tokens: int | None, what: str,
         raise APIError(400, message, param=budget, code="context_length_exceeded")
 
 
-def with_fim_stops(state: ServerState, spec: JobSpec, ignore_eos: bool) -> JobSpec:
-    """``spec`` ending at the model's end-of-sequence tokens and the FIM stop tokens (nothing with ignore_eos)."""
-    if ignore_eos:
-        return replace(spec, eos_token_ids=[])
-    eos = fim_stop_ids(server_fim(state), engine_eos(state.runtime.engine))
-    return replace(spec, eos_token_ids=sorted(eos))
+def fim_end_tokens(state: ServerState) -> list[int]:
+    """The tokens a middle ends at: the model's end-of-sequence tokens and the FIM stop tokens (a request with
+    ``ignore_eos`` ends at none of them: :func:`~specwise.server.parsing.generation_request` sees to it)."""
+    return sorted(fim_stop_ids(server_fim(state), engine_eos(state.runtime.engine)))
 
 
 # ------------------------------------------------------------------------------------------------ /infill
@@ -232,7 +229,7 @@ def with_fim_stops(state: ServerState, spec: JobSpec, ignore_eos: bool) -> JobSp
 
 async def infill(body: InfillRequest, request: Request) -> Response:
     """llama.cpp's ``POST /infill``: the middle between ``input_prefix`` and ``input_suffix``, streamed or not."""
-    state: ServerState = request.app.state.server
+    state = server_state(request)
     if body.model is not None:
         check_model(state, body.model)
     if getattr(body, "prediction", None) is not None:
@@ -242,13 +239,14 @@ async def infill(body: InfillRequest, request: Request) -> Response:
     max_tokens, budget = body.budget()
     what = "input_extra, input_prefix, input_suffix and prompt"
     check_context(state, len(prompt_ids), max_tokens, what, "input_prefix", budget)
-    spec = with_fim_stops(state, job_spec(state, body, prompt_ids, max_tokens, "infill", budget), body.ignore_eos)
-    return await _answer(state, request, spec, InfillAnswer(state, body, spec, prompt_text))
+    end = fim_end_tokens(state)
+    generation = generation_request(state, body, prompt_ids, max_tokens, "infill", budget, end_tokens=end)
+    return await _answer(state, request, generation, InfillAnswer(state, body, generation, prompt_text))
 
 
-async def _answer(state: ServerState, request: Request, spec: JobSpec, reply: InfillAnswer) -> Response:
+async def _answer(state: ServerState, request: Request, generation: GenerationRequest, reply: InfillAnswer) -> Response:
     """Queue the job and answer: one JSON object, or (once the first tokens are out) an event stream."""
-    group = queue(state, [spec])
+    group = queue(state, [generation], "infill")
     events = _events(group.events(request.is_disconnected))
     streamed = lambda first: _stream(reply, first, events)  # noqa: E731
     return await answer(group, events, reply.body.stream, streamed, lambda first: _whole(reply, first, events))
@@ -289,8 +287,10 @@ async def _stream(reply: InfillAnswer, event, events):
 class InfillAnswer:
     """An /infill answer as its events come in, and its JSON in llama.cpp's shape (plus ``speculative``)."""
 
-    def __init__(self, state: ServerState, body: InfillRequest, spec: JobSpec, prompt_text: str) -> None:
-        self.state, self.body, self.spec, self.prompt_text = state, body, spec, prompt_text
+    def __init__(
+        self, state: ServerState, body: InfillRequest, generation: GenerationRequest, prompt_text: str
+    ) -> None:
+        self.state, self.body, self.generation, self.prompt_text = state, body, generation, prompt_text
         self.texts: list[str] = []
         self.tokens: list[int] = []
         self.finish: str | None = None
@@ -310,7 +310,7 @@ class InfillAnswer:
             "tokens": list(event.token_ids),
             "stop": False,
             "tokens_predicted": len(self.tokens),
-            "tokens_evaluated": len(self.spec.prompt_ids),
+            "tokens_evaluated": len(self.generation.prompt_ids),
         }
 
     async def summary(self, streamed: bool = False) -> dict:
@@ -328,8 +328,8 @@ class InfillAnswer:
             "model": self.state.model_name,
             "prompt": self.prompt_text,
             "tokens_predicted": len(self.tokens),
-            "tokens_evaluated": len(self.spec.prompt_ids),
-            "tokens_cached": min(stats.cached_tokens, len(self.spec.prompt_ids)),
+            "tokens_evaluated": len(self.generation.prompt_ids),
+            "tokens_cached": min(stats.cached_tokens, len(self.generation.prompt_ids)),
             "truncated": False,  # the prompt is never cut: what does not fit is refused
             "stop_type": stop_type,
             "stopping_word": word,
@@ -338,7 +338,7 @@ class InfillAnswer:
             "stopped_limit": stop_type == "limit",
             "generation_settings": self._settings(),
             "timings": {
-                "prompt_n": len(self.spec.prompt_ids) - stats.cached_tokens,
+                "prompt_n": len(self.generation.prompt_ids) - stats.cached_tokens,
                 "prompt_ms": prompt_ms,
                 "predicted_n": len(self.tokens),
                 "predicted_ms": predicted_ms,
@@ -351,18 +351,18 @@ class InfillAnswer:
         """llama.cpp's stop_type (``eos``, ``word`` or ``limit``) and the stop string that ended the middle."""
         if self.finish != "stop":
             return "limit", ""
-        if self.tokens and self.tokens[-1] in set(self.spec.eos_token_ids or ()):
+        if self.tokens and self.tokens[-1] in set(self.generation.eos_token_ids or ()):
             return "eos", ""
-        stops = self.spec.stop
+        stops = self.generation.stop
         whole = await self.state.encoder.run(_decode, self.state, self.tokens)
         after = whole[len("".join(self.texts)) :]
         found = [(after.find(s), s) for s in stops if s and s in after]
         return "word", min(found)[1] if found else ""
 
     def _settings(self) -> dict:
-        params = self.spec.params
+        params = self.generation.params
         return {
-            "n_predict": self.spec.max_tokens,
+            "n_predict": self.generation.max_new_tokens,
             "n_ctx": self.state.context,
             "model": self.state.model_name,
             "temperature": params.temperature,
@@ -370,7 +370,7 @@ class InfillAnswer:
             "top_p": params.top_p,
             "min_p": params.min_p,
             "seed": params.seed,
-            "stop": list(self.spec.stop),
+            "stop": list(self.generation.stop),
             "ignore_eos": self.body.ignore_eos,
             "stream": self.body.stream,
         }

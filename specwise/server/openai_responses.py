@@ -28,7 +28,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from specwise.extras import missing_extra
 
@@ -44,10 +44,8 @@ from specwise.server.chat import ReplyEnd, prepare_chat, reply_pieces
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import ChatCompletionRequest, ErrorResponse
 from specwise.server.responses import CLIENT_CLOSED
+from specwise.server.state import server_state
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece
-
-if TYPE_CHECKING:
-    from specwise.server.app import ServerState
 
 __all__ = ["ResponseStore", "ResponsesRequest", "add_routes", "chat_request"]
 
@@ -787,7 +785,7 @@ async def delete_response(response_id: str, request: Request) -> dict:
 async def create_response(body: ResponsesRequest, request: Request) -> Response:
     """OpenAI ``POST /v1/responses``: the input items through the chat path, answered as output items, whole or
     as server-sent events."""
-    state: ServerState = request.app.state.server
+    state = server_state(request)
     store = _store(request)
     history = []
     if body.previous_response_id is not None:

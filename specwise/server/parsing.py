@@ -1,6 +1,8 @@
 """A request's parts as the engine takes them: the model checked, the prompt encoded (on the encoder's thread),
-the sampling settings and constraint checked, the token budget against the context, and a JobSpec per choice (choice
-i seeded ``seed + i``). Every problem is an :class:`~specwise.server.errors.APIError` naming its parameter."""
+the sampling settings and constraint checked (:func:`sampling_params`, the one place a body's settings become
+:class:`~specwise.sampling.SamplingParams`), the token budget against the context, and the step's one
+:class:`~specwise.step.Request` (:func:`generation_request`), then one per choice (choice i seeded ``seed + i``).
+Every problem is an :class:`~specwise.server.errors.APIError` naming its parameter."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from specwise.constraints import Constraint, ConstraintError
 from specwise.sampling import SamplingParams
 from specwise.server.errors import APIError
 from specwise.server.protocol import SEED_MAX, ChatCompletionRequest, ChatMessage, SamplingRequest
-from specwise.server.worker import JobSpec
+from specwise.step import Request
 from specwise.tools import (
     ReplyReader,
     ToolError,
@@ -25,18 +27,18 @@ from specwise.tools import (
 from specwise.tools.reasoning import ReasoningSplitter, ThinkingTags, thinking_tags
 
 if TYPE_CHECKING:
-    from specwise.server.app import ServerState
+    from specwise.server.state import ServerState
 
 __all__ = [
     "ChatTools",
     "chat_tools",
     "check_model",
+    "choice_requests",
     "choice_seed",
-    "choice_specs",
     "encode_chat",
     "encode_completion",
     "encode_prediction",
-    "job_spec",
+    "generation_request",
     "predicted_text",
     "sampling_params",
 ]
@@ -108,12 +110,6 @@ class ChatTools:
             )
             for _ in range(n)
         ]
-
-    def job(self, spec: JobSpec) -> JobSpec:
-        """``spec`` with the tools' grammar as its constraint."""
-        if self.constraint is None:
-            return spec
-        return replace(spec, params=replace(spec.params, constraint=self.constraint))
 
 
 _NOT_WITH_TOOLS = ("response_format", "grammar", "regex")
@@ -197,10 +193,13 @@ def encode_prediction(state: ServerState, prediction: dict | None) -> list[int] 
     return state.encoder.text(text, add_special_tokens=False) or None
 
 
-def sampling_params(body: SamplingRequest) -> SamplingParams:
-    """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables)."""
+def sampling_params(body: SamplingRequest, constraint: Constraint | None = None) -> SamplingParams:
+    """The request's SamplingParams (OpenAI's defaults: temperature 1, top_p 1; top_k -1 or 0 disables), with its
+    constraint: ``constraint`` where given (the grammar of a request's tools), else the body's own (response_format,
+    grammar or regex), checked."""
     top_k = body.top_k if body.top_k is not None and body.top_k > 0 else 0
-    constraint = _constraint(body)
+    if constraint is None:
+        constraint = _constraint(body)
     try:
         return SamplingParams(
             temperature=1.0 if body.temperature is None else float(body.temperature),
@@ -230,7 +229,7 @@ def _constraint(body: SamplingRequest):
     return constraint
 
 
-def job_spec(
+def generation_request(
     state: ServerState,
     body: SamplingRequest,
     prompt_ids: list[int],
@@ -238,7 +237,14 @@ def job_spec(
     endpoint: str,
     max_tokens_param: str = "max_tokens",
     prediction: list[int] | None = None,
-) -> JobSpec:
+    constraint: Constraint | None = None,
+    end_tokens: list[int] | None = None,
+) -> Request:
+    """The step's Request of a body whose prompt is ``prompt_ids``: its sampling settings (:func:`sampling_params`,
+    ``constraint``: the tools' grammar), its budget checked against the context (None: the endpoint's default),
+    its stop strings, predicted output and log-probabilities, and the tokens it ends at (``end_tokens``; None: the
+    engine's end-of-sequence tokens; nothing with ``ignore_eos``). ``endpoint`` (``chat``, ``completions``,
+    ``infill``) names the prompt's field in errors and picks the default budget."""
     prompt_param = "messages" if endpoint == "chat" else "prompt"
     if not prompt_ids:
         raise APIError(400, "the prompt is empty: give at least one token", param=prompt_param)
@@ -247,7 +253,7 @@ def job_spec(
         message = f"the prompt has {n} tokens but the model's context is {context}: shorten the prompt"
         raise APIError(400, message, param=prompt_param, code="context_length_exceeded")
     room = None if context is None else context - n
-    params = sampling_params(body)
+    params = sampling_params(body, constraint)
     if max_tokens is None:
         # a constrained completion gets the rest of the context, as chat does, so that its grammar can finish
         short = endpoint == "completions" and params.constraint is None
@@ -266,9 +272,8 @@ def job_spec(
             f"takes {n}: predict at most {room} tokens"
         )
         raise APIError(400, message, param="prediction", code="context_length_exceeded")
-    eos = [] if body.ignore_eos else None
-    options = body.logprob_options()
-    return JobSpec(prompt_ids, params, max_tokens, body.stop_list(), eos, endpoint, options, prediction)
+    eos = [] if body.ignore_eos else end_tokens
+    return Request(prompt_ids, params, max_tokens, body.stop_list(), eos, body.logprob_options(), prediction)
 
 
 def choice_seed(seed: int | None, index: int) -> int | None:
@@ -280,8 +285,9 @@ def choice_seed(seed: int | None, index: int) -> int | None:
     return seed - 2**64 if seed > SEED_MAX else seed
 
 
-def choice_specs(spec: JobSpec, n: int) -> list[JobSpec]:
-    """The JobSpecs of a request's ``n`` choices: ``spec`` with choice i's seed."""
+def choice_requests(request: Request, n: int) -> list[Request]:
+    """The Requests of a request's ``n`` choices: ``request`` with choice i's seed."""
     if n == 1:
-        return [spec]
-    return [replace(spec, params=replace(spec.params, seed=choice_seed(spec.params.seed, i))) for i in range(n)]
+        return [request]
+    params = request.params
+    return [replace(request, params=replace(params, seed=choice_seed(params.seed, i))) for i in range(n)]

@@ -18,20 +18,22 @@ from specwise.metrics import SpecStats
 from specwise.server import keepalive
 from specwise.server.errors import APIError, as_api_error
 from specwise.server.protocol import Choice, ResponseFormat, usage
-from specwise.server.worker import ClientDisconnected, JobGroup, JobSpec, QueueFullError
+from specwise.server.worker import ClientDisconnected, JobGroup, QueueFullError
 from specwise.tools import ArgumentsPiece, CallStart, ContentPiece, ReasoningPiece, ReplyReader
 
 if TYPE_CHECKING:
-    from specwise.server.app import ServerState
+    from specwise.server.state import ServerState
+    from specwise.step import Request
 
 __all__ = ["CLIENT_CLOSED", "JobStreamingResponse", "Tally", "answer", "collect", "queue", "sse"]
 
 CLIENT_CLOSED = 499  # the status logged for a request whose client went away (nobody reads it)
 
 
-def queue(state: ServerState, specs: list[JobSpec]) -> JobGroup:
-    """The jobs of ``specs`` (one per choice) queued for the generation thread; HTTP 429 when the queue is full."""
-    group = JobGroup(specs)
+def queue(state: ServerState, requests: list[Request], endpoint: str) -> JobGroup:
+    """The jobs of ``requests`` (one per choice) queued for the generation thread, counted under ``endpoint``;
+    HTTP 429 when the queue is full."""
+    group = JobGroup(requests, endpoint)
     try:
         state.worker.submit_all(group.jobs)
     except QueueFullError as err:

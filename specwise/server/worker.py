@@ -1,6 +1,7 @@
 """The one thread that runs generations, continuously batched.
 
-The asyncio side queues a Job (or the Jobs of a JobGroup, one per choice of a request); this thread keeps a
+The asyncio side queues a Job (or the Jobs of a JobGroup, one per choice of a request), each carrying the step's
+:class:`~specwise.step.Request` as the request path built it; this thread keeps a
 :class:`~specwise.batch.BatchEngine` over the runtime's Engine, moves queued Jobs into it as slots free (up to
 ``max_batch`` share each target pass), steps it, and hands each request's events back to its Job's event loop.
 Requests join between steps and leave when done, so a short request does not wait for a long one. A Job whose
@@ -16,12 +17,11 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
-from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, BatchStep, Request
-from specwise.engine import Engine, GenerationEvent, LogprobOptions
-from specwise.sampling import SamplingParams
+from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, BatchStep
+from specwise.engine import Engine, GenerationEvent
 from specwise.server.metrics import ServerMetrics
+from specwise.step import Request
 
 __all__ = [
     "BatchFailed",
@@ -29,7 +29,6 @@ __all__ = [
     "GenerationWorker",
     "Job",
     "JobGroup",
-    "JobSpec",
     "QueueFullError",
     "ServerStopping",
 ]
@@ -55,44 +54,21 @@ class BatchFailed(RuntimeError):
     the request's; the worker goes on with a new batch)."""
 
 
-@dataclass
-class JobSpec:
-    """What to generate: the arguments of ``Engine.stream`` (a batch ``Request``) and the endpoint (a metrics
-    label)."""
-
-    prompt_ids: list[int]
-    params: SamplingParams
-    max_tokens: int
-    stop: list[str] = field(default_factory=list)
-    eos_token_ids: list[int] | None = None
-    endpoint: str = "completions"
-    logprobs: LogprobOptions | None = None
-    prediction: list[int] | None = None  # the predicted output's token ids (a draft source of this request)
-
-    def request(self) -> Request:
-        return Request(
-            self.prompt_ids,
-            self.params,
-            self.max_tokens,
-            list(self.stop),
-            self.eos_token_ids,
-            self.logprobs,
-            self.prediction,
-        )
-
-
 class Job:
-    """One generation (one choice of a request) and the channel its events come back on (worker thread -> event
-    loop). The Jobs of a JobGroup share one channel, each event tagged with its Job's ``index``."""
+    """One generation (one choice of a request: the step's ``request``) and the channel its events come back on
+    (worker thread -> event loop). The Jobs of a JobGroup share one channel, each event tagged with its Job's
+    ``index``. ``endpoint`` labels its metrics (``chat``, ``completions``, ``infill``, ``messages``)."""
 
     def __init__(
         self,
-        spec: JobSpec,
+        request: Request,
+        endpoint: str = "completions",
         loop: asyncio.AbstractEventLoop | None = None,
         index: int = 0,
         channel: asyncio.Queue | None = None,
     ) -> None:
-        self.spec = spec
+        self.request = request
+        self.endpoint = endpoint
         self.index = index
         self.submitted_at = time.perf_counter()
         self.tokens = 0  # generated so far
@@ -127,15 +103,17 @@ class Job:
 
 
 class JobGroup:
-    """The choices of one request (``n`` of them): a Job per JobSpec, ``index`` i for the i-th, all on one
+    """The choices of one request (``n`` of them): a Job per Request, ``index`` i for the i-th, all on one
     channel. The worker runs them as separate requests of its batch."""
 
-    def __init__(self, specs: list[JobSpec], loop: asyncio.AbstractEventLoop | None = None) -> None:
-        if not specs:
-            raise ValueError("a JobGroup needs at least one JobSpec")
+    def __init__(
+        self, requests: list[Request], endpoint: str = "completions", loop: asyncio.AbstractEventLoop | None = None
+    ) -> None:
+        if not requests:
+            raise ValueError("a JobGroup needs at least one Request")
         loop = loop or asyncio.get_running_loop()
         self._events: asyncio.Queue = asyncio.Queue()
-        self.jobs = [Job(spec, loop, i, self._events) for i, spec in enumerate(specs)]
+        self.jobs = [Job(request, endpoint, loop, i, self._events) for i, request in enumerate(requests)]
 
     def cancel(self) -> None:
         """Cancel every choice (a no-op for those finished)."""
@@ -316,19 +294,19 @@ class GenerationWorker:
                 self._admit(job)
 
     def _admit(self, job: Job) -> None:
-        spec, m = job.spec, self.metrics
+        m = self.metrics
         m.waiting.dec()
         if job.cancelled:
-            m.requests.labels(spec.endpoint, "cancelled").inc()
+            m.requests.labels(job.endpoint, "cancelled").inc()
             return
         m.queue_time.observe(time.perf_counter() - job.submitted_at)
         try:
-            rid = self._batch.submit(spec.request())
+            rid = self._batch.submit(job.request)
         except ValueError as err:  # the engine's check of the request: a bad request, answered at once
-            m.requests.labels(spec.endpoint, "error").inc()
+            m.requests.labels(job.endpoint, "error").inc()
             job.put(err)
             return
-        m.prompt_tokens.inc(len(spec.prompt_ids))
+        m.prompt_tokens.inc(len(job.request.prompt_ids))
         self._jobs[rid] = job
 
     def _drop_cancelled(self) -> None:
@@ -337,7 +315,7 @@ class GenerationWorker:
             if job.cancelled:
                 self._batch.cancel(rid)
                 del self._jobs[rid]
-                self.metrics.requests.labels(job.spec.endpoint, "cancelled").inc()
+                self.metrics.requests.labels(job.endpoint, "cancelled").inc()
 
     def _step(self) -> None:
         try:
@@ -350,7 +328,7 @@ class GenerationWorker:
         for rid, err in step.errors:  # a request that failed on its own (e.g. its sampling settings): a 400
             job = self._jobs.pop(rid, None)
             if job is not None:
-                self.metrics.requests.labels(job.spec.endpoint, "error").inc()
+                self.metrics.requests.labels(job.endpoint, "error").inc()
                 job.put(err)
         for rid, event in step.events:
             job = self._jobs.get(rid)
@@ -364,7 +342,7 @@ class GenerationWorker:
         jobs, self._jobs = self._jobs, {}
         for rid, job in jobs.items():
             self._batch.cancel(rid)
-            self.metrics.requests.labels(job.spec.endpoint, outcome).inc()
+            self.metrics.requests.labels(job.endpoint, outcome).inc()
             job.put(err)
 
     def _fail_batch(self, err: BaseException) -> None:
@@ -389,8 +367,8 @@ class GenerationWorker:
 
     def _finished(self, job: Job, event: GenerationEvent) -> None:
         m, now = self.metrics, time.perf_counter()
-        m.requests.labels(job.spec.endpoint, event.finish_reason).inc()
-        m.latency.labels(job.spec.endpoint).observe(now - job.submitted_at)
+        m.requests.labels(job.endpoint, event.finish_reason).inc()
+        m.latency.labels(job.endpoint).observe(now - job.submitted_at)
         if job.first_token_at is not None and job.tokens > 1:
             m.time_per_output_token.observe((now - job.first_token_at) / (job.tokens - 1))
         m.record_stats(event.stats)
