@@ -108,6 +108,34 @@ static void rows_gemm(const qkernels *K, const qmat *parts, int nparts, const fl
     }
 }
 
+/* Rows r_lo .. r_hi - 1 (whole groups of RMAX from r_lo) of the quantized activations a, interleaved per group of
+ * RMAX rows for the interleaved kernels (qx [block][row][32], dx and dsum [block][row]), with each distinct
+ * (offset, block) correction offset * sum(qx) per weight block and row (ci: ncorr arrays of k * in / 16). */
+static void interleave_acts(const acts *a, int k, int in, int r_lo, int r_hi, int RMAX, int8_t *qxi, float *dxi,
+                            float *dsi, int32_t *ci, int ncorr, const int *coff, const int *cblk) {
+    const size_t nb = (size_t)in / 32;
+    for (int r0 = r_lo; r0 < r_hi; r0 += RMAX) {
+        const int R = k - r0 < RMAX ? k - r0 : RMAX;
+        for (size_t b = 0; b < nb; b++)
+            for (int r = 0; r < R; r++) {
+                const size_t from = (size_t)(r0 + r) * nb + b, to = (size_t)r0 * nb + b * R + r;
+                memcpy(qxi + to * 32, a->qx + from * 32, 32);
+                dxi[to] = a->dx[from];
+                dsi[to] = a->dsum[from];
+                const int32_t h0 = a->isum[2 * from], h1 = a->isum[2 * from + 1];
+                for (int c = 0; c < ncorr; c++) {
+                    int32_t *cc = ci + (size_t)c * k * nb * 2;
+                    if (cblk[c] == 32) {
+                        cc[to] = coff[c] * (h0 + h1);
+                    } else { /* blocks of 16: [block 16][row] in the group */
+                        cc[(size_t)r0 * nb * 2 + 2 * b * R + r] = coff[c] * h0;
+                        cc[(size_t)r0 * nb * 2 + (2 * b + 1) * R + r] = coff[c] * h1;
+                    }
+                }
+            }
+    }
+}
+
 /* y[k][sum of outs] = x[k][in] . [W_0; W_1; ...]^T (+ bias): the parts' outputs side by side (a fused QKV or
  * gate/up product whose parts may have different formats). All parts share `in`, and are all tiles or all float
  * rows (KIND_ROWS: computed in float32 whatever the mode). */
@@ -153,6 +181,7 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
     const int32_t *corr[8] = {NULL};
     int8_t *qxi = NULL;
     float *dxi = NULL, *dsi = NULL;
+    int32_t *ci = NULL;
     if (il)
         for (int p = 0; p < nparts && p < 8; p++) {
             if (!q8il[p] || variant[p] != Q8IL_C) continue;
@@ -172,32 +201,11 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
         a.dsum = a.dx + (size_t)k * nb;
         a.isum = (int32_t *)(a.dsum + (size_t)k * nb);
         a.qx = (int8_t *)(a.isum + (size_t)k * nb * 2);
-        K->quantize(x, k, in, &a);
         if (il) {
             dxi = (float *)((char *)mem + ((plain + 63) & ~(size_t)63));
             dsi = dxi + (size_t)k * nb;
-            int32_t *ci = (int32_t *)(dsi + (size_t)k * nb); /* per correction: k * (in / block) */
+            ci = (int32_t *)(dsi + (size_t)k * nb); /* per correction: k * (in / block) */
             qxi = (int8_t *)(ci + (size_t)k * nb * 2 * ncorr);
-            for (int r0 = 0; r0 < k; r0 += RMAX) {
-                const int R = k - r0 < RMAX ? k - r0 : RMAX;
-                for (size_t b = 0; b < nb; b++)
-                    for (int r = 0; r < R; r++) {
-                        const size_t from = (size_t)(r0 + r) * nb + b, to = (size_t)r0 * nb + b * R + r;
-                        memcpy(qxi + to * 32, a.qx + from * 32, 32);
-                        dxi[to] = a.dx[from];
-                        dsi[to] = a.dsum[from];
-                        const int32_t h0 = a.isum[2 * from], h1 = a.isum[2 * from + 1];
-                        for (int c = 0; c < ncorr; c++) {
-                            int32_t *cc = ci + (size_t)c * k * nb * 2;
-                            if (cblk[c] == 32) {
-                                cc[to] = coff[c] * (h0 + h1);
-                            } else { /* blocks of 16: [block 16][row] in the group */
-                                cc[(size_t)r0 * nb * 2 + 2 * b * R + r] = coff[c] * h0;
-                                cc[(size_t)r0 * nb * 2 + (2 * b + 1) * R + r] = coff[c] * h1;
-                            }
-                        }
-                    }
-            }
             for (int p = 0; p < nparts && p < 8; p++)
                 for (int c = 0; c < ncorr; c++)
                     if (q8il[p] && variant[p] == Q8IL_C && parts[p].offset == coff[c] && parts[p].block == cblk[c])
@@ -206,6 +214,29 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
     }
 #pragma omp parallel num_threads(threads)
     {
+        if (need_q8) { /* the activations, each thread a share of the rows (a row's values depend on that row alone) */
+            int r_lo, r_hi;
+            thread_share(k, &r_lo, &r_hi);
+            if (r_hi > r_lo) {
+                const size_t nb = (size_t)in / 32;
+                acts ar = a;
+                ar.x = x + (size_t)r_lo * in;
+                ar.qx = a.qx + (size_t)r_lo * in;
+                ar.dx = a.dx + (size_t)r_lo * nb;
+                ar.dsum = a.dsum + (size_t)r_lo * nb;
+                ar.isum = a.isum + (size_t)r_lo * nb * 2;
+                K->quantize(ar.x, r_hi - r_lo, in, &ar);
+            }
+            if (il) {
+#pragma omp barrier
+                /* interleaved per group of RMAX rows, each thread a share of the groups */
+                int g_lo, g_hi;
+                thread_share((k + RMAX - 1) / RMAX, &g_lo, &g_hi);
+                interleave_acts(&a, k, in, g_lo * RMAX, g_hi * RMAX < k ? g_hi * RMAX : k, RMAX, qxi, dxi, dsi, ci, ncorr,
+                                coff, cblk);
+            }
+#pragma omp barrier
+        }
         int lo, hi;
         thread_share(tiles, &lo, &hi);
         int p = 0;
