@@ -30,6 +30,7 @@ _CONFIGS: dict[str, tuple[str, str, bool, str]] = {
     "specwise:auto": (SPECWISE, "auto", False, "specwise default drafter"),
     "specwise:auto+prediction": (SPECWISE, "auto", True, "specwise default drafter + prediction"),
     "specwise:ngram+model": (SPECWISE, "ngram+model:{draft}", False, "specwise ngram+model:draft"),
+    "specwise:ngram": (SPECWISE, "ngram", False, "specwise ngram"),
     "specwise:self": (SPECWISE, "self", False, "specwise self-drafting"),
     "specwise:ngram+self": (SPECWISE, "ngram+self", False, "specwise ngram+self"),
     "llama.cpp:none": (LLAMA_CPP, "none", False, "llama.cpp plain"),
