@@ -30,7 +30,9 @@ from specwise.tools import (
     special_token_id,
     tool_request,
 )
-from specwise.tools.parse import GenericParser, HermesParser, LlamaJsonParser
+from specwise.tools.formats.generic import GenericParser
+from specwise.tools.formats.hermes import HermesParser
+from specwise.tools.formats.llama_json import LlamaJsonParser
 
 gguf = pytest.importorskip("gguf")
 pytest.importorskip("llguidance")
@@ -186,6 +188,21 @@ def test_the_format_is_read_from_the_template(smol_tokenizer):
 
 
 # ------------------------------------------------------------------------------------------------ rendering
+
+
+def test_each_format_is_one_module_holding_its_rendering_grammar_and_parser():
+    """A format is one module of specwise.tools.formats and its line in REGISTERED: its ToolFormat (rendering,
+    grammar) and the parser it hands out live side by side, and detect_format asks the registered formats in order
+    before the fallback."""
+    from specwise.tools import formats
+
+    request = tool_request([WEATHER], None, None)
+    assert [cls.name for cls in formats.REGISTERED] == list(FORMATS) == ["hermes", "llama3_json", "generic"]
+    for fmt in FORMATS.values():
+        module = type(fmt).__module__
+        assert module.startswith("specwise.tools.formats.") and module != "specwise.tools.formats.base"
+        assert type(fmt.parser(request)).__module__ == module
+    assert not FORMATS[formats.FALLBACK].detects(QWEN_TEMPLATE)  # the fallback is what no format detects
 
 
 def test_native_rendering_uses_the_templates_tools_and_history(runtimes):

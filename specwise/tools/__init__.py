@@ -1,6 +1,7 @@
 """Tool calls (OpenAI's function calling) for any chat model: the request's tools checked (:mod:`.spec`), the
-model's tool-call format read from its chat template, the conversation rendered for it, the grammar its calls must
-follow (:mod:`.formats`), and the parser that reads calls out of its reply as it streams (:mod:`.parse`).
+model's tool-call format read from its chat template, and for each format, in one module of :mod:`.formats`, the
+conversation rendered for it, the grammar its calls must follow and the parser that reads calls out of its reply as
+it streams (the pieces of an answer and the parsers' base: :mod:`.parse`).
 
 Usage::
 

@@ -1,12 +1,8 @@
-"""Reading tool calls out of a reply as it streams: one parser per output format, each fed the reply's text in
-pieces and giving back pieces of the answer: content text, the start of a call (its id and name), and pieces
-of a call's arguments (JSON text). The whole answer is the same pieces put together, so a streamed answer and
-an unstreamed one are the same by construction.
-
-- :class:`HermesParser`: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` (Qwen2.5, Qwen3);
-- :class:`LlamaJsonParser`: the reply is one JSON object ``{"name": ..., "parameters": {...}}`` (Llama 3.x);
-- :class:`GenericParser`: the reply is ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` or
-  ``{"response": "..."}`` (models whose template has no tools).
+"""Reading tool calls out of a reply as it streams: the pieces of an answer (content text, the start of a call with
+its id and name, pieces of a call's arguments as JSON text) and :class:`CallParser`, the base of every format's
+parser (each in its format's module of :mod:`specwise.tools.formats`), fed the reply's text in pieces and giving
+back the answer's pieces. The whole answer is the same pieces put together, so a streamed answer and an
+unstreamed one are the same by construction.
 
 Text that opens a call but is not one (a call the model wrote wrongly) comes back as content; a call cut short by
 the token limit keeps the arguments written so far (as OpenAI's answers do), incomplete.
@@ -15,22 +11,21 @@ the token limit keeps the arguments written so far (as OpenAI's answers do), inc
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass
 
-from specwise.tools.loose import LooseCalls
-
 __all__ = [
+    "CALL_NAME",
     "ArgumentsPiece",
     "CallParser",
     "CallStart",
     "ContentPiece",
-    "GenericParser",
-    "HermesParser",
-    "LlamaJsonParser",
+    "JsonScanner",
+    "Piece",
     "ReasoningPiece",
     "ToolCall",
+    "call_from_json",
+    "held_prefix",
     "new_call_id",
 ]
 
@@ -122,7 +117,7 @@ class JsonScanner:
         return n
 
 
-def _call_from_json(text: str, keys: tuple[str, ...]) -> tuple[str, str] | None:
+def call_from_json(text: str, keys: tuple[str, ...]) -> tuple[str, str] | None:
     """(name, arguments as JSON text) of a call written as a JSON object in any key order, else None."""
     try:
         obj = json.loads(text)
@@ -231,7 +226,7 @@ class CallParser:
         return self._scanner.done
 
 
-def _held_prefix(text: str, marker: str) -> int:
+def held_prefix(text: str, marker: str) -> int:
     """Length of the longest end of ``text`` that begins ``marker`` (text to hold back: it may open a call)."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):
         if text.endswith(marker[:n]):
@@ -239,213 +234,5 @@ def _held_prefix(text: str, marker: str) -> int:
     return 0
 
 
-_NAME = r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*'
-
-
-class HermesParser(CallParser):
-    """Calls tagged ``<tool_call>`` ... ``</tool_call>``, each holding ``{"name": ..., "arguments": {...}}``;
-    text around them is content."""
-
-    OPEN, CLOSE = "<tool_call>", "</tool_call>"
-    HEAD = re.compile(r"\s*" + _NAME + r'"arguments"\s*:\s*(?=\S)')
-    TAIL = re.compile(r"\s*\}\s*" + re.escape(CLOSE))
-
-    def __init__(self, loose: LooseCalls | None = None) -> None:
-        super().__init__()
-        self.loose = loose  # the request's functions, for a reply that is a bare or fenced JSON call (auto)
-        self._opening = loose is not None  # whether the reply's opening is still to be judged
-
-    def _start(self) -> bool:  # text
-        if self._opening:
-            verdict = self.loose.may_open(self.buf)
-            if verdict is None and not self.final:
-                return False  # too little to tell: hold it
-            self._opening = False
-            if verdict:
-                self.state = "loose"
-                return True
-        return self._text()
-
-    def _loose(self) -> bool:
-        """A reply that opened as a loose call: held whole, then calls if it is one, else content."""
-        if not self.final:
-            return False
-        calls = self.loose.calls(self.buf)
-        if calls is None:
-            self._emit_content(self.buf, hold=False)
-        for name, arguments in calls or ():
-            self._whole_call(name, arguments)
-        self.buf, self.state = "", "start"
-        return False
-
-    def _text(self) -> bool:
-        i = self.buf.find(self.OPEN)
-        if i >= 0:
-            self._emit_content(self.buf[:i])
-            self.buf, self.state = self.buf[i + len(self.OPEN) :], "head"
-            return True
-        keep = 0 if self.final else _held_prefix(self.buf, self.OPEN)
-        self._emit_content(self.buf[: len(self.buf) - keep])
-        self.buf = self.buf[len(self.buf) - keep :]
-        return False
-
-    def _head(self) -> bool:
-        if self._open_call():
-            return True
-        end = self.buf.find(self.CLOSE)
-        if end < 0 and not self.final:
-            return False
-        body = self.buf if end < 0 else self.buf[:end]
-        call = _call_from_json(body.strip(), ("arguments", "parameters"))
-        if call is not None:
-            self._whole_call(*call)
-        else:  # not a call: the text comes back as it was written
-            self._emit_content(self.OPEN + body + ("" if end < 0 else self.CLOSE))
-        self.buf = "" if end < 0 else self.buf[end + len(self.CLOSE) :]
-        self.state = "start"
-        return bool(self.buf)
-
-    def _tail(self) -> bool:
-        match = self.TAIL.match(self.buf)
-        if match:
-            self.buf, self.state = self.buf[match.end() :], "start"
-            return True
-        rest = self.buf.lstrip()
-        if not self.final and (not rest or (rest[0] == "}" and self.CLOSE.startswith(rest[1:].lstrip()))):
-            return False
-        self.state = "start"  # the call's arguments are whole; what follows them is text
-        return True
-
-
-class LlamaJsonParser(CallParser):
-    """A reply that begins with ``{`` is one call ``{"name": ..., "parameters": {...}}``; any other reply is
-    content."""
-
-    HEAD = re.compile(_NAME + r'"(?:parameters|arguments)"\s*:\s*(?=\S)')
-    TAIL = re.compile(r"\s*\}")
-
-    def _start(self) -> bool:
-        self.buf = self.buf.removeprefix("<|python_tag|>")
-        if not self.buf:
-            return False
-        self.state = "head" if self.buf[0] == "{" else "text"
-        return True
-
-    def _text(self) -> bool:
-        self._emit_content(self.buf)
-        self.buf = ""
-        return False
-
-    def _head(self) -> bool:
-        if self._open_call():
-            return True
-        if not self.final:
-            return False
-        call = _call_from_json(self.buf.strip(), ("parameters", "arguments"))
-        if call is not None:
-            self._whole_call(*call)
-        else:
-            self._emit_content(self.buf)
-        self.buf, self.state = "", "text"
-        return False
-
-    def _tail(self) -> bool:
-        match = self.TAIL.match(self.buf)
-        if match is None and not self.final and not self.buf.strip():
-            return False
-        self.buf = self.buf[match.end() :] if match else self.buf
-        self.state = "text"
-        return True
-
-
-class GenericParser(CallParser):
-    """The generic format: the reply is ``{"tool_calls": [{"name": ..., "arguments": {...}}, ...]}`` or
-    ``{"response": "..."}`` (its string is the content). Anything else comes back as content."""
-
-    RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
-    CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
-    HEAD = re.compile(r"\s*" + _NAME + r'"arguments"\s*:\s*(?=\S)')
-    TAIL = re.compile(r"\s*\}\s*([,\]])")
-    OPENERS = ('{"response":"', '{"tool_calls":[')
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.raw = ""  # the whole reply, given back as content if it is neither form
-
-    def feed(self, text: str, final: bool = False) -> list[Piece]:
-        self.raw += text
-        return super().feed(text, final)
-
-    def _start(self) -> bool:
-        for pattern, state in ((self.RESPONSE, "response"), (self.CALLS, "head")):
-            match = pattern.match(self.buf)
-            if match:
-                self.buf, self.state = self.buf[match.end() :], state
-                return True
-        compact = "".join(self.buf.split())
-        if not self.final and any(opener.startswith(compact) for opener in self.OPENERS):
-            return False
-        self.state = "raw"
-        return True
-
-    def _raw(self) -> bool:
-        self._emit_content(self.buf, hold=False)
-        self.buf = ""
-        return False
-
-    def _response(self) -> bool:
-        try:
-            text, used, closed = _json_string_prefix(self.buf)
-        except ValueError:  # a broken escape: the rest comes back as written
-            text, used, closed = self.buf, len(self.buf), True
-        self._emit_content(text, hold=False)
-        self.buf = self.buf[used:]
-        if closed:
-            self.state = "end"
-        return closed
-
-    def _head(self) -> bool:
-        return self._open_call()
-
-    def _tail(self) -> bool:
-        match = self.TAIL.match(self.buf)
-        if match is None:
-            return False
-        self.buf = self.buf[match.end() :]
-        self.state = "head" if match.group(1) == "," else "end"
-        return True
-
-    def _end(self) -> bool:
-        self.buf = ""
-        return False
-
-    def _finish(self) -> None:
-        if not self.calls and self.state in ("start", "head"):  # neither form: the reply is the content
-            self.content = ""
-            self._emit_content(self.raw, hold=False)
-
-
-def _json_string_prefix(text: str) -> tuple[str, int, bool]:
-    """The decoded text of the longest whole part of a JSON string's body at the start of ``text`` (escapes
-    complete, surrogate pairs together): (decoded, characters used, whether the closing quote was reached, the
-    quote counted as used)."""
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == '"':
-            return json.loads(f'"{text[:i]}"'), i + 1, True
-        if ch != "\\":
-            i += 1
-            continue
-        if i + 1 >= len(text):
-            break
-        if text[i + 1] != "u":
-            i += 2
-            continue
-        if i + 6 > len(text):
-            break
-        high = 0xD800 <= int(text[i + 2 : i + 6], 16) <= 0xDBFF
-        if high and i + 12 > len(text):
-            break
-        i += 12 if high else 6
-    return json.loads(f'"{text[:i]}"'), i, False
+# the start of a call written as JSON: its name first, then the key of its arguments (a format's HEAD adds the key)
+CALL_NAME = r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*'

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specwise.tools.tokens import single_token_id
+
 __all__ = ["ReasoningSplitter", "ThinkingTags", "thinking_tags"]
 
 TAGS = (("<think>", "</think>"),)
@@ -34,8 +36,6 @@ class ThinkingTags:
 def thinking_tags(tokenizer) -> ThinkingTags | None:
     """The thinking tags of a model whose chat template names them and whose vocabulary has each as one token
     (None: the model does not think in tags)."""
-    from specwise.tools.formats import single_token_id
-
     template = getattr(tokenizer, "chat_template", None) or ""
     for open_, close in TAGS:
         if open_ not in template or close not in template:
