@@ -202,9 +202,12 @@ def test_validator_names_every_problem(results):
 
 
 def test_every_schema_field_is_documented():
+    from specwise.lab.bench.schema import OPTIONAL
+
     docs = (ROOT / "docs" / "BENCHMARKS.md").read_text(encoding="utf-8")
     documented = set(re.findall(r"`([a-z_]+)`", docs))
-    missing = {f"{kind}.{name}" for kind, fields in SCHEMA.items() for name in fields if name not in documented}
+    schemas = [*SCHEMA.items(), *OPTIONAL.items()]
+    missing = {f"{kind}.{name}" for kind, fields in schemas for name in fields if name not in documented}
     assert not missing, f"fields missing from docs/BENCHMARKS.md: {sorted(missing)}"
 
 
@@ -355,6 +358,91 @@ def test_simulate_rejects_bad_settings(tmp_path, capsys):
     needs_extra("bench")
     assert main(["simulate", "--out", str(tmp_path), "--alphas", "1.0"]) == 2
     assert "alphas must be in [0, 1)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ peak memory
+
+
+def _peak_measurable() -> bool:
+    from specwise.lab.bench.memory import PeakMemory
+
+    return PeakMemory().available
+
+
+@pytest.mark.skipif(not _peak_measurable(), reason="needs Linux's /proc/self/status and clear_refs")
+def test_every_run_and_configuration_reports_its_peak_memory(results, bench_dir):
+    assert results["memory"]["available"] and results["memory"]["reason"] is None
+    assert all(r["peak_rss_mib"] > 0 for r in results["runs"])
+    for entry in results["summary"]:  # a configuration's peak: the highest of its runs'
+        runs = [
+            r["peak_rss_mib"]
+            for r in results["runs"]
+            if r["config"] == entry["config"] and entry["category"] in ("all", r["category"])
+        ]
+        assert entry["peak_rss_mib"] == max(runs) > 0
+    report = (bench_dir / "report.md").read_text(encoding="utf-8")
+    assert "| peak MiB |" in report and "peak resident memory while the configuration's runs ran" in report
+
+
+def test_peak_memory_follows_what_the_process_holds():
+    from specwise.lab.bench.memory import PeakMemory, process_peak_mib
+
+    memory = PeakMemory()
+    if not memory.available:
+        pytest.skip(memory.reason)
+    before = memory.peak_mib()
+    block = bytearray(64 << 20)
+    block[::4096] = b"x" * len(block[::4096])  # touch every page: resident
+    assert memory.peak_mib() >= before + 60
+    del block
+    memory.reset()  # the peak falls back to what is resident now
+    assert memory.peak_mib() < before + 30
+    import os
+
+    assert process_peak_mib(os.getpid())[0] > 0
+    assert process_peak_mib(None) == (None, "the process is not running")
+
+
+def test_peak_memory_is_null_with_its_reason_where_it_cannot_be_read(tmp_path):
+    from specwise.lab.bench.memory import PeakMemory, process_peak_mib
+
+    elsewhere = PeakMemory(status=tmp_path / "status")  # no /proc: not Linux
+    assert not elsewhere.available and elsewhere.peak_mib() is None and "Linux only" in elsewhere.reason
+    elsewhere.reset()  # nothing to reset, nothing raised
+    status = tmp_path / "status"
+    status.write_text("Name:\tpython\nVmHWM:\t  2048 kB\n")
+    sealed = PeakMemory(status=status, clear_refs=tmp_path / "no-such-dir" / "clear_refs")  # a sandbox
+    assert sealed.peak_mib() is None and "cannot reset the peak" in sealed.reason
+    assert sealed.record() == {"measure": sealed.record()["measure"], "available": False, "reason": sealed.reason}
+    assert PeakMemory(status=status, clear_refs=tmp_path / "clear_refs").peak_mib() == 2.0
+    value, reason = process_peak_mib(2**22 + 12345)
+    assert value is None and "Linux only" in reason
+
+
+def test_a_run_without_peak_memory_reports_null_and_says_why(tiny_dir, monkeypatch, tmp_path):
+    import specwise.lab.bench.runner as runner
+    from specwise.lab.bench.memory import PeakMemory
+    from specwise.models import load_model
+
+    monkeypatch.setattr(runner, "PeakMemory", lambda: PeakMemory(status=tmp_path / "missing"))
+    prompts = select_prompts(default_prompts(), ["coding"], None)
+    settings = BenchSettings(drafters=["ngram"], gammas=[2], max_new_tokens=4)
+    settings.hf_baselines, settings.warmup = False, False
+    data = run_bench(settings, prompts, loaded=load_model(tiny_dir), progress=False)
+    validate_results(data)
+    assert data["memory"]["available"] is False and "Linux only" in data["memory"]["reason"]
+    assert all(r["peak_rss_mib"] is None for r in data["runs"])
+    assert all(s["peak_rss_mib"] is None for s in data["summary"])
+    assert "Peak memory was not measured: no peak resident memory to read" in render_markdown(data)
+    older = copy.deepcopy(data)  # results written before peak memory was measured still validate
+    del older["memory"]
+    for item in (*older["runs"], *older["summary"]):
+        del item["peak_rss_mib"]
+    validate_results(older)
+    assert "peak MiB" not in render_markdown(older)
+    older["runs"][0]["peak_rss_mib"] = "a lot"
+    with pytest.raises(ValueError, match=r"runs\[0\]\.peak_rss_mib: expected int or float or null, got str"):
+        validate_results(older)
 
 
 # ------------------------------------------------------------------------------------ rounds and paired speedups

@@ -204,6 +204,8 @@ def _overall(results: dict) -> list[str]:
     header = ["configuration", "tokens/s", *(["decode tokens/s"] if decode else [])]
     header += ["speedup vs plain", *(["speedup vs HF"] if hf else [])]
     header += ["α", "τ", "τ theory", "greedy = plain"]
+    memory = results.get("memory")  # results written before peak memory was measured have none
+    header += ["peak MiB"] if memory else []
     rows = []
     for c in results["configurations"]:
         e = entries[(c["id"], "all")]
@@ -217,8 +219,23 @@ def _overall(results: dict) -> list[str]:
             _fmt(e["expected_mean_accepted_length"]),
         ]
         row.append("reference" if c["id"] == PLAIN_ID else _fmt(e["greedy_identical"]))
+        row += [_fmt(e.get("peak_rss_mib"), 1)] if memory else []
         rows.append(row)
-    return ["## Overall (all categories)", "", *_table(header, rows), ""]
+    return ["## Overall (all categories)", "", *_table(header, rows), "", *_memory_note(memory)]
+
+
+def _memory_note(memory: dict | None) -> list[str]:
+    """What the peak memory column means, or why it is empty."""
+    if not memory:
+        return []
+    if not memory["available"]:
+        return [f"Peak memory was not measured: {memory['reason']}.", ""]
+    return [
+        "peak MiB: the benchmark process's peak resident memory while the configuration's runs ran (the target's "
+        "weights, every drafter built for the run and the interpreter included; reset before each run); "
+        "llama.cpp runs in a process of its own and is not measured.",
+        "",
+    ]
 
 
 def overall_lines(results: dict) -> list[str]:

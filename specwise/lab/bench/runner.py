@@ -34,6 +34,7 @@ from specwise.lab.bench.configs import (
     make_configs,
 )
 from specwise.lab.bench.environment import emit_json, load_average, machine_info, script_header
+from specwise.lab.bench.memory import PeakMemory
 from specwise.lab.bench.prompts import BenchPrompt
 from specwise.lab.bench.schema import (
     SCHEMA,
@@ -306,14 +307,20 @@ def _rotate(items: list, shift: int) -> list:
 
 
 class _Job:
-    """Everything one run needs besides the configuration."""
+    """Everything one run needs besides the configuration; ``memory`` measures each run's peak resident memory."""
 
-    def __init__(self, settings: BenchSettings, runners: dict[str, Runner], eos: list[int], bar) -> None:
+    def __init__(
+        self, settings: BenchSettings, runners: dict[str, Runner], eos: list[int], bar, memory: PeakMemory
+    ) -> None:
         self.settings, self.runners, self.eos, self.bar = settings, runners, eos, bar
+        self.memory = memory
 
     def run(self, config: BenchConfig, prompt_ids: list[int], seed: int, max_new_tokens: int) -> Outcome:
         self.bar.set_postfix_str(config.label, refresh=False)
+        self.memory.reset()
         outcome = self.runners[config.id].run(prompt_ids, self.settings.params(seed), max_new_tokens, self.eos)
+        if config.method != LLAMA_CPP:  # llama.cpp runs in a process of its own
+            outcome.peak_rss_mib = self.memory.peak_mib()
         self.bar.update()
         return outcome
 
@@ -402,9 +409,10 @@ def run_bench(
     jobs = [(p, seed) for p in prompts for seed in settings.seeds]
     total = len(configs) * (len(jobs) * settings.rounds + int(settings.warmup))
     records: list[RunRecord] = []
+    memory = PeakMemory()
     bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, disable=not progress, dynamic_ncols=True)
     try:
-        job = _Job(settings, runners, _eos_ids(settings, loaded), bar)
+        job = _Job(settings, runners, _eos_ids(settings, loaded), bar, memory)
         if settings.warmup:
             first = encoded[prompts[0].id]
             for config in configs:
@@ -423,7 +431,7 @@ def run_bench(
         threads = get_num_threads()
         _check_llama_cpp(records, llama_cpp_tokens(gguf, encoded, settings.max_new_tokens, threads))
         peer = llama_cpp_info(gguf, settings.max_new_tokens, threads)
-    results = assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command)
+    results = assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command, memory.record())
     results["llama_cpp"] = peer
     return results
 

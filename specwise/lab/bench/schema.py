@@ -26,6 +26,7 @@ from specwise.metrics import SpecStats
 __all__ = [
     "SCHEMA_VERSION",
     "SCHEMA",
+    "OPTIONAL",
     "Outcome",
     "RunRecord",
     "assemble_results",
@@ -44,7 +45,8 @@ class Outcome:
 
     ``decode_seconds``: the seconds after the prompt's pass, where the method reports them (llama.cpp's own
     ``eval time``); specwise's come from its stats. ``new_tokens``: the count, where ``token_ids`` are not known
-    while the run is timed (llama.cpp: they are filled in afterwards).
+    while the run is timed (llama.cpp: they are filled in afterwards). ``peak_rss_mib``: this process's peak resident
+    memory while the run ran (:mod:`specwise.lab.bench.memory`), or None (not measured, or another process ran it).
     """
 
     token_ids: list[int]
@@ -54,6 +56,7 @@ class Outcome:
     stats: SpecStats | None = None
     decode_seconds: float | None = None
     new_tokens: int | None = None
+    peak_rss_mib: float | None = None
 
     @property
     def count(self) -> int:
@@ -107,6 +110,7 @@ class RunRecord:
             "identical_to_plain": self.identical_to_plain,
             "first_difference": self.first_difference,
             "stats": out.stats.to_dict() if out.stats is not None else None,
+            "peak_rss_mib": out.peak_rss_mib,
         }
 
 
@@ -129,6 +133,7 @@ def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], me
     new = sum(r.outcome.count for r in runs)
     passes = sum(r.outcome.target_passes for r in runs)
     checked = [r.identical_to_plain for r in runs if r.identical_to_plain is not None]
+    peaks = [r.outcome.peak_rss_mib for r in runs if r.outcome.peak_rss_mib is not None]
     entry = {
         "config": config.id,
         "category": category,
@@ -146,6 +151,7 @@ def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], me
         "greedy_identical": all(checked) if checked else None,
         "greedy_mismatches": checked.count(False),
         "stats": None,
+        "peak_rss_mib": max(peaks) if peaks else None,
     }
     stats = [r.outcome.stats for r in runs if r.outcome.stats is not None]
     if stats:
@@ -249,8 +255,9 @@ def assemble_results(
     records: list[RunRecord],
     machine: dict,
     command: str,
+    memory: dict | None = None,
 ) -> dict:
-    """The ``results.json`` object."""
+    """The ``results.json`` object; ``memory``: how the runs' peak memory was measured (``PeakMemory.record``)."""
     categories = list(dict.fromkeys(p.category for p in prompts))
     runs = [r.to_dict() for r in records]
     configurations = [c.to_dict() for c in configs]
@@ -273,6 +280,7 @@ def assemble_results(
         "paired": paired_summary(configurations, runs, categories),
         "greedy_check": greedy_check(records, settings.temperature == 0.0),
         "llama_cpp": None,
+        "memory": memory,
     }
 
 
@@ -399,6 +407,13 @@ SCHEMA: dict[str, dict[str, tuple]] = {
         "verdict": (str,),
     },
     "llama_cpp": {"binaries": (str,), "gguf": (str,), "threads": (int,), "llama_bench_tg": (dict,)},
+    "memory": {"measure": (str,), "available": (bool,), "reason": (str, _NONE)},
+}
+# Fields added within a version: checked where present, so that results written before them still validate.
+OPTIONAL: dict[str, dict[str, tuple]] = {
+    "results": {"memory": (dict, _NONE)},
+    "run": {"peak_rss_mib": _OPT_NUM},
+    "summary": {"peak_rss_mib": _OPT_NUM},
 }
 
 
@@ -412,9 +427,11 @@ def _check_fields(obj, kind: str, where: str, errors: list[str]) -> None:
     if not isinstance(obj, dict):
         errors.append(f"{where}: expected an object, got {type(obj).__name__}")
         return
-    for name, allowed in SCHEMA[kind].items():
+    optional = OPTIONAL.get(kind, {})
+    for name, allowed in [*SCHEMA[kind].items(), *optional.items()]:
         if name not in obj:
-            errors.append(f"{where}: missing field {name!r}")
+            if name not in optional:
+                errors.append(f"{where}: missing field {name!r}")
         elif not _type_ok(obj[name], allowed):
             names = " or ".join("null" if t is _NONE else t.__name__ for t in allowed)
             errors.append(f"{where}.{name}: expected {names}, got {type(obj[name]).__name__}")
@@ -450,6 +467,8 @@ def validate_results(data) -> None:
                 _check_fields(item, kind, f"{key}[{i}]", errors)
         if data["llama_cpp"] is not None:
             _check_fields(data["llama_cpp"], "llama_cpp", "llama_cpp", errors)
+        if data.get("memory") is not None:
+            _check_fields(data["memory"], "memory", "memory", errors)
         _check_references(data, errors)
     if errors:
         raise ValueError("results do not match the schema:\n  " + "\n  ".join(errors))
