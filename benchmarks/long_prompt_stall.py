@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
+import sys
 import time
 from pathlib import Path
 
-from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, Request
-from specwise.lab.bench.environment import emit_json, load_average, script_header
-from specwise.models.threads import set_num_threads
-from specwise.runtime import build_runtime, encode_chat
-from specwise.sampling import SamplingParams
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prefill_lengths import corpus_tokens, lscpu  # noqa: E402
+
+from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE, BatchEngine, Request  # noqa: E402
+from specwise.lab.bench.environment import emit_json, load_average, script_header  # noqa: E402
+from specwise.models.threads import set_num_threads  # noqa: E402
+from specwise.runtime import build_runtime, encode_chat  # noqa: E402
+from specwise.sampling import SamplingParams  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 QUESTIONS = [
@@ -39,31 +43,6 @@ QUESTIONS = [
     "Write a short rhyming couplet about the sea.",
     "What does 'wherefore' mean in 'wherefore art thou Romeo'? Answer briefly.",
 ]
-
-
-def lscpu() -> dict:
-    """``lscpu``'s model name and flags (empty where lscpu is missing)."""
-    try:
-        text = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {}
-    fields = dict(line.partition(":")[::2] for line in text.splitlines())
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
-    return {k: fields[k] for k in ("Model name", "CPU(s)", "Flags") if k in fields}
-
-
-def corpus_ids(tokenizer, path: Path, n: int) -> list[int]:
-    """The first ``n`` tokens of the text (read in growing pieces until it gives them)."""
-    text = path.read_text(encoding="utf-8", errors="replace")
-    size = 8 * n
-    while True:
-        ids = list(tokenizer(text[:size], add_special_tokens=False)["input_ids"])
-        if len(ids) >= n or size >= len(text):
-            break
-        size *= 2
-    if len(ids) < n:
-        raise SystemExit(f"error: {path} gives only {len(ids)} tokens, {n} asked")
-    return ids[:n]
 
 
 class Stream:
@@ -208,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = build_runtime(args.target, args.drafter, "auto")
     tokenizer = runtime.tokenizer
     questions = [encode_chat(tokenizer, [{"role": "user", "content": q}]) for q in QUESTIONS]
-    ids = corpus_ids(tokenizer, Path(args.corpus), max(args.lengths) + 64 * len(args.lengths))
+    ids = corpus_tokens(tokenizer, Path(args.corpus), max(args.lengths) + 64 * len(args.lengths))
     # warm up (thread pools, the kernels' first passes): a short prompt read and a short answer, not measured
     warm = ids[-256:]
     BatchEngine(runtime.engine, max_batch=2).run_all([Request(warm, GREEDY, 4), Request(questions[0], GREEDY, 16)])

@@ -82,6 +82,16 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300.0) -> Non
     raise TimeoutError(f"the server at {url} did not start in {timeout:.0f} s")
 
 
+def stop(proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """End a server process: terminate, then kill it if it has not exited within ``timeout`` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def specwise_server(args: argparse.Namespace, drafter: str, max_batch: int):
     """`specwise serve` in its own process on a free port; yields its url, model id and command."""
@@ -98,11 +108,7 @@ def specwise_server(args: argparse.Namespace, drafter: str, max_batch: int):
         model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
         yield {"url": url, "model": model, "command": shlex.join(command), "kind": "specwise"}
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @contextmanager

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prefill_lengths import corpus_tokens, lscpu  # noqa: E402
-from server_load import _wait_ready, free_port  # noqa: E402
+from server_load import _wait_ready, free_port, stop  # noqa: E402
 
 from specwise.lab.bench.environment import emit_json, load_average, script_header  # noqa: E402
 
@@ -94,11 +94,7 @@ def run_specwise(args, drafter: str, ids: list[int]) -> dict:
                     }
                     post(f"{url}/v1/completions", answer | {"temperature": 0}, args.timeout)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     return {"command": shlex.join(command), "requests": rows}
 
 
