@@ -44,6 +44,9 @@ the length of its match (``Draft.kind``), whose first-token acceptance the plann
 draft at the first token where the product of the confidences so far falls below the break-even of one more
 token (:meth:`AdaptivePlanner.stop_level`); the stop level is also passed to ``propose``, so that a drafter
 that drafts token by token (the head) stops there instead of drafting tokens that would be cut.
+A draft in hand of a known kind is weighed against the other sources' with its kind's measured first-token
+acceptance in place of the source's first position, and cut to its best prefix first: prompt lookup's record is
+made by its long matches, and a one-token match in code is accepted far less often.
 
 Every choice depends only on the context, past outcomes and deterministic drafts, never on what a sampled draft
 contains, and the rejection rule is exact for every gamma: the output stays exact.
@@ -90,9 +93,10 @@ class Proposal:
     source: int = 0
     reason: str | None = None
     # the drafts of the other sources of copies (a prediction, prompt lookup) asked this step, as (source, token
-    # ids): judged against the verified draft, so that a source whose draft lost to an equal one (two sources
-    # copying the same text) still learns how far it was right
-    alternatives: list[tuple[int, list[int]]] = field(default_factory=list)
+    # ids, Draft.kind): judged against the verified draft, so that a source whose draft lost to an equal one (two
+    # sources copying the same text), or to a draft model's, still learns how far it was right, and how often the
+    # first token of its kind is
+    alternatives: list[tuple[int, list[int], object]] = field(default_factory=list)
 
 
 class Planner(ABC):
@@ -367,10 +371,12 @@ class AdaptivePlanner(Planner):
         """Estimated probability that asking ``source`` yields a draft."""
         return state.known[source].asks.value()
 
-    def _expected_tokens(self, state: PlanState, gamma: int, source: int) -> float:
+    def _expected_tokens(self, state: PlanState, gamma: int, source: int, first: float | None = None) -> float:
+        """Tokens a step emits when ``source`` drafts ``gamma``; ``first``: the first token's acceptance where it is
+        known better than the source's record (the measured first-token acceptance of the draft's kind)."""
         tokens, reach = 1.0, 1.0
-        for a in self.acceptance(state, source)[:gamma]:
-            reach *= a
+        for i, a in enumerate(self.acceptance(state, source)[:gamma]):
+            reach *= first if i == 0 and first is not None else a
             tokens += reach
         return tokens
 
@@ -408,11 +414,25 @@ class AdaptivePlanner(Planner):
             rates.append((others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty))
         return rates
 
-    def draft_rate(self, state: PlanState, drafted: int, source: int = 0, shared: Shared = ALONE) -> float:
+    def draft_rate(
+        self, state: PlanState, drafted: int, source: int = 0, shared: Shared = ALONE, kind: object = None
+    ) -> float:
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
-        in hand (its drafting time is spent)."""
-        tokens = shared.tokens + self._expected_tokens(state, drafted, source)
+        in hand (its drafting time is spent). ``kind``: the draft's ``Draft.kind``, whose measured first-token
+        acceptance then stands for the first position's (prompt lookup's one-token matches in code are accepted
+        far less often than its longer ones, which make its record)."""
+        first = None if kind is None else self._kind_rate(state.known[source], kind).value()
+        tokens = shared.tokens + self._expected_tokens(state, drafted, source, first)
         return tokens / self.verify_time(shared.rows + drafted + 1, shared)
+
+    def best_prefix(self, state: PlanState, source: int, draft: Draft, shared: Shared = ALONE) -> Draft:
+        """The prefix of a deterministic draft in hand with the highest :meth:`draft_rate` (its length was chosen
+        before its kind was known: a weak match is verified over fewer rows)."""
+        if draft.kind is None or len(draft) <= 1:
+            return draft
+        rates = [self.draft_rate(state, n, source, shared, draft.kind) for n in range(1, len(draft) + 1)]
+        n = 1 + max(range(len(rates)), key=rates.__getitem__)
+        return draft if n == len(draft) else draft.prefix(n)
 
     def worth_drafting(self, rate: float, shared: Shared = ALONE) -> bool:
         """Whether an expected rate beats a plain step's by the margin."""
@@ -504,9 +524,10 @@ class AdaptivePlanner(Planner):
                 # the text
                 best = (float("inf"), i, draft)
                 break
-            rate = self.draft_rate(state, len(draft), i, shared)
             if draft.probs is None and state.sources[i].copies:
-                copies.append((i, draft.ids))
+                copies.append((i, draft.ids, draft.kind))
+            draft = self.best_prefix(state, i, draft, shared)
+            rate = self.draft_rate(state, len(draft), i, shared, draft.kind)
             if self.worth_drafting(rate, shared) and (best is None or rate > best[0]):
                 best = (rate, i, draft)
         if best is not None:
@@ -553,11 +574,13 @@ class AdaptivePlanner(Planner):
             known.stepped()
         _judge(state.known[proposal.source].positions, drafted, accepted)
         chosen = proposal.draft.ids if drafted else []
-        for source, ids in proposal.alternatives:
+        for source, ids, kind in proposal.alternatives:
             judged, right = _judged_alternative(ids, chosen, accepted)
             if judged:
                 _judge(state.known[source].positions, judged, right)
                 state.known[source].tokens.add(right, judged)
+                if kind is not None:
+                    self._kind_rate(state.known[source], kind).add(1.0 if right else 0.0)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         self.costs.observe_shared_pass(rows, seconds)

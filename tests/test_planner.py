@@ -807,3 +807,47 @@ def test_a_source_of_copies_learns_from_the_draft_that_beat_it():
     assert result.stats.by_drafter["second"]["steps"] > result.stats.by_drafter.get("first", {"steps": 0})["steps"]
     for source in range(2):  # both records learned that the copies are right, whichever was verified
         assert planner.acceptance(state, source)[0] > 0.85  # the prior is 0.5
+
+
+def test_a_draft_in_hand_is_valued_by_the_first_token_acceptance_of_its_kind():
+    """Prompt lookup's record is made by its long matches; a one-token match (Draft.kind 1) whose first tokens keep
+    being rejected is valued at its kind's acceptance, cut to its best prefix, and loses to another source's
+    draft, as on Qwen2.5-Coder-1.5B where ``ngram+model:default`` verified 11- to 25-token drafts of one-token
+    matches, rejected at their first token, instead of the draft model's."""
+    s = AdaptivePlanner(max_gamma=8, probe_every=1000)
+    state = start(s, sources=2)
+    feed(s, state, 40, lambda i: True, cost)  # source 0's record: its drafts are right
+    weak = s._kind_rate(state.known[0], 1)
+    for _ in range(6):
+        weak.add(0.0)
+    long = Draft(np.arange(8, dtype=np.int64), kind=1)
+    assert s.draft_rate(state, 8, 0, kind=1) < s.draft_rate(state, 8, 0)
+    cut = s.best_prefix(state, 0, long)
+    assert 1 <= len(cut) < 8 and cut.kind == 1 and cut.tokens.tolist() == long.tokens.tolist()[: len(cut)]
+    assert s.best_prefix(state, 0, Draft(np.arange(8, dtype=np.int64), kind=3)).tokens.tolist() == list(range(8))
+    assert s.best_prefix(state, 0, draft_of(8)) is not None  # no kind: as drafted
+    assert len(s.best_prefix(state, 0, draft_of(8))) == 8
+
+    class Lookup(Scripted):
+        copies = True
+
+    lookup = Lookup("ngram", lambda c, k: Draft(np.arange(k, dtype=np.int64), kind=1))
+    model = Scripted("model", lambda c, k: Draft(np.full(k, 7, dtype=np.int64)))
+    state.sources[:] = [lookup, model]
+    state.known[1].positions = [Rate(0.7, 10.0, 0.95) for _ in state.known[1].positions]
+    proposal = s.draft(state, [1, 2, 3], 32, GREEDY, None)
+    assert proposal.source == 1 and model.asks == 1  # the one-token match no longer beats the draft model
+    assert [(a[0], a[2]) for a in proposal.alternatives] == [(0, 1)]
+
+
+def test_a_source_of_copies_learns_its_kinds_first_token_from_the_draft_that_beat_it():
+    s = AdaptivePlanner(max_gamma=4)
+    state = start(s, sources=2)
+    before = s._kind_rate(state.known[0], 2).value()
+    chosen = Proposal(Draft(np.array([5, 6], dtype=np.int64)), 1, alternatives=[(0, [9, 9], 2)])
+    s.observe(state, chosen, 2, 0.01)  # the target kept 5: the copy's first token (9) was wrong
+    assert s._kind_rate(state.known[0], 2).value() < before
+    right = Proposal(Draft(np.array([5, 6], dtype=np.int64)), 1, alternatives=[(0, [5, 6], 2)])
+    low = s._kind_rate(state.known[0], 2).value()
+    s.observe(state, right, 2, 0.01)
+    assert s._kind_rate(state.known[0], 2).value() > low
