@@ -373,3 +373,278 @@ QWEN_FIM = Path("~/.cache/specwise/gguf/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf"
 def test_a_fim_request_through_a_live_specwise_server_on_a_code_model():
     needs_extra("server")
     _plain_and_drafted(str(QWEN_FIM), [workload_requests("fim", 1)[0]])
+
+
+# ------------------------------------------------------------------------------------------------ agent traces
+
+READ_FILE = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file of the project",
+        "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+    },
+}
+_SYSTEM = {"role": "system", "content": "You are a coding agent. Use the tools to answer."}
+_USER = {"role": "user", "content": "Which function does hello.py define?"}
+_CALL = {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "hello.py"}'}}
+_RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "def greet(name):\n    return 'hello ' + name\n"}
+TINY_TRACES = {  # an agent's turns as it sent them: chat completions (a tool result in the second), Responses, Messages
+    "agent-chat": [
+        {"route": "/v1/chat/completions", "body": {"model": "gpt-x", "stream": True, "max_tokens": 32000,
+                                                   "tools": [READ_FILE], "messages": [_SYSTEM, _USER]}},
+        {"route": "/v1/chat/completions", "body": {"model": "gpt-x", "stream": True, "max_completion_tokens": 4000,
+                                                   "tools": [READ_FILE], "messages": [
+                                                       _SYSTEM, _USER,
+                                                       {"role": "assistant", "content": None, "tool_calls": [_CALL]},
+                                                       _RESULT]}},
+    ],
+    "agent-responses": [
+        {"route": "/v1/responses", "body": {"model": "gpt-x", "stream": True, "instructions": "You are an agent.",
+                                            "input": [{"role": "user", "content": "Say hi."}],
+                                            "tools": [{"type": "function", "name": "read_file",
+                                                       "parameters": READ_FILE["function"]["parameters"]}]}},
+    ],
+    "agent-messages": [
+        {"route": "/v1/messages", "body": {"model": "claude-x", "stream": True, "max_tokens": 1024,
+                                           "system": "You are an agent.",
+                                           "messages": [{"role": "user", "content": "Say hi."}]}},
+    ],
+}  # fmt: skip
+
+
+def write_traces(folder: Path, traces: dict = TINY_TRACES) -> Path:
+    """``traces`` as recorded: a folder per trace, a file per turn (000.json, 001.json, ...)."""
+    for name, turns in traces.items():
+        (folder / name).mkdir(parents=True, exist_ok=True)
+        for i, turn in enumerate(turns):
+            (folder / name / f"{i:03d}.json").write_text(json.dumps(turn), encoding="utf-8")
+    return folder
+
+
+def test_traces_are_found_as_folders_of_turns_or_their_parent_and_checked(tmp_path):
+    from specwise.lab.bench.workloads.traces import find_traces, trace_requests
+
+    root = write_traces(tmp_path / "traces")
+    assert list(find_traces([root])) == ["agent-chat", "agent-messages", "agent-responses"]  # in name order
+    assert list(find_traces([root / "agent-chat"])) == ["agent-chat"]
+    requests = trace_requests([root])
+    assert [r.id for r in requests] == ["agent-chat#0", "agent-chat#1", "agent-messages#0", "agent-responses#0"]
+    assert requests[1].route == "/v1/chat/completions" and requests[1].body == TINY_TRACES["agent-chat"][1]["body"]
+    assert [r.id for r in trace_requests([root], limit=1)] == ["agent-chat#0", "agent-chat#1"]
+    with pytest.raises(ValueError, match="two traces are named 'agent-chat'"):
+        find_traces([root, root / "agent-chat"])
+    with pytest.raises(FileNotFoundError, match="not a folder"):
+        find_traces([tmp_path / "missing"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no trace"):
+        find_traces([tmp_path / "empty"])
+    bad = write_traces(tmp_path / "bad", {"t": [{"route": "/v1/embeddings", "body": {}}]})
+    with pytest.raises(ValueError, match=r"t/000\.json: a recorded turn is"):
+        find_traces([bad])
+    (bad / "t" / "000.json").write_text('{"route": "/v1/responses", "body": {"messages": []}}')
+    with pytest.raises(ValueError, match=r"000\.json: the body of a /v1/responses turn needs its 'input'"):
+        find_traces([bad])
+
+
+def test_a_recorded_body_is_streamed_for_the_served_model_with_its_tokens_capped():
+    from specwise.lab.bench.workloads.client import recorded_body
+
+    chat = Request("agent-traces", "t", 1, route="/v1/chat/completions", body=TINY_TRACES["agent-chat"][1]["body"])
+    body = recorded_body(chat, Sampling(0.0, 64, 3), "bench", "specwise")
+    assert body["model"] == "bench" and body["stream"] and body["temperature"] == 0.0 and body["seed"] == 3
+    assert body["max_tokens"] == 64 and "max_completion_tokens" not in body  # the agent's 4000, capped
+    assert body["stream_options"] == {"include_usage": True} and body["messages"] == chat.body["messages"]
+    assert chat.body["max_completion_tokens"] == 4000  # the recorded request is left as it was
+    few = Request("agent-traces", "t", 0, route="/v1/messages", body={**TINY_TRACES["agent-messages"][0]["body"]})
+    few.body["max_tokens"] = 10
+    assert recorded_body(few, Sampling(0.0, 64, 0), "bench", "specwise")["max_tokens"] == 10  # fewer: as asked
+    responses = Request("agent-traces", "t", 0, route="/v1/responses", body=TINY_TRACES["agent-responses"][0]["body"])
+    sampled = recorded_body(responses, Sampling(0.7, 64, 0), "bench", "llama.cpp")
+    assert sampled["max_output_tokens"] == 64 and "max_tokens" not in sampled
+    assert sampled["top_k"] == 0 and sampled["min_p"] == 0.0  # llama.cpp's sampler narrowed to specwise's
+
+
+def test_each_apis_events_give_the_output_the_usage_and_the_cache():
+    from specwise.lab.bench.workloads.client import _event_finish, _event_text, _event_usage
+
+    chat = "/v1/chat/completions"
+    call = {"function": {"name": "read_file", "arguments": '{"path"'}}
+    assert _event_text(chat, {"choices": [{"delta": {"tool_calls": [call]}}]}) == 'read_file{"path"'
+    assert _event_text(chat, {"choices": [{"delta": {"reasoning_content": "hm", "content": "A"}}]}) == "Ahm"
+    usage: dict = {}
+    spec = {"new_tokens": 4, "total_seconds": 1.0, "prefill_seconds": 0.5}
+    _event_usage(chat, {"usage": {"prompt_tokens": 900, "completion_tokens": 4, "speculative": spec,
+                                  "prompt_tokens_details": {"cached_tokens": 850}}}, usage)  # fmt: skip
+    assert usage == {"prompt_tokens": 900, "completion_tokens": 4, "cached_tokens": 850, "speculative": spec}
+    llama: dict = {}
+    _event_usage(chat, {"usage": {"prompt_tokens": 900, "completion_tokens": 4},
+                        "timings": {"cache_n": 700, "prompt_n": 200, "predicted_per_second": 9.0}}, llama)  # fmt: skip
+    assert llama["cached_tokens"] == 700 and llama["timings"]["prompt_n"] == 200
+    assert _event_finish(chat, {"choices": [{"delta": {}, "finish_reason": "tool_calls"}]}) == "tool_calls"
+
+    messages, usage = "/v1/messages", {}
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 900, "cache_read_input_tokens": 0}}}
+    _event_usage(messages, start, usage)
+    delta = {"type": "message_delta", "delta": {"stop_reason": "tool_use"},
+             "usage": {"input_tokens": 50, "output_tokens": 7, "cache_read_input_tokens": 850}}  # fmt: skip
+    _event_usage(messages, delta, usage)
+    assert usage == {"prompt_tokens": 900, "completion_tokens": 7, "cached_tokens": 850}
+    assert _event_finish(messages, delta) == "tool_use"
+    block = {"type": "content_block_start", "content_block": {"type": "tool_use", "name": "read_file"}}
+    assert _event_text(messages, block) == "read_file"
+    piece = {"type": "content_block_delta", "delta": {"type": "input_json_delta", "partial_json": '{"a"'}}
+    assert _event_text(messages, piece) == '{"a"' and _event_text(messages, {"type": "ping"}) == ""
+
+    responses, usage = "/v1/responses", {}
+    assert _event_text(responses, {"type": "response.output_text.delta", "delta": "Hi"}) == "Hi"
+    assert _event_text(responses, {"type": "response.function_call_arguments.delta", "delta": "{"}) == "{"
+    assert _event_text(responses, {"type": "response.created", "response": {}}) == ""
+    done = {
+        "type": "response.completed",
+        "response": {"usage": {"input_tokens": 900, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 10}}},
+    }
+    _event_usage(responses, done, usage)  # fmt: skip
+    assert usage == {"prompt_tokens": 900, "completion_tokens": 3, "cached_tokens": 10}
+    assert _event_finish(responses, done) == "stop"
+
+
+def _trace_sender(seconds: dict[str, float], refuse: set[tuple[str, str]] = frozenset()):
+    """A sender replaying traces: a turn takes ``seconds[url]`` (per turn number + 1), ``refuse`` (url, request id)
+    are answered with an error; its calls are kept."""
+    calls = []
+
+    def send(peer, url, request, sampling, *, prediction=False):
+        calls.append((url, request.id, request.body is not None, sampling.max_tokens))
+        if (url, request.id) in refuse:
+            raise RuntimeError("/v1/responses answered 400")
+        took = seconds[url] * (request.turn + 1)
+        return {"seconds": took, "ttft_seconds": took / 2, "decode_seconds": took / 2, "completion_tokens": 8,
+                "tokens_per_second": 8 / took, "decode_tokens_per_second": 7 / (took / 2), "text": request.id,
+                "route": request.route, "prompt_tokens": 100 * (request.turn + 1), "cached_tokens": 90 * request.turn,
+                "server_decode_tokens_per_second": 20.0}  # fmt: skip
+
+    send.calls = calls
+    return send
+
+
+def test_agent_traces_run_turn_by_turn_and_sum_up_per_trace(tmp_path):
+    needs_extra("bench")  # the report's plots
+    root = write_traces(tmp_path / "traces")
+    configs = make_configs(["specwise:none", "specwise:auto", "llama.cpp:none"], None, True)
+    seconds = {"specwise:none": 2.0, "specwise:auto": 1.0, "llama.cpp:none": 4.0}
+    sender = _trace_sender(seconds, refuse={("llama.cpp:none", "agent-responses#0")})
+    settings = WorkloadSettings("t.gguf", ["agent-traces"], configs, rounds=2, traces=[str(root)])
+    results = run_workloads(settings, {c.id: c.id for c in configs}, command="c", machine={}, sender=sender,
+                            progress=False)  # fmt: skip
+    # the warm-up is a short chat, not a trace's first turn (which would leave its prompt in the cache)
+    warm = sender.calls[: len(configs)]
+    assert all(call[1] == "warmup#0" and call[3] == 8 for call in warm)
+    measured = [c for c in sender.calls[len(configs) :] if c[0] == "specwise:none"]
+    assert [c[1] for c in measured] == 2 * ["agent-chat#0", "agent-chat#1", "agent-messages#0", "agent-responses#0"]
+    assert all(c[2] and c[3] == 256 for c in measured)  # recorded bodies; 256 new tokens at most by default
+    traces = {(e["config"], e["trace"]): e for e in results["traces"]}
+    chat = traces[("specwise:auto", "agent-chat")]
+    assert [t["turn"] for t in chat["turns"]] == [0, 1] and chat["measured_turns"] == 2
+    assert chat["total_seconds"] == pytest.approx(1.0 + 2.0)
+    assert [t["ttft_seconds"] for t in chat["turns"]] == [0.5, 1.0]
+    assert [t["cached_tokens"] for t in chat["turns"]] == [0, 90] and chat["turns"][1]["prompt_tokens"] == 200
+    assert chat["turns"][0]["route"] == "/v1/chat/completions"
+    assert chat["vs_llama_cpp_plain"] == pytest.approx(0.25) and chat["shared_turns"] == 2
+    refused = traces[("llama.cpp:none", "agent-responses")]
+    assert refused["measured_turns"] == 0 and refused["total_seconds"] is None
+    assert refused["turns"][0]["errors"] == 2 and "400" in refused["turns"][0]["error"]
+    assert traces[("specwise:none", "agent-responses")]["vs_llama_cpp_plain"] is None  # no turn both served
+    assert results["greedy_check"]["all_identical"] is True
+    assert {r["route"] for r in results["requests"]} == {"/v1/chat/completions", "/v1/messages", "/v1/responses"}
+    write_report(results, tmp_path / "report")
+    text = (tmp_path / "report" / "report.md").read_text()
+    assert "## agent-traces: each trace" in text and "### agent-traces: each turn" in text
+    assert "| agent-chat | specwise default drafter | 2/2 | 3.00 | 0.50 | 0.25x (2 turns) |" in text
+    assert "| agent-chat | 1 | /v1/chat/completions | specwise plain | 200 | 90 | 2.00 | 4.00 |" in text
+    assert "2 failed: RuntimeError: /v1/responses answered 400" in text
+
+
+def test_bench_cli_takes_traces_with_the_agent_traces_workload_only(tmp_path, capsys):
+    from specwise.cli import build_parser, main
+    from specwise.lab.bench.workloads.cli import workload_command
+
+    root = write_traces(tmp_path / "traces")
+    argv = ["bench", "--out", str(tmp_path / "o"), "--workload", "agent-traces", "--traces", str(root)]
+    assert f"--workload agent-traces --target default --traces {root}" in workload_command(
+        build_parser().parse_args(argv)
+    )
+    assert main(argv[:-2] + ["--target", "x.gguf"]) == 2
+    assert "pass --traces DIR" in capsys.readouterr().err
+    assert main(["bench", "--out", "o", "--workload", "agent", "--traces", str(root)]) == 2
+    assert "--traces goes with --workload agent-traces" in capsys.readouterr().err
+    assert main([*argv[:-1], str(tmp_path / "missing")]) == 2
+    assert "not a folder of recorded traces" in capsys.readouterr().err
+
+
+def test_the_agent_traces_script_runs_the_bench_workload():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "agent_traces.py"
+    spec = importlib.util.spec_from_file_location("agent_traces", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    args = module.bench_arguments(["--target", "q.gguf", "--traces", "a", "b", "--llama-cpp", "--out", "o", "--plain"])
+    assert args == ["bench", "--out", "o", "--workload", "agent-traces", "--traces", "a", "b", "--target", "q.gguf",
+                    "--configs", "specwise:auto", "specwise:none", "llama.cpp:none", "--threads", "2",
+                    "--max-new-tokens", "256", "--rounds", "1", "--llama-cpp"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tiny_tool_model(tmp_path_factory):
+    """A tiny random GGUF with the default model's vocabulary and Qwen2.5-Coder's chat template (tools)."""
+    pytest.importorskip("gguf")
+    from test_tools import QWEN_TEMPLATE, tiny_tool_gguf
+
+    return tiny_tool_gguf(tmp_path_factory.mktemp("traces") / "qwen.gguf", QWEN_TEMPLATE)
+
+
+def _llama_cpp_found() -> bool:
+    from specwise.lab.bench.llamacpp import find_llama_cpp
+
+    return find_llama_cpp() is not None
+
+
+@pytest.mark.parametrize(
+    "llama",
+    [False, pytest.param(True, marks=pytest.mark.skipif(not _llama_cpp_found(), reason="needs llama.cpp's binaries"))],
+    ids=["specwise", "with-llama-server"],
+)
+def test_agent_traces_through_live_servers(tiny_tool_model, tmp_path, llama):
+    """The whole command on the tiny model: every recorded turn through ``specwise serve`` (plain and the default
+    drafter) and, where its binaries are found, ``llama-server``: per turn its first token, time and cached tokens
+    (the second turn of a conversation finds the first in the cache), per trace its total, each server's memory."""
+    needs_extra("server")
+    needs_extra("bench")
+    from specwise.cli import main
+
+    root = write_traces(tmp_path / "traces")
+    out = tmp_path / "out"
+    configs = ["specwise:none", "specwise:auto", *(["llama.cpp:none"] if llama else [])]
+    argv = ["bench", "--out", str(out), "--workload", "agent-traces", "--traces", str(root), "--quiet"]
+    argv += ["--target", str(tiny_tool_model), "--configs", *configs, "--max-new-tokens", "8", "--threads", "1"]
+    assert main(argv + (["--llama-cpp"] if llama else [])) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert not [r for r in results["runs"] if "error" in r]
+    assert results["greedy_check"]["all_identical"] is True
+    traces = {(e["config"], e["trace"]): e for e in results["traces"]}
+    assert len(traces) == 3 * len(configs)
+    for entry in traces.values():
+        assert entry["total_seconds"] > 0 and entry["measured_turns"] == len(entry["turns"])
+        for turn in entry["turns"]:
+            assert turn["ttft_seconds"] > 0 and turn["seconds"] >= turn["ttft_seconds"]
+            assert turn["prompt_tokens"] > 0 and turn["completion_tokens"] > 0 and turn["cached_tokens"] is not None
+    for config in configs:  # the second turn reads the first from the cache
+        first, second = traces[(config, "agent-chat")]["turns"]
+        assert second["cached_tokens"] > first["prompt_tokens"] // 2 > 0, config
+    if llama:
+        assert traces[("specwise:auto", "agent-chat")]["vs_llama_cpp_plain"] > 0
+    servers = results["servers"]
+    assert set(servers) == set(configs) and all(s["peak_rss_mib"] > 0 for s in servers.values())
+    report = (out / "report.md").read_text()
+    assert "### agent-traces: each turn" in report and "## Servers' peak memory" in report

@@ -340,6 +340,11 @@ class LlamaServer:
             raise RuntimeError("the server is not started")
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None before start and after stop)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def command(self) -> list[str]:
         """The ``llama-server`` command line (the port must be chosen)."""
         return [

@@ -1,5 +1,6 @@
-"""Coding-assistant workloads for ``specwise bench --workload``: code edits, fill-in-the-middle and agent traces,
-cut from CPython's standard library source (see README.md in this folder), sent to OpenAI-compatible servers.
+"""Coding-assistant workloads for ``specwise bench --workload``: code edits, fill-in-the-middle and agent
+conversations, cut from CPython's standard library source (see README.md in this folder), sent to OpenAI-compatible
+servers; and agents' recorded requests, replayed (``agent-traces``: the traces are the user's, read by ``traces.py``).
 
 :func:`load_items` reads a workload's shipped items (checked); :func:`workload_requests` turns them into the
 requests a client sends, one per code edit, per FIM cut, and per assistant turn of an agent trace (the history so
@@ -13,16 +14,18 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DATA_DIR", "WORKLOADS", "Request", "load_items", "workload_requests"]
+__all__ = ["DATA_DIR", "TRACES", "WORKLOADS", "Request", "load_items", "workload_requests"]
 
 DATA_DIR = Path(__file__).parent
-WORKLOADS = {"code-edit": "code_edit.jsonl", "fim": "fim.jsonl", "agent": "agent.jsonl"}
+WORKLOADS = {"code-edit": "code_edit.jsonl", "fim": "fim.jsonl", "agent": "agent.jsonl"}  # the shipped ones
+TRACES = "agent-traces"  # recorded requests, from folders the user names (--traces)
 _ROLES = {"system", "user", "assistant", "tool"}
 
 
 @dataclass(frozen=True)
 class Request:
-    """One request of a workload: a chat (``messages``, ``tools``) or a FIM completion (``prefix``, ``suffix``).
+    """One request of a workload: a chat (``messages``, ``tools``), a FIM completion (``prefix``, ``suffix``), or
+    a recorded request (``route``, ``body``: an agent's turn as it sent it).
 
     ``prediction`` is what the client knows of the answer (the original code of an edit; the file a tool returned
     before an answer that quotes it), or None."""
@@ -35,10 +38,12 @@ class Request:
     prediction: str | None = None
     prefix: str | None = None
     suffix: str | None = None
+    route: str | None = None
+    body: dict | None = None
 
     @property
     def id(self) -> str:
-        return f"{self.item_id}#{self.turn}" if self.workload == "agent" else self.item_id
+        return f"{self.item_id}#{self.turn}" if self.workload in ("agent", TRACES) else self.item_id
 
     @property
     def is_fim(self) -> bool:

@@ -1,5 +1,6 @@
-"""``specwise bench --workload code-edit fim agent``: the coding workloads through specwise's and llama.cpp's
-servers. The arguments are added to ``specwise bench`` (:func:`add_arguments`); :func:`cmd_workloads` runs them."""
+"""``specwise bench --workload code-edit fim agent agent-traces``: the coding workloads through specwise's and
+llama.cpp's servers. The arguments are added to ``specwise bench`` (:func:`add_arguments`); :func:`cmd_workloads`
+runs them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 __all__ = ["add_arguments", "cmd_workloads", "workload_command"]
 
 RESULTS_FILE = "results.json"
-_WORKLOADS = ("code-edit", "fim", "agent")
+_WORKLOADS = ("code-edit", "fim", "agent", "agent-traces")
+TRACES_CONTEXT = 32768  # llama-server's context for agent traces: an agent's prompt is 6-17 k tokens and grows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,9 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="+",
         choices=_WORKLOADS,
         metavar="NAME",
-        help="run code-edit, fim and/or agent requests through specwise's and llama.cpp's servers instead of the "
-        "prompts through engines; also takes --out, --target, --rounds, --temperature, --seeds, --threads, "
-        "--llama-cpp, --max-new-tokens (default: per workload), --no-warmup, --quiet, --report-only",
+        help="run code-edit, fim, agent and/or agent-traces (recorded agents' requests: --traces) requests through "
+        "specwise's and llama.cpp's servers instead of the prompts through engines; also takes --out, --target, "
+        "--rounds, --temperature, --seeds, --threads, --llama-cpp, --max-new-tokens (default: per workload), "
+        "--no-warmup, --quiet, --report-only",
+    )
+    g.add_argument(
+        "--traces",
+        nargs="+",
+        metavar="DIR",
+        help="for --workload agent-traces: folders of recorded traces, each a trace (000.json, 001.json, ...: "
+        '{"route", "body"} as the agent sent them) or a folder of traces (specwise\'s repository keeps some in '
+        "benchmarks/traces)",
     )
     g.add_argument(
         "--configs",
@@ -49,6 +60,8 @@ def workload_command(args: argparse.Namespace) -> str:
         parts += ["--draft-model", args.draft_model]
     if args.limit is not None:
         parts += ["--limit", str(args.limit)]
+    if args.traces:
+        parts += ["--traces", *args.traces]
     if args.max_new_tokens is not None:
         parts += ["--max-new-tokens", str(args.max_new_tokens)]
     parts += ["--temperature", str(args.temperature), "--seeds", *map(str, args.seeds), "--rounds", str(args.rounds)]
@@ -73,6 +86,17 @@ def _check(args: argparse.Namespace) -> None:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.draft_model and not Path(args.draft_model).is_file():
         raise FileNotFoundError(f"--draft-model: {args.draft_model} not found")
+    if ("agent-traces" in args.workload) != bool(args.traces):
+        raise ValueError(
+            "--workload agent-traces replays recorded traces: pass --traces DIR (benchmarks/traces in specwise's "
+            "repository)"
+            if args.traces is None
+            else "--traces goes with --workload agent-traces"
+        )
+    if args.traces:
+        from specwise.lab.bench.workloads.traces import find_traces
+
+        find_traces(args.traces)  # checked before any server starts
 
 
 def _llama_gguf(args: argparse.Namespace):
@@ -117,7 +141,7 @@ def cmd_workloads(args: argparse.Namespace) -> int:
         return _finish(results, out)
     _check(args)
     from specwise.lab.bench.environment import machine_info
-    from specwise.lab.bench.workloads.servers import make_configs, start_servers
+    from specwise.lab.bench.workloads.servers import make_configs, server_records, start_servers
 
     gguf = _llama_gguf(args)
     configs = make_configs(args.configs, args.draft_model, gguf is not None)
@@ -135,13 +159,19 @@ def cmd_workloads(args: argparse.Namespace) -> int:
         draft_model=args.draft_model,
         llama_cpp=args.llama_cpp,
         warmup=not args.no_warmup,
+        traces=list(args.traces or []),
     )
     machine = machine_info("cpu")
-    servers = start_servers(configs, args.target, gguf, args.draft_model, threads)
+    traces = "agent-traces" in args.workload  # long prompts, and the server's prompt cache kept as a user's
+    context = TRACES_CONTEXT if traces else 8192
+    servers = start_servers(
+        configs, args.target, gguf, args.draft_model, threads, ctx_size=context, prompt_cache=traces
+    )
     try:
         urls = {cid: server.url for cid, server in servers.items()}
         command = workload_command(args)
         results = run_workloads(settings, urls, command=command, machine=machine, progress=not args.quiet)
+        results["servers"] = server_records(servers)
     finally:
         for server in servers.values():
             server.stop()

@@ -2,7 +2,8 @@
 
 Chat requests go through the official ``openai`` client (``/v1/chat/completions``, streaming, usage in the last
 chunk). FIM requests go to ``/v1/completions`` with ``suffix`` (specwise), or to llama.cpp's ``/infill`` (its
-OpenAI endpoint has no ``suffix``), read as server-sent events with ``httpx``.
+OpenAI endpoint has no ``suffix``), read as server-sent events with ``httpx``. A recorded request (an agent's turn)
+goes to its own route as it was recorded, streamed, read with ``httpx`` in that API's events (:func:`replay`).
 
 :func:`stream_figures` is the arithmetic, on arrival times alone, so that it is tested on fake streams:
 
@@ -23,9 +24,19 @@ from typing import Any
 
 from specwise.lab.bench.workloads import Request
 
-__all__ = ["MODEL", "Sampling", "StreamEvent", "send", "server_decode_rate", "stream_figures"]
+__all__ = [
+    "MODEL",
+    "Sampling",
+    "StreamEvent",
+    "recorded_body",
+    "replay",
+    "send",
+    "server_decode_rate",
+    "stream_figures",
+]
 
 MODEL = "bench"  # the model id the benchmark's servers serve (llama.cpp takes any)
+TRACE_TIMEOUT = 3600.0  # an agent's first turn is 6-17 k tokens: minutes on a CPU
 
 
 @dataclass(frozen=True)
@@ -215,6 +226,136 @@ def infill(base_url: str, request: Request, sampling: Sampling, timeout: float =
     }
 
 
+def recorded_body(request: Request, sampling: Sampling, model: str, peer: str) -> dict:
+    """The recorded body, streamed, asking for the served ``model`` with ``sampling``'s temperature and seed, its new
+    tokens capped at ``sampling.max_tokens`` (or fewer, where the agent asked for fewer)."""
+    route, body = request.route, dict(request.body or {})
+    body |= {"model": model, "stream": True, "temperature": sampling.temperature, "seed": sampling.seed}
+    body |= _sampling_body(sampling, peer)
+    key = "max_output_tokens" if route == "/v1/responses" else "max_tokens"
+    if route == "/v1/chat/completions":
+        asked = body.pop("max_completion_tokens", None) or body.get("max_tokens")
+        body["stream_options"] = {"include_usage": True}
+    else:
+        asked = body.get(key)
+    body[key] = min(int(asked or sampling.max_tokens), sampling.max_tokens)
+    return body
+
+
+def _event_text(route: str, data: dict) -> str:
+    """The output one event of ``route``'s stream carries: text, reasoning, a tool call's name and argument pieces."""
+    if route == "/v1/chat/completions":
+        parts = []
+        for choice in data.get("choices") or []:
+            delta = choice.get("delta") or {}
+            parts += [delta.get("content") or "", delta.get("reasoning_content") or ""]
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                parts += [function.get("name") or "", function.get("arguments") or ""]
+        return "".join(parts)
+    if route == "/v1/messages":
+        if data.get("type") == "content_block_start":  # a tool call's name comes with its block
+            return (data.get("content_block") or {}).get("name") or ""
+        delta = data.get("delta") or {} if data.get("type") == "content_block_delta" else {}
+        return delta.get("text") or delta.get("partial_json") or delta.get("thinking") or ""
+    kind = str(data.get("type", ""))  # Responses: response.output_text.delta, ...function_call_arguments.delta
+    if kind == "response.output_item.added":
+        return (data.get("item") or {}).get("name") or ""
+    delta = data.get("delta")
+    return delta if kind.endswith(".delta") and isinstance(delta, str) else ""
+
+
+def _event_usage(route: str, data: dict, usage: dict) -> None:
+    """Collects the prompt, cached and completion tokens, speculative statistics and llama.cpp's timings from the
+    events that carry them (each API's way)."""
+    found = None
+    if route == "/v1/chat/completions":
+        found = data.get("usage")
+    elif route == "/v1/messages" and data.get("type") in ("message_start", "message_delta"):
+        found = (data.get("message") or {}).get("usage") if data["type"] == "message_start" else data.get("usage")
+    elif route == "/v1/responses" and data.get("type") in ("response.completed", "response.incomplete"):
+        found = (data.get("response") or {}).get("usage")
+    if found:
+        prompt = found.get("prompt_tokens", found.get("input_tokens"))
+        if route == "/v1/messages" and prompt is not None:  # Messages counts what was read apart from the cache
+            prompt += found.get("cache_read_input_tokens") or 0
+        details = found.get("prompt_tokens_details") or found.get("input_tokens_details") or {}
+        cached = details.get("cached_tokens", found.get("cache_read_input_tokens"))
+        fields = {
+            "prompt_tokens": prompt,
+            "completion_tokens": found.get("completion_tokens", found.get("output_tokens")),
+            "cached_tokens": cached,
+            "speculative": found.get("speculative"),
+        }
+        usage.update({k: v for k, v in fields.items() if v is not None})
+    if data.get("timings"):  # llama-server: what it read and what it found in its cache
+        usage["timings"] = data["timings"]
+        usage["cached_tokens"] = data["timings"].get("cache_n", usage.get("cached_tokens"))
+
+
+def _event_finish(route: str, data: dict) -> str | None:
+    if route == "/v1/chat/completions":
+        return next((c["finish_reason"] for c in data.get("choices") or [] if c.get("finish_reason")), None)
+    if route == "/v1/messages" and data.get("type") == "message_delta":
+        return (data.get("delta") or {}).get("stop_reason")
+    return {"response.completed": "stop", "response.incomplete": "length"}.get(str(data.get("type")))
+
+
+def _event_error(data: dict) -> str | None:
+    """The error an event reports in the middle of a stream (every API has its shape), or None."""
+    if data.get("type") in ("error", "response.failed"):
+        return json.dumps(data)[:500]
+    return json.dumps(data["error"])[:500] if data.get("error") else None
+
+
+def replay(
+    peer: str,
+    base_url: str,
+    request: Request,
+    sampling: Sampling,
+    *,
+    model: str = MODEL,
+    timeout: float = TRACE_TIMEOUT,
+) -> dict:
+    """A recorded request (``request.route``, ``request.body``) to its route, streamed (:func:`recorded_body`); the
+    figures of :func:`stream_figures` with the usage (``cached_tokens``: the prompt tokens the server found in its
+    cache), the finish reason and the server's own decode rate. A refusal raises, naming the status and the body."""
+    import httpx
+
+    route, usage, finish, events = request.route, {}, None, []
+    body = recorded_body(request, sampling, model, peer)
+    start = time.perf_counter()
+    with httpx.stream("POST", base_url + route, json=body, timeout=timeout) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{route} answered {response.status_code}: {response.read()[:500]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                continue
+            try:
+                data = json.loads(line[len("data:") :])
+            except ValueError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            if error := _event_error(data):
+                raise RuntimeError(f"{route} failed in its stream: {error}")
+            events.append(StreamEvent(time.perf_counter(), _event_text(route, data)))
+            _event_usage(route, data, usage)
+            finish = _event_finish(route, data) or finish
+    end = time.perf_counter()
+    figures = stream_figures(start, events, end, usage.get("completion_tokens"))
+    timings = usage.get("timings")
+    return {
+        **figures,
+        "route": route,
+        "prompt_tokens": usage.get("prompt_tokens", (timings or {}).get("prompt_n")),
+        "cached_tokens": usage.get("cached_tokens"),
+        "finish_reason": finish,
+        "server_timings": timings,
+        "server_decode_tokens_per_second": server_decode_rate(usage.get("speculative"), timings),
+    }
+
+
 def send(
     peer: str, base_url: str, request: Request, sampling: Sampling, *, prediction: bool = False, model: str = MODEL
 ) -> dict:
@@ -222,6 +363,8 @@ def send(
     figures of :func:`stream_figures` with the usage and the finish reason."""
     from openai import OpenAI
 
+    if request.body is not None:
+        return replay(peer, base_url, request, sampling, model=model)
     if request.is_fim and peer == "llama.cpp":
         return infill(base_url, request, sampling)
     client = OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=1800.0)

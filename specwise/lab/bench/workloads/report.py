@@ -125,12 +125,101 @@ def _workload_table(results: dict, workload: str) -> list[str]:
     return [f"## {title}", "", *_table(header, rows), ""]
 
 
+def _seconds(value) -> str:
+    return _fmt(value, 2)
+
+
+def _traces(results: dict) -> list[str]:
+    """Agent traces: per trace and configuration the total time (and against llama.cpp plain), then every turn."""
+    entries = results.get("traces")
+    if not entries:
+        return []
+    labels = _labels(results)
+    entries = sorted(entries, key=lambda e: e["trace"])  # stable: the configurations' order within a trace
+    totals = [
+        [
+            e["trace"],
+            labels.get(e["config"], e["config"]),
+            f"{e['measured_turns']}/{len(e['turns'])}",
+            _seconds(e["total_seconds"]),
+            _seconds(e["turns"][0]["ttft_seconds"]),
+            _versus(e),
+        ]
+        for e in entries
+    ]
+    header = ["trace", "configuration", "turns measured", "total s", "first turn's TTFT s", "time ÷ llama.cpp plain"]
+    failed = any(t.get("error") for e in entries for t in e["turns"])
+    turns = [
+        [
+            e["trace"],
+            str(t["turn"]),
+            t["route"] or "–",
+            labels.get(e["config"], e["config"]),
+            _fmt(t["prompt_tokens"], 0),
+            _fmt(t["cached_tokens"], 0),
+            _seconds(t["ttft_seconds"]),
+            _seconds(t["seconds"]),
+            _fmt(t["decode_tokens_per_second"], 1),
+            _fmt(t["server_decode_tokens_per_second"], 1),
+        ]
+        + ([f"{t['errors']} failed: {t['error'][:80]}" if t.get("error") else ""] if failed else [])
+        for e in entries
+        for t in e["turns"]
+    ]
+    turn_header = ["trace", "turn", "route", "configuration", "prompt tokens", "cached tokens", "TTFT s", "total s",
+                   "decode tok/s", "server's decode tok/s", *(["failures"] if failed else [])]  # fmt: skip
+    return [
+        "## agent-traces: each trace",
+        "",
+        "A trace's turns are sent in order, as recorded (the next turn is the agent's, not this server's answer), "
+        "each server keeping its prompt cache. Total: the turns' times summed (each turn's median over rounds and "
+        "seeds); time ÷ llama.cpp plain: over the turns both served.",
+        "",
+        *_table(header, totals),
+        "",
+        "### agent-traces: each turn",
+        "",
+        "Medians over rounds and seeds. Cached tokens: the prompt tokens the server reported finding in its cache "
+        "(specwise's usage; llama.cpp's `timings.cache_n`).",
+        "",
+        *_table(turn_header, turns),
+        "",
+    ]
+
+
+def _versus(entry: dict) -> str:
+    ratio, shared = entry["vs_llama_cpp_plain"], entry["shared_turns"]
+    return "–" if ratio is None else f"{ratio:.2f}x ({shared} turn{'s' if shared != 1 else ''})"
+
+
+def _servers(results: dict) -> list[str]:
+    """Each server's peak resident memory over the whole run (its own process)."""
+    servers = results.get("servers")
+    if not servers:
+        return []
+    labels = _labels(results)
+    rows = [
+        [labels.get(cid, cid), _fmt(s["peak_rss_mib"], 1) if s["peak_rss_mib"] is not None else s["peak_rss_reason"]]
+        for cid, s in servers.items()
+    ]
+    return [
+        "## Servers' peak memory",
+        "",
+        "Each configuration's server process, its peak resident memory from start to the end of the run "
+        "(`VmHWM`: weights, caches and the server's own included).",
+        "",
+        *_table(["configuration", "peak MiB"], rows),
+        "",
+    ]
+
+
 def render_markdown(results: dict, plots: list[str]) -> str:
     """The report: header, greedy check, failures, one table per workload (medians; paired speedups on decode
-    tokens/s with 95% intervals), the plots."""
+    tokens/s with 95% intervals), agent traces turn by turn, the servers' memory, the plots."""
     lines = _header(results) + _greedy(results) + _errors(results)
     for workload in [*results["workloads"], "all"]:
         lines += _workload_table(results, workload)
+    lines += _traces(results) + _servers(results)
     lines += [
         "Speedups are paired (the same request and seed, back to back; geometric mean over requests of each "
         "one's mean over rounds) with 95% Student-t intervals; *llama.cpp best* is, per workload, llama.cpp's "

@@ -3,7 +3,8 @@
 Every server is started first (one per configuration) and kept to the end. For each round, request and seed,
 every configuration sends the request back to back, the order rotated from one job to the next (job j of round r
 starts at configuration r + j), so that the machine's drifts fall on all of them alike. An agent trace's turns run
-in order, so each server's prompt cache holds the conversation so far, as it would for a client.
+in order, so each server's prompt cache holds the conversation so far, as it would for a client; so do a recorded
+trace's (``agent-traces``), whose per-trace figures are :func:`specwise.lab.bench.workloads.traces.trace_summary`'s.
 """
 
 from __future__ import annotations
@@ -15,16 +16,17 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from specwise.lab.bench.paired import paired_speedups
-from specwise.lab.bench.workloads import Request, workload_requests
+from specwise.lab.bench.workloads import TRACES, Request, workload_requests
 from specwise.lab.bench.workloads.client import Sampling, send
 from specwise.lab.bench.workloads.servers import LLAMA_CPP, PLAIN, SPECWISE, ServeConfig
+from specwise.lab.bench.workloads.traces import trace_requests, trace_summary, warmup_request
 
 __all__ = ["DEFAULT_MAX_TOKENS", "RESULTS_KIND", "WorkloadSettings", "run_workloads", "summarize"]
 
 RESULTS_KIND = "specwise-coding-workloads"
 SCHEMA_VERSION = 1
 # tokens per answer: a rewrite is as long as its original; a FIM middle a few lines; an agent turn a call or a quote
-DEFAULT_MAX_TOKENS = {"code-edit": 1536, "fim": 128, "agent": 512}
+DEFAULT_MAX_TOKENS = {"code-edit": 1536, "fim": 128, "agent": 512, TRACES: 256}
 MEASURES = ("decode_tokens_per_second", "tokens_per_second")
 WARMUP_TOKENS = 8
 
@@ -32,7 +34,8 @@ WARMUP_TOKENS = 8
 @dataclass
 class WorkloadSettings:
     """What a workload run does: the workloads and configurations, the target (and its GGUF file for llama.cpp),
-    the draft model, sampling, rounds, seeds, the first ``limit`` items of each workload."""
+    the draft model, sampling, rounds, seeds, the first ``limit`` items of each workload, the folders of recorded
+    ``traces`` (for ``agent-traces``)."""
 
     target: str
     workloads: list[str]
@@ -46,6 +49,7 @@ class WorkloadSettings:
     draft_model: str | None = None
     llama_cpp: str | None = None
     warmup: bool = True
+    traces: list[str] = field(default_factory=list)
 
     def tokens_for(self, workload: str) -> int:
         return self.max_tokens if self.max_tokens is not None else DEFAULT_MAX_TOKENS[workload]
@@ -54,6 +58,17 @@ class WorkloadSettings:
 def _rotate(items: list, shift: int) -> list:
     shift %= len(items)
     return items[shift:] + items[:shift]
+
+
+def workload_items(settings: WorkloadSettings) -> list[Request]:
+    """Every workload's requests, in the order of ``settings.workloads``."""
+    requests = []
+    for workload in settings.workloads:
+        if workload == TRACES:
+            requests += trace_requests(settings.traces, settings.limit)
+        else:
+            requests += workload_requests(workload, settings.limit)
+    return requests
 
 
 def _jobs(settings: WorkloadSettings, requests: list[Request]) -> list[tuple[int, Request, int]]:
@@ -73,8 +88,9 @@ def _run_one(sender: Sender, config: ServeConfig, url: str, request: Request, sa
 
 
 def _warmup(sender: Sender, configs: list[ServeConfig], urls: dict[str, str], requests: list[Request]) -> None:
-    """The first request of each workload once per configuration, a few tokens, not recorded."""
-    firsts = {r.workload: r for r in reversed(requests)}
+    """The first request of each workload once per configuration, a few tokens, not recorded (for agent traces a short
+    chat instead: a trace's first turn would leave its prompt in the server's cache)."""
+    firsts = {r.workload: warmup_request() if r.workload == TRACES else r for r in reversed(requests)}
     for config in configs:
         for request in firsts.values():
             _run_one(sender, config, urls[config.id], request, Sampling(0.0, WARMUP_TOKENS, 0))
@@ -90,7 +106,7 @@ def run_workloads(
     progress: bool = True,
 ) -> dict:
     """Every job through every configuration (its server at ``urls[config.id]``); the results object."""
-    requests = [r for w in settings.workloads for r in workload_requests(w, settings.limit)]
+    requests = workload_items(settings)
     if settings.warmup:
         _warmup(sender, settings.configs, urls, requests)
     runs = []
@@ -123,6 +139,7 @@ def _record(config: ServeConfig, request: Request, seed: int, round_: int, order
         "prompt_id": request.id,
         "item_id": request.item_id,
         "turn": request.turn,
+        **({"route": request.route} if request.route else {}),
         "seed": seed,
         "round": round_,
         "order": order,
@@ -148,12 +165,17 @@ def assemble(settings: WorkloadSettings, requests: list[Request], runs: list[dic
         },
         "configurations": configs,
         "workloads": list(settings.workloads),
-        "requests": [{"id": r.id, "workload": r.workload, "item_id": r.item_id, "turn": r.turn} for r in requests],
+        "requests": [_request_entry(r) for r in requests],
         "runs": runs,
         "greedy_check": check,
     }
     results.update(summarize(results))
     return results
+
+
+def _request_entry(request: Request) -> dict:
+    entry = {"id": request.id, "workload": request.workload, "item_id": request.item_id, "turn": request.turn}
+    return entry | ({"route": request.route} if request.route else {})
 
 
 def greedy_check(runs: list[dict]) -> dict:
@@ -235,7 +257,8 @@ def _pairs(runs: list[dict], config: str, baseline: str, workloads: list[str], a
 def summarize(results: dict) -> dict:
     """``summary`` (per configuration and workload, and ``all``), ``best_llama_cpp`` and ``paired``: each
     configuration against its own peer's plain decoding, and each specwise configuration against llama.cpp's plain
-    decoding and against llama.cpp's best configuration of each workload; on decode tokens/s and end to end."""
+    decoding and against llama.cpp's best configuration of each workload; on decode tokens/s and end to end; with
+    agent traces, ``traces``: per configuration and trace, each turn's figures and the trace's total time."""
     runs, workloads = results["runs"], results["workloads"]
     ids = [c["id"] for c in results["configurations"]]
     summary = []
@@ -259,4 +282,7 @@ def summarize(results: dict) -> dict:
                     continue
                 entries = _pairs(ok, config, baseline, [workload], "llama.cpp best")
                 paired += [e for e in entries if e["workload"] == workload]
-    return {"summary": summary, "best_llama_cpp": best, "paired": paired}
+    out = {"summary": summary, "best_llama_cpp": best, "paired": paired}
+    if TRACES in workloads:
+        out["traces"] = trace_summary(runs, ids, PLAIN[LLAMA_CPP] if PLAIN[LLAMA_CPP] in ids else None)
+    return out

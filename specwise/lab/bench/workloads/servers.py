@@ -21,7 +21,7 @@ from types import TracebackType
 
 from specwise.lab.bench.workloads.client import MODEL
 
-__all__ = ["CONFIG_IDS", "ServeConfig", "SpecwiseServer", "make_configs", "start_servers"]
+__all__ = ["CONFIG_IDS", "ServeConfig", "SpecwiseServer", "make_configs", "server_records", "start_servers"]
 
 SPECWISE, LLAMA_CPP = "specwise", "llama.cpp"
 # id: (peer, what the server runs, whether requests carry the prediction, label)
@@ -102,6 +102,11 @@ class SpecwiseServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (None before start and after stop)."""
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "specwise", "serve", "--target", self.target, "--drafter", self.drafter]
         cmd += ["--port", str(self.port), "--served-model-name", MODEL, "--log-level", "warning"]
@@ -154,8 +159,18 @@ class SpecwiseServer:
         self.stop()
 
 
-def start_servers(configs: list[ServeConfig], target: str, gguf: Path | None, draft: str | None, threads: int):
-    """One started server per configuration, by id (specwise ones on ``target``, llama.cpp ones on ``gguf``);
+def start_servers(
+    configs: list[ServeConfig],
+    target: str,
+    gguf: Path | None,
+    draft: str | None,
+    threads: int,
+    *,
+    ctx_size: int = 8192,
+    prompt_cache: bool = False,
+):
+    """One started server per configuration, by id (specwise ones on ``target``, llama.cpp ones on ``gguf`` with
+    ``ctx_size`` tokens of context and, with ``prompt_cache``, its own prompt cache kept as a user's server keeps it);
     the caller stops them. A configuration whose server fails stops the ones already started."""
     from specwise.lab.bench.llamacpp import LlamaServer, speculative_args
 
@@ -168,10 +183,31 @@ def start_servers(configs: list[ServeConfig], target: str, gguf: Path | None, dr
                 if gguf is None:
                     raise ValueError(f"{config.id} needs a GGUF target: --target default or a .gguf file")
                 extra = ["--jinja", *speculative_args(config.spec, draft)]
-                server = LlamaServer(gguf, threads=threads, ctx_size=8192, extra_args=extra, startup_timeout=600.0)
+                server = LlamaServer(
+                    gguf,
+                    threads=threads,
+                    ctx_size=ctx_size,
+                    extra_args=extra,
+                    startup_timeout=600.0,
+                    prompt_cache=prompt_cache,
+                )
                 servers[config.id] = server.start()
     except BaseException:
         for server in servers.values():
             server.stop()
         raise
     return servers
+
+
+def server_records(servers: dict) -> dict[str, dict]:
+    """Per configuration, its server's command line and peak resident memory so far (MiB; null, with the reason,
+    where it cannot be read): read before the servers stop."""
+    import shlex
+
+    from specwise.lab.bench.memory import process_peak_mib
+
+    records = {}
+    for cid, server in servers.items():
+        peak, reason = process_peak_mib(server.pid)
+        records[cid] = {"command": shlex.join(server.command()), "peak_rss_mib": peak, "peak_rss_reason": reason}
+    return records
