@@ -34,9 +34,10 @@ drafter's request counts draft from it: a middle that runs into the suffix's fir
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+
+from specwise.models.gguf_config import FIM_METADATA_KEYS  # role -> GGUF metadata key (llama.cpp's names)
 
 __all__ = [
     "FIM_METADATA_KEYS",
@@ -49,15 +50,6 @@ __all__ = [
     "require_fim",
 ]
 
-# role -> GGUF metadata key (llama.cpp's names)
-FIM_METADATA_KEYS = {
-    "prefix": "tokenizer.ggml.fim_pre_token_id",
-    "suffix": "tokenizer.ggml.fim_suf_token_id",
-    "middle": "tokenizer.ggml.fim_mid_token_id",
-    "pad": "tokenizer.ggml.fim_pad_token_id",
-    "repo": "tokenizer.ggml.fim_rep_token_id",
-    "file_sep": "tokenizer.ggml.fim_sep_token_id",
-}
 _REQUIRED = ("prefix", "suffix", "middle")
 _OPTIONAL = ("pad", "repo", "file_sep")
 
@@ -211,9 +203,11 @@ def _line_ended(text: str) -> str:
 
 def _parts(source, metadata: dict[str, int] | None, vocab_size: int | None):
     """(tokenizer, metadata, the model's vocabulary size or None) of a LoadedModel or a tokenizer."""
-    if dataclasses.is_dataclass(source) and not isinstance(source, type):  # a LoadedModel
-        metadata = metadata if metadata is not None else getattr(source, "fim_token_ids", None)
-        vocab_size = vocab_size if vocab_size is not None else getattr(source.model, "vocab_size", None)
+    from specwise.models.loader import LoadedModel
+
+    if isinstance(source, LoadedModel):
+        metadata = metadata if metadata is not None else source.fim_token_ids
+        vocab_size = vocab_size if vocab_size is not None else source.model.vocab_size
         return source.tokenizer, metadata, vocab_size
     return source, metadata, vocab_size
 

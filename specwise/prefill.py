@@ -9,7 +9,7 @@ import contextlib
 import os
 
 from specwise.estimates import Line, clip, smooth
-from specwise.models.base import Model
+from specwise.models.base import CacheArrays, Model
 
 __all__ = ["CACHE_SHARE", "PrefillCosts", "default_cache_memory", "kernel_rows", "position_bytes"]
 
@@ -35,10 +35,12 @@ def default_cache_memory() -> int | None:
 
 def position_bytes(model: Model) -> int | None:
     """Bytes of keys and values that one position of ``model``'s cache takes in every layer (from its ``k_cache``
-    and ``v_cache``, laid out ``[layers, kv heads, capacity, head dim]``); None for a model that keeps its cache
-    otherwise."""
-    k, v = getattr(model, "k_cache", None), getattr(model, "v_cache", None)
-    shape = getattr(k, "shape", ())
+    and ``v_cache``, laid out ``[layers, kv heads, capacity, head dim]``: :class:`~specwise.models.base.CacheArrays`);
+    None for a model that keeps its cache otherwise."""
+    if not isinstance(model, CacheArrays):
+        return None
+    k, v = model.k_cache, model.v_cache
+    shape = () if k is None else tuple(k.shape)
     if v is None or len(shape) != 4 or not shape[2]:
         return None
     return (int(k.nbytes) + int(v.nbytes)) // int(shape[2])

@@ -66,8 +66,8 @@ def _target(path: Path) -> QuantizedModel:
     return QuantizedModel(path, name="tiny")
 
 
-def _config(weights: TargetWeights, draft_vocab: int, name: str = "tiny") -> HeadConfig:
-    c = weights.config
+def _config(model: QuantizedModel, draft_vocab: int, name: str = "tiny") -> HeadConfig:
+    c = model.config
     return HeadConfig(
         hidden_size=c.hidden_size,
         num_heads=c.num_attention_heads,
@@ -76,7 +76,7 @@ def _config(weights: TargetWeights, draft_vocab: int, name: str = "tiny") -> Hea
         intermediate_size=2 * c.hidden_size,
         rms_eps=1e-5,
         draft_vocab_size=draft_vocab,
-        target=target_identity(weights, name),
+        target=target_identity(TargetWeights(model), name),
     )
 
 
@@ -94,7 +94,7 @@ def _head(model: QuantizedModel, vocab_ids=None, seed: int = 0) -> HeadWeights:
     """A random head for ``model``'s weights, attached to them."""
     weights = TargetWeights(model)
     vocab_ids = np.arange(model.vocab_size) if vocab_ids is None else np.asarray(vocab_ids)
-    config = _config(weights, len(vocab_ids))
+    config = _config(model, len(vocab_ids))
     head = HeadWeights(config, _tensors(config, vocab_ids, seed))
     head.attach_target(weights)
     return head

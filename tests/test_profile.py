@@ -55,7 +55,7 @@ def test_cost_curve_interleaves_the_passes_and_takes_the_median(monkeypatch):
     from specwise.lab import profile
 
     class Model:
-        vocab_size, device = 50, "cpu"
+        vocab_size, device, max_length = 50, "cpu", None
 
         def reset(self):
             pass

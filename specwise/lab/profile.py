@@ -59,7 +59,7 @@ def cost_curve(model, max_k: int = 16, repeats: int = 30, context: int = 64) -> 
     The context matters: attention over the cache grows with it, and extra rows cost more after a few hundred
     tokens than after a few dozen. Measure after a context like the ones decoding sees.
     """
-    limit = getattr(model, "max_length", None)
+    limit = model.max_length
     if limit is not None and context + max_k > limit:
         raise ValueError(
             f"a context of {context} tokens and {max_k} more do not fit the model's {limit}: lower --context"
@@ -94,7 +94,7 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
     ctx = base + base  # repeats, so that prompt lookup finds matches
     params = SamplingParams()
     times = []
-    if getattr(drafter, "needs_features", False):
+    if drafter.needs_features:
         if target is None:
             raise ValueError(f"drafter {drafter.name!r} reads the target's features: pass target=")
         target.reset()

@@ -13,7 +13,18 @@ import numpy as np
 
 from specwise.models.threads import ThreadGovernor
 
-__all__ = ["Model", "OutputRows", "PassThreads", "QuantizedWeights", "ReusableRows", "TokenIds", "token_ids"]
+__all__ = [
+    "CacheArrays",
+    "Model",
+    "OutputRows",
+    "PassThreads",
+    "QuantizedWeights",
+    "ReusableRows",
+    "TargetLayers",
+    "TokenIds",
+    "WeightRows",
+    "token_ids",
+]
 
 TokenIds = np.ndarray | Sequence[int]  # what forward takes: anything np.asarray(x, dtype=np.int64) accepts
 
@@ -62,6 +73,50 @@ class ReusableRows(Protocol):
     features kept): a pass over tokens a drafting pass already fed computes only the rest."""
 
     def reusable(self, tokens: np.ndarray) -> int: ...
+
+
+@runtime_checkable
+class CacheArrays(Protocol):
+    """A model whose cache is two arrays of keys and values laid out ``[layers, kv heads, capacity, head dim]`` (the
+    native models; numpy arrays or torch tensors): what one position takes is read from them."""
+
+    k_cache: Any
+    v_cache: Any
+
+
+@runtime_checkable
+class WeightRows(Protocol):
+    """A weight matrix ``[rows, columns]`` read a few rows at a time as float32, never expanded whole: a target's
+    embedding or output layer as a drafter reads it (a GGUF file's tensor read from its blocks, a torch tensor read
+    back to the host)."""
+
+    shape: tuple[int, ...]
+
+    def rows(self, ids) -> np.ndarray:
+        """Rows ``ids`` (integers) as float32 ``[len(ids), columns]``."""
+        ...
+
+    def row(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Row ``index`` as float32 ``[columns]``, into ``out`` when given."""
+        ...
+
+
+@runtime_checkable
+class TargetLayers(Protocol):
+    """What a drafter trained on a target's features reads of the target, and what tells its weights apart (the head
+    drafter; a trained head and a suffix index record it): its embedding and output layer as rows, its architecture,
+    its hidden size and number of layers, and a fingerprint of its output layer (the mean absolute value of
+    ``chunks`` equal slices of the flattened weight). A quantized target's is ``models.quantized.TargetWeights``, a
+    Hugging Face module's ``models.target_layers.HFTargetLayers``; ``models.target_layers.target_layers`` gives
+    either."""
+
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    embedding: WeightRows
+    output: WeightRows
+
+    def fingerprint(self, chunks: int = 16) -> list[float]: ...
 
 
 class Model(ABC):

@@ -11,7 +11,17 @@ from pathlib import Path
 from specwise.models.gguf_check import check_tensors, meta_float, meta_int
 from specwise.models.gguf_file import GGUFError, GGUFFile
 
-__all__ = ["FAMILIES", "Family", "GGUFConfig", "gguf_config", "checked_file", "fim_token_ids"]
+__all__ = ["FAMILIES", "FIM_METADATA_KEYS", "Family", "GGUFConfig", "gguf_config", "checked_file", "fim_token_ids"]
+
+# fill-in-the-middle role (specwise.fim) -> its GGUF metadata key (llama.cpp's names)
+FIM_METADATA_KEYS = {
+    "prefix": "tokenizer.ggml.fim_pre_token_id",
+    "suffix": "tokenizer.ggml.fim_suf_token_id",
+    "middle": "tokenizer.ggml.fim_mid_token_id",
+    "pad": "tokenizer.ggml.fim_pad_token_id",
+    "repo": "tokenizer.ggml.fim_rep_token_id",
+    "file_sep": "tokenizer.ggml.fim_sep_token_id",
+}
 
 
 @dataclass(frozen=True)
@@ -210,11 +220,9 @@ def gguf_config(path: str | Path) -> GGUFConfig:
 
 
 def fim_token_ids(meta: GGUFFile, vocab: int) -> tuple[dict[str, int], list[str]]:
-    """The fill-in-the-middle tokens the file's metadata names (role -> id, see :data:`specwise.fim.FIM_METADATA_KEYS`)
-    and, for each key it holds that is not a token id inside the vocabulary (``0 .. vocab - 1``), a line saying it is
-    ignored (the vocabulary's names are looked up instead)."""
-    from specwise.fim import FIM_METADATA_KEYS
-
+    """The fill-in-the-middle tokens the file's metadata names (role -> id, see :data:`FIM_METADATA_KEYS`) and, for
+    each key it holds that is not a token id inside the vocabulary (``0 .. vocab - 1``), a line saying it is ignored
+    (the vocabulary's names are looked up instead)."""
     found: dict[str, int] = {}
     ignored: list[str] = []
     for role, key in FIM_METADATA_KEYS.items():

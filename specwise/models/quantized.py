@@ -62,54 +62,30 @@ def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
     return np.arange(n_rows).reshape(n_head, dim, 2).swapaxes(1, 2).reshape(-1)
 
 
-class _Rows:
-    """Rows of a quantized matrix as float32 on demand: ``rows[ids]`` (what a drafter reads of an embedding), a
-    numpy array of shape ``ids.shape + (in,)``; the whole matrix is never expanded."""
-
-    def __init__(self, tensor: QTensor) -> None:
-        self.tensor = tensor
-        self.shape = tuple(tensor.shape)
-        self.dtype = np.dtype(np.float32)
-        self.device = "cpu"
-
-    def __getitem__(self, ids) -> np.ndarray:
-        ids = np.asarray(ids)
-        flat = self.tensor.rows(ids.reshape(-1))
-        return flat.reshape(*ids.shape, self.shape[1])
-
-    def detach(self):
-        return self
-
-    def float(self):
-        return self
-
-
-class _Module:
-    def __init__(self, weight) -> None:
-        self.weight = weight
-
-
 class TargetWeights:
-    """The view of a quantized target that a drafter trained on it needs (``hf_model`` in LoadedModel): its
-    config, embedding and output layer (``.weight[ids]``: float32 numpy rows read on demand), and its identity."""
+    """A quantized target's layers as a drafter trained on its features reads them
+    (:class:`~specwise.models.base.TargetLayers`, ``hf_model`` in LoadedModel): its embedding and output layer (the
+    QTensors, rows read from their blocks on demand), its architecture, shape and fingerprint."""
 
     def __init__(self, model: QuantizedModel) -> None:
-        self.config = model.config
         self.architecture = model.config.architecture
+        self.hidden_size = int(model.config.hidden_size)
+        self.num_layers = int(model.config.num_hidden_layers)
         self._model = model
-        self.generation_config = None
 
-    def get_input_embeddings(self) -> _Module:
-        return _Module(_Rows(self._model.embed))
+    @property
+    def embedding(self) -> QTensor:
+        return self._model.embed
 
-    def get_output_embeddings(self) -> _Module:
-        return _Module(_Rows(self._model.lm_head))
+    @property
+    def output(self) -> QTensor:
+        return self._model.lm_head
 
     def fingerprint(self, chunks: int = 16) -> list[float]:
         """Mean absolute value of ``chunks`` equal slices of the output layer's flattened weight (``torch.chunk``'s
         slices: ceil(size / chunks) elements each, the last shorter), computed in native code without expanding the
         layer (the identity a trained head records)."""
-        head = self._model.lm_head
+        head = self.output
         total = head.shape[0] * head.shape[1]
         size = -(-total // chunks)
         means = []

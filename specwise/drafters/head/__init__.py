@@ -6,8 +6,8 @@
 - :mod:`~specwise.drafters.head.drafter`: :class:`HeadDrafter`, which drafts with a trained head (numpy and the
   native kernels: no torch);
 - :mod:`~specwise.drafters.head.quantized`: the head's step on the quantized kernels;
-- :mod:`~specwise.drafters.head.module`: the training module :class:`EagleHead` and :func:`new_head` (torch: the
-  ``distill`` extra; imported when first asked for).
+- :mod:`~specwise.drafters.head.module`: the training module :class:`EagleHead`, :func:`new_head` and
+  :func:`save_head` (torch: the ``distill`` extra; imported when first asked for).
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ from specwise.drafters.head.format import (
     TargetMismatchError,
     check_target,
     read_head,
-    save_head,
     target_identity,
-    torch_dtype,
 )
 
 if TYPE_CHECKING:
@@ -66,7 +64,7 @@ def load_head(directory: Path | str, device="cpu", dtype="float32") -> EagleHead
 
         raise missing_extra(err, "distill", "the head's training module (load_head)") from err
 
-    from specwise.drafters.head.module import EagleHead
+    from specwise.drafters.head.module import EagleHead, torch_dtype
 
     with torch.device("meta"):  # shapes only: the file's tensors become the parameters (no initialisation)
         head = EagleHead(weights.config)
@@ -84,7 +82,7 @@ def load_head(directory: Path | str, device="cpu", dtype="float32") -> EagleHead
 
 def __getattr__(name: str):
     """The training module's names (torch), imported when first asked for."""
-    if name in ("EagleHead", "new_head"):
+    if name in ("EagleHead", "new_head", "save_head"):
         from specwise.drafters.head import module
 
         return getattr(module, name)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from specwise.drafters.base import Draft, Drafter, common_prefix
-from specwise.drafters.head.format import HeadWeights, target_rows
+from specwise.drafters.head.format import HeadWeights
 from specwise.drafters.head.quantized import QuantizedHeadLayer, head_quantization_available, quantize_rows
 from specwise.models.kernels import LayerKernel, layer_kernel, small_gemm, small_gemm_available
 from specwise.models.kernels.layers import rotary_tables
@@ -151,12 +151,12 @@ class HeadDrafter(Drafter):
             self._backend = "kernel" if kernel else "numpy"
             self._keep_weights(head, half_weights and kernel, kernel)
             self._fused = self._fused_setup() if kernel else None
-        self._embed = head.embed  # [vocab, d], the target's
+        self._embed = head.embed  # [vocab, d], the target's (WeightRows: rows read on demand)
         self._inv_freq = head.inv_freq
         self._vocab_ids = head.vocab_ids
         self._vocab_list = self._vocab_ids.tolist()
         self._memo = None  # (address of the last predicted feature, argmax, its probability, logits) of that step
-        self._embedded = None  # one token's embedding row, read for the quantized step
+        self._embedded = None  # one token's embedding row, read for the step that consumes it
         self._capacity = 0
         self._grow(capacity)
         self._fed: list[int] = []  # context tokens whose (feature, next token) pairs are in the head's cache
@@ -299,15 +299,14 @@ class HeadDrafter(Drafter):
         return h + self._down(act)
 
     def _embedding(self, tokens) -> np.ndarray:
-        """The target's embedding rows of ``tokens`` (a list or an int array) as float32 ``[n, d]``: one token of a
-        quantized target read straight into a buffer the step consumes at once."""
-        rows = getattr(self._embed, "tensor", None)
-        if len(tokens) == 1 and hasattr(rows, "row"):
+        """The target's embedding rows of ``tokens`` (a list or an int array) as float32 ``[n, d]``: one token read
+        straight into a buffer the step consumes at once."""
+        if len(tokens) == 1:
             if self._embedded is None:
                 self._embedded = np.empty((1, self._c.hidden_size), dtype=np.float32)
-            rows.row(int(tokens[0]), self._embedded[0])
+            self._embed.row(int(tokens[0]), self._embedded[0])
             return self._embedded
-        return target_rows(self._embed, np.asarray(tokens, dtype=np.int64))
+        return self._embed.rows(np.asarray(tokens, dtype=np.int64))
 
     def _logits(self, feature: np.ndarray) -> np.ndarray:
         """The output layer over the draft vocabulary of one predicted feature ``[d]``: float32 ``[draft_vocab]``."""

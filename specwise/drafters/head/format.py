@@ -1,16 +1,17 @@
 """The head file format: a directory with ``config.json`` (:class:`HeadConfig`, the target's identity) and
 ``model.safetensors`` (the trained weights and the draft vocabulary), and the checks that a head meets its target.
 
-:func:`read_head` reads a directory as numpy arrays (:class:`HeadWeights`, what the drafter takes; no torch);
-:func:`load_head` and :func:`save_head` read and write the training module (:class:`EagleHead`, torch: the
-``distill`` extra).
+:func:`read_head` reads a directory as numpy arrays (:class:`HeadWeights`, what the drafter takes; no torch) and
+:func:`write_head` writes one; the training module (:class:`~specwise.drafters.head.module.EagleHead`, torch: the
+``distill`` extra) is read by ``load_head`` and written by ``module.save_head``. The target is read through the
+protocol of its layers (:class:`~specwise.models.base.TargetLayers`: its embedding and output layer as rows, its
+identity).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,9 +25,8 @@ from specwise.drafters.head.checks import (
     write_safetensors,
 )
 from specwise.files import atomic_path, write_json_atomic
-
-if TYPE_CHECKING:
-    from specwise.drafters.head.module import EagleHead
+from specwise.models.base import WeightRows
+from specwise.models.target_layers import TensorRows, target_layers
 
 __all__ = [
     "HeadConfig",
@@ -38,9 +38,7 @@ __all__ = [
     "check_target_shapes",
     "head_tensor_shapes",
     "read_head",
-    "save_head",
     "target_identity",
-    "target_rows",
     "write_head",
 ]
 
@@ -114,22 +112,6 @@ def check_target_shapes(config: HeadConfig, vocab_ids: np.ndarray, embed: tuple,
         )
 
 
-def target_rows(weight, ids: np.ndarray) -> np.ndarray:
-    """Rows ``ids`` of a target's embedding or output layer as float32 ``[n, hidden]``: a quantized target's
-    (:class:`specwise.models.quantized.TargetWeights`: read from its blocks), a numpy array, or a Hugging Face
-    model's weight (a torch tensor, on any device: read back to the host; only the hf extra makes such a target)."""
-    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
-    tensor = getattr(weight, "tensor", None)
-    if tensor is not None and hasattr(tensor, "rows"):
-        return tensor.rows(ids)
-    if isinstance(weight, np.ndarray):
-        return np.ascontiguousarray(weight[ids], dtype=np.float32)
-    rows = weight[ids.tolist()]
-    if hasattr(rows, "detach"):  # torch
-        rows = rows.detach().float().cpu().numpy()
-    return np.ascontiguousarray(rows, dtype=np.float32)
-
-
 class HeadWeights:
     """A head as the drafter reads it (:func:`read_head`): its config and its tensors as numpy arrays (the
     weights in the file's dtype, float16 or float32; a BF16 file's as float32), and once attached
@@ -151,8 +133,8 @@ class HeadWeights:
         self.tensors = dict(tensors)
         self.vocab_ids = np.ascontiguousarray(tensors["vocab_ids"], dtype=np.int64)
         self.inv_freq = np.ascontiguousarray(tensors["inv_freq"], dtype=np.float32)
-        self.embed = None  # the target's embedding (rows read with target_rows), set by attach_target
-        self.output = None  # the target's output layer
+        self.embed: WeightRows | None = None  # the target's embedding (rows read on demand), set by attach_target
+        self.output: WeightRows | None = None  # the target's output layer
         self._output_rows: np.ndarray | None = None  # its draft-vocabulary rows, where given as they are
 
     @classmethod
@@ -165,16 +147,18 @@ class HeadWeights:
                 value = value.float()
             tensors[name] = value.numpy().copy()
         weights = cls(head.config, tensors)
-        weights.embed, weights.output = head.embed, head._target_output
+        weights.embed, weights.output = _rows(head.embed), _rows(head._target_output)
         if head._head_weight is not None:  # the output rows, gathered already (or set without a target)
-            weights._output_rows = target_rows(head._head_weight, np.arange(head._head_weight.shape[0]))
+            gathered = TensorRows(head._head_weight)
+            weights._output_rows = gathered.rows(np.arange(gathered.shape[0]))
         return weights
 
-    def attach_target(self, hf_model) -> None:
-        """Take the target's embedding and output layer (``hf_model``: a Hugging Face model or a quantized
-        target's :class:`~specwise.models.quantized.TargetWeights`), checked against the head's shapes."""
-        embed = hf_model.get_input_embeddings().weight
-        output = hf_model.get_output_embeddings().weight
+    def attach_target(self, target) -> None:
+        """Take the target's embedding and output layer (``target``: its
+        :class:`~specwise.models.base.TargetLayers`, or what :func:`~specwise.models.target_layers.target_layers`
+        takes: a Hugging Face model), checked against the head's shapes."""
+        layers = target_layers(target)
+        embed, output = layers.embedding, layers.output
         check_target_shapes(self.config, self.vocab_ids, tuple(embed.shape), tuple(output.shape))
         self.embed, self.output, self._output_rows = embed, output, None
 
@@ -185,14 +169,14 @@ class HeadWeights:
     def embedding_rows(self, ids) -> np.ndarray:
         """The target's embedding rows of ``ids``: float32 ``[n, hidden]``."""
         self._require_target()
-        return target_rows(self.embed, np.asarray(ids))
+        return self.embed.rows(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1))
 
     def output_row_block(self, first: int, count: int) -> np.ndarray:
         """Rows ``first .. first + count - 1`` of the output layer over the draft vocabulary, float32."""
         self._require_target()
         if self._output_rows is not None:
             return np.ascontiguousarray(self._output_rows[first : first + count], dtype=np.float32)
-        return target_rows(self.output, self.vocab_ids[first : first + count])
+        return self.output.rows(self.vocab_ids[first : first + count])
 
     def output_rows(self, dtype=np.float32, chunk: int = 1024) -> np.ndarray:
         """The output layer's draft-vocabulary rows ``[draft_vocab, hidden]`` in ``dtype``, gathered ``chunk`` rows
@@ -216,34 +200,30 @@ def read_head(directory: Path | str) -> HeadWeights:
     return HeadWeights(config, tensors)
 
 
-def target_identity(hf_model, name: str) -> dict:
-    """What a head records about its target, to refuse another target later (see :func:`check_target`).
+def target_identity(target, name: str) -> dict:
+    """What a head records about its target (its :class:`~specwise.models.base.TargetLayers`, or a Hugging Face
+    model), to refuse another target later (see :func:`check_target`).
 
     The fingerprint is the mean of 16 slices of the output layer's weight: it tells models apart and survives
-    a change of dtype or file format of the same weights. A quantized target computes it itself
-    (``fingerprint()``); a Hugging Face model's weight is a torch tensor (the hf extra).
+    a change of dtype or file format of the same weights (a quantized target computes it without expanding its
+    output layer).
     """
-    config = hf_model.config
-    weight = hf_model.get_output_embeddings().weight
-    if hasattr(hf_model, "fingerprint"):  # a quantized target computes it without expanding its output layer
-        fingerprint = hf_model.fingerprint()
-    else:
-        chunks = weight.detach().float().flatten().chunk(16)
-        fingerprint = [round(float(c.double().abs().mean()), 6) for c in chunks]
+    layers = target_layers(target)
     return {
         "name": name,
-        "architecture": getattr(hf_model, "architecture", type(hf_model).__name__),
-        "vocab_size": int(weight.shape[0]),
-        "hidden_size": int(config.hidden_size),
-        "num_layers": int(config.num_hidden_layers),
-        "fingerprint": fingerprint,
+        "architecture": layers.architecture,
+        "vocab_size": int(layers.output.shape[0]),
+        "hidden_size": int(layers.hidden_size),
+        "num_layers": int(layers.num_layers),
+        "fingerprint": layers.fingerprint(),
     }
 
 
-def check_target(config: HeadConfig, hf_model, name: str) -> None:
-    """Raise TargetMismatchError when ``hf_model`` is not the target the head was trained for."""
+def check_target(config: HeadConfig, target, name: str) -> None:
+    """Raise TargetMismatchError when ``target`` (as :func:`target_identity` takes it) is not the target the head was
+    trained for."""
     recorded = config.target
-    actual = target_identity(hf_model, name)
+    actual = target_identity(target, name)
     for key in ("architecture", "vocab_size", "hidden_size", "num_layers"):
         if recorded.get(key) != actual[key]:
             raise TargetMismatchError(
@@ -256,13 +236,6 @@ def check_target(config: HeadConfig, hf_model, name: str) -> None:
             f"this head was trained for {recorded.get('name')!r}, and the target {name!r} has the same shape but "
             "different weights: train a head for this target with `specwise distill`"
         )
-
-
-def torch_dtype(dtype):
-    """A torch dtype from a torch dtype or its name (``"float16"``)."""
-    import torch
-
-    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
 
 
 def write_head(directory: Path | str, config: HeadConfig, tensors: dict[str, np.ndarray], kinds=None) -> None:
@@ -280,19 +253,9 @@ def write_head(directory: Path | str, config: HeadConfig, tensors: dict[str, np.
     write_json_atomic(directory / "config.json", config.to_json())
 
 
-def save_head(head: EagleHead, directory: Path | str, dtype="float16") -> None:
-    """Write the training module ``head`` as a head directory (:func:`write_head`): trainable weights in ``dtype``
-    (a torch dtype or its name), the rotary frequencies in float32 and the draft vocabulary. Needs torch."""
-    import torch
-
-    dtype = torch_dtype(dtype)
-    tensors, kinds = {}, {}
-    for name, value in head.state_dict().items():
-        value = value.detach().cpu().contiguous()
-        if value.is_floating_point() and name != "inv_freq":
-            value = value.to(dtype)
-        if value.dtype == torch.bfloat16:  # no numpy dtype: its bits, named BF16 in the file
-            tensors[name], kinds[name] = value.view(torch.int16).numpy().view(np.uint16), "BF16"
-        else:
-            tensors[name] = value.numpy()
-    write_head(directory, head.config, tensors, kinds)
+def _rows(weight) -> WeightRows | None:
+    """A training module's view of a target weight as rows: as it is where it is rows already (a quantized
+    target's), a torch tensor's read back to the host."""
+    if weight is None or isinstance(weight, WeightRows):
+        return weight
+    return TensorRows(weight)

@@ -1,5 +1,6 @@
 """The head's training module: one decoder layer on the target's features, unrolled over whole sequences as
-drafting runs it (:class:`EagleHead`), and its initialisation from a target (:func:`new_head`)."""
+drafting runs it (:class:`EagleHead`), its initialisation from a target (:func:`new_head`), and writing it as a head
+directory (:func:`save_head`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ except ModuleNotFoundError as err:  # torch code: the distill extra
 
     raise missing_extra(err, "distill", "the head's training module (specwise.drafters.head.module)") from err
 
-from specwise.drafters.head.format import HeadConfig, check_target_shapes, target_identity
-from specwise.models.layer import decoder_layer, qkv_heads, rms_norm, rotary_tables
+from pathlib import Path
 
-__all__ = ["EagleHead", "new_head"]
+import numpy as np
+
+from specwise.drafters.head.format import HeadConfig, check_target_shapes, target_identity, write_head
+from specwise.models.layer import decoder_layer, qkv_heads, rms_norm, rotary_tables
+from specwise.models.target_layers import HFTargetLayers, TensorRows, target_layers
+
+__all__ = ["EagleHead", "new_head", "save_head", "torch_dtype"]
 
 
 class EagleHead(nn.Module):
@@ -44,19 +50,20 @@ class EagleHead(nn.Module):
         self.out_norm = nn.Parameter(torch.ones(d))
         self.register_buffer("vocab_ids", torch.zeros(c.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("inv_freq", torch.ones(hd // 2))
-        # frozen target parts, set by attach_target (not saved)
-        self.embed: torch.Tensor | None = None  # [vocab, d]
+        # frozen target parts, set by attach_target (not saved): torch tensors [vocab, d] on the target's device, or
+        # a quantized target's rows read on demand (WeightRows)
+        self.embed = None
         self._target_output = None  # the target's output layer weight [vocab, d]
         self._head_weight: torch.Tensor | None = None
 
-    def attach_target(self, hf_model) -> None:
-        """Take the target's embedding and output layer (frozen, shared; a quantized target's rows are read on
-        demand). The output layer's draft-vocabulary rows are gathered when first asked for (:attr:`head_weight`,
+    def attach_target(self, target) -> None:
+        """Take the target's embedding and output layer (``target``: a Hugging Face model or a target's
+        :class:`~specwise.models.base.TargetLayers`; frozen, shared; a quantized target's rows are read on demand).
+        The output layer's draft-vocabulary rows are gathered when first asked for (:attr:`head_weight`,
         :meth:`output_rows`)."""
-        embed = hf_model.get_input_embeddings().weight.detach()
-        output = hf_model.get_output_embeddings().weight.detach()
-        self._check_target_shapes(tuple(embed.shape), tuple(output.shape))
-        self.embed, self._target_output = embed, output
+        layers = target_layers(target)
+        self._check_target_shapes(tuple(layers.embedding.shape), tuple(layers.output.shape))
+        self.embed, self._target_output = _frozen(layers.embedding), _frozen(layers.output)
         self._head_weight = None
 
     def _check_target_shapes(self, embed: tuple[int, ...], output: tuple[int, ...]) -> None:
@@ -86,27 +93,29 @@ class EagleHead(nn.Module):
         weight = self._target_output
         if weight is None:
             raise RuntimeError("attach a target to the head first (attach_target)")
-        ids = self.vocab_ids.to(weight.device)
-        out = torch.empty((ids.numel(), weight.shape[1]), dtype=dtype or weight.dtype, device=weight.device)
+        device, kind = (weight.device, weight.dtype) if isinstance(weight, torch.Tensor) else ("cpu", torch.float32)
+        ids = self.vocab_ids.to(device)
+        out = torch.empty((ids.numel(), weight.shape[1]), dtype=dtype or kind, device=device)
         for a in range(0, ids.numel(), chunk):
-            out[a : a + chunk] = torch.as_tensor(weight[ids[a : a + chunk]])  # a quantized target's rows: numpy
+            out[a : a + chunk] = _take(weight, ids[a : a + chunk])
         return out
 
     def output_row_block(self, first: int, count: int) -> torch.Tensor:
         """Rows ``first .. first + count - 1`` of :meth:`output_rows`, float32 (for slice-by-slice conversions)."""
         if self._head_weight is not None:
             return self._head_weight[first : first + count].float()
-        if self._target_output is None:
+        weight = self._target_output
+        if weight is None:
             raise RuntimeError("attach a target to the head first (attach_target)")
-        ids = self.vocab_ids[first : first + count].to(self._target_output.device)
-        return torch.as_tensor(self._target_output[ids]).float()
+        ids = self.vocab_ids[first : first + count]
+        return _take(weight, ids.to(weight.device) if isinstance(weight, torch.Tensor) else ids).float()
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return rms_norm(x, weight, self.config.rms_eps)
 
     def fuse(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """Input of the layer: [..., d] from features [..., d] and token ids [...]."""
-        emb = torch.as_tensor(self.embed[next_tokens], device=features.device)  # a quantized target's rows: numpy
+        emb = torch.as_tensor(_take(self.embed, next_tokens), device=features.device)
         both = torch.cat([self._norm(features, self.feature_norm), self._norm(emb, self.embed_norm)], dim=-1)
         return self.fc(both)
 
@@ -176,6 +185,21 @@ class EagleHead(nn.Module):
         return attn.transpose(1, 2).reshape(B, T, c.num_heads * c.head_dim)
 
 
+def _frozen(rows):
+    """A target weight as the module keeps it: a torch weight itself (detached, on its device), else the rows as
+    they are (a quantized target's, read on demand)."""
+    return rows.tensor.detach() if isinstance(rows, TensorRows) else rows
+
+
+def _take(weight, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` (any shape) of a target weight kept by :func:`_frozen`: a torch weight indexed on its device, or
+    rows read on demand (float32, on the host)."""
+    if isinstance(weight, torch.Tensor):
+        return weight[ids]
+    flat = weight.rows(ids.reshape(-1).cpu().numpy())
+    return torch.from_numpy(flat).reshape(*ids.shape, flat.shape[-1])
+
+
 def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
     """x[..., t - n, :] at t along dim -2 (zeros for t < n)."""
     if n == 0:
@@ -185,19 +209,19 @@ def _shift(x: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def new_head(hf_model, name: str, vocab_ids, intermediate_size: int | None = None, seed: int = 0) -> EagleHead:
-    """A freshly initialised head for ``hf_model`` (shaped like one of its layers), attached to it."""
-    config = hf_model.config
-    hidden = int(config.hidden_size)
-    heads = int(config.num_attention_heads)
+    """A freshly initialised head for ``hf_model`` (a Hugging Face model; shaped like one of its layers, its rotary
+    frequencies and final norm taken where the model has them), attached to it."""
+    layers = HFTargetLayers(hf_model)
+    shape = layers.layer_shape()
     cfg = HeadConfig(
-        hidden_size=hidden,
-        num_heads=heads,
-        num_kv_heads=int(getattr(config, "num_key_value_heads", None) or heads),
-        head_dim=int(getattr(config, "head_dim", None) or hidden // heads),
-        intermediate_size=int(intermediate_size or config.intermediate_size),
-        rms_eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        hidden_size=shape["hidden_size"],
+        num_heads=shape["num_heads"],
+        num_kv_heads=shape["num_kv_heads"],
+        head_dim=shape["head_dim"],
+        intermediate_size=int(intermediate_size or shape["intermediate_size"]),
+        rms_eps=shape["rms_eps"],
         draft_vocab_size=len(vocab_ids),
-        target=target_identity(hf_model, name),
+        target=target_identity(layers, name),
     )
     torch.manual_seed(seed)
     head = EagleHead(cfg)
@@ -205,15 +229,36 @@ def new_head(hf_model, name: str, vocab_ids, intermediate_size: int | None = Non
         nn.init.normal_(module.weight, std=0.02)
     with torch.no_grad():
         head.vocab_ids.copy_(torch.as_tensor(vocab_ids))
-        rotary = getattr(getattr(hf_model, "model", None), "rotary_emb", None)
-        if rotary is not None:
-            head.inv_freq.copy_(rotary.inv_freq.float())
+        inv_freq = layers.inverse_frequencies()
+        if inv_freq is not None:
+            head.inv_freq.copy_(inv_freq.float())
         else:
-            base = float(getattr(config, "rope_theta", 10000.0))
             hd = cfg.head_dim
-            head.inv_freq.copy_(1.0 / base ** (torch.arange(0, hd, 2).float() / hd))
-        norm = getattr(getattr(hf_model, "model", None), "norm", None)
+            head.inv_freq.copy_(1.0 / shape["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd))
+        norm = layers.final_norm()
         if norm is not None:  # predicted features live where the target's final norm puts them
-            head.out_norm.copy_(norm.weight.float())
-    head.attach_target(hf_model)
+            head.out_norm.copy_(norm.float())
+    head.attach_target(layers)
     return head
+
+
+def torch_dtype(dtype):
+    """A torch dtype from a torch dtype or its name (``"float16"``)."""
+    return getattr(torch, dtype) if isinstance(dtype, str) else dtype
+
+
+def save_head(head: EagleHead, directory: Path | str, dtype="float16") -> None:
+    """Write the training module ``head`` as a head directory (:func:`~specwise.drafters.head.format.write_head`):
+    trainable weights in ``dtype`` (a torch dtype or its name), the rotary frequencies in float32 and the draft
+    vocabulary."""
+    dtype = torch_dtype(dtype)
+    tensors, kinds = {}, {}
+    for name, value in head.state_dict().items():
+        value = value.detach().cpu().contiguous()
+        if value.is_floating_point() and name != "inv_freq":
+            value = value.to(dtype)
+        if value.dtype == torch.bfloat16:  # no numpy dtype: its bits, named BF16 in the file
+            tensors[name], kinds[name] = value.view(torch.int16).numpy().view(np.uint16), "BF16"
+        else:
+            tensors[name] = value.numpy()
+    write_head(directory, head.config, tensors, kinds)

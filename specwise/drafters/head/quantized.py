@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specwise.models.kernels.layers import DecoderStack, QHead, QLogits, QRun, QStep, QWork, addr
+from specwise.models.kernels.library import native_library
 from specwise.models.kernels.quant import QTensor, quantized_available
 from specwise.models.threads import get_num_threads
 
@@ -131,7 +132,7 @@ class QuantizedHeadLayer:
         )
         # the native step's buffers: its fused input and x for STEP_ROWS rows, then the layer kernel's scratch
         # (which, once the layer has run, also holds a copy of the logits)
-        self._lib = self._stack._lib
+        self._lib = native_library()  # loaded: the stack needs it
         self._layer_floats = int(self._lib.specwise_qllama_scratch_floats(addr(self._stack.shape), self.STEP_ROWS))
         self._inputs_floats = 3 * self.STEP_ROWS * hidden
         self._scratch = np.empty(0, dtype=np.float32)

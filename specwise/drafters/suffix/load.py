@@ -240,11 +240,10 @@ def load_index(directory: Path | str, native: bool = True, target=None) -> Suffi
 def index_identity(target) -> dict:
     """What an index records about its target (a LoadedModel): name, vocabulary size and, where the weights are at
     hand, the head drafter's identity of them (architecture, shape, fingerprint)."""
-    hf = getattr(target, "hf_model", None)
-    if hf is not None:
+    if target.hf_model is not None:
         from specwise.drafters.head.format import target_identity
 
-        return target_identity(hf, target.name)
+        return target_identity(target.hf_model, target.name)
     return {"name": target.name, "vocab_size": int(target.model.vocab_size)}
 
 

@@ -99,10 +99,12 @@ def hf_module(model, what: str):
     require("hf", "the Hugging Face baselines (--no-hf skips them)")
     from transformers import PreTrainedModel
 
-    for name in ("model", "hf_model"):
-        module = getattr(model, name, None)
-        if isinstance(module, PreTrainedModel):
-            return module
+    from specwise.models.hf import HFModel
+    from specwise.models.native import NativeModel
+
+    module = model.model if isinstance(model, HFModel) else model.hf_model if isinstance(model, NativeModel) else None
+    if isinstance(module, PreTrainedModel):
+        return module
     from specwise.models.loader import hf_reference
 
     reference = hf_reference(model)  # a quantized model: the float32 model of the same file
@@ -290,7 +292,11 @@ def _hf_runner(config: BenchConfig, module, counter: PassCounter, pad: int, draf
     drafter = sources[0] if len(sources) == 1 else None  # Hugging Face's runners take one drafter
     if config.drafter.partition(":")[0] == "ngram":
         return HFRunner(module, counter, pad, gamma=config.gamma, lookup_ngram=drafter.max_ngram)
-    assistant = hf_module(getattr(drafter, "model", None), f"draft model of {config.drafter!r}")
+    from specwise.drafters.cross_vocab import CrossVocabDrafter
+    from specwise.drafters.model import ModelDrafter
+
+    model = drafter.model if isinstance(drafter, (ModelDrafter, CrossVocabDrafter)) else None
+    assistant = hf_module(model, f"draft model of {config.drafter!r}")
     return HFRunner(module, counter, pad, assistant=assistant, gamma=config.gamma)
 
 
