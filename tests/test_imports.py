@@ -310,6 +310,93 @@ def test_no_import_cycle_even_through_lazy_imports():
     )
 
 
+def test_no_import_cycle_even_for_type_checkers():
+    """No modules import each other through any chain, counting the imports under ``if TYPE_CHECKING:`` too (what a
+    type checker reads): a name one module needs of another's for its annotations lives below both (the server's
+    routes share ``server/state.py``; the head's file format does not name its training module)."""
+    modules = set(all_modules())
+    graph = {name: imported_ever(name, modules, typing=True) for name in modules}
+    assert "specwise.server.state" in graph["specwise.server.parsing"]  # TYPE_CHECKING only: the graph sees it
+    cycles = import_cycles(graph)
+    assert not cycles, "import cycles (type checkers' imports included):\n" + "\n".join(
+        " -> ".join(c + c[:1]) + "\n    " + "\n    ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c)
+        for c in cycles
+    )
+
+
+# A model's abilities are asked for by type (the protocols of specwise/models/base.py: isinstance(model, OutputRows)),
+# never probed with getattr or hasattr outside specwise/models/. A probe is a getattr or hasattr whose object is named
+# like a model (model, target, hf_model, drafter, draft_model, loaded, weights, embed ...) or whose attribute is one
+# of the optional abilities the protocols declare or a loaded model's fields.
+MODEL_LIKE = re.compile(r"(?:^|_)(?:model|target|drafter|draft|loaded|weights?|embed|lm_head)(?:$|_)")
+ABILITIES = {
+    "k_cache",
+    "v_cache",
+    "lm_head",
+    "weight_bytes",
+    "read_output_rows",
+    "restrict_output",
+    "output_rows",
+    "forward_last",
+    "reusable",
+    "fingerprint",
+    "precision",
+    "hf_model",
+    "fim_token_ids",
+}
+PROBES_ALLOWED: set[tuple[str, str]] = set()  # (module path under specwise/, the call as written): none
+
+
+def _probed(node: ast.expr) -> str:
+    """The name a getattr or hasattr probes: a variable's, or an attribute's last part (``self.target``)."""
+    if isinstance(node, ast.Name):
+        return node.id
+    return node.attr if isinstance(node, ast.Attribute) else ""
+
+
+def model_probes(source: str) -> list[str]:
+    """The getattr and hasattr calls of ``source`` that probe a model's abilities (see ABILITIES, MODEL_LIKE)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+            continue
+        if node.func.id not in ("getattr", "hasattr"):
+            continue
+        what = node.args[1].value if len(node.args) > 1 and isinstance(node.args[1], ast.Constant) else None
+        if MODEL_LIKE.search(_probed(node.args[0]).lower()) or what in ABILITIES:
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_outside_the_models_probes_a_models_abilities():
+    """Outside ``specwise/models/`` no getattr or hasattr asks a model (or a loaded model, a drafter's model, a
+    target's weights) what it can do: its optional abilities are protocols of ``models/base.py``, asked for with
+    isinstance, and the rest are declared members of its contract."""
+    from specwise.models import base
+    from specwise.models.loader import LoadedModel
+
+    protocols = (base.OutputRows, base.ReusableRows, base.CacheArrays, base.TargetLayers, base.QuantizedWeights)
+    declared = {name for proto in protocols for name in (*proto.__annotations__, *vars(proto))}
+    assert not ABILITIES - declared - set(LoadedModel.__dataclass_fields__)  # the list names declared abilities only
+    assert model_probes("getattr(model, 'lm_head', None)\nhasattr(self.target, 'x')\ngetattr(src, 'k_cache')") == [
+        "1: getattr(model, 'lm_head', None)",
+        "2: hasattr(self.target, 'x')",
+        "3: getattr(src, 'k_cache')",
+    ]
+    assert model_probes("getattr(tokenizer, 'chat_template', None)\ngetattr(head, name)\ngetattr(args, 'path')") == []
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith("models/"):
+            continue
+        for probe in model_probes(path.read_text(encoding="utf-8")):
+            if (relative, probe.split(": ", 1)[1]) not in PROBES_ALLOWED:
+                found.append(f"{relative}:{probe}")
+    assert not found, "probes of a model's abilities (ask for a protocol of models/base.py instead):\n" + "\n".join(
+        found
+    )
+
+
 # The lab: what measures and trains (specwise/lab/), and the former paths kept for the commands written with them.
 LAB = "specwise.lab"
 LAB_FORWARDS = {"specwise.bench", "specwise.bench.fetch"}  # python -m specwise.bench.fetch
