@@ -66,6 +66,10 @@ __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_par
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 _ERRORS[401] = {"model": ErrorResponse}
 
+# The APIs that are modules of their own, adapters over the one chat path (server/chat.py): each adds its routes
+# (``add_routes(app)``). A new API is a module beside them and its line here.
+ADAPTERS = (anthropic, openai_responses)
+
 
 def create_app(
     runtime: Runtime,
@@ -155,8 +159,8 @@ def _add_routes(app: FastAPI) -> None:
     app.get("/health", summary="Liveness and queue state")(health)
     app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)(root)  # a probe (Claude Code: HEAD /)
     app.get("/metrics", summary="Prometheus metrics", response_class=Response)(metrics)
-    anthropic.add_routes(app)
-    openai_responses.add_routes(app)
+    for adapter in ADAPTERS:
+        adapter.add_routes(app)
 
 
 async def completions(body: CompletionRequest, request: Request) -> Response:
