@@ -4,7 +4,9 @@ Drafters are pure proposers; the planner decides and owns every estimate. Its so
 sequence (one drafter, or several such as ``ngram+head``: prompt lookup is accepted differently from a trained
 head, and costs nothing to ask). Each step the planner asks one or more sources for tokens
 (:meth:`Planner.draft`), and after verification it is told how many were accepted and how long the target's pass
-took (:meth:`Planner.observe`).
+took (:meth:`Planner.observe`). One file because the fixed and the adaptive planner are one choice among sources (asking
+in turn, cutting at the stop level, judging the drafts that lost) with two ways of valuing a draft; the costs and the
+acceptance records it reads are modules of their own.
 
 The planner is three parts:
 

@@ -490,3 +490,44 @@ def test_sequences_of_a_batch_each_draft_across_vocabularies(files, loaded):
     plain = Engine(target.model.sequence(), None, gamma=0)
     want = [plain.generate(r.prompt_ids, r.params, r.max_new_tokens, eos_token_ids=[]).token_ids for r in requests]
     assert got == want
+
+
+# ---- `auto`: the default model across vocabularies where it pays ----------------------------------------------------
+
+
+def test_the_overlap_and_pass_bytes_are_read_from_the_files_headers(files):
+    from specwise.drafters.cross_vocab.choice import file_overlap, pass_bytes
+    from specwise.models.gguf_file import GGUFFile
+
+    smol, qwen, gemma = (GGUFFile(files[n]) for n in ("smol", "qwen", "gemma"))
+    assert 0.7 < file_overlap(smol, qwen) < 0.9 and 0.9 < file_overlap(smol, gemma) < 0.98  # 80% and 94%
+    assert file_overlap(qwen, qwen) == 1.0
+    # a pass reads the output layer and the layers; the untied embedding only a row a token
+    assert pass_bytes(qwen) == sum(t.nbytes for n, t in qwen.tensors.items() if n != "token_embd.weight")
+
+
+def test_auto_drafts_across_vocabularies_for_a_target_large_enough(files, loaded, tmp_path, monkeypatch):
+    """`auto` adds the default model (here a tiny one of SmolLM2's vocabulary) across vocabularies for a target whose
+    pass reads at least 1 / DRAFT_SHARE times its bytes, not for a smaller one, nor where too little of the
+    vocabulary is shared; greedy output equals plain decoding."""
+    import specwise.drafters.cross_vocab.choice as choice
+    import specwise.files
+    from specwise.drafters import resolve_drafter_spec
+    from specwise.models import load_model
+
+    monkeypatch.setattr(choice, "AUTO_DRAFT", str(files["smol"]))
+    monkeypatch.setattr(specwise.files, "gguf_dir", lambda cache=None: tmp_path / "empty")
+    (tmp_path / "big").mkdir()
+    big = load_model(str(tiny_vocab_gguf(tmp_path / "big" / "tiny-qwen-wide.gguf", hidden=96)))
+    spec = resolve_drafter_spec("auto", big)
+    assert spec == f"ngram+model:{files['smol']}"
+    for small in ("qwen", "gemma"):  # a pass of 3.3 and 5.4 times the draft's bytes
+        assert resolve_drafter_spec("auto", loaded[small]) == "ngram"
+    monkeypatch.setattr(choice, "MIN_OVERLAP", 0.9)  # SmolLM2 shares 80% of its vocabulary with Qwen2.5
+    assert resolve_drafter_spec("auto", big) == "ngram"
+    monkeypatch.setattr(choice, "MIN_OVERLAP", 0.5)
+    drafters = make_drafter("auto", big)
+    assert [type(d).__name__ for d in drafters] == ["NgramDrafter", "CrossVocabDrafter"]
+    ids = big.tokenizer.encode("def mean(values):\n    return", add_special_tokens=False)
+    plain = greedy(Engine(big.model, None, gamma=0), ids, 24)
+    assert greedy(Engine(big.model, drafters, gamma="auto"), ids, 24) == plain

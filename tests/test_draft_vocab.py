@@ -3,6 +3,8 @@ ranking files that choose the subset, the `model:ID?vocab=N` spec, and `--drafte
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from gguf_raw import ARRAY, STRING, tiny_model
@@ -401,6 +403,36 @@ def test_auto_uses_the_sibling_in_the_fetch_cache(tmp_path, monkeypatch):
     target = Loaded(QuantizedModel(target_path), name="target")
     assert resolve_drafter_spec("auto", target) == f"ngram+model:{folder / 'sibling.gguf'}"
     assert resolve_drafter_spec("ngram", target) == "ngram"
+
+
+def test_auto_finds_a_sibling_beside_the_target_by_its_metadata_not_its_name(tmp_path, monkeypatch):
+    """A smaller model of the target's vocabulary in the target's own folder, under any name, is the sibling; a
+    file at least as large as the target is never opened, and a bounded number of headers is read."""
+    import specwise.drafters.sibling as sibling
+    import specwise.files
+
+    base = _named(tiny_model(), "Tiny")
+    folder = tmp_path / "models"
+    folder.mkdir()
+    target_path = _write(folder / "Target Model (final).gguf", base)
+    empty = tmp_path / "cache"
+    empty.mkdir()
+    monkeypatch.setattr(specwise.files, "gguf_dir", lambda cache=None: empty)
+    target = Loaded(QuantizedModel(target_path), name="target")
+    assert resolve_drafter_spec("auto", target) == "ngram"
+    bigger = base.copy().set("general.name", STRING, "x" * 4096)  # the same model, a larger file
+    _write(folder / "00-bigger.gguf", bigger)
+    _write(folder / "01-other-vocab.gguf", _one_layer(base).set("tokenizer.ggml.tokens", ARRAY, (STRING, ["v"] * 96)))
+    draft = _write(folder / "zz draft copy.gguf", _one_layer(base))
+    (folder / "notes.txt").write_text("not a model")
+    opened = []
+    read = sibling._gguf
+    monkeypatch.setattr(sibling, "_gguf", lambda path: opened.append(Path(path).name) or read(path))
+    assert resolve_drafter_spec("auto", target) == f"ngram+model:{draft}"
+    assert "00-bigger.gguf" not in opened and opened[0] == "Target Model (final).gguf"
+    opened.clear()
+    monkeypatch.setattr(sibling, "MAX_CANDIDATES", 1)  # only the first candidate's header is read
+    assert find_sibling(target_path) is None and opened == ["Target Model (final).gguf", "01-other-vocab.gguf"]
 
 
 def test_auto_without_a_sibling_says_how_to_get_one(tmp_path, monkeypatch, capsys):

@@ -48,9 +48,10 @@ def __getattr__(name: str):
 
 DRAFTER_HELP = (
     "auto (suffix where an index of the target's answers is shipped, else ngram+head where a head is, else "
-    "ngram+model:SIBLING?vocab=65536 where a smaller GGUF model of the target's vocabulary is in the fetch cache, "
-    "else ngram+self where the target's output layer is most of what its pass reads and a ranking is shipped for "
-    "its tokenizer, else ngram) | "
+    "ngram+model:SIBLING?vocab=65536 where a smaller GGUF model of the target's vocabulary is beside it or in the "
+    "fetch cache, else ngram+self where the target's output layer is most of what its pass reads and a ranking is "
+    "shipped for its tokenizer, else ngram+model:default across vocabularies where the target reads at least about "
+    "7 times the default model's bytes a pass, else ngram) | "
     "none | ngram[:MAX_N[:MIN_N]] | "
     "model:ID[?vocab=N[&ranking=FILE]] (ID: default, a .gguf file, a model directory or a hub id; vocab=N: draft "
     "from the N tokens the target writes most, a ranking shipped for its tokenizer or FILE; a model of another "
@@ -245,9 +246,11 @@ def resolve_drafter_spec(spec: str, target) -> str:
     """``auto`` becomes ``suffix`` when an index of the target's answers is shipped (its request counts do what
     prompt lookup does), else ``ngram+head`` when a head is shipped for the target (a LoadedModel), else
     ``ngram+model:SIBLING`` (over a draft vocabulary where a ranking is shipped) when the target is a GGUF file and
-    a smaller one of the same vocabulary is in the fetch cache (``specwise.drafters.sibling``), else ``ngram+self``
-    when the target's output layer is over half of the bytes its pass reads (``self_pays``) and a ranking is shipped
-    for its tokenizer, else ``ngram``.
+    a smaller one of the same vocabulary is beside it or in the fetch cache (``specwise.drafters.sibling``), else
+    ``ngram+self`` when the target's output layer is over half of the bytes its pass reads (``self_pays``) and a
+    ranking is shipped for its tokenizer, else ``ngram+model:default`` (drafted across vocabularies) when the
+    default model's pass reads at most 0.15 of the target's and shares at least half of its vocabulary with it
+    (``specwise.drafters.cross_vocab.choice``), else ``ngram``.
 
     On the default model, on prompts kept out of the index and out of Spec-Bench, `suffix` was the fastest of
     ngram+head, suffix, suffix+head and ngram+suffix+head (benchmarks/results/README.md)."""
@@ -262,7 +265,9 @@ def resolve_drafter_spec(spec: str, target) -> str:
     sibling = _auto_sibling(target)
     if sibling is not None:
         return sibling
-    return "ngram+self" if self_pays(target) else "ngram"
+    if self_pays(target):
+        return "ngram+self"
+    return _auto_cross_vocab(target) or "ngram"
 
 
 # `auto` drafts with `self` where the output layer is at least this share of the bytes of the target's weights. Measured
@@ -287,23 +292,41 @@ def self_pays(target) -> bool:
 
 
 def _auto_sibling(target) -> str | None:
-    """``ngram+model:SIBLING...`` for a GGUF target with a smaller sibling in the fetch cache; otherwise None, after
-    one line on stderr when a sibling is known that could be fetched."""
+    """``ngram+model:SIBLING...`` for a GGUF target with a smaller sibling beside it or in the fetch cache; otherwise
+    None, after one line on stderr when a sibling is known that could be fetched."""
     import sys
-    from pathlib import Path
 
     from specwise.drafters.sibling import auto_model_spec, missing_sibling_hint
-    from specwise.models.base import QuantizedWeights
 
-    if not isinstance(target.model, QuantizedWeights) or Path(target.model.path).suffix.lower() != ".gguf":
+    path = _gguf_target(target)
+    if path is None:
         return None
-    path = target.model.path
     spec = auto_model_spec(path, target.tokenizer)
     if spec is None:
         hint = missing_sibling_hint(path)
         if hint:
             print(f"specwise: {hint}", file=sys.stderr)
     return spec
+
+
+def _gguf_target(target) -> str | None:
+    """The file of a GGUF target on the quantized kernels (a LoadedModel), else None."""
+    from pathlib import Path
+
+    from specwise.models.base import QuantizedWeights
+
+    if not isinstance(target.model, QuantizedWeights) or Path(target.model.path).suffix.lower() != ".gguf":
+        return None
+    return str(target.model.path)
+
+
+def _auto_cross_vocab(target) -> str | None:
+    """``ngram+model:default`` for a GGUF target of another vocabulary than the default model's, large enough for it
+    to pay (``specwise.drafters.cross_vocab.choice``); otherwise None."""
+    from specwise.drafters.cross_vocab.choice import auto_cross_vocab_spec
+
+    path = _gguf_target(target)
+    return None if path is None or target.tokenizer is None else auto_cross_vocab_spec(path)
 
 
 def _vocab_model_drafter(
