@@ -16,7 +16,7 @@ from specwise.lab.bench.workloads.build import CPYTHON_VERSION, build_all
 from specwise.lab.bench.workloads.client import Sampling, StreamEvent, chat, stream_figures
 from specwise.lab.bench.workloads.report import check_results, render_markdown, write_report
 from specwise.lab.bench.workloads.runner import WorkloadSettings, run_workloads
-from specwise.lab.bench.workloads.servers import CONFIG_IDS, make_configs
+from specwise.lab.bench.workloads.servers import ASKED_ONLY, CONFIG_IDS, make_configs
 
 
 def needs_extra(extra: str) -> None:
@@ -189,7 +189,8 @@ def test_configurations_default_to_what_can_run_and_refuse_what_cannot():
         "specwise:auto+prediction",
     ]
     everything = [c.id for c in make_configs(None, "d.gguf", True)]
-    assert everything == [c for c in CONFIG_IDS if "self" not in c]  # self-drafting: when asked for
+    assert everything == [c for c in CONFIG_IDS if c not in ASKED_ONLY]  # self-drafting, the copies alone: when asked
+    assert [c.spec for c in make_configs(["specwise:ngram"], None, False)] == ["ngram"]
     assert make_configs(["specwise:ngram+model"], "d.gguf", False)[0].spec == "ngram+model:d.gguf"
     assert [c.spec for c in make_configs(["specwise:self", "specwise:ngram+self"], None, False)] == [
         "self",

@@ -39,8 +39,9 @@ _CONFIGS: dict[str, tuple[str, str, bool, str]] = {
     "llama.cpp:draft": (LLAMA_CPP, "draft", False, "llama.cpp draft model"),
 }
 CONFIG_IDS = tuple(_CONFIGS)
-# run only when asked for: they need a draft vocabulary ranking for the target's tokenizer (shipped or built)
-ASKED_ONLY = {"specwise:self", "specwise:ngram+self"}
+# run only when asked for: self-drafting needs a draft vocabulary ranking for the target's tokenizer (shipped or
+# built); the copy drafter alone is one of the parts `auto` combines, for a look at what it adds
+ASKED_ONLY = {"specwise:self", "specwise:ngram+self", "specwise:ngram"}
 PLAIN = {SPECWISE: "specwise:none", LLAMA_CPP: "llama.cpp:none"}
 
 
