@@ -69,6 +69,14 @@ class SourceRecord:
 
 
 @dataclass
+class AnswerLength:
+    """The tokens the sequence's request in progress has produced so far (shared by the states of one sequence's
+    requests, :meth:`Planner.for_request`)."""
+
+    produced: int = 0
+
+
+@dataclass
 class PlanState:
     """One sequence as a planner sees it: its drafters (the sources) and what was learnt about them.
 
@@ -77,12 +85,14 @@ class PlanState:
     own, so the drafters keep theirs whether or not a request brings one.
     request_record: the record of the request sources of this sequence, carried from request to request as the
     others are (None until a request brings one).
+    answer: the length of the answer in progress (what the planner expects still to come rests on it).
     """
 
     sources: list[Drafter]
     known: list[SourceRecord] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)
     request_record: SourceRecord | None = None
+    answer: AnswerLength = field(default_factory=lambda: AnswerLength())
 
     def __post_init__(self) -> None:
         if not self.keys:

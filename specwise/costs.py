@@ -21,6 +21,8 @@ per sequence: ``specwise/acceptance.py``; the choices: ``specwise/planner.py``).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import NamedTuple
 
 from specwise.estimates import Line, Rate, clip, smooth
@@ -48,6 +50,7 @@ class PassCosts:
 
     RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
+    ANSWERS = 15  # answers whose lengths make the typical one (their median)
     _PASS_ESTIMATES = ("_scale", "provisional", "since_plain", "_ratios", "_shared")
 
     def __init__(self, cost_curve: dict[int, float] | None = None, draft_cost: float = 0.0) -> None:
@@ -61,6 +64,7 @@ class PassCosts:
         self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
+        self._answers: deque[int] = deque(maxlen=self.ANSWERS)  # the lengths of the last answers, in tokens
         self._threads: int | None = None
         self._by_threads: dict[int, tuple] = {}
 
@@ -145,6 +149,12 @@ class PassCosts:
         """Estimated seconds of an ask of ``source`` that gets nothing (0 before one is measured)."""
         return self._empty_seconds.get(source, 0.0)
 
+    def answer_tokens(self) -> int | None:
+        """The typical length of an answer here: the median of the last ``ANSWERS`` (None before one ended)."""
+        if not self._answers:
+            return None
+        return int(statistics.median(self._answers))
+
     def intake_time(self, source: int) -> float | None:
         """Estimated seconds per context token ``source`` takes in (None before one is measured)."""
         return self._intake_seconds.get(source)
@@ -157,6 +167,10 @@ class PassCosts:
             self._empty_seconds[source] = smooth(self._empty_seconds.get(source), seconds)
         else:
             self._draft_seconds[source] = smooth(self._draft_seconds.get(source), seconds / drafted)
+
+    def observe_answer(self, tokens: int) -> None:
+        """A request's answer ended after ``tokens`` tokens (an agent's turns: a few dozen; a chat's: hundreds)."""
+        self._answers.append(int(tokens))
 
     def observe_intake(self, source: int, seconds: float, tokens: int) -> None:
         """``source`` spent ``seconds`` taking in ``tokens`` tokens of context (besides drafting)."""

@@ -149,7 +149,9 @@ class Planner(ABC):
         record = state.request_record
         if record is None or len(record.positions) != self.gamma_limit(first):
             record = state.request_record = self.new_record(first)
-        return PlanState([first, *state.sources], [record, *state.known], [REQUEST_KEY, *state.keys])
+        return PlanState(
+            [first, *state.sources], [record, *state.known], [REQUEST_KEY, *state.keys], answer=state.answer
+        )
 
     def begin(self, state: PlanState) -> None:
         """A new request on ``state``'s sequence: what describes the text is kept as a prior worth at most
@@ -311,6 +313,17 @@ class AdaptivePlanner(Planner):
     gamma = "auto"
     CATCH_UP = 2  # a draft whose drafter took in more context tokens than this first is not timed (Draft.intake)
     PROBE_INTAKE = 0.1  # a probe may take in context costing this share of the plain decoding of what is left
+    # What is still to come of an answer, for weighing a drafter's intake (a draft model must read the whole prompt
+    # before its first draft): the typical answer's length less what was produced, or as much as was produced (an
+    # answer that ran long tends to run on), at least MIN_TO_COME, at most the tokens left; PRIOR_ANSWER before any
+    # answer here ended. An agent's turns answer in a few dozen tokens after prompts of thousands: a 0.5B draft
+    # model reading a 1,024-token prompt took 2.6 s before a 32-token answer that plain decoding gave in 1.5 s
+    # (Qwen2.5-Coder-1.5B, Zen 4), so what max_tokens allows is no measure of what drafting will save.
+    PRIOR_ANSWER = 128
+    MIN_TO_COME = 16
+    # A context token's intake before one is measured, in 1-token target passes: Qwen2.5-Coder-0.5B reads a prompt at
+    # about 0.08 of a Qwen2.5-Coder-1.5B pass per token on Zen 4 (smaller drafters and larger targets read for less)
+    UNMEASURED_INTAKE = 0.1
     # A source found not worth asking is not weighed again for this many steps (until its probe is due): what it is
     # judged on (its acceptance, its asks) does not change while it is not asked, and the machine's costs drift
     # slowly, while weighing every gamma costs tens of microseconds of interpreted code right after a pass.
@@ -540,20 +553,34 @@ class AdaptivePlanner(Planner):
 
     # ---- observations ----------------------------------------------------------------------------------------
 
+    def to_come(self, state: PlanState, limit: int) -> int:
+        """Tokens the answer in progress is expected still to produce (at most ``limit``, the tokens left): see
+        ``PRIOR_ANSWER``."""
+        typical = self.costs.answer_tokens()
+        produced = state.answer.produced
+        typical = self.PRIOR_ANSWER if typical is None else typical
+        return min(limit, max(typical - produced, produced, self.MIN_TO_COME))
+
     def _intake_pays(
         self, state: PlanState, source: int, context: list[int], gamma: int, limit: int, shared: Shared
     ) -> bool:
         """Whether asking ``source`` now is worth the context it must first take in (a draft model before its first
-        draft of a request takes in the prompt): what it costs, at the measured seconds per token, against what
-        drafting with it saves over the ``limit`` tokens left. Unmeasured costs are paid once to be measured."""
+        draft of a request takes in the prompt): what it costs, at the measured seconds per token
+        (``UNMEASURED_INTAKE`` of a pass before one is measured), against what drafting with it saves over the
+        tokens the answer is expected still to produce (:meth:`to_come`)."""
         n = state.sources[source].pending(context)
+        if n <= self.CATCH_UP:
+            return True
+        scale = self.costs.scale
+        if scale is None:  # no pass measured yet: the next step's plain pass will be
+            return False
         key = state.keys[source]
         rate = self.costs.intake_time(key)
-        if n <= self.CATCH_UP or rate is None or self.costs.scale is None or not self.costs.drafting_measured(key):
-            return True
+        rate = self.UNMEASURED_INTAKE * scale if rate is None else rate
+        to_come = self.to_come(state, limit)
         if state.known[source].probing:  # a probe learns the acceptance: allowed while its intake is small
-            return n * rate <= self.PROBE_INTAKE * limit * self.verify_time(1, shared)
-        saving = limit * (1.0 / self.plain_rate(shared) - 1.0 / self.expected_rate(state, gamma, source, shared))
+            return n * rate <= self.PROBE_INTAKE * to_come * self.verify_time(1, shared)
+        saving = to_come * (1.0 / self.plain_rate(shared) - 1.0 / self.expected_rate(state, gamma, source, shared))
         return n * rate < saving
 
     def _observe_ask(self, state: PlanState, source: int, drafted: int, seconds: float | None) -> None:
@@ -565,10 +592,17 @@ class AdaptivePlanner(Planner):
         if timed and seconds is not None:
             self.costs.observe_ask(state.keys[source], drafted, seconds)
 
+    def begin(self, state: PlanState) -> None:
+        super().begin(state)
+        if state.answer.produced:  # the sequence's last answer ended: its length is one of the typical answers
+            self.costs.observe_answer(state.answer.produced)
+        state.answer.produced = 0
+
     def observe(
         self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None, forced: int = 0
     ) -> None:
         super().observe(state, proposal, accepted, seconds, forced)
+        state.answer.produced += accepted + 1 + forced
         drafted = len(proposal.draft)
         if seconds is not None:  # the pass fed the last token, the forced ones and the draft
             self.costs.observe_pass(drafted + 1 + forced, seconds)

@@ -700,8 +700,43 @@ def test_a_source_whose_intake_costs_more_than_it_saves_is_not_asked(monkeypatch
         s.observe(state, proposal, 0, 0.010)
         context.append(1)
     assert drafter.asks == asks
-    proposal = s.draft(state, context, 5000, params, None)  # 5,000 tokens left: it pays again
+    # 5,000 tokens allowed say nothing of what will come: the answer so far is a typical one, and it is not asked
+    proposal = s.draft(state, context, 5000, params, None)
+    assert not len(proposal.draft) and drafter.asks == asks
+    produced = state.answer.produced
+    for _ in range(3000):  # the answer runs on: once what it produced outweighs the intake, the drafter is asked
+        s.observe(state, proposal, 0, 0.010)
+        context.append(1)
+        proposal = s.draft(state, context, 5000, params, None)
+        if len(proposal.draft):
+            break
     assert len(proposal.draft) and drafter.asks == asks + 1
+    assert 500 < state.answer.produced - produced < 3000
+
+
+def test_the_answer_to_come_is_the_typical_answer_or_as_long_as_the_answer_so_far():
+    """What a drafter's intake is weighed against: the median of the last answers' lengths less what the answer in
+    progress produced, or as much as it produced, never more than the tokens left; the lengths are counted per
+    request (a request with a prediction shares its sequence's count)."""
+    s = AdaptivePlanner(max_gamma=3)
+    state = start(s)
+    assert s.to_come(state, 10_000) == AdaptivePlanner.PRIOR_ANSWER  # nothing ended yet
+    for answer in (30, 40, 50):
+        s.begin(state)
+        for _ in range(answer):
+            observe(s, state, 0, 0, 0.0, 0.010)
+        assert state.answer.produced == answer
+    s.begin(state)  # the third answer ended too
+    assert s.costs.answer_tokens() == 40 and state.answer.produced == 0
+    assert s.to_come(state, 10_000) == 40 and s.to_come(state, 25) == 25
+    for _ in range(30):
+        observe(s, state, 0, 0, 0.0, 0.010)
+    assert s.to_come(state, 10_000) == 30  # as much as it produced, past the typical answer's rest (10)
+    for _ in range(40):
+        observe(s, state, 0, 0, 0.0, 0.010)
+    assert s.to_come(state, 10_000) == 70
+    with_prediction = s.for_request(state, NoDrafter())
+    assert with_prediction.answer is state.answer
 
 
 def test_pass_costs_are_estimated_per_thread_count():
