@@ -531,3 +531,54 @@ def test_auto_drafts_across_vocabularies_for_a_target_large_enough(files, loaded
     ids = big.tokenizer.encode("def mean(values):\n    return", add_special_tokens=False)
     plain = greedy(Engine(big.model, None, gamma=0), ids, 24)
     assert greedy(Engine(big.model, drafters, gamma="auto"), ids, 24) == plain
+
+
+# ---- `specwise profile` and `specwise bench`: the overlap and each method's acceptance ------------------------------
+
+
+def test_profile_reports_the_overlap_and_each_methods_cost_and_acceptance(files, tmp_path, monkeypatch, capsys):
+    import json
+
+    from specwise.cli import main
+
+    monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "cache"))
+    args = ["profile", "--target", str(files["qwen"]), "--drafter", f"model:{files['smol']}"]
+    assert main([*args, "--max-k", "2", "--repeats", "1", "--context", "16", "--json"]) == 0
+    cross = json.loads(capsys.readouterr().out)["cross_vocabulary"]
+    assert cross["method"] == "auto" and cross["draft_tokens"] == 49152 and cross["target_tokens"] >= 151643
+    assert 0.7 < cross["overlap"] < 0.9 and cross["shared_tokens"] == pytest.approx(cross["overlap"] * 49152, 0.02)
+    assert set(cross["methods"]) == {"tli", "slem"}
+    for m in cross["methods"].values():
+        assert m["seconds_per_token"] > 0 and m["relative_cost"] > 0 and m["drafted"] > 0
+        assert 0 <= m["acceptance_rate"] <= 1 and m["mean_accepted_length"] >= 1
+    assert cross["probe"]["greedy"] and cross["probe"]["prompts"] == 2
+    assert main([*args, "--max-k", "2", "--repeats", "1", "--context", "16"]) == 0
+    printed = capsys.readouterr().out
+    assert "of the draft's 49,152 tokens are the target's" in printed and "  tli: " in printed and "  slem: " in printed
+    assert main(["profile", "--target", str(files["qwen"]), "--drafter", "ngram", "--max-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["cross_vocabulary"] is None
+
+
+def test_bench_reports_the_overlap_and_each_methods_acceptance(files, loaded):
+    from specwise.lab.bench.prompts import default_prompts, select_prompts
+    from specwise.lab.bench.report import render_markdown
+    from specwise.lab.bench.runner import BenchSettings, run_bench, validate_results
+
+    smol = files["smol"]
+    drafters = [f"model:{smol}?method=tli", f"model:{smol}?method=slem", f"ngram+model:{smol}", "ngram"]
+    settings = BenchSettings(drafters=drafters, gammas=[3], max_new_tokens=12, hf_baselines=False, warmup=False)
+    data = run_bench(settings, select_prompts(default_prompts(), ["coding"], 1), loaded=loaded["qwen"], progress=False)
+    validate_results(data)
+    cross = {c["drafter"]: c["cross_vocabulary"] for c in data["configurations"]}
+    assert cross["none"] is None and cross["ngram"] is None
+    assert cross[drafters[0]]["method"] == "tli" and cross[drafters[1]]["method"] == "slem"
+    assert 0.7 < cross[drafters[2]]["overlap"] < 0.9
+    summary = {(s["config"], s["category"]): s for s in data["summary"]}
+    by = {c["drafter"]: summary[(c["id"], "all")]["acceptance_by_drafter"] for c in data["configurations"]}
+    assert by["none"] is None and set(by[drafters[0]]) == {"model-tli"} and set(by[drafters[1]]) == {"model-slem"}
+    tli = by[drafters[0]]["model-tli"]
+    assert tli["drafted"] > 0 and tli["acceptance_rate"] == tli["accepted"] / tli["drafted"]
+    assert all(r["identical_to_plain"] for r in data["runs"] if r["identical_to_plain"] is not None)
+    text = render_markdown(data)
+    assert "## Acceptance by drafter (all categories)" in text and "| model-slem |" in text
+    assert f"{cross[drafters[0]]['overlap']:.1%}" in text

@@ -1,7 +1,9 @@
 """`specwise profile`: the cost curve of a target and the cost of a drafter, measured on this machine.
 
 c(k) = time(forward of k tokens) / time(forward of 1 token): speculation pays when a pass over gamma + 1 tokens
-costs little more than a pass over one. The profile is saved as JSON under the cache directory
+costs little more than a pass over one. A draft model of another vocabulary than the target's is also described:
+the two vocabularies' overlap, and for each method (TLI, SLEM) its cost per drafted token and its acceptance on a
+short greedy probe (:func:`cross_vocab_profile`). The profile is saved as JSON under the cache directory
 (its format: :mod:`specwise.artifacts`), where the native model takes its choice of matrix-product backend per row
 count from, and the runtime gives c(k) to the adaptive planner as its prior
 (:func:`specwise.artifacts.saved_cost_curve`).
@@ -20,7 +22,15 @@ import numpy as np
 
 from specwise.artifacts import profile_path, save_profile
 
-__all__ = ["cmd_profile", "cost_curve", "drafter_cost", "register"]
+__all__ = ["PROBE_PROMPTS", "cmd_profile", "cost_curve", "cross_vocab_profile", "drafter_cost", "register"]
+
+# the greedy probe of each cross-vocabulary method: a coding question and a prose one, PROBE_TOKENS new tokens each
+PROBE_PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring and a short example.",
+    "Explain in a few sentences why the sky is blue.",
+)
+PROBE_TOKENS = 48
+PROBE_GAMMA = 4
 
 
 def _sync(device) -> None:
@@ -110,6 +120,61 @@ def drafter_cost(drafter, vocab_size: int, k: int = 4, context: int = 64, repeat
     return statistics.median(times[1:])
 
 
+def cross_vocab_profile(runtime, one_pass: float, tokens: int = PROBE_TOKENS) -> dict | None:
+    """The runtime's draft model of another vocabulary (None: it has none), as ``CrossVocabDrafter.describe`` gives
+    it, with ``methods``: for TLI and SLEM each, the seconds per drafted token (:func:`drafter_cost`), that cost
+    relative to a one-token target pass (``one_pass`` seconds), and on PROBE_PROMPTS (greedy, ``tokens`` new tokens
+    each, PROBE_GAMMA tokens drafted a step) the drafted and accepted tokens, α and τ."""
+    from specwise.drafters.cross_vocab import CrossVocabDrafter
+    from specwise.engine import Engine
+    from specwise.metrics import SpecStats
+    from specwise.runtime import encode_prompt, eos_ids
+    from specwise.sampling import SamplingParams
+
+    found = [d for d in runtime.engine.drafters if isinstance(d, CrossVocabDrafter)]
+    if not found:
+        return None
+    drafter, model, tokenizer = found[0], runtime.target.model, runtime.tokenizer
+    out = drafter.describe()
+    prompts = [encode_prompt(tokenizer, text, chat=True) for text in PROBE_PROMPTS]
+    methods = {}
+    for method in ("tli", "slem"):
+        one = CrossVocabDrafter(drafter.model, drafter.pair, drafter.target_vocab, method, drafter.lookahead)
+        seconds = drafter_cost(one, model.vocab_size, target=model)
+        engine = Engine(model, [one], PROBE_GAMMA, tokenizer, eos_ids(runtime.target))
+        stats = SpecStats()
+        for ids in prompts:
+            stats.merge(engine.generate(ids, SamplingParams(), tokens).stats)
+        methods[method] = {
+            "seconds_per_token": seconds,
+            "relative_cost": seconds / one_pass,
+            "drafted": stats.drafted,
+            "accepted": stats.accepted,
+            "acceptance_rate": stats.acceptance_rate if stats.drafted else None,
+            "mean_accepted_length": stats.mean_accepted_length,
+        }
+    out["methods"] = methods
+    out["probe"] = {"prompts": len(prompts), "new_tokens": tokens, "gamma": PROBE_GAMMA, "greedy": True}
+    return out
+
+
+def _cross_vocab_lines(cross: dict) -> list[str]:
+    """The printed report of :func:`cross_vocab_profile`'s result."""
+    lines = [
+        f"vocabularies: {cross['overlap']:.1%} of the draft's {cross['draft_tokens']:,} tokens are the target's "
+        f"({cross['shared_tokens']:,} shared; the target has {cross['target_tokens']:,})"
+    ]
+    probe = cross["probe"]
+    for method, m in cross["methods"].items():
+        alpha = "–" if m["acceptance_rate"] is None else f"{m['acceptance_rate']:.3f}"
+        lines.append(
+            f"  {method}: {m['seconds_per_token'] * 1000:.3f} ms per token = {m['relative_cost']:.4f} of c(1); "
+            f"greedy probe ({probe['prompts']} prompts, {probe['new_tokens']} tokens, gamma {probe['gamma']}): "
+            f"alpha {alpha}, tau {m['mean_accepted_length']:.2f}"
+        )
+    return lines
+
+
 def register(sub) -> None:
     """Add ``specwise profile`` to the command line's subparsers."""
     from specwise.cli import add_model_args
@@ -177,6 +242,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "drafter": runtime.drafter_spec,
         "drafter_seconds_per_token": drafter_s,
         "drafter_relative_cost": drafter_s / seconds[1],
+        "cross_vocabulary": cross_vocab_profile(runtime, seconds[1]),
     }
     torch_version = _torch_version()
     if torch_version is not None:  # the hf extra is installed
@@ -194,6 +260,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"{k:2d}  {v * 1000:10.1f}  {v / seconds[1]:5.2f}" + (f"  {best[k]}" if best else ""))
     relative = data["drafter_relative_cost"]
     print(f"drafter {runtime.drafter_spec}: {drafter_s * 1000:.3f} ms per token = {relative:.4f} of c(1)")
+    if data["cross_vocabulary"] is not None:
+        print("\n".join(_cross_vocab_lines(data["cross_vocabulary"])))
     print(f"saved to {path}")
     return 0
 

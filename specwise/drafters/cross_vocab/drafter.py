@@ -67,6 +67,18 @@ class CrossVocabDrafter(Drafter):
         self._reset()
         self._mark: tuple[int | None, int] | None = None
 
+    def describe(self) -> dict:
+        """The pair as reports give it: the method asked for, the two vocabularies' sizes, the tokens they share
+        (TLI's) and the share of the draft's vocabulary that is the target's too."""
+        pair = self.pair
+        return {
+            "method": self.method,
+            "target_tokens": int(pair.target.size),
+            "draft_tokens": int(pair.draft.size),
+            "shared_tokens": int(len(pair.shared_draft)),
+            "overlap": float(pair.overlap),
+        }
+
     def _reset(self) -> None:
         """Forget both sides' state: the context converted so far and the draft tokens in the cache."""
         self._ctx: list[int] = []  # target ids whose stream is in _cs

@@ -341,6 +341,39 @@ def _positions(results: dict) -> list[str]:
     ]
 
 
+def _by_drafter(results: dict) -> list[str]:
+    """Each drafting configuration's sources (the methods of a draft model of another vocabulary apart) with their
+    α, and the vocabulary overlap of a cross-vocabulary pair: where a configuration has several sources or one that
+    drafts across vocabularies."""
+    entries = _entries(results)
+    rows = []
+    for c in _drafting(results):
+        entry = entries.get((c["id"], "all")) or {}
+        cross = c.get("cross_vocabulary")
+        sources = entry.get("acceptance_by_drafter") or {}
+        if not cross and len(sources) < 2:
+            continue
+        overlap = DASH
+        if cross:
+            overlap = f"{cross['overlap']:.1%} ({cross['shared_tokens']:,} of {cross['draft_tokens']:,})"
+        for name, counts in sources.items() or [(DASH, {})]:
+            drafted = counts.get("drafted")
+            rate = counts.get("acceptance_rate")
+            rows.append([c["label"], overlap, name, DASH if drafted is None else f"{drafted:,}", _fmt(rate, 3)])
+    if not rows:
+        return []
+    return [
+        "## Acceptance by drafter (all categories)",
+        "",
+        "Each source of a configuration with several, and each method of a draft model of another vocabulary "
+        "(`model-tli`, `model-slem`), with the tokens it drafted in verified drafts and α; overlap: the share of the "
+        "draft model's vocabulary that the target's has too (the tokens TLI drafts).",
+        "",
+        *_table(["configuration", "vocabulary overlap", "drafter", "drafted", "α"], rows),
+        "",
+    ]
+
+
 def render_markdown(results: dict, plots: list[str] | None = None) -> str:
     """The report as Markdown; ``plots`` are image file names (relative to the report) to embed."""
     configs = results["configurations"]
@@ -365,6 +398,7 @@ def render_markdown(results: dict, plots: list[str] | None = None) -> str:
         with_alpha = [c for c in drafting if _entries(results)[(c["id"], "all")]["acceptance_rate"] is not None]
         if with_alpha:
             lines += _by_category(results, "α (acceptance rate), by category", "acceptance_rate", with_alpha, 3, "")
+    lines += _by_drafter(results)
     lines += _positions(results)
     if plots:
         captions = {name: _CAPTIONS[key] for key, name in PLOT_FILES.items()}

@@ -439,7 +439,19 @@ def run_bench(
         peer = llama_cpp_info(gguf, settings.max_new_tokens, threads)
     results = assemble_results(settings, loaded, configs, prompts, encoded, records, machine, command, memory.record())
     results["llama_cpp"] = peer
+    for config in results["configurations"]:
+        config["cross_vocabulary"] = _cross_vocabulary(runners.get(config["id"]))
     return results
+
+
+def _cross_vocabulary(runner) -> dict | None:
+    """A configuration's draft model of another vocabulary, as ``CrossVocabDrafter.describe`` gives it (None: the
+    configuration has none)."""
+    from specwise.drafters.cross_vocab import CrossVocabDrafter
+
+    drafters = runner.engine.drafters if isinstance(runner, SpecwiseRunner) else []
+    found = [d.describe() for d in drafters if isinstance(d, CrossVocabDrafter)]
+    return found[0] if found else None
 
 
 def _llama_cpp_file(settings: BenchSettings):

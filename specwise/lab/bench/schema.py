@@ -151,6 +151,7 @@ def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], me
         "greedy_identical": all(checked) if checked else None,
         "greedy_mismatches": checked.count(False),
         "stats": None,
+        "acceptance_by_drafter": None,
         "peak_rss_mib": max(peaks) if peaks else None,
     }
     stats = [r.outcome.stats for r in runs if r.outcome.stats is not None]
@@ -160,11 +161,22 @@ def _summary_entry(config: BenchConfig, category: str, runs: list[RunRecord], me
             merged.merge(s)
         entry["mean_accepted_length"] = merged.mean_accepted_length
         entry["stats"] = merged.to_dict()
+        entry["acceptance_by_drafter"] = _by_drafter(merged)
         if merged.drafted:
             entry["acceptance_rate"] = merged.acceptance_rate
             entry["expected_mean_accepted_length"] = merged.expected_mean_accepted_length
             entry["acceptance_by_position"] = merged.acceptance_by_position
     return entry
+
+
+def _by_drafter(stats: SpecStats) -> dict | None:
+    """Each drafter's (each method's: ``model-tli``, ``model-slem``) steps, drafted and accepted tokens and α."""
+    out = {}
+    for name, counts in sorted(stats.by_drafter.items()):
+        drafted = counts.get("drafted", 0)
+        rate = counts.get("accepted", 0) / drafted if drafted else None
+        out[name] = {**counts, "acceptance_rate": rate}
+    return out or None
 
 
 def summarize(configs: list[BenchConfig], records: list[RunRecord], categories: list[str]) -> list[dict]:
@@ -413,7 +425,8 @@ SCHEMA: dict[str, dict[str, tuple]] = {
 OPTIONAL: dict[str, dict[str, tuple]] = {
     "results": {"memory": (dict, _NONE)},
     "run": {"peak_rss_mib": _OPT_NUM},
-    "summary": {"peak_rss_mib": _OPT_NUM},
+    "summary": {"peak_rss_mib": _OPT_NUM, "acceptance_by_drafter": (dict, _NONE)},
+    "configuration": {"cross_vocabulary": (dict, _NONE)},
 }
 
 
