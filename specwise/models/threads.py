@@ -112,9 +112,14 @@ class ThreadGovernor:
     the count in use is the ratio that decides which count that size uses: a one-row decoding step and a 64-row
     slice of a prompt are chosen apart (on a quiet machine the first may run best on one thread while the second
     needs both; one choice for every size ran a long prompt on one thread after the decoding steps had chosen it).
-    A size not tried yet follows the last ratio measured (a busy competitor slows every size). A try of a size
-    waits until ``budget`` of the time since its last one pays for it (a try on two threads beside a busy process
-    can take a hundred times a quiet pass), and at least ``min_interval`` seconds."""
+    A size not tried yet runs on all the threads, unless the last ratio measured says a competitor holds a core (one
+    thread under ``COMPETITOR`` of the time of all: then every size runs best on one). Tries are paid from one
+    budget for all sizes: a try waits until ``budget`` of the time since the last try of any size pays for it (a
+    try on two threads beside a busy process can take a hundred times a quiet pass; a speculative step's passes
+    come in a dozen sizes, and a budget per size let their tries on one thread take a third of a code edit's time),
+    and a size's next try at least ``min_interval`` seconds after its last."""
+
+    COMPETITOR = 0.5  # one thread in less than this share of the time of all: another process holds a core
 
     def __init__(
         self, budget: float = 0.03, min_interval: float = 1.0, ewma: float = 0.25, fixed: bool | None = None
@@ -127,6 +132,7 @@ class ThreadGovernor:
         self.ratio: float | None = None  # the last try's seconds on one thread / seconds on all (None: none yet)
         self._ratios: dict[int, float] = {}  # the same per size (its last try)
         self._next_try: dict[int, float] = {}  # per size: when the count not in use may be tried again
+        self._next_any = 0.0  # when a try of any size may come (the budget shared by every size)
         self._most: int | None = None
         self.last: int | None = None  # the thread count of the last pass recorded
 
@@ -148,7 +154,9 @@ class ThreadGovernor:
 
     def in_use(self, rows: int = 1) -> int:
         """The count passes of ``rows`` rows run on between tries."""
-        ratio = self._ratios.get(_bucket(rows), self.ratio)
+        ratio = self._ratios.get(_bucket(rows))
+        if ratio is None and self.ratio is not None and self.ratio < self.COMPETITOR:
+            ratio = self.ratio  # a size not tried yet: on one thread only while a competitor holds a core
         return 1 if ratio is not None and ratio < 1.0 else self.most
 
     def threads(self, rows: int) -> int:
@@ -162,7 +170,8 @@ class ThreadGovernor:
         _follow(use)  # the rest of a step (sampling, drafting) stalls the same way
         other = most if use == 1 else 1
         comparable = (key, use) in self._time
-        return other if comparable and time.perf_counter() >= self._next_try.get(key, 0.0) else use
+        now = time.perf_counter()
+        return other if comparable and now >= self._next_try.get(key, 0.0) and now >= self._next_any else use
 
     def record(self, threads: int, rows: int, seconds: float) -> None:
         """Note that a pass of ``rows`` rows took ``seconds`` on ``threads`` threads."""
@@ -178,4 +187,6 @@ class ThreadGovernor:
         if base:  # a try of the other count, against passes of the same size on the count in use
             self.ratio = self._ratios[key] = seconds / base if threads == 1 else base / seconds
             self._time[(key, threads)] = seconds
-        self._next_try[key] = time.perf_counter() + max(self.min_interval, seconds / self.budget)
+        now = time.perf_counter()
+        self._next_try[key] = now + max(self.min_interval, seconds / self.budget)
+        self._next_any = now + seconds / self.budget
