@@ -24,7 +24,7 @@ from test_server import live_server, wait_until
 from test_tools import QWEN_TEMPLATE, WEATHER, tiny_tool_gguf
 
 from specwise.runtime import build_runtime
-from specwise.server.anthropic import (
+from specwise.server.apis.anthropic import (
     ContentBlocks,
     Reply,
     anthropic_error,

@@ -26,8 +26,8 @@ from test_tools import QUESTION, QWEN_TEMPLATE, TIME, WEATHER, tiny_tool_gguf
 from vocab_models import QWEN3_TOKENS, qwen3_template, tiny_vocab_gguf
 
 from specwise.runtime import build_runtime
+from specwise.server.apis.openai_responses import _CustomInput
 from specwise.server.app import create_app
-from specwise.server.openai_responses import _CustomInput
 
 MODEL = "m"
 CODEX_MODEL = "gpt-5-codex"  # any name is accepted and echoed

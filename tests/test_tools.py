@@ -191,9 +191,9 @@ def test_the_format_is_read_from_the_template(smol_tokenizer):
 
 
 def test_each_format_is_one_module_holding_its_rendering_grammar_and_parser():
-    """A format is one module of specwise.tools.formats and its line in REGISTERED: its ToolFormat (rendering,
-    grammar) and the parser it hands out live side by side, and detect_format asks the registered formats in order
-    before the fallback."""
+    """A format is one module of specwise.tools.formats, found there (REGISTERED): its ToolFormat (rendering,
+    grammar) and the parser it hands out live side by side, and detect_format asks the formats in their order before
+    the fallback."""
     from specwise.tools import formats
 
     request = tool_request([WEATHER], None, None)

@@ -1,5 +1,5 @@
-"""The HTTP API (FastAPI): OpenAI's completions, chat completions and Responses (``openai_responses.py``),
-Anthropic's Messages (``anthropic.py``), llama.cpp's ``/infill``, models, health and metrics. Every chat API is an
+"""The HTTP API (FastAPI): OpenAI's completions, chat completions and Responses (``apis/openai_responses.py``),
+Anthropic's Messages (``apis/anthropic.py``), llama.cpp's ``/infill``, models, health and metrics. Every chat API is an
 adapter over one request path (``chat.py``).
 
 ``create_app(runtime)`` builds the app around a Runtime; run it with uvicorn (``specwise serve``) or test it
@@ -28,7 +28,7 @@ except ModuleNotFoundError as err:
 
 from specwise.batch import MAX_STEP_SECONDS, PREFILL_SHARE
 from specwise.runtime import Runtime
-from specwise.server import anthropic, openai_responses
+from specwise.server.apis import ADAPTERS
 from specwise.server.auth import APIKeyMiddleware
 from specwise.server.chat import prepare_chat
 from specwise.server.encoding import PromptEncoder
@@ -65,10 +65,6 @@ __all__ = ["APIError", "ServerState", "choice_seed", "create_app", "sampling_par
 
 _ERRORS = {400: {"model": ErrorResponse}, 413: {"model": ErrorResponse}, 429: {"model": ErrorResponse}}
 _ERRORS[401] = {"model": ErrorResponse}
-
-# The APIs that are modules of their own, adapters over the one chat path (server/chat.py): each adds its routes
-# (``add_routes(app)``). A new API is a module beside them and its line here.
-ADAPTERS = (anthropic, openai_responses)
 
 
 def create_app(

@@ -6,23 +6,40 @@ calls must follow and the parser that reads them out of its reply (:class:`~.bas
 - :mod:`.generic`: any other template: the tools described in a system message, the reply a JSON object holding the
   calls or the text, as llama.cpp's server does for such models.
 
-Which one a model uses is read from its chat template (:func:`detect_format`): the formats of ``REGISTERED`` are
-asked in order, and a template that none of them detects gets the generic format. A new format is a module here
-(its ``ToolFormat`` subclass and its parser) and its line in ``REGISTERED``.
+Which one a model uses is read from its chat template (:func:`detect_format`): the formats are asked in their
+``order``, and a template that none of them detects gets the fallback format (the generic one). A new format is a
+module here holding its ``ToolFormat`` subclass (with its ``name`` and ``order``) and its parser: every module of
+this package but ``base`` is looked through for them (``REGISTERED``), so adding a format touches that module only.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from specwise.tools.formats.base import ToolFormat, ToolGrammar
-from specwise.tools.formats.generic import Generic
-from specwise.tools.formats.hermes import Hermes
-from specwise.tools.formats.llama_json import LlamaJson
 from specwise.tools.tokens import special_token_id
 
 __all__ = ["FALLBACK", "FORMATS", "REGISTERED", "ToolFormat", "ToolGrammar", "detect_format", "special_token_id"]
 
-REGISTERED: list[type[ToolFormat]] = [Hermes, LlamaJson, Generic]  # the order detect_format asks them in
-FALLBACK = Generic.name  # a template that no format detects
+
+def _registered() -> list[type[ToolFormat]]:
+    """The ToolFormat subclasses defined in this package's modules (``base`` aside), in their ``order``."""
+    found: list[type[ToolFormat]] = []
+    for info in pkgutil.iter_modules(__path__):
+        if info.name == "base" or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        found += [
+            cls
+            for cls in vars(module).values()
+            if isinstance(cls, type) and issubclass(cls, ToolFormat) and cls.__module__ == module.__name__
+        ]
+    return sorted(found, key=lambda cls: (cls.order, cls.name))
+
+
+REGISTERED: list[type[ToolFormat]] = _registered()  # the order detect_format asks them in
+FALLBACK = next(cls.name for cls in REGISTERED if cls.fallback)  # a template that no format detects
 FORMATS: dict[str, ToolFormat] = {cls.name: cls() for cls in REGISTERED}
 
 

@@ -54,6 +54,8 @@ class ToolFormat:
 
     name = ""
     native = True  # the chat template renders the tools itself
+    order = 50  # where detect_format asks it among the formats (lower: sooner)
+    fallback = False  # the format of a template that no other detects (one format says True)
 
     def detects(self, template: str) -> bool:
         """Whether a chat template writes this format (``detect_format`` asks the formats in their order; the

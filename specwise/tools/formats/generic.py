@@ -24,6 +24,8 @@ GENERIC_TEXT = '{{"response": "<your answer>"}} to answer directly'
 
 class Generic(ToolFormat):
     name = "generic"
+    order = 90
+    fallback = True
     native = False
 
     def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:

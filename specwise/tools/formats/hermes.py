@@ -27,6 +27,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 class Hermes(ToolFormat):
     name = "hermes"
+    order = 10
 
     def detects(self, template: str) -> bool:
         return "tools" in template and OPEN in template

@@ -17,6 +17,7 @@ __all__ = ["LlamaJson", "LlamaJsonParser"]
 
 class LlamaJson(ToolFormat):
     name = "llama3_json"
+    order = 20
 
     def detects(self, template: str) -> bool:
         return "tools" in template and "<|start_header_id|>" in template and '"parameters"' in template
