@@ -567,6 +567,7 @@ def test_agent_traces_run_turn_by_turn_and_sum_up_per_trace(tmp_path):
 
 
 def test_bench_cli_takes_traces_with_the_agent_traces_workload_only(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="specwise bench checks its plots' extra first")
     from specwise.cli import build_parser, main
     from specwise.lab.bench.workloads.cli import workload_command
 
