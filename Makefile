@@ -25,11 +25,16 @@ CORE_TESTS := tests/test_imports.py tests/test_cli.py tests/test_tokenizer.py te
 	tests/test_engine_requests.py tests/test_real_model.py
 test: setup setup-core lint test-core test-full
 
+# each run in worker processes (pytest-xdist), two by default (TEST_WORKERS=0: one process); each worker's native
+# passes take its share of the cores (tests/conftest.py)
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist worksteal
+
 test-core:
-	$(CORE)/python -m pytest -q -p no:cacheprovider $(CORE_TESTS)
+	$(CORE)/python -m pytest -q -p no:cacheprovider $(XDIST) $(CORE_TESTS)
 
 test-full:
-	$(VENV)/python -m pytest -q
+	$(VENV)/python -m pytest -q $(XDIST)
 
 # the kernels built with AddressSanitizer and UndefinedBehaviorSanitizer, over the fuzz and kernel tests
 sanitize: setup

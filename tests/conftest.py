@@ -6,7 +6,30 @@ them are skipped with that reason (:func:`needs_hf`).
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist (``make test`` runs the suite in two worker processes) the workers share the cores: each
+    worker's native passes, and torch's, use its share of them (one thread each on two cores), and threads waiting
+    at a join sleep rather than spin. The environment's own settings win; the tests of the thread count set the counts
+    they test. Run before the kernels or torch are loaded (OpenMP reads its settings once)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers < 2:
+        return
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    share = str(max(1, cores // workers))
+    os.environ.setdefault("SPECWISE_NUM_THREADS", share)
+    os.environ.setdefault("OMP_NUM_THREADS", share)
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+
+_share_the_cores_between_workers()
 
 HF_REASON = "needs the hf extra (torch, transformers): pip install 'specwise[hf]'"
 
