@@ -129,6 +129,23 @@ def test_stream_figures_leave_decode_speed_empty_without_two_tokens():
     assert none["ttft_seconds"] is None and none["decode_tokens_per_second"] is None
 
 
+def test_a_reply_that_came_at_once_takes_the_servers_decode_rate():
+    from specwise.lab.bench.workloads.client import with_server_rate
+
+    # a tool call parsed from the whole output: two chunks a millisecond apart at the end of 29 tokens
+    call = stream_figures(0.0, [StreamEvent(1.000, "read_file"), StreamEvent(1.001, '{"path": "a.py"}')], 1.0, 29)
+    assert call["decode_tokens_per_second"] == pytest.approx(28 / 0.001)  # what the stream alone would claim
+    settled = with_server_rate(call, 31.5)
+    assert settled["decode_tokens_per_second"] == 31.5 and settled["decode_measured_by"] == "server"
+    assert settled["stream_decode_tokens_per_second"] == pytest.approx(28_000)
+    assert with_server_rate(call, None)["decode_tokens_per_second"] is None  # no rate rather than an absurd one
+    # a streamed reply keeps the stream's rate (what a user sees), the server's beside it
+    events = [StreamEvent(1.0 + 0.1 * i, "x") for i in range(5)]
+    streamed = with_server_rate(stream_figures(0.0, events, 1.4, 5), 9.0)
+    assert streamed["decode_tokens_per_second"] == pytest.approx(4 / 0.4) and streamed["decode_measured_by"] == "stream"
+    assert streamed["server_decode_tokens_per_second"] == 9.0
+
+
 def test_the_servers_own_decode_rate_reads_specwise_statistics_and_llama_cpp_timings():
     from specwise.lab.bench.workloads.client import server_decode_rate
 

@@ -73,7 +73,26 @@ def stream_figures(start: float, events: Iterable[StreamEvent], end: float, comp
         "completion_tokens": tokens,
         "tokens_per_second": tokens / seconds if seconds > 0 else None,
         "decode_tokens_per_second": (tokens - 1) / decode if decode and tokens > 1 else None,
+        "output_chunks": len(output),
         "text": "".join(e.text for e in output),
+    }
+
+
+STREAMED_CHUNKS = 3  # fewer output chunks than this: the reply came at once, its decode rate is the server's
+
+
+def with_server_rate(figures: dict, rate: float | None) -> dict:
+    """``figures`` with the server's decode rate beside the stream's, and the decode rate the comparisons use
+    (``decode_tokens_per_second``, ``decode_measured_by``): the stream's where the reply was streamed, the server's
+    where it came in fewer than :data:`STREAMED_CHUNKS` chunks (a tool call parsed from the whole output is sent at
+    the end: its first and last chunks a moment apart would give an absurd rate)."""
+    streamed = figures.get("output_chunks", 0) >= STREAMED_CHUNKS
+    return {
+        **figures,
+        "stream_decode_tokens_per_second": figures["decode_tokens_per_second"],
+        "decode_tokens_per_second": figures["decode_tokens_per_second"] if streamed else rate,
+        "decode_measured_by": "stream" if streamed else ("server" if rate is not None else None),
+        "server_decode_tokens_per_second": rate,
     }
 
 
@@ -178,11 +197,10 @@ def _consume(create: Callable[[], Any], text_of: Callable[[Any], str]) -> dict:
     timings = extra.get("timings")
     rate = server_decode_rate(counts.get("speculative"), timings)
     return {
-        **figures,
+        **with_server_rate(figures, rate),
         **counts,
         "finish_reason": finish,
         "server_timings": timings,
-        "server_decode_tokens_per_second": rate,
     }
 
 
@@ -217,12 +235,11 @@ def infill(base_url: str, request: Request, sampling: Sampling, timeout: float =
     figures = stream_figures(start, events, end, None if tokens is None else int(tokens))
     finish = "length" if last.get("stop_type") == "limit" else "stop"
     return {
-        **figures,
+        **with_server_rate(figures, server_decode_rate(None, timings)),
         "prompt_tokens": timings.get("prompt_n"),
         "cached_tokens": timings.get("cache_n"),
         "finish_reason": finish,
         "server_timings": timings,
-        "server_decode_tokens_per_second": server_decode_rate(None, timings),
     }
 
 
@@ -346,13 +363,12 @@ def replay(
     figures = stream_figures(start, events, end, usage.get("completion_tokens"))
     timings = usage.get("timings")
     return {
-        **figures,
+        **with_server_rate(figures, server_decode_rate(usage.get("speculative"), timings)),
         "route": route,
         "prompt_tokens": usage.get("prompt_tokens", (timings or {}).get("prompt_n")),
         "cached_tokens": usage.get("cached_tokens"),
         "finish_reason": finish,
         "server_timings": timings,
-        "server_decode_tokens_per_second": server_decode_rate(usage.get("speculative"), timings),
     }
 
 

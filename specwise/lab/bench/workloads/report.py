@@ -65,7 +65,8 @@ def _header(results: dict) -> list[str]:
         "- measured through each server's API, streamed (the `openai` client; llama.cpp's `/infill` for FIM): "
         "decode tokens/s = (completion tokens − 1) ÷ (last output chunk − first output chunk); total = request "
         "sent to last chunk; the server's decode tok/s is its own report (specwise's usage statistics, llama.cpp's "
-        "timings), where the stream cannot tell (a reply in one chunk, as a parsed tool call)",
+        "timings), and it is the decode tok/s of a reply the stream cannot time (fewer than 3 output chunks, as a "
+        "tool call parsed from the whole output is sent at the end)",
         "",
     ]
     return lines
