@@ -16,7 +16,13 @@ per sequence: ``specwise/acceptance.py``; the choices: ``specwise/planner.py``).
 - The pass estimates are kept per thread count: a busy machine moves the target between two threads and one
   (``models/threads.py``), whose passes cost differently, and a pass tried on the other count must not move the
   estimates of the count in use.
-- Per source: seconds per drafted token, of an ask that got nothing, and per context token taken in.
+- A pass over k tokens not measured yet is estimated along the cost curve from the nearest k below it that was
+  measured (its measured ratio plus the curve's rise from there), not from the curve alone: a curve that is off
+  for the machine (the default one, or a profile taken on another thread count) would otherwise keep the planner
+  from ever trying the longer drafts whose passes it overprices, and so from ever measuring them.
+- Per source: what an ask costs, a line in the tokens it drafted (a fixed part, the draft model's pass over the
+  tokens the context gained, and a part per drafted token: the drafting time of a longer draft grows by the
+  per-token part only), of an ask that got nothing, and per context token taken in.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ class PassCosts:
 
     RATIO_PRIOR = 2.0  # the cost curve's weight, in observations, in the estimate of a pass over k tokens
     RATIO_DECAY = 0.9  # measured ratios: recent passes count more (the context grows)
+    ASK_PRIOR = 0.1  # the weight, in asks, of the prior that an ask's time is proportional to its drafted tokens
+    ASK_DECAY = 0.9  # asks: recent ones count more
     ANSWERS = 15  # answers whose lengths make the typical one (their median)
     _PASS_ESTIMATES = ("_scale", "provisional", "since_plain", "_ratios", "_shared")
 
@@ -60,8 +68,9 @@ class PassCosts:
         self.provisional = False  # True while the scale comes from passes over k > 1 tokens only
         self.since_plain = 0  # passes since the last 1-token pass (a plain step)
         self._ratios: dict[int, Rate] = {}  # k >= 2 -> measured ratios, with c(k) as the prior
+        self._known: dict[int, float] = {}  # ratio(k) as computed since the ratios last changed
         self._shared: Line | None = None  # what sharing adds to the ratio, against the rows of shared passes
-        self._draft_seconds: dict[int, float] = {}  # per source: smoothed seconds per drafted token
+        self._asks: dict[int, Line] = {}  # per source: an ask's seconds against the tokens it drafted
         self._empty_seconds: dict[int, float] = {}  # per source: smoothed seconds of an ask that got nothing
         self._intake_seconds: dict[int, float] = {}  # per source: smoothed seconds per context token taken in
         self._answers: deque[int] = deque(maxlen=self.ANSWERS)  # the lengths of the last answers, in tokens
@@ -79,12 +88,14 @@ class PassCosts:
             saved = self._by_threads.get(threads, (None, False, 0, {}, None))  # a new count: from the priors
             for name, value in zip(self._PASS_ESTIMATES, saved):
                 setattr(self, name, value)
+            self._known = {}
         self._threads = threads
 
     def with_cost_curve(self, cost_curve: dict[int, float] | None) -> None:
         """The target's measured c(k) as the prior of the k-token passes not estimated yet."""
         if cost_curve:
             self.prior_curve = dict(cost_curve)
+            self._known = {}
 
     # ---- estimates ---------------------------------------------------------------------------------------------
 
@@ -114,9 +125,23 @@ class PassCosts:
         return rate
 
     def ratio(self, k: int) -> float:
-        """Estimated time of a pass over k tokens relative to one token: the cost curve's c(k) worth
-        ``RATIO_PRIOR`` observations, then the measured ratios."""
-        return 1.0 if k <= 1 else self._ratio_rate(k).value()
+        """Estimated time of a pass over k tokens relative to one token: a prior worth ``RATIO_PRIOR``
+        observations, then the measured ratios. The prior is the cost curve's c(k) anchored at the nearest k below
+        with measured passes (its estimate plus the curve's rise from there to k; c(k) itself where none is)."""
+        if k <= 1:
+            return 1.0
+        known = self._known.get(k)
+        if known is not None:
+            return known
+        rate = self._ratio_rate(k)
+        value = None
+        for j in range(k - 1, 1, -1):
+            below = self._ratios.get(j)
+            if below is not None and below.count > 0:
+                value = rate.value(self.ratio(j) + self.prior_c(k) - self.prior_c(j))
+                break
+        value = self._known[k] = rate.value() if value is None else value
+        return value
 
     def _shared_line(self) -> Line:
         if self._shared is None:  # starts from nothing added: a pass of one sequence over as many rows
@@ -138,12 +163,20 @@ class PassCosts:
         return scale * self.ratio(k)
 
     def draft_time(self, source: int = 0) -> float:
-        """Estimated seconds of drafting one token with ``source``."""
-        seconds = self._draft_seconds.get(source)
-        return seconds if seconds is not None else self.prior_draft_cost * self.verify_time(1)
+        """Estimated seconds that one more drafted token adds to an ask of ``source`` (the slope of its asks' line)."""
+        line = self._asks.get(source)
+        if line is None:
+            return self.prior_draft_cost * self.verify_time(1)
+        return max(0.0, line.value(1.0) - line.value(0.0))
+
+    def ask_time(self, source: int = 0) -> float:
+        """Estimated seconds of an ask of ``source`` besides its drafted tokens (the line's value at none: a draft
+        model's pass over what the context gained since its last ask; 0 before an ask is measured)."""
+        line = self._asks.get(source)
+        return 0.0 if line is None else max(0.0, line.value(0.0))
 
     def drafting_measured(self, source: int) -> bool:
-        return source in self._draft_seconds
+        return source in self._asks
 
     def empty_time(self, source: int) -> float:
         """Estimated seconds of an ask of ``source`` that gets nothing (0 before one is measured)."""
@@ -165,8 +198,13 @@ class PassCosts:
         """An ask of ``source`` gave ``drafted`` tokens in ``seconds`` (a typical ask: nothing else taken in)."""
         if drafted == 0:
             self._empty_seconds[source] = smooth(self._empty_seconds.get(source), seconds)
-        else:
-            self._draft_seconds[source] = smooth(self._draft_seconds.get(source), seconds / drafted)
+            return
+        line = self._asks.get(source)
+        if line is None:  # the prior: no fixed part (through the origin), worth ASK_PRIOR asks
+            line = self._asks[source] = Line([(0.0, 0.0)], self.ASK_PRIOR, self.ASK_DECAY)
+        else:  # one pause of the machine moves the line by a bounded step
+            seconds = clip(seconds, max(self.ask_time(source) + drafted * self.draft_time(source), 1e-9))
+        line.add(float(drafted), seconds)
 
     def observe_answer(self, tokens: int) -> None:
         """A request's answer ended after ``tokens`` tokens (an agent's turns: a few dozen; a chat's: hundreds)."""
@@ -179,6 +217,7 @@ class PassCosts:
     def observe_pass(self, k: int, seconds: float) -> None:
         """A target pass over ``k`` tokens of one sequence took ``seconds``."""
         ratio = self.ratio(k)
+        self._known = {}
         self.since_plain = 0 if k == 1 else self.since_plain + 1
         if k == 1:  # the scale follows plain-step passes, and the ratios are measured against it
             if self.provisional:  # the first 1-token pass: re-express the ratios measured so far

@@ -28,7 +28,10 @@ Planners:
 - :class:`AdaptivePlanner` (``--gamma auto``): before each step, for each source, the gamma (0 included: a plain
   step) with the largest expected tokens per second
 
-      E[tokens](gamma) / (gamma * t_draft + t_verify(gamma + 1)),   E[tokens](gamma) = 1 + sum_j prod_{i<=j} a_i
+      E[tokens](gamma) / (t_ask + gamma * t_draft + t_verify(gamma + 1)),   E[tokens](gamma) = 1 + sum_j prod_{i<=j} a_i
+
+  (t_ask: what an ask costs besides its drafted tokens, a draft model's pass over what the context gained; each
+  drafted token adds t_draft)
 
   weighed by the estimated probability that the source has a draft at all (an empty ask costs time too: the head
   runs its layer to find out), so that a source that keeps having nothing stops being asked (until the next
@@ -378,9 +381,13 @@ class AdaptivePlanner(Planner):
         return self.costs.verify_time(k, shared)
 
     def draft_time(self, source: int = 0) -> float:
-        """Estimated seconds of drafting one token with ``source`` (a cost key, ``PlanState.keys``: a sequence's
-        drafter's index, or REQUEST_KEY)."""
+        """Estimated seconds that one more drafted token adds to an ask of ``source`` (a cost key,
+        ``PlanState.keys``: a sequence's drafter's index, or REQUEST_KEY)."""
         return self.costs.draft_time(source)
+
+    def ask_time(self, source: int = 0) -> float:
+        """Estimated seconds of an ask of ``source`` besides its drafted tokens (``PassCosts.ask_time``)."""
+        return self.costs.ask_time(source)
 
     def draft_probability(self, state: PlanState, source: int = 0) -> float:
         """Estimated probability that asking ``source`` yields a draft."""
@@ -408,7 +415,7 @@ class AdaptivePlanner(Planner):
         others, rows = shared.tokens, shared.rows
         tokens = self._expected_tokens(state, gamma, source)
         key = state.keys[source]
-        drafted = gamma * self.draft_time(key) + self.verify_time(rows + gamma + 1, shared)
+        drafted = self.ask_time(key) + gamma * self.draft_time(key) + self.verify_time(rows + gamma + 1, shared)
         p = self.draft_probability(state, source)
         empty = self.costs.empty_time(key) + self.verify_time(rows + 1, shared)
         return (others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty)
@@ -418,14 +425,14 @@ class AdaptivePlanner(Planner):
         others, rows = shared.tokens, shared.rows
         p = self.draft_probability(state, source)
         key = state.keys[source]
-        per_token = self.draft_time(key)
+        per_token, fixed = self.draft_time(key), self.ask_time(key)
         empty = self.costs.empty_time(key) + self.verify_time(rows + 1, shared)
         rates = [self.plain_rate(shared)]
         tokens, reach = 1.0, 1.0
         for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
             reach *= a
             tokens += reach
-            drafted = gamma * per_token + self.verify_time(rows + gamma + 1, shared)
+            drafted = fixed + gamma * per_token + self.verify_time(rows + gamma + 1, shared)
             rates.append((others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty))
         return rates
 

@@ -451,6 +451,57 @@ def test_each_source_has_its_own_acceptance_and_drafting_time():
     assert s.expected_rate(state, 6, source=1) > s.expected_rate(state, 0) > s.expected_rate(state, 1, source=0)
 
 
+def test_an_asks_fixed_cost_is_told_from_its_cost_per_drafted_token():
+    """A draft model's ask first takes in what the context gained (one pass, whatever the draft's length), then
+    spends a pass per drafted token: the planner learns the two apart, so that a longer draft is priced by what it
+    adds, not by the average cost of the short drafts a confidence cut leaves."""
+    s = AdaptivePlanner(max_gamma=8, cost_curve={k: 1.0 + 0.05 * (k - 1) for k in range(1, 10)})
+    state = start(s)
+    observe(s, state, 0, 0, 0.0, 0.030)
+    observe(s, state, 1, 1, 0.5, 0.030)  # a request's first ask: not timed
+    for step in range(40):
+        n = 1 + step % 3  # drafts of 1, 2 and 3 tokens: 6 ms, then 4 ms a token
+        observe(s, state, n, n, 0.006 + 0.004 * n, 0.030 * (1.0 + 0.05 * n))
+    assert s.ask_time() == pytest.approx(0.006, rel=0.25)
+    assert s.draft_time() == pytest.approx(0.004, rel=0.25)
+    assert s.stop_level() < (0.006 + 0.004 * 2) / 2 / 0.030  # the next token costs the slope, not the average
+    # the expected rate prices the fixed part once per ask
+    fixed, per_token = s.ask_time(), s.draft_time()
+    tokens = s._expected_tokens(state, 6, 0)
+    p = s.draft_probability(state)
+    drafted = fixed + 6 * per_token + s.verify_time(7)
+    empty = s.costs.empty_time(0) + s.verify_time(1)
+    assert s.expected_rate(state, 6) == pytest.approx((p * tokens + 1 - p) / (p * drafted + (1 - p) * empty))
+
+
+def test_proportional_asks_have_no_fixed_cost():
+    s = AdaptivePlanner(max_gamma=4)
+    state = start(s)
+    observe(s, state, 1, 1, 0.5, 0.030)  # a request's first ask: not timed
+    for step in range(12):
+        n = 1 + step % 4
+        observe(s, state, n, n, 0.002 * n, 0.030)
+    assert s.ask_time() == pytest.approx(0.0, abs=1e-6) and s.draft_time() == pytest.approx(0.002)
+
+
+def test_an_unmeasured_pass_is_priced_from_the_measured_ones_below_it():
+    """Passes over 2 to 4 tokens measured at the price of one (a memory-bound machine): a pass over 5 is priced from
+    them along the curve, not at the curve's own c(5), which would keep the planner from ever trying it."""
+    s = AdaptivePlanner(max_gamma=8)  # no profile: the default curve, 0.1 a row
+    state = start(s)
+    assert s.costs.ratio(5) == pytest.approx(1.4)
+    for _ in range(10):
+        observe(s, state, 0, 0, 0.0, 0.030)
+        for g in (1, 2, 3):
+            observe(s, state, g, g, 0.0, 0.030)
+    assert s.costs.ratio(4) == pytest.approx(1.0, abs=0.1)
+    assert s.costs.ratio(5) == pytest.approx(s.costs.ratio(4) + 0.1)
+    assert s.costs.ratio(6) == pytest.approx(s.costs.ratio(4) + 0.2)
+    for _ in range(20):  # then measured at 2.0: its own measurements win
+        observe(s, state, 4, 4, 0.0, 0.060)
+    assert s.costs.ratio(5) > 1.8 and s.costs.ratio(6) == pytest.approx(s.costs.ratio(5) + 0.1)
+
+
 def test_two_sources_with_gamma_auto_draft_with_the_source_that_pays():
     """ngram-like drafter first, always wrong; an oracle second. With gamma auto the first is judged on its own
     record and stops being used (probes aside), the oracle drafts long; the output equals plain decoding."""

@@ -287,7 +287,7 @@ def test_other_sources_keep_their_record_across_requests_and_the_prediction_has_
     assert acceptance(record, planner.prior)[0] > 0.8  # the prediction was always right
     greedy(engine, [1, 2], 60, edited(plain))
     assert state.request_record is record
-    assert set(planner.costs._draft_seconds) <= {-1, 0}  # the prediction's key is apart from the ngram's
+    assert set(planner.costs._asks) <= {-1, 0}  # the prediction's key is apart from the ngram's
 
 
 def test_the_cost_model_covers_long_passes_past_the_measured_curve():
