@@ -162,18 +162,28 @@ class PassCosts:
             return scale * self.shared_ratio(k)
         return scale * self.ratio(k)
 
-    def draft_time(self, source: int = 0) -> float:
-        """Estimated seconds that one more drafted token adds to an ask of ``source`` (the slope of its asks' line)."""
+    def _ask_line(self, source: int) -> tuple[float, float] | None:
+        """(fixed seconds, seconds per drafted token) of ``source``'s asks (None before one is measured): the
+        least-squares line, or the line through the origin where that one would cross below it (a few longer asks
+        timed while the machine was busy must not make each drafted token look dearer than the average one)."""
         line = self._asks.get(source)
         if line is None:
-            return self.prior_draft_cost * self.verify_time(1)
-        return max(0.0, line.value(1.0) - line.value(0.0))
+            return None
+        fixed = line.value(0.0)
+        if fixed >= 0.0 or line.sxx <= 0.0:
+            return max(0.0, fixed), max(0.0, line.value(1.0) - fixed)
+        return 0.0, max(0.0, line.sxy / line.sxx)
+
+    def draft_time(self, source: int = 0) -> float:
+        """Estimated seconds that one more drafted token adds to an ask of ``source`` (the slope of its asks' line)."""
+        fit = self._ask_line(source)
+        return self.prior_draft_cost * self.verify_time(1) if fit is None else fit[1]
 
     def ask_time(self, source: int = 0) -> float:
         """Estimated seconds of an ask of ``source`` besides its drafted tokens (the line's value at none: a draft
         model's pass over what the context gained since its last ask; 0 before an ask is measured)."""
-        line = self._asks.get(source)
-        return 0.0 if line is None else max(0.0, line.value(0.0))
+        fit = self._ask_line(source)
+        return 0.0 if fit is None else fit[0]
 
     def drafting_measured(self, source: int) -> bool:
         return source in self._asks

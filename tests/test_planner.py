@@ -484,6 +484,19 @@ def test_proportional_asks_have_no_fixed_cost():
     assert s.ask_time() == pytest.approx(0.0, abs=1e-6) and s.draft_time() == pytest.approx(0.002)
 
 
+def test_longer_asks_timed_while_the_machine_was_busy_do_not_make_drafting_dear():
+    """Asks of one token at 20 ms and a few of two tokens timed at 60 ms (the machine busy): the least-squares line
+    would cross zero below the origin and charge 40 ms a drafted token; the line through the origin is used."""
+    s = AdaptivePlanner(max_gamma=4)
+    state = start(s)
+    observe(s, state, 1, 1, 0.5, 0.030)  # a request's first ask: not timed
+    for step in range(12):
+        n = 2 if step % 4 == 3 else 1
+        observe(s, state, n, n, 0.020 if n == 1 else 0.060, 0.030)
+    assert s.ask_time() == 0.0
+    assert s.draft_time() < 0.030  # at most the average per drafted token, not the slope of 40 ms
+
+
 def test_an_unmeasured_pass_is_priced_from_the_measured_ones_below_it():
     """Passes over 2 to 4 tokens measured at the price of one (a memory-bound machine): a pass over 5 is priced from
     them along the curve, not at the curve's own c(5), which would keep the planner from ever trying it."""
