@@ -25,6 +25,7 @@ if not quant.quantized_available():
 from specwise.models.kernels.abi import QRows, QRun, QShape, QWork  # noqa: E402
 
 OFF, ON, AUTO = 0, 1, -1  # the call's tiling: the per-row loops, the tiled loops, the layers' own choice
+F32, BF16 = 0, 1  # the call's attention: float32, or bfloat16 products (qrun's ATTN_*)
 LONG = 3000  # positions of the long caches
 
 
@@ -66,6 +67,7 @@ class Caches:
         threads: int = 2,
         layer: int = 1,
         window: int = 0,
+        attention: int = F32,
     ) -> np.ndarray:
         """The native attention of ``rows`` ((sequence, position) each, in one pass) with queries qkv: float32
         ``[rows, heads * hd]``."""
@@ -88,7 +90,7 @@ class Caches:
         scale = float(1.0 / np.sqrt(self.hd))
         status = quant._lib().specwise_qllama_attention(
             ctypes.byref(shape), ctypes.byref(qrows), layer, window, scale, qkv.ctypes.data, attn.ctypes.data,
-            ctypes.byref(work), ctypes.byref(QRun(threads, 0)), tiling,
+            ctypes.byref(work), ctypes.byref(QRun(threads, 0, attention)), tiling,
         )  # fmt: skip
         assert status == 0
         return attn
@@ -263,3 +265,128 @@ def test_refusals():
     assert (attn == 7.0).all()
     pos[0] = 9
     assert call() == 0 and not (attn == 7.0).any()
+
+
+# ---- the bfloat16 attention (AVX512_BF16): the same rule, its own numbers ----
+
+bf16 = pytest.mark.skipif(
+    not quant.attention_bf16_supported(), reason="the CPU has no AVX512_BF16 (the bfloat16 attention is refused)"
+)
+
+# (query heads, key-value heads, head width, float16 cache)
+BF16_SHAPES = {
+    "grouped-6-hd128": (12, 2, 128, False),
+    "grouped-3-hd64": (9, 3, 64, False),
+    "grouped-3-hd64-f16": (6, 2, 64, True),
+    "grouped-6-hd128-f16": (6, 1, 128, True),
+    "ungrouped-hd128": (2, 2, 128, False),
+    "hd80": (4, 2, 80, False),
+    "hd96": (4, 2, 96, False),
+    "hd256": (4, 2, 256, False),
+}
+
+
+def bf16_close(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    """The bfloat16 attention against the float64 reference: within 2^-6 of the outputs' scale (max |ref|).
+    bfloat16 keeps 8 significant bits, so each query, key, probability and value is off by at most 2^-9 of itself;
+    a score carries two such errors and a probability its score's and the sum's, which mostly cancel over many
+    positions: about 2^-9 of the scale is what these caches give (0.3%), and 2^-6 leaves room for four times that,
+    while a wrong pairing of positions or widths is off by the outputs' own size."""
+    err, scale = np.abs(got - ref).max(), np.abs(ref).max()
+    assert err <= 2.0**-6 * scale, f"{what}: {err} from the float64 reference (max |ref| {scale})"
+
+
+@bf16
+@pytest.mark.parametrize("name", BF16_SHAPES)
+def test_bf16_a_prompt_slice_equals_its_rows_one_at_a_time(name):
+    """Under the bfloat16 attention every pass runs its tiled loops: a slice of 40 rows at the end of a
+    3,000-position cache gives, whatever the call's tiling, the thread count (1-3) and the cut into slices, the
+    bits of each row decoded alone; and the float64 reference's numbers to bfloat16's accuracy."""
+    heads, kv, hd, half = BF16_SHAPES[name]
+    c = Caches(heads, kv, hd, [LONG], half, seed=hash(name) % 1000)
+    n = 40
+    rows = [(0, p) for p in range(LONG - n, LONG)]
+    qkv = c.queries(n)
+    want = sliced(c, qkv, rows, 1, AUTO, attention=BF16)
+    bf16_close(want, c.reference(qkv, rows), name)
+    assert not np.array_equal(want, c.attend(qkv, rows, AUTO)), "the float32 loops ran, not bfloat16"
+    for tiling in (OFF, ON, AUTO):
+        bits(c.attend(qkv, rows, tiling, attention=BF16), want, f"{name}: one pass, tiling {tiling}")
+    for cut in (7, 13):
+        bits(sliced(c, qkv, rows, cut, AUTO, attention=BF16), want, f"{name}: passes of {cut} rows")
+    for threads in (1, 3):
+        bits(c.attend(qkv, rows, AUTO, threads=threads, attention=BF16), want, f"{name}: {threads} threads")
+
+
+@bf16
+def test_bf16_a_whole_prompt_a_window_and_a_batch():
+    """A prompt read from position 0 in slices of 64 (rows of a tile attending to odd and even numbers of
+    positions), a sliding window (rows starting at odd positions), and a batch of three sequences' rows: each row
+    has the bits it has alone."""
+    c = Caches(12, 2, 128, [300], False, seed=11)
+    rows = [(0, p) for p in range(300)]
+    qkv = c.queries(len(rows))
+    want = sliced(c, qkv, rows, 1, AUTO, attention=BF16)
+    bits(sliced(c, qkv, rows, 64, AUTO, attention=BF16), want, "slices of 64")
+    bits(sliced(c, qkv, rows, 5, AUTO, attention=BF16), want, "passes of 5")
+    bits(c.attend(qkv, rows, AUTO, threads=3, attention=BF16), want, "one pass of 300 on 3 threads")
+    for half in (False, True):
+        c = Caches(6, 2, 64, [LONG], half, seed=5)
+        rows = [(0, p) for p in range(LONG - 70, LONG)]
+        qkv = c.queries(len(rows))
+        want = sliced(c, qkv, rows, 1, AUTO, window=37, attention=BF16)
+        bf16_close(want, c.reference(qkv, rows, window=37), f"window, float16 cache {half}")
+        bits(c.attend(qkv, rows, AUTO, window=37, attention=BF16), want, f"window, float16 cache {half}")
+        bits(sliced(c, qkv, rows, 11, AUTO, window=37, attention=BF16), want, f"window, passes of 11, {half}")
+    c = Caches(12, 2, 128, [LONG, 900, 50], False, seed=7)
+    rows = [(0, p) for p in range(LONG - 30, LONG)] + [(1, 899)] + [(2, p) for p in range(45, 50)]
+    rows = rows[:10] + rows[30:31] + rows[10:30] + rows[31:]
+    qkv = c.queries(len(rows))
+    want = sliced(c, qkv, rows, 1, AUTO, attention=BF16)
+    bits(c.attend(qkv, rows, AUTO, attention=BF16), want, "the batch's pass")
+    bits(c.attend(qkv, rows, AUTO, threads=3, attention=BF16), want, "the batch's pass on 3 threads")
+
+
+@bf16
+def test_bf16_head_widths_it_does_not_take_keep_float32():
+    """Head widths not a multiple of 16 (here 72) keep the float32 loops under the option: the same bits."""
+    c = Caches(4, 2, 72, [300], False, seed=3)
+    rows = [(0, p) for p in range(250, 300)]
+    qkv = c.queries(len(rows))
+    bits(c.attend(qkv, rows, AUTO, attention=BF16), c.attend(qkv, rows, AUTO), "hd 72")
+
+
+def test_bf16_refused_where_it_does_not_run(isa_reset):
+    """The bfloat16 attention is refused (5, nothing written) on a path or CPU without AVX512_BF16, and an
+    attention other than 0 and 1 everywhere; the model refuses it in one line."""
+    c = Caches(4, 2, 64, [10], False, seed=1)
+    shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
+    k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
+    v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
+    caps, pos = (ctypes.c_int64 * 1)(10), (ctypes.c_int64 * 1)(9)
+    rows = QRows()
+    rows.rows, rows.k_rows, rows.v_rows = 1, ctypes.addressof(k_rows), ctypes.addressof(v_rows)
+    rows.cap, rows.pos = ctypes.addressof(caps), ctypes.addressof(pos)
+    scores = np.zeros(4 * 10, dtype=np.float32)
+    qkv = c.queries(1)
+    attn = np.full((1, 256), 7.0, dtype=np.float32)
+
+    def call(attention):
+        work = QWork(None, 0, scores.ctypes.data, scores.size)
+        return quant._lib().specwise_qllama_attention(
+            ctypes.byref(shape), ctypes.byref(rows), 1, 0, 0.125, qkv.ctypes.data, attn.ctypes.data,
+            ctypes.byref(work), ctypes.byref(QRun(2, 0, attention)), AUTO,
+        )  # fmt: skip
+
+    assert call(2) == 5 and call(-1) == 5
+    for path in paths():
+        quant.set_isa(path)
+        if not quant.attention_bf16_supported():
+            assert call(BF16) == 5 and (attn == 7.0).all(), path
+    quant.set_isa(None)
+    if quant.attention_bf16_supported():
+        assert call(BF16) == 0 and not (attn == 7.0).any()
+    from specwise.models.kernels.layers import DecoderStack
+
+    with pytest.raises(ValueError, match="attention must be one of"):
+        DecoderStack([], [], [], [], 4, 2, 64, 1e-5, attention="bf8")

@@ -159,9 +159,9 @@ class QWork(ctypes.Structure):
 
 
 class QRun(ctypes.Structure):
-    """``qrun``: threads and mode of a call."""
+    """``qrun``: threads, mode and attention (0: float32, 1: bfloat16) of a call."""
 
-    _fields_ = [("threads", _i64), ("mode", _i32)]
+    _fields_ = [("threads", _i64), ("mode", _i32), ("attention", _i32)]
 
 
 class QModel(ctypes.Structure):
@@ -244,6 +244,7 @@ _d, _i64p, _ip = ctypes.c_double, _ptr(_i64), _ptr(_i)
 SIGNATURES: dict[str, tuple[list, object]] = {
     "specwise_q_isa_supported": ([], _i),
     "specwise_q_isa": ([], _i),
+    "specwise_attention_bf16_supported": ([], _i),
     "specwise_q_set_isa": ([_i], _i),
     "specwise_q_layout": ([_i] + [_ip] * 8, _i),
     "specwise_q_sizes": ([_i, _i64, _i64] + [_i64p] * 5, _i),

@@ -928,6 +928,282 @@ static void attention_tile(struct attn_task *tasks, int n, const void *keys, con
     }
 }
 
+#ifdef SPECWISE_X86
+/* ---- the tiled loops in bfloat16 (the layers' ATTN_BF16, on CPUs with AVX512_BF16): queries, keys, probabilities
+ * and values rounded to bfloat16 (to nearest even, as VCVTNE2PS2BF16 rounds), their products summed in float32 by
+ * VDPBF16PS, two products per lane and instruction. Every row's numbers come from these loops whatever the pass (a
+ * decoding step's tasks make a tile of their own), and each number's operations are fixed by its position and
+ * width alone: a key's score is two chains over pairs of widths (pair p in chain p mod 2, in increasing p), added,
+ * times scale; an output element is one chain over pairs of positions (2m, 2m + 1) of the cache, in
+ * increasing m, a position the row does not attend to weighing 0. Head widths a multiple of 16, up to 256. ---- */
+#define T512BF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")))
+
+/* sixteen floats of width d .. d + 15 of a cache row, both halves rounded to bfloat16 in width order */
+T512BF static inline __m256i bf16_16(const void *row, int half, int d) {
+    __m256 lo, hi;
+    if (half) {
+        lo = F16_8((const uint16_t *)row + d);
+        hi = F16_8((const uint16_t *)row + d + 8);
+    } else {
+        lo = F32_8((const float *)row + d);
+        hi = F32_8((const float *)row + d + 8);
+    }
+    return (__m256i)_mm256_cvtne2ps_pbh(hi, lo);
+}
+
+/* keys [nb][hd] to pairs kt[p * kb + j] = the bfloat16 of (k[j][2p], k[j][2p + 1]) (zeros past nb) */
+T512BF static void bf16_keys(const void *keys, int half, int nb, int hd, uint32_t *kt, int kb) {
+    const size_t elem = half ? 2 : 4;
+    for (int j = 0; j < kb; j += 8)
+        for (int d = 0; d < hd; d += 16) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = j + i < nb ? _mm256_castsi256_ps(bf16_16((const char *)keys + (size_t)(j + i) * hd * elem, half, d))
+                                  : _mm256_setzero_ps();
+            transpose8(r);
+            for (int l = 0; l < 8; l++) _mm256_storeu_ps((float *)kt + (size_t)(d / 2 + l) * kb + j, r[l]);
+        }
+}
+
+/* values [nb][hd] to pairs vt[m * hd + d] = the bfloat16 of (v[2m][d], v[2m + 1][d]) (zeros past nb) */
+T512BF static void bf16_values(const void *vals, int half, int nb, int hd, uint32_t *vt) {
+    const size_t elem = half ? 2 : 4;
+    const __m512i mix = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int m = 0; 2 * m < nb; m++) {
+        const char *a = (const char *)vals + (size_t)(2 * m) * hd * elem, *b = a + (size_t)hd * elem;
+        for (int d = 0; d < hd; d += 16) {
+            const __m256i x = bf16_16(a, half, d), y = 2 * m + 1 < nb ? bf16_16(b, half, d) : _mm256_setzero_si256();
+            const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(x), y, 1);
+            _mm512_storeu_si512(vt + (size_t)m * hd + d, _mm512_permutexvar_epi16(mix, both));
+        }
+    }
+}
+
+/* a query (hd floats) to hd / 2 pairs of bfloat16 */
+T512BF static void bf16_query(const float *q, int hd, uint32_t *qb) {
+    for (int d = 0; d < hd; d += 16) _mm256_storeu_si256((__m256i *)(qb + d / 2), bf16_16(q, 0, d));
+}
+
+/* a task's probabilities of block positions a .. b - 1 (zero elsewhere) as pairs pp[m] = (p[2m], p[2m + 1]) for the
+ * pairs that hold them */
+T512BF static void bf16_probs(const struct attn_task *t, int j0, int a, int b, uint32_t *pp) {
+    const float *sc = t->sc + (j0 - t->first);
+    for (int j = a & ~31; j < b; j += 32) {
+        const int from = a > j ? a - j : 0, to = b - j < 32 ? b - j : 32;
+        const uint64_t in = ((1ull << to) - 1) & ~((1ull << from) - 1);
+        const __m512 lo = _mm512_maskz_loadu_ps((__mmask16)in, sc + j), hi = _mm512_maskz_loadu_ps((__mmask16)(in >> 16), sc + j + 16);
+        _mm512_storeu_si512(pp + j / 2, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+/* NQ tasks' scores of block columns lo .. hi - 1, 32 keys at a time (two vectors of 16): per key two chains of
+ * VDPBF16PS over its pairs of widths (pair p in chain p mod 2, in increasing p), added, times scale; each key
+ * vector loaded once for the NQ tasks and each query pair broadcast once for both key vectors; stored and maxed as
+ * TILE_SCORES does */
+#define BF16_SCORES(NQ)                                                                                            \
+    T512BF static void bf16_scores_##NQ(struct attn_task *const *t, const uint32_t *const *qb, int j0, int nb,   \
+                                        int lo, int hi, const uint32_t *kt, int kb, int hd, float scale) {        \
+        __m512 mx[NQ];                                                                                           \
+        int sa[NQ], sb[NQ];                                                                                      \
+        for (int i = 0; i < NQ; i++) {                                                                           \
+            mx[i] = _mm512_set1_ps(-INFINITY);                                                                   \
+            task_span(t[i], j0, nb, &sa[i], &sb[i]);                                                             \
+        }                                                                                                        \
+        for (int s = lo & ~31; s < hi; s += 32) {                                                                \
+            __m512 acc[NQ][2][2];                                                                                \
+            for (int i = 0; i < NQ; i++)                                                                         \
+                acc[i][0][0] = acc[i][0][1] = acc[i][1][0] = acc[i][1][1] = _mm512_setzero_ps();                 \
+            for (int p = 0; p < hd / 2; p += 2) {                                                                \
+                const uint32_t *k = kt + (size_t)p * kb + s;                                                     \
+                for (int c = 0; c < 2; c++) {                                                                    \
+                    __m512i k0 = _mm512_loadu_si512(k + (size_t)c * kb),                                         \
+                            k1 = _mm512_loadu_si512(k + (size_t)c * kb + 16);                                    \
+                    IN_REGISTER(k0);                                                                             \
+                    IN_REGISTER(k1);                                                                             \
+                    for (int i = 0; i < NQ; i++) {                                                               \
+                        const __m512bh qv = (__m512bh)_mm512_set1_epi32((int)qb[i][p + c]);                      \
+                        acc[i][c][0] = _mm512_dpbf16_ps(acc[i][c][0], (__m512bh)k0, qv);                         \
+                        acc[i][c][1] = _mm512_dpbf16_ps(acc[i][c][1], (__m512bh)k1, qv);                         \
+                    }                                                                                            \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int i = 0; i < NQ; i++)                                                                         \
+                for (int h = 0; h < 2; h++) {                                                                    \
+                    const int s16 = s + 16 * h;                                                                  \
+                    const __m512 sc = _mm512_mul_ps(_mm512_add_ps(acc[i][0][h], acc[i][1][h]), _mm512_set1_ps(scale)); \
+                    const int a = sa[i] > s16 ? sa[i] : s16, b = sb[i] < s16 + 16 ? sb[i] : s16 + 16;            \
+                    if (a >= b) continue;                                                                        \
+                    if (b - a == 16) {                                                                           \
+                        _mm512_storeu_ps(t[i]->sc + (j0 + s16 - t[i]->first), sc);                               \
+                        mx[i] = _mm512_max_ps(sc, mx[i]);                                                        \
+                    } else {                                                                                     \
+                        float v[16];                                                                             \
+                        _mm512_storeu_ps(v, sc);                                                                 \
+                        for (int j = a; j < b; j++) t[i]->sc[j0 + j - t[i]->first] = v[j - s16];                 \
+                        mx[i] = _mm512_max_ps(keep16(sc, a - s16, b - s16), mx[i]);                              \
+                    }                                                                                            \
+                }                                                                                                \
+        }                                                                                                        \
+        for (int i = 0; i < NQ; i++) {                                                                           \
+            const float m = hmax16(mx[i]);                                                                       \
+            t[i]->mx = m > t[i]->mx ? m : t[i]->mx;                                                              \
+        }                                                                                                        \
+    }
+BF16_SCORES(1)
+BF16_SCORES(2)
+BF16_SCORES(3)
+BF16_SCORES(4)
+#undef BF16_SCORES
+
+/* NT tasks' outputs, widths c .. c + 16 CW - 1, continued over pairs ma .. mb - 1 of the block: per element one
+ * chain of VDPBF16PS in increasing pair; each vector of values loaded once for the NT tasks */
+#define BF16_VALUES(CW, NT)                                                                                        \
+    T512BF static void bf16_values_##CW##_##NT(struct attn_task *const *t, const uint32_t *const *pp, int ma,    \
+                                               int mb, const uint32_t *vt, int hd, int c) {                      \
+        __m512 acc[NT][CW];                                                                                      \
+        for (int i = 0; i < NT; i++)                                                                             \
+            for (int u = 0; u < CW; u++) acc[i][u] = _mm512_loadu_ps(t[i]->out + c + 16 * u);                    \
+        for (int m = ma; m < mb; m++) {                                                                          \
+            const uint32_t *vm = vt + (size_t)m * hd + c;                                                        \
+            __m512i pm[NT];                                                                                      \
+            for (int i = 0; i < NT; i++) pm[i] = _mm512_set1_epi32((int)pp[i][m]);                               \
+            for (int u = 0; u < CW; u++) {                                                                       \
+                __m512i vv = _mm512_loadu_si512(vm + 16 * u);                                                    \
+                IN_REGISTER(vv);                                                                                 \
+                for (int i = 0; i < NT; i++) acc[i][u] = _mm512_dpbf16_ps(acc[i][u], (__m512bh)vv, (__m512bh)pm[i]); \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int i = 0; i < NT; i++)                                                                             \
+            for (int u = 0; u < CW; u++) _mm512_storeu_ps(t[i]->out + c + 16 * u, acc[i][u]);                    \
+    }
+BF16_VALUES(4, 1)
+BF16_VALUES(4, 2)
+BF16_VALUES(4, 3)
+BF16_VALUES(4, 4)
+BF16_VALUES(2, 1)
+BF16_VALUES(2, 2)
+BF16_VALUES(2, 3)
+BF16_VALUES(2, 4)
+BF16_VALUES(1, 1)
+BF16_VALUES(1, 2)
+BF16_VALUES(1, 3)
+BF16_VALUES(1, 4)
+#undef BF16_VALUES
+
+typedef void (*bf16_values_fn)(struct attn_task *const *t, const uint32_t *const *pp, int ma, int mb,
+                               const uint32_t *vt, int hd, int c);
+static const bf16_values_fn bf16_values_of[3][5] = {
+    {NULL, bf16_values_4_1, bf16_values_4_2, bf16_values_4_3, bf16_values_4_4},
+    {NULL, bf16_values_2_1, bf16_values_2_2, bf16_values_2_3, bf16_values_2_4},
+    {NULL, bf16_values_1_1, bf16_values_1_2, bf16_values_1_3, bf16_values_1_4},
+};
+
+/* The block's values for every task that attends to it, in groups of up to four: each group's common pairs in one
+ * pass, those before and after task by task (every chain still in increasing pair). */
+static void bf16_tile_values(struct attn_task *t, int n, int j0, int nb, const uint32_t *vt, int hd) {
+    for (int i = 0; i < n;) {
+        struct attn_task *sel[4];
+        uint32_t pp[4][64];
+        const uint32_t *pr[4];
+        int ma[4], mb[4], m = 0;
+        for (; i < n && m < 4; i++) {
+            int a, b;
+            task_span(t + i, j0, nb, &a, &b);
+            if (a >= b) continue;
+            bf16_probs(t + i, j0, a, b, pp[m]);
+            sel[m] = t + i;
+            pr[m] = pp[m];
+            ma[m] = a / 2;
+            mb[m] = (b + 1) / 2;
+            m++;
+        }
+        if (!m) continue;
+        int lo = ma[0], hi = mb[0];
+        for (int u = 1; u < m; u++) {
+            lo = ma[u] > lo ? ma[u] : lo;
+            hi = mb[u] < hi ? mb[u] : hi;
+        }
+        for (int c = 0; c < hd;) {
+            const int part = hd - c >= 64 ? 0 : hd - c >= 32 ? 1 : 2, w = 64 >> part;
+            if (m == 1 || lo >= hi) {
+                for (int u = 0; u < m; u++) bf16_values_of[part][1](sel + u, pr + u, ma[u], mb[u], vt, hd, c);
+            } else {
+                for (int u = 0; u < m; u++)
+                    if (ma[u] < lo) bf16_values_of[part][1](sel + u, pr + u, ma[u], lo, vt, hd, c);
+                bf16_values_of[part][m](sel, pr, lo, hi, vt, hd, c);
+                for (int u = 0; u < m; u++)
+                    if (hi < mb[u]) bf16_values_of[part][1](sel + u, pr + u, hi, mb[u], vt, hd, c);
+            }
+            c += w;
+        }
+    }
+}
+
+/* attention_tile in bfloat16: buf holds 2 TILE_FLOATS + n hd / 2 words (the block's keys, its values and the
+ * tasks' queries as pairs). Blocks start at even positions (a pair of positions never straddles two). */
+static void attention_tile_bf16(struct attn_task *tasks, int n, const void *keys, const void *vals, int kv_half,
+                                int hd, float scale, const struct attn_ops *ops, uint32_t *buf) {
+    const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
+    uint32_t *kt = buf, *vt = buf + TILE_FLOATS, *qb = buf + 2 * TILE_FLOATS;
+    int lo = tasks[0].first, hi = tasks[0].last;
+    for (int i = 0; i < n; i++) {
+        struct attn_task *t = tasks + i;
+        lo = t->first < lo ? t->first : lo;
+        hi = t->last > hi ? t->last : hi;
+        t->mx = -INFINITY;
+        for (int l = 0; l < 8; l++) t->lanes[l] = 0.0f;
+        memset(t->out, 0, (size_t)hd * sizeof(float));
+        bf16_query(t->q, hd, qb + (size_t)i * hd / 2);
+    }
+    lo &= ~1;
+    int kb = TILE_FLOATS / (hd / 2);
+    kb = (kb < TILE_KEYS ? kb : TILE_KEYS) & ~31;
+    for (int j0 = lo; j0 < hi; j0 += kb) {
+        const int nb = hi - j0 < kb ? hi - j0 : kb;
+        bf16_keys((const char *)keys + (size_t)j0 * hd * elem, kv_half, nb, hd, kt, kb);
+        for (int i = 0; i < n;) {
+            struct attn_task *sel[4];
+            const uint32_t *q[4];
+            int m = 0, a0 = nb, b0 = 0;
+            for (; i < n && m < 4; i++) {
+                int a, b;
+                task_span(tasks + i, j0, nb, &a, &b);
+                if (a >= b) continue;
+                sel[m] = tasks + i;
+                q[m++] = qb + (size_t)i * hd / 2;
+                a0 = a < a0 ? a : a0;
+                b0 = b > b0 ? b : b0;
+            }
+            if (m == 4)
+                bf16_scores_4(sel, q, j0, nb, a0, b0, kt, kb, hd, scale);
+            else if (m == 3)
+                bf16_scores_3(sel, q, j0, nb, a0, b0, kt, kb, hd, scale);
+            else if (m == 2)
+                bf16_scores_2(sel, q, j0, nb, a0, b0, kt, kb, hd, scale);
+            else if (m == 1)
+                bf16_scores_1(sel, q, j0, nb, a0, b0, kt, kb, hd, scale);
+        }
+    }
+    int vb = 2 * TILE_FLOATS / hd;
+    vb = (vb < TILE_VALUES ? vb : TILE_VALUES) & ~1;
+    for (int j0 = lo; j0 < hi; j0 += vb) {
+        const int nb = hi - j0 < vb ? hi - j0 : vb;
+        for (int i = 0; i < n; i++) probabilities(tasks + i, j0, nb, ops);
+        bf16_values((const char *)vals + (size_t)j0 * hd * elem, kv_half, nb, hd, vt);
+        bf16_tile_values(tasks, n, j0, nb, vt, hd);
+    }
+    for (int i = 0; i < n; i++) {
+        const struct attn_task *t = tasks + i;
+        const float *a = t->lanes;
+        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        for (int j = (t->last - t->first) & ~7; j < t->last - t->first; j++) sum += t->sc[j];
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < hd; d++) t->out[d] *= inv;
+    }
+}
+#endif
+
 /* Causal attention of layer l for every row of a pass: each query head of row r over positions first .. pos[r] of
  * the row's cache (first = 0, or with window > 0 the last `window` positions), from the rotated queries in qkv
  * [rows][(heads + 2 kv_heads) hd] into attn [rows][heads hd]; scores: heads * rows * end floats, end the largest
@@ -935,13 +1211,19 @@ static void attention_tile(struct attn_task *tasks, int n, const void *keys, con
  * TILING_AUTO (tiles of at least TILE_MIN_TASKS or TILE_MIN_JOINT tasks), TILING_OFF or TILING_ON (the tiled loops
  * wherever the head width suits them). A row's numbers are the same whichever loops compute them. */
 void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale, const float *qkv,
-                     float *attn, float *scores, int end, int threads, const struct attn_ops *ops, int tiling) {
+                     float *attn, float *scores, int end, int threads, const struct attn_ops *ops, int tiling,
+                     int bf16) {
     const int k = (int)rows->rows, group = nq / n_kv, kv_half = rows->kv_half;
     const int n_qkv = (nq + 2 * n_kv) * hd, n_attn = nq * hd;
     const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
     const int joint = hd == 64 && ops->joint_scores[kv_half][0] != NULL;
-    const int tiles = tiling != TILING_OFF && ops->tile_scores != NULL && hd % 8 == 0 && hd <= 512;
-    const int min_tasks = tiling == TILING_ON ? 1 : joint ? TILE_MIN_JOINT : TILE_MIN_TASKS;
+#ifdef SPECWISE_X86
+    bf16 = bf16 && hd % 16 == 0 && hd <= 256;
+#else
+    bf16 = 0;
+#endif
+    const int tiles = bf16 || (tiling != TILING_OFF && ops->tile_scores != NULL && hd % 8 == 0 && hd <= 512);
+    const int min_tasks = bf16 || tiling == TILING_ON ? 1 : joint ? TILE_MIN_JOINT : TILE_MIN_TASKS;
     float *const *k_rows = rows->k_rows, *const *v_rows = rows->v_rows;
     const int64_t *cap = rows->cap, *pos = rows->pos;
     /* tasks ordered by key-value head, then row, then query head, and split in contiguous ranges: a thread runs
@@ -955,7 +1237,10 @@ void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int win
         thread_share(nq * k, &lo, &hi);
         /* the thread's buffer of transposed keys, on the heap (64 KB: more than some threads' stacks hold); without
          * it the thread runs the per-row loops, whose numbers are the same */
-        float *buf = tiles ? aligned_alloc(64, TILE_FLOATS * sizeof(float)) : NULL;
+        const size_t bf16_words = 2 * TILE_FLOATS + (size_t)(hi - lo < TILE_TASKS ? hi - lo : TILE_TASKS) * hd / 2;
+        float *buf = !tiles || lo >= hi ? NULL
+                     : bf16 ? aligned_alloc(64, (bf16_words * sizeof(uint32_t) + 63) & ~(size_t)63)
+                            : aligned_alloc(64, TILE_FLOATS * sizeof(float));
         struct attn_task tasks[TILE_TASKS];
         for (int t = lo; t < hi;) {
             const int g = t / (k * group), r = (t / group) % k;
@@ -976,11 +1261,24 @@ void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int win
                 }
                 if (e - t >= min_tasks) {
                     const size_t layer = (size_t)l * n_kv * cap[r] * hd, at = (layer + (size_t)g * cap[r] * hd) * elem;
-                    attention_tile(tasks, e - t, (const char *)k_rows[r] + at, (const char *)v_rows[r] + at, kv_half,
-                                   hd, scale, ops, buf);
+#ifdef SPECWISE_X86
+                    if (bf16)
+                        attention_tile_bf16(tasks, e - t, (const char *)k_rows[r] + at, (const char *)v_rows[r] + at,
+                                            kv_half, hd, scale, ops, (uint32_t *)buf);
+                    else
+#endif
+                        attention_tile(tasks, e - t, (const char *)k_rows[r] + at, (const char *)v_rows[r] + at,
+                                       kv_half, hd, scale, ops, buf);
                     t = e;
                     continue;
                 }
+            }
+            if (bf16) {
+                /* no buffer for the bfloat16 loops (which alone give this option's numbers): NaN, never other
+                 * numbers */
+                attn[(size_t)r * n_attn + (size_t)(g * group + t % group) * hd] = NAN;
+                t++;
+                continue;
             }
             const int head = g * group + t % group;
             const int p = (int)pos[r], first = window > 0 && p + 1 > window ? p + 1 - window : 0, len = p + 1 - first;

@@ -230,6 +230,10 @@ def model_struct(embed: QTensor, final_norm: np.ndarray, final_eps: float, head)
     return struct, (embed, final_norm, head)
 
 
+# the attention's arithmetic, by qrun's ATTN_* (specwise.h)
+ATTENTIONS = ("float32", "bfloat16")
+
+
 class DecoderStack:
     """Llama-family decoder layers, run by one native call per pass (``qllama.c``).
 
@@ -257,9 +261,14 @@ class DecoderStack:
         eps: float,
         variant: LayerVariant | None = None,
         o_biases=None,
+        attention: str = "float32",
     ):
         """variant: what the layers do beyond Llama's (None: the Llama layer); o_biases: per layer float32
-        ``[hidden]`` or None, the output product's bias (None: no layer has one)."""
+        ``[hidden]`` or None, the output product's bias (None: no layer has one); attention: ``float32`` (the
+        default), or ``bfloat16``: the attention's products in bfloat16, summed in float32 (AVX512_BF16 only:
+        refused elsewhere)."""
+        if attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {', '.join(ATTENTIONS)}, got {attention!r}")
         self._lib = _lib()
         self.variant = variant
         self._arch, self._arch_keep = variant.struct(len(layers)) if variant is not None else (None, [])
@@ -290,7 +299,13 @@ class DecoderStack:
         self._scratch = np.empty(int(size), dtype=np.float32)
         self._scores = np.empty(0, dtype=np.float32)
         self.work = QWork(self._scratch.ctypes.data, self._scratch.size, None, 0)
-        self.options = QRun(1, 0)
+        if attention == "bfloat16" and not self._lib.specwise_attention_bf16_supported():
+            raise ValueError(
+                "the bfloat16 attention needs a CPU with AVX512_BF16 and the avx512 path in use "
+                "(this CPU or path has not): use attention='float32'"
+            )
+        self.attention = attention
+        self.options = QRun(1, 0, ATTENTIONS.index(attention))
         # the rows of a call: their caches, capacities and positions (room for MAX_ROWS)
         self._k_rows, self._v_rows = (ctypes.c_void_p * MAX_ROWS)(), (ctypes.c_void_p * MAX_ROWS)()
         self._caps, self._pos = (ctypes.c_int64 * MAX_ROWS)(), (ctypes.c_int64 * MAX_ROWS)()

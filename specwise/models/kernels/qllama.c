@@ -219,13 +219,19 @@ static int layers_check(const qshape *shape, const qlayers *layers) {
     return QL_OK;
 }
 
+/* Whether the run's attention is one this CPU runs */
+static int attention_fits(const qrun *run) {
+    return run->attention == ATTN_FLOAT32 || (run->attention == ATTN_BF16 && specwise_attention_bf16_supported());
+}
+
 /* Whether a pass's rows, work buffers and options fit the (checked) shape: every row's cache there and its
  * position inside it and inside the rotary tables, and x, scratch and scores large enough. Returns 0, or QL_EFIT,
  * QL_EWORK, QL_EBUFFER. */
 static int rows_check(const qshape *shape, const qrows *rows, const qwork *work, const qrun *run) {
     if (!rows || !work || !run) return QL_EFIT;
     if (rows->rows < 0 || rows->rows > QL_MAX_ROWS || run->threads < 1 || run->threads > 4096 ||
-        (run->mode != MODE_EXACT && run->mode != MODE_Q8) || (rows->kv_half != 0 && rows->kv_half != 1))
+        (run->mode != MODE_EXACT && run->mode != MODE_Q8) || (rows->kv_half != 0 && rows->kv_half != 1) ||
+        !attention_fits(run))
         return QL_EFIT;
     const int64_t k = rows->rows;
     if (k == 0) return QL_OK;
@@ -316,7 +322,7 @@ static void layers_run(const qshape *shape, const qlayers *layers, const qrows *
         }
         MARK(PART_REST);
         attention_layer(rows, l, nq, n_kv, hd, a->window ? a->window[l] : 0, scale, qkv, attn, scores, end, threads,
-                        K->attn, TILING_AUTO);
+                        K->attn, TILING_AUTO, run->attention == ATTN_BF16);
         MARK(PART_ATTENTION);
         specwise_q_gemm(w + 3, 1, attn, o_b ? o_b[l] : NULL, tmp, k, mode, threads);
         MARK(PART_PRODUCTS);
@@ -366,7 +372,7 @@ int specwise_qllama_attention(const qshape *shape, const qrows *rows, int64_t la
         return QL_EFIT;
     if (layer < 0 || layer >= shape->layers || window < 0 || window > QMAX_DIM || tiling < TILING_AUTO ||
         tiling > TILING_ON || rows->rows < 0 || rows->rows > QL_MAX_ROWS || run->threads < 1 || run->threads > 4096 ||
-        (rows->kv_half != 0 && rows->kv_half != 1))
+        (rows->kv_half != 0 && rows->kv_half != 1) || !attention_fits(run))
         return QL_EFIT;
     const int64_t k = rows->rows;
     if (k == 0) return QL_OK;
@@ -381,7 +387,8 @@ int specwise_qllama_attention(const qshape *shape, const qrows *rows, int64_t la
     const int64_t need = mul64(mul64(shape->heads, k), end);
     if (need < 0 || work->scores_floats < need) return QL_EWORK;
     attention_layer(rows, (int)layer, (int)shape->heads, (int)shape->kv_heads, (int)shape->head_dim, (int)window,
-                    scale, qkv, attn, work->scores, (int)end, (int)run->threads, q_kernels()->attn, (int)tiling);
+                    scale, qkv, attn, work->scores, (int)end, (int)run->threads, q_kernels()->attn, (int)tiling,
+                    run->attention == ATTN_BF16);
     return QL_OK;
 }
 

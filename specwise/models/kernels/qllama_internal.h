@@ -86,7 +86,7 @@ SW_HIDDEN float softmax_unnormalised(float *sc, int len, const struct attn_ops *
 /* Causal attention of layer l for every row of a pass (see attention.c). */
 SW_HIDDEN void attention_layer(const qrows *rows, int l, int nq, int n_kv, int hd, int window, float scale,
                                const float *qkv, float *attn, float *scores, int end, int threads,
-                               const struct attn_ops *ops, int tiling);
+                               const struct attn_ops *ops, int tiling, int bf16);
 /* attention_layer's tiling: the layers' own choice, the per-row loops, the tiled loops (where the head width suits
  * them) */
 enum { TILING_AUTO = -1, TILING_OFF = 0, TILING_ON = 1 };

@@ -35,6 +35,7 @@ __all__ = [
     "q_gemm",
     "isa",
     "set_isa",
+    "attention_bf16_supported",
     "supported_types",
     "quantized_available",
     "QMat",
@@ -76,6 +77,12 @@ def supported_types() -> dict[int, str]:
 def isa() -> str:
     """The instruction path in use: ``avx512`` (with VNNI), ``avx2`` (with FMA and F16C) or ``portable``."""
     return ISAS[_lib().specwise_q_isa()]
+
+
+def attention_bf16_supported() -> bool:
+    """Whether the layers' bfloat16 attention runs here: the path in use is ``avx512`` and the CPU has
+    AVX512_BF16."""
+    return bool(_lib().specwise_attention_bf16_supported())
 
 
 def set_isa(name: str | None) -> str:

@@ -49,6 +49,13 @@ int specwise_q_isa_supported(void) { return detected_isa(); }
 /* The path in use (the best supported unless lowered by specwise_q_set_isa). */
 int specwise_q_isa(void) { return q_kernels()->isa; }
 
+int specwise_attention_bf16_supported(void) {
+#ifdef SPECWISE_X86
+    if (q_kernels()->isa == ISA_AVX512 && __builtin_cpu_supports("avx512bf16")) return 1;
+#endif
+    return 0;
+}
+
 /* Use `isa` (clamped to what the CPU supports); returns the path now in use. */
 int specwise_q_set_isa(int isa) {
     const int best = detected_isa();

@@ -24,6 +24,8 @@
 int specwise_q_isa_supported(void);
 /* The instruction path in use. */
 int specwise_q_isa(void);
+/* 1 where the path in use is AVX-512 and the CPU has AVX512_BF16 (qrun's ATTN_BF16 runs), else 0 */
+int specwise_attention_bf16_supported(void);
 /* Use `isa` (clamped to what the CPU supports; -1: the best); returns the path now in use. */
 int specwise_q_set_isa(int isa);
 /* The tiled layout of a GGML type (kind, block, offset, has_m, half, raw block and bytes, sub); -1: unsupported. */
@@ -119,9 +121,14 @@ typedef struct {
 
 /* How a call runs. */
 typedef struct {
-    int64_t threads; /* OpenMP threads, 1 .. 4096 */
-    int32_t mode;    /* MODE_EXACT or MODE_Q8 */
+    int64_t threads;   /* OpenMP threads, 1 .. 4096 */
+    int32_t mode;      /* MODE_EXACT or MODE_Q8 */
+    int32_t attention; /* ATTN_FLOAT32 (0), or ATTN_BF16 (1) where specwise_attention_bf16_supported() */
 } qrun;
+
+/* The attention's arithmetic: float32 products, or bfloat16 products summed in float32 (AVX512_BF16 only). */
+enum { ATTN_FLOAT32 = 0, ATTN_BF16 = 1 };
+
 
 /* A model's weights outside its layers (specwise_qllama_forward). */
 typedef struct {
