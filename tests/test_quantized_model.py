@@ -447,6 +447,52 @@ def test_float16_cache_keeps_rows_independent_and_paths_identical(tiny):
 
 
 @pytest.mark.parametrize("kv_cache", ["float32", "float16"])
+def test_bfloat16_attention_keeps_rows_independent(tmp_path, kv_cache):
+    """The bfloat16 attention option (q8, AVX512_BF16): a token's logits are the same bits in a pass of its own,
+    inside longer passes of any cut and on 1-3 threads; close to the float32 attention's, and not its bits; refused
+    in exact, and where the CPU or the path in use has no AVX512_BF16."""
+    from specwise.models.kernels import quant
+
+    spec = Spec(types={"matrix": T.Q8_0}, hidden=384, ffn=256, heads=6, kv_heads=2, seed=21)
+    path = tmp_path / "grouped.gguf"
+    write_gguf(path, spec)
+    tokens = sequence(spec, 40, seed=23)
+    with pytest.raises(ValueError, match="q8 choice"):
+        QuantizedModel(path, precision="exact", attention="bfloat16")
+    with pytest.raises(ValueError, match="attention must be"):
+        QuantizedModel(path, attention="float16")
+    try:
+        quant.set_isa("avx2")
+        with pytest.raises(ValueError, match="AVX512_BF16"):
+            QuantizedModel(path, precision="q8", attention="bfloat16")
+    finally:
+        quant.set_isa(None)
+    if not quant.attention_bf16_supported():
+        pytest.skip("the CPU has no AVX512_BF16")
+
+    def run(cut: int = 0) -> np.ndarray:
+        model = QuantizedModel(path, precision="q8", kv_cache=kv_cache, attention="bfloat16")
+        if not cut:
+            return model.forward(ids(tokens))
+        return np.concatenate([model.forward(ids(tokens[i : i + cut])) for i in range(0, len(tokens), cut)])
+
+    want = run()
+    f32 = QuantizedModel(path, precision="q8", kv_cache=kv_cache).forward(ids(tokens))
+    assert not np.array_equal(want, f32)
+    assert np.abs(want - f32).max() < 0.05 * np.abs(f32).max()
+    for cut in (1, 3, 7):
+        assert_bits(run(cut), want)
+    threads = get_num_threads()
+    try:
+        for n in (1, 3):
+            set_num_threads(n)
+            assert_bits(run(), want)
+            assert_bits(run(3), want)
+    finally:
+        set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kv_cache", ["float32", "float16"])
 def test_heads_sharing_a_key_value_head_in_one_task(tmp_path, kv_cache):
     """Heads of 64 with three query heads per key-value head (the default model's shape): on AVX-512 a thread takes
     up to three of them in one pass over the keys and values. Every split of the tasks between threads, every
