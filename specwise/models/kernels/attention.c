@@ -2,7 +2,8 @@
  * Causal attention of the decoder layers (qllama.c) over each row's own cache: the scores of a query head
  * against the keys, their softmax (unnormalised, with the sum), and the probabilities' weighted sum of the values,
  * for a cache of float32 and one of float16 (kv_half), and for up to three query heads that share a key-value head
- * in one pass over its keys and values (heads of 64 on AVX2 and AVX-512).
+ * in one pass over its keys and values (heads of 64 on AVX2 and AVX-512); and, as the layers' option on CPUs with
+ * AVX512_BF16, tiled loops in bfloat16 (attention_tile_bf16) that every pass runs.
  *
  * Each path's loops are in its table (attn_portable, attn_avx2, attn_avx512), which the library's table of the
  * path in use holds (qkernels.attn: quant_gemm.c's one choice, specwise_q_set_isa); each vector function carries

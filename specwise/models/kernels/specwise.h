@@ -183,8 +183,9 @@ int64_t specwise_qllama_scratch_floats(const qshape *shape, int64_t rows);
 /* The decoder layers over a pass's rows, each with its own cache and position (a ragged batch). */
 int specwise_qllama_rows(const qshape *shape, const qlayers *layers, const qrows *rows, const qwork *work,
                          const qrun *run);
-/* The attention of one layer alone (the layers' own loops; tiling -1: theirs, 0: per row, 1: tiled): the queries
- * in qkv [rows][(heads + 2 kv_heads) head_dim] against each row's cache into attn [rows][heads head_dim]. */
+/* The attention of one layer alone (the layers' own loops; tiling -1: theirs, 0: per row, 1: tiled; with run's
+ * ATTN_BF16 always the bfloat16 tiled loops): the queries in qkv [rows][(heads + 2 kv_heads) head_dim] against each
+ * row's cache into attn [rows][heads head_dim]. */
 int specwise_qllama_attention(const qshape *shape, const qrows *rows, int64_t layer, int64_t window, float scale,
                               const float *qkv, float *attn, const qwork *work, const qrun *run, int64_t tiling);
 /* The RMS norm of k rows of n (the layers' own, also the final norm of a batch's pass). */
