@@ -104,6 +104,24 @@ def _narrowed(ggml_type: int) -> bool:
     return bits is not None and bits > 5.0
 
 
+def _check_float_options(precision: str, kv_cache: str, attention: str) -> None:
+    """The KV cache's and the attention's formats checked: float32 (the default) or their cheaper choice, ``q8``
+    only (``exact`` keeps the float32 reference's numbers), the bfloat16 attention only where the CPU has it."""
+    if kv_cache not in ("float32", "float16"):
+        raise ValueError(f"kv_cache must be 'float32' or 'float16', got {kv_cache!r}")
+    if kv_cache == "float16" and precision != "q8":
+        raise ValueError("a float16 KV cache is a q8 choice: exact keeps the float32 reference's numbers")
+    if attention not in ("float32", "bfloat16"):
+        raise ValueError(f"attention must be 'float32' or 'bfloat16', got {attention!r}")
+    if attention == "bfloat16" and precision != "q8":
+        raise ValueError("a bfloat16 attention is a q8 choice: exact keeps the float32 reference's numbers")
+    if attention == "bfloat16" and not attention_bf16_supported():
+        raise ValueError(
+            "the bfloat16 attention needs a CPU with AVX512_BF16 and the avx512 path in use (this CPU or path "
+            "has not): use attention='float32'"
+        )
+
+
 class QuantizedModel(Model):
     """A Llama-family GGUF model behind the Model contract, decoded by the quantized native kernels."""
 
@@ -142,20 +160,8 @@ class QuantizedModel(Model):
         Qwen2.5-Coder-0.5B-Instruct's token 19.3 -> 14.1 ms). The embedding stays as it is."""
         _mode_id(precision)
         self.huge_pages = huge_pages
-        if kv_cache not in ("float32", "float16"):
-            raise ValueError(f"kv_cache must be 'float32' or 'float16', got {kv_cache!r}")
-        if kv_cache == "float16" and precision != "q8":
-            raise ValueError("a float16 KV cache is a q8 choice: exact keeps the float32 reference's numbers")
+        _check_float_options(precision, kv_cache, attention)
         self.kv_dtype = np.dtype(np.float16 if kv_cache == "float16" else np.float32)
-        if attention not in ("float32", "bfloat16"):
-            raise ValueError(f"attention must be 'float32' or 'bfloat16', got {attention!r}")
-        if attention == "bfloat16" and precision != "q8":
-            raise ValueError("a bfloat16 attention is a q8 choice: exact keeps the float32 reference's numbers")
-        if attention == "bfloat16" and not attention_bf16_supported():
-            raise ValueError(
-                "the bfloat16 attention needs a CPU with AVX512_BF16 and the avx512 path in use (this CPU or path "
-                "has not): use attention='float32'"
-            )
         self.attention = attention
         self.drafting = drafting
         self.path = Path(path)
