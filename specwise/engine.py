@@ -241,6 +241,8 @@ class Engine:
         fed: list[tuple[Slot, list[int] | None, StepPlan | None]] = []
         for slot, chunk in zip(slots, chunks):
             if chunk is not None:
+                if slot.prefill_at == 0:  # the cache made room for the whole prompt at once, not doubling on the way
+                    slot.target.reserve(len(slot.run.prompt_ids) + 1)
                 out.prefill_fed += len(chunk)
                 fed.append((slot, chunk, None))
                 continue

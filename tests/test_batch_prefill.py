@@ -152,6 +152,23 @@ def test_engine_step_takes_a_limit_per_slot():
         engine.step(slots, [1, 2])
 
 
+def test_a_prompt_read_in_slices_has_its_room_reserved_before_its_first_slice():
+    reserved = []
+
+    class Reserving(ToyModel):
+        def reserve(self, length: int) -> None:
+            reserved.append((length, self.length))
+
+    engine = Engine(Reserving(ToyModel.random(20, seed=1).table), None, gamma=0)
+    from specwise.step import Slot
+
+    slots = [Slot(engine.target, engine.planner.new_state(engine.drafters))]
+    engine.begin(slots[0], engine.check_request(Request(list(range(12)), GREEDY, 2)))
+    for _ in range(3):
+        engine.step(slots, [5])
+    assert reserved == [(13, 0)]  # once, before the first slice: the prompt and the token after it
+
+
 def test_options_are_checked():
     engine = Engine(ToyModel.random(8), None, gamma=0)
     with pytest.raises(ValueError, match="max_step_seconds"):

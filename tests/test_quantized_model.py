@@ -545,6 +545,26 @@ def test_capacity_growth_keeps_the_cache(tiny, precision):
     assert_bits(got, whole)
 
 
+def test_reserving_room_for_a_prompt_grows_the_cache_once(tiny, precision, monkeypatch):
+    """reserve(n) makes room for n positions in one growth (a power of two): the prompt's slices then never grow
+    the cache (no copy of what it holds mid-prompt), and every logit is the same as when it grew on the way."""
+    _, spec, _ = tiny
+    tokens = sequence(spec, 50, seed=6)
+    grown = QuantizedModel(tiny[0], precision=precision, capacity=8)
+    want = np.concatenate([grown.forward(ids(tokens[lo : lo + 7])) for lo in range(0, 50, 7)])
+    model = QuantizedModel(tiny[0], precision=precision, capacity=8)
+    first = model.forward(ids(tokens[:3]))
+    model.reserve(50)
+    assert model.length == 3 and model._capacity == 64  # the next power of two, what was fed kept
+    growths = []
+    monkeypatch.setattr(model, "_grow", lambda capacity: growths.append(capacity))
+    got = np.concatenate([first] + [model.forward(ids(tokens[lo : lo + 7])) for lo in range(3, 50, 7)])
+    assert growths == []
+    assert_bits(got, want)
+    model.reserve(40)  # room enough already: nothing happens
+    assert growths == []
+
+
 # ---- features -------------------------------------------------------------------------------------------------
 
 

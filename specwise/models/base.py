@@ -161,6 +161,11 @@ class Model(ABC):
         computes every position fed from here): a new request starts from this, so that its passes do the work its
         tokens need, not an earlier request's. Models that keep nothing past the length do nothing."""
 
+    def reserve(self, length: int) -> None:
+        """Room in the cache for ``length`` positions before a long prompt is fed in slices, so that the cache does
+        not grow (and copy what it holds) on the way, in the middle of a prompt's reading. A hint: models whose cache
+        grows cheaply, or not at all, ignore it."""
+
     def sequence(self) -> Model:
         """Another sequence over the same weights, with its own empty cache: what a batch of sequences sharing
         target passes is made of (see :meth:`forward_batch`)."""
