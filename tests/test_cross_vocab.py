@@ -408,6 +408,80 @@ def test_slem_tokenizes_the_drafts_text_with_the_targets_tokenizer_across_the_bo
         assert b"".join(t.text[i] for i in want) == rest
 
 
+class SureModel(TextModel):
+    """A TextModel without noise, sure of the text's next token (margin 12) except after ``weak`` bytes of it
+    (margin 0.1: about a third over three tokens)."""
+
+    def __init__(self, space: TokenSpace, doc: bytes, weak=()):
+        super().__init__(space, doc)
+        self.noise[:] = 0.0
+        self.weak = set(weak)
+
+    def sequence(self) -> SureModel:
+        return SureModel(self.space, self.doc, self.weak)
+
+    def _row(self, n: int) -> np.ndarray:
+        row = self.noise.copy()
+        favoured = self._favoured(self.spelled[n])
+        if favoured is not None:
+            row[favoured] += 0.1 if len(self.spelled[n]) in self.weak else self.margin
+        return row
+
+
+# The target spells "ab" as one token, which nothing longer begins with, and "a", which "ab" begins with; the draft
+# writes a letter a token.
+GROW_TARGET = [b"a", b"b", b"c", b"ab"]
+GROW_DRAFT = [b"a", b"b", b"c"]
+
+
+def grow_drafter(doc: bytes, weak=(), lookahead: float = 0.5) -> CrossVocabDrafter:
+    pair = VocabularyPair(TokenSpace(GROW_TARGET), TokenSpace(GROW_DRAFT), len(GROW_TARGET), len(GROW_DRAFT))
+    model = SureModel(TokenSpace(GROW_DRAFT), doc, weak)
+    return CrossVocabDrafter(model, pair, len(GROW_TARGET), "slem", lookahead)
+
+
+def test_a_target_token_grows_where_a_longer_one_begins_with_it(spaces):
+    pair = VocabularyPair(TokenSpace(GROW_TARGET), TokenSpace(GROW_DRAFT), len(GROW_TARGET), len(GROW_DRAFT))
+    assert [pair.grows(t) for t in range(len(GROW_TARGET))] == [True, False, False, False]
+    assert not pair.grows(-1) and not pair.grows(len(GROW_TARGET))
+    qwen = pair_of(spaces, "qwen", "smol")
+    t = spaces["qwen"].by_bytes
+    assert qwen.grows(t[b";\n"]) and qwen.grows(t[b"):"]) and qwen.grows(t[b"i"])  # ";\n\n", "):\n", "iostream"
+    assert not qwen.grows(t[b"0"])  # digits are single tokens
+    end = next(i for i, c in spaces["qwen"].special.items() if c == "<|im_end|>")
+    assert not qwen.grows(end)  # a marker
+
+
+def test_slem_needs_no_more_text_after_a_last_token_nothing_longer_begins_with():
+    """Asked for k tokens, SLEM writes until the k-th is known whole: the start of one more, or, where no longer
+    target token begins with the k-th, the k-th itself (one draft pass fewer)."""
+    c, a, b = 2, 0, 1  # the draft's ids
+    for k, want, fed in [
+        (1, [3], [c, a]),  # "ab": whole without the "c" after it ("b" is not fed)
+        (2, [3, 2], [c, a, b]),  # "ab", "c"
+        (3, [3, 2, 3], [c, a, b, c, a]),  # "ab", "c", "ab"
+    ]:
+        drafter = grow_drafter(b"cabcabcab")
+        draft = drafter.propose([2], k, SamplingParams(), None)
+        assert draft.ids == want and drafter._fed == fed, k
+    drafter = grow_drafter(b"cabcabcab")
+    assert drafter.propose([2, 3, 2, 0], 1, SamplingParams(), None).ids == [1]  # "b" after "a": a token of its own
+    assert drafter._fed == [c, a, b, c, a]  # (the context's "a" + "b" would be "ab": SLEM drafts "b" as the text)
+
+
+@pytest.mark.parametrize(
+    ("doc", "want"),
+    [
+        (b"cabcab", [3, 2]),  # "ab", "c": "c" ends where the draft stopped, and nothing longer begins with it
+        (b"cababc", [3]),  # "ab", "a": "a" may be the start of "ab", left out
+    ],
+)
+def test_slem_stopping_on_confidence_proposes_a_last_token_only_where_it_is_whole(doc, want):
+    drafter = grow_drafter(doc, weak={3}, lookahead=1.0)  # unsure of the draft's third token
+    draft = drafter.propose([2], 4, SamplingParams(), None, stop=0.5)
+    assert draft.ids == want
+
+
 # ---- `model:PATH` ---------------------------------------------------------------------------------------------------
 
 

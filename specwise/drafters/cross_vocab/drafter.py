@@ -266,7 +266,9 @@ class CrossVocabDrafter(Drafter):
     def _slem(self, context, logits, k, stop, intake, held) -> Draft:
         """SLEM: the draft writes its own tokens greedily (the first one beginning with the text of ``held``, the
         context's last draft token, held back) until their text holds ``k`` of the target's tokens and the start of
-        one more (whose end the text may cut), or the stop level ends it; the target's tokens of that text."""
+        one more (whose end the text may cut), or ``k`` ending in one that no longer token of the target's begins
+        with, or the stop level ends it; the target's tokens of that text, less a last one (but a lone one) that
+        text after it might still join into a longer token."""
         pair = self.pair
         rows = min(pair.draft_rows, pair.draft.size)
         pieces = pair.draft_piece
@@ -292,11 +294,18 @@ class CrossVocabDrafter(Drafter):
             ids = self._continuation(context, whole) if whole else []
             if len(ids) > k or (stop > 0 and reach < stop):
                 break
+            if len(ids) == k and not pair.grows(ids[-1]):
+                break  # the k-th token is whole whatever follows: no pass for the start of one more
             if i + 1 < steps:
                 if stop > 0 and reach * self.lookahead < stop:
                     break
                 logits = self._feed([d])[-1]
-        tokens = ids[:k] if len(ids) > k else ids[:-1] if len(ids) > 1 else ids
+        if len(ids) > k:
+            tokens = ids[:k]
+        elif len(ids) > 1 and pair.grows(ids[-1]):
+            tokens = ids[:-1]  # the text stopped where more of it might join its last token into a longer one
+        else:
+            tokens = ids  # (a lone one even so: on code, leaving it out lost more than its misses cost)
         if not tokens:
             return Draft.empty()
         confidence = self._confidence(tokens, ends, chances) if stop > 0 else None

@@ -265,6 +265,7 @@ class VocabularyPair:
         self._extensions: dict[int, np.ndarray] | None = None  # built when first asked for
         self._healed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._target_by_piece: dict[bytes, int] | None = None
+        self._target_grows: np.ndarray | None = None  # built when first asked for
         self.partial = np.zeros(draft.size, dtype=bool)
         for i, text in enumerate(draft.text):
             if text is not None and len(text) == 1 and text[0] >= 0x80:
@@ -276,6 +277,22 @@ class VocabularyPair:
         if self._extensions is None:
             self._extensions = self._build_extensions()
         return self._extensions.get(d)
+
+    def grows(self, t: int) -> bool:
+        """Whether some longer token of the target's begins with target token ``t``'s text: text written after
+        ``t`` may then join it into another token, so that ``t`` is not known whole until that text is known. A
+        marker, a token without text and an id past the target's tokens never grow."""
+        if self._target_grows is None:
+            self._target_grows = self._build_grows()
+        return bool(0 <= t < len(self._target_grows) and self._target_grows[t])
+
+    def _build_grows(self) -> np.ndarray:
+        """[target_rows] bool: :meth:`grows` of each id. The tokens beginning with a text follow it directly in
+        the sorted order of the texts, so each text is compared with the next one only."""
+        pieces = self.target_piece[: self.target_rows]
+        texts = sorted({p for p in pieces if p and not p.startswith(b"\x00\x02")})
+        growing = {a for a, b in zip(texts, texts[1:]) if b.startswith(a)}
+        return np.fromiter((p in growing for p in pieces), dtype=bool, count=len(pieces))
 
     def healed(self, d: int) -> tuple[np.ndarray, np.ndarray]:
         """The longer draft tokens beginning with draft token ``d``'s text whose rest is a token of the target's
