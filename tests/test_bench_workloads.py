@@ -139,6 +139,8 @@ def test_a_reply_that_came_at_once_takes_the_servers_decode_rate():
     assert settled["decode_tokens_per_second"] == 31.5 and settled["decode_measured_by"] == "server"
     assert settled["stream_decode_tokens_per_second"] == pytest.approx(28_000)
     assert with_server_rate(call, None)["decode_tokens_per_second"] is None  # no rate rather than an absurd one
+    one = with_server_rate(stream_figures(0.0, [StreamEvent(1.0, "x")], 1.0, 1), 24.9)
+    assert one["decode_tokens_per_second"] is None and one["decode_measured_by"] is None  # one token: nothing to time
     # a streamed reply keeps the stream's rate (what a user sees), the server's beside it
     events = [StreamEvent(1.0 + 0.1 * i, "x") for i in range(5)]
     streamed = with_server_rate(stream_figures(0.0, events, 1.4, 5), 9.0)

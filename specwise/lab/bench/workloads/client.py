@@ -85,8 +85,10 @@ def with_server_rate(figures: dict, rate: float | None) -> dict:
     """``figures`` with the server's decode rate beside the stream's, and the decode rate the comparisons use
     (``decode_tokens_per_second``, ``decode_measured_by``): the stream's where the reply was streamed, the server's
     where it came in fewer than :data:`STREAMED_CHUNKS` chunks (a tool call parsed from the whole output is sent at
-    the end: its first and last chunks a moment apart would give an absurd rate)."""
+    the end: its first and last chunks a moment apart would give an absurd rate). A reply of one token has none."""
     streamed = figures.get("output_chunks", 0) >= STREAMED_CHUNKS
+    if (figures.get("completion_tokens") or 0) < 2:
+        rate = None  # one token has no decoding to time (the server's figure is its overhead, not a rate)
     return {
         **figures,
         "stream_decode_tokens_per_second": figures["decode_tokens_per_second"],
