@@ -235,27 +235,37 @@ def test_a_batch_of_sequences(isa_reset):
             bits(c.attend(qkv, rows, tiling, threads=3), want, f"{path}: on 3 threads, tiling {tiling}")
 
 
+class OneRow:
+    """One row at position 9 of a 10-position cache (4 query heads over 2 key-value heads of 64, 2 layers), its
+    output pre-filled with 7 so that a refused call is seen to write nothing: ``call`` runs the attention entry point
+    on it (``pos[0]``: the row's position, to make it out of range)."""
+
+    def __init__(self) -> None:
+        c = Caches(4, 2, 64, [10], False, seed=1)
+        self.shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
+        self.k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
+        self.v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
+        self.caps, self.pos = (ctypes.c_int64 * 1)(10), (ctypes.c_int64 * 1)(9)
+        self.rows = QRows()
+        self.rows.rows, self.rows.k_rows = 1, ctypes.addressof(self.k_rows)
+        self.rows.v_rows, self.rows.cap = ctypes.addressof(self.v_rows), ctypes.addressof(self.caps)
+        self.rows.pos = ctypes.addressof(self.pos)
+        self.scores = np.zeros(4 * 10, dtype=np.float32)
+        self.qkv = c.queries(1)
+        self.attn = np.full((1, 256), 7.0, dtype=np.float32)
+
+    def call(self, layer=1, window=0, tiling=ON, floats=None, threads=2, attention=0) -> int:
+        work = QWork(None, 0, self.scores.ctypes.data, self.scores.size if floats is None else floats)
+        return quant._lib().specwise_qllama_attention(
+            ctypes.byref(self.shape), ctypes.byref(self.rows), layer, window, 0.125, self.qkv.ctypes.data,
+            self.attn.ctypes.data, ctypes.byref(work), ctypes.byref(QRun(threads, 0, attention)), tiling,
+        )  # fmt: skip
+
+
 def test_refusals():
     """Arguments that do not fit are refused before anything is written."""
-    c = Caches(4, 2, 64, [10], False, seed=1)
-    lib = quant._lib()
-    shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
-    k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
-    v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
-    caps, pos = (ctypes.c_int64 * 1)(10), (ctypes.c_int64 * 1)(9)
-    rows = QRows()
-    rows.rows, rows.k_rows, rows.v_rows = 1, ctypes.addressof(k_rows), ctypes.addressof(v_rows)
-    rows.cap, rows.pos = ctypes.addressof(caps), ctypes.addressof(pos)
-    scores = np.zeros(4 * 10, dtype=np.float32)
-    qkv = c.queries(1)
-    attn = np.full((1, 256), 7.0, dtype=np.float32)
-
-    def call(layer=1, window=0, tiling=ON, floats=scores.size, threads=2):
-        work = QWork(None, 0, scores.ctypes.data, floats)
-        return lib.specwise_qllama_attention(
-            ctypes.byref(shape), ctypes.byref(rows), layer, window, 0.125, qkv.ctypes.data, attn.ctypes.data,
-            ctypes.byref(work), ctypes.byref(QRun(threads, 0)), tiling,
-        )  # fmt: skip
+    one = OneRow()
+    call, scores, pos, attn = one.call, one.scores, one.pos, one.attn
 
     assert call(layer=2) == 5 and call(layer=-1) == 5 and call(window=-1) == 5
     assert call(tiling=2) == 5 and call(threads=0) == 5
@@ -359,24 +369,11 @@ def test_bf16_head_widths_it_does_not_take_keep_float32():
 def test_bf16_refused_where_it_does_not_run(isa_reset):
     """The bfloat16 attention is refused (5, nothing written) on a path or CPU without AVX512_BF16, and an
     attention other than 0 and 1 everywhere; the model refuses it in one line."""
-    c = Caches(4, 2, 64, [10], False, seed=1)
-    shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
-    k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
-    v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
-    caps, pos = (ctypes.c_int64 * 1)(10), (ctypes.c_int64 * 1)(9)
-    rows = QRows()
-    rows.rows, rows.k_rows, rows.v_rows = 1, ctypes.addressof(k_rows), ctypes.addressof(v_rows)
-    rows.cap, rows.pos = ctypes.addressof(caps), ctypes.addressof(pos)
-    scores = np.zeros(4 * 10, dtype=np.float32)
-    qkv = c.queries(1)
-    attn = np.full((1, 256), 7.0, dtype=np.float32)
+    one = OneRow()
+    attn = one.attn
 
     def call(attention):
-        work = QWork(None, 0, scores.ctypes.data, scores.size)
-        return quant._lib().specwise_qllama_attention(
-            ctypes.byref(shape), ctypes.byref(rows), 1, 0, 0.125, qkv.ctypes.data, attn.ctypes.data,
-            ctypes.byref(work), ctypes.byref(QRun(2, 0, attention)), AUTO,
-        )  # fmt: skip
+        return one.call(tiling=AUTO, attention=attention)
 
     assert call(2) == 5 and call(-1) == 5
     for path in paths():
