@@ -535,6 +535,31 @@ TILE_KEYS256(_f, float, F32_8)
 TILE_KEYS256(_h, uint16_t, F16_8)
 #undef TILE_KEYS256
 
+/* a vector SC of W scores for keys S .. S + W - 1 into task T's scores, only those in its span SA .. SB - 1, and
+ * into its running max MX (lanes outside the span left out) */
+#define STORE_SCORES(W, STORE, MAX, KEEP, T, SC, S, SA, SB, J0, MX)                                                 \
+    do {                                                                                                         \
+        const int a_ = (SA) > (S) ? (SA) : (S), b_ = (SB) < (S) + (W) ? (SB) : (S) + (W);                        \
+        if (a_ < b_) {                                                                                           \
+            if (b_ - a_ == (W)) {                                                                                \
+                STORE((T)->sc + ((J0) + (S) - (T)->first), (SC));                                                \
+                (MX) = MAX((SC), (MX));                                                                          \
+            } else {                                                                                             \
+                float v_[W];                                                                                     \
+                STORE(v_, (SC));                                                                                 \
+                for (int j_ = a_; j_ < b_; j_++) (T)->sc[(J0) + j_ - (T)->first] = v_[j_ - (S)];                 \
+                (MX) = MAX(KEEP((SC), a_ - (S), b_ - (S)), (MX));                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    } while (0)
+
+/* each task's running max T->mx raised to the largest lane of MX[i] */
+#define FOLD_MAX(NQ, HMAX, T, MX)                                                                                 \
+    for (int i_ = 0; i_ < (NQ); i_++) {                                                                          \
+        const float m_ = HMAX((MX)[i_]);                                                                         \
+        (T)[i_]->mx = m_ > (T)[i_]->mx ? m_ : (T)[i_]->mx;                                                       \
+    }
+
 /* NQ tasks' scores of the block's key columns lo .. hi - 1 (kt's columns), W keys at a time (the vector's lanes): per
  * task and key the eight lanes' chains of key_scores, side by side across keys, each key column of kt loaded once
  * for the NQ tasks; each score stored where its task attends to it, and the task's largest score so far (mx) raised
@@ -568,23 +593,10 @@ TILE_KEYS256(_h, uint16_t, F16_8)
                 t0 = ADD(t0, t2);                                                                                \
                 t1 = ADD(t1, t3);                                                                                \
                 const VEC sc = MUL(ADD(t0, t1), SET1(scale));                                                    \
-                const int a = sa[i] > s ? sa[i] : s, b = sb[i] < s + W ? sb[i] : s + W;                          \
-                if (a >= b) continue;                                                                            \
-                if (b - a == W) {                                                                                \
-                    STORE(t[i]->sc + (j0 + s - t[i]->first), sc);                                                \
-                    mx[i] = MAX(sc, mx[i]);                                                                      \
-                } else {                                                                                         \
-                    float v[W];                                                                                  \
-                    STORE(v, sc);                                                                                \
-                    for (int j = a; j < b; j++) t[i]->sc[j0 + j - t[i]->first] = v[j - s];                       \
-                    mx[i] = MAX(KEEP(sc, a - s, b - s), mx[i]);                                                  \
-                }                                                                                                \
+                STORE_SCORES(W, STORE, MAX, KEEP, t[i], sc, s, sa[i], sb[i], j0, mx[i]);                         \
             }                                                                                                    \
         }                                                                                                        \
-        for (int i = 0; i < NQ; i++) {                                                                           \
-            const float m = HMAX(mx[i]);                                                                         \
-            t[i]->mx = m > t[i]->mx ? m : t[i]->mx;                                                              \
-        }                                                                                                        \
+        FOLD_MAX(NQ, HMAX, t, mx)                                                                                \
     }
 
 /* lanes a .. b - 1 of x, -inf elsewhere */
@@ -1033,23 +1045,10 @@ T512BF static void bf16_probs(const struct attn_task *t, int j0, int a, int b, u
                 for (int h = 0; h < 2; h++) {                                                                    \
                     const int s16 = s + 16 * h;                                                                  \
                     const __m512 sc = _mm512_mul_ps(_mm512_add_ps(acc[i][0][h], acc[i][1][h]), _mm512_set1_ps(scale)); \
-                    const int a = sa[i] > s16 ? sa[i] : s16, b = sb[i] < s16 + 16 ? sb[i] : s16 + 16;            \
-                    if (a >= b) continue;                                                                        \
-                    if (b - a == 16) {                                                                           \
-                        _mm512_storeu_ps(t[i]->sc + (j0 + s16 - t[i]->first), sc);                               \
-                        mx[i] = _mm512_max_ps(sc, mx[i]);                                                        \
-                    } else {                                                                                     \
-                        float v[16];                                                                             \
-                        _mm512_storeu_ps(v, sc);                                                                 \
-                        for (int j = a; j < b; j++) t[i]->sc[j0 + j - t[i]->first] = v[j - s16];                 \
-                        mx[i] = _mm512_max_ps(keep16(sc, a - s16, b - s16), mx[i]);                              \
-                    }                                                                                            \
+                    STORE_SCORES(16, _mm512_storeu_ps, _mm512_max_ps, keep16, t[i], sc, s16, sa[i], sb[i], j0, mx[i]); \
                 }                                                                                                \
         }                                                                                                        \
-        for (int i = 0; i < NQ; i++) {                                                                           \
-            const float m = hmax16(mx[i]);                                                                       \
-            t[i]->mx = m > t[i]->mx ? m : t[i]->mx;                                                              \
-        }                                                                                                        \
+        FOLD_MAX(NQ, hmax16, t, mx)                                                                              \
     }
 BF16_SCORES(1)
 BF16_SCORES(2)
