@@ -241,7 +241,7 @@ class OneRow:
     on it (``pos[0]``: the row's position, to make it out of range)."""
 
     def __init__(self) -> None:
-        c = Caches(4, 2, 64, [10], False, seed=1)
+        self.caches = c = Caches(4, 2, 64, [10], False, seed=1)  # kept: the rows below point into its arrays
         self.shape = QShape(2, 256, 4, 2, 64, 64, 1e-5)
         self.k_rows = (ctypes.c_void_p * 1)(c.k[0].ctypes.data)
         self.v_rows = (ctypes.c_void_p * 1)(c.v[0].ctypes.data)
