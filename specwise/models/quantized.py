@@ -50,11 +50,6 @@ from specwise.models.threads import ThreadGovernor
 __all__ = ["QuantizedModel", "GGUFConfig", "gguf_config", "checked_file", "TargetWeights"]
 
 
-# caches of at least this many positions ask for huge pages: a huge page is resident as soon as one of its bytes
-# is written, so a short answer would hold the whole cache (a 1,024-position cache of the default model is 47 MB)
-HUGE_CACHE = 2048
-
-
 def _unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
     """Row order that undoes the GGUF converter's permutation of Llama's Q and K weights (interleaved rotary
     pairs back to rotate-half halves, as in the Hugging Face model): Hugging Face row (h, p, i) is file row
@@ -118,7 +113,7 @@ def _check_float_options(precision: str, kv_cache: str, attention: str) -> None:
     if attention == "bfloat16" and not attention_bf16_supported():
         raise ValueError(
             "the bfloat16 attention needs a CPU with AVX512_BF16 and the avx512 path in use (this CPU or path "
-            "has not): use attention='float32'"
+            "has not): use attention='float32' (--attention float32)"
         )
 
 
@@ -433,9 +428,8 @@ class QuantizedModel(Model):
     def _grow(self, capacity: int) -> None:
         shape = (self.config.num_hidden_layers, self.n_kv, capacity, self.head_dim)
         # uninitialised (its pages become resident only when written): rows are written before they are read
-        huge = self.huge_pages and capacity >= HUGE_CACHE  # a long context: huge pages (8-13% faster at 2,048)
-        k_cache = lazy_empty(shape, self.kv_dtype, huge)
-        v_cache = lazy_empty(shape, self.kv_dtype, huge)
+        k_cache = lazy_empty(shape, self.kv_dtype)  # small pages: see lazy_empty
+        v_cache = lazy_empty(shape, self.kv_dtype)
         feats = lazy_empty((capacity, self.hidden), np.float32)
         tokens = np.zeros(capacity, dtype=np.int64)
         if self._capacity:
