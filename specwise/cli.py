@@ -78,6 +78,20 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="how the native model evaluates a GGUF file: q8 (8-bit activations, integer dot products, as "
         "llama.cpp; default) or exact (float32 activations: the dequantized float32 model's numbers)",
     )
+    p.add_argument(
+        "--attention",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the target's attention in q8: float32 (default) or bfloat16 (CPUs with AVX512_BF16: long prompts read "
+        "faster, the numbers change a little; docs/QUANTIZED.md)",
+    )
+    p.add_argument(
+        "--kv-cache",
+        default="float32",
+        choices=["float32", "float16"],
+        help="the target's KV cache in q8: float32 (default) or float16 (half the memory and what attention reads, "
+        "the numbers change a little, as llama.cpp's default f16 cache; docs/QUANTIZED.md)",
+    )
 
 
 def add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -210,7 +224,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     predicted = _prediction_text(args.prediction)
     suffix = _suffix_text(args)
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
+    runtime = build_runtime(
+        args.target, args.drafter, args.gamma, args.device, args.impl, args.precision, args.attention, args.kv_cache
+    )
     engine, target = runtime.engine, runtime.target
     prompt_ids = encode_prompt(target.tokenizer, args.prompt, chat=not args.no_chat) if suffix is None else None
     prediction = None if predicted is None else list(target.tokenizer(predicted, add_special_tokens=False)["input_ids"])

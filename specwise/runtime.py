@@ -96,6 +96,8 @@ def build_runtime(
     device: str = "auto",
     impl: str = "auto",
     precision: str | None = None,
+    attention: str = "float32",
+    kv_cache: str = "float32",
 ) -> Runtime:
     """Load ``target``, build ``drafter`` (checked against the target's vocabulary) and an Engine.
 
@@ -103,6 +105,7 @@ def build_runtime(
     holds what was chosen).
     impl: ``auto`` (the native model for the Llama family, else the Hugging Face adapter), ``native`` or ``hf``.
     precision: ``q8`` or ``exact`` for GGUF models on the quantized native path (None: the default, q8).
+    attention, kv_cache: the target's attention and KV cache formats on that path (``load_model``).
     """
     from specwise.models.loader import DEFAULT_PRECISION
     from specwise.models.threads import run_apart
@@ -112,7 +115,8 @@ def build_runtime(
     precision = precision or DEFAULT_PRECISION
     # in a thread that ends with the loading: the kernels' start-up work leaves no OpenMP threads on this thread,
     # which may live on beside the one that decodes (a server's event loop; see run_apart)
-    loaded, drafter, draft = run_apart(_load, target, drafter, device, impl, precision)
+    formats = {"attention": attention, "kv_cache": kv_cache}
+    loaded, drafter, draft = run_apart(_load, target, drafter, device, impl, precision, formats)
     engine = Engine(
         loaded.model,
         draft,
@@ -123,13 +127,13 @@ def build_runtime(
     return Runtime(engine, loaded, drafter, device)
 
 
-def _load(target: str, drafter: str, device: str, impl: str, precision: str):
+def _load(target: str, drafter: str, device: str, impl: str, precision: str, formats: dict):
     """The target loaded, the drafter spec resolved and the drafter built (``build_runtime``)."""
     from specwise.drafters import build_drafter, resolve_drafter_spec
     from specwise.models import load_model
     from specwise.models.loader import release_free_memory
 
-    loaded = load_model(target, device=device, dtype=None, impl=impl, precision=precision)  # None: float32
+    loaded = load_model(target, device=device, dtype=None, impl=impl, precision=precision, **formats)  # dtype float32
     drafter = resolve_drafter_spec(drafter, loaded)
     draft = build_drafter(drafter, loaded, device=device, impl=impl, precision=precision)
     release_free_memory()  # what building the drafter left free (its weights' conversions)

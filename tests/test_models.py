@@ -210,6 +210,36 @@ def test_a_large_vocabulary_loads_its_tokenizer_before_the_weights_to_the_same_m
     smollm.model.rollback(0)
 
 
+@pytest.mark.slow
+def test_attention_and_cache_formats_reach_the_quantized_model_from_the_command_line(capsys, smollm):
+    """``--kv-cache`` and ``--attention`` reach the target's quantized model (load_model's ``kv_cache`` and
+    ``attention``): a float16 cache gives a greedy answer, the float32 default is what the session's model holds;
+    asked of any other implementation, or the bfloat16 attention on a path without AVX512_BF16, one line names it."""
+    import json
+
+    import numpy as np
+
+    from specwise.cli import main
+    from specwise.models import load_model
+    from specwise.models.kernels import quant
+
+    assert smollm.model.kv_dtype == np.float32 and smollm.model.attention == "float32"
+    assert load_model("default", kv_cache="float16").model.kv_dtype == np.float16
+    base = ["generate", "Name a colour.", "--max-new-tokens", "4", "--drafter", "ngram", "--json"]
+    assert main([*base, "--kv-cache", "float16"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["token_ids"]) == 4
+    with pytest.raises(ValueError, match="kv cache float16: a choice of the quantized native model"):
+        load_model("default", impl="hf", kv_cache="float16")
+    try:
+        quant.set_isa("avx2")
+        assert main([*base, "--attention", "bfloat16"]) != 0
+        captured = capsys.readouterr()
+        assert "AVX512_BF16" in captured.err and "--attention float32" in captured.err
+        assert "Traceback" not in captured.err and captured.out == ""
+    finally:
+        quant.set_isa(None)
+
+
 def test_cache_dir_follows_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECWISE_CACHE", str(tmp_path / "c"))
     assert cache_dir() == tmp_path / "c"

@@ -208,7 +208,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ValueError(f"--context must be >= 1, got {args.context}")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
+    runtime = build_runtime(
+        args.target, args.drafter, args.gamma, args.device, args.impl, args.precision, args.attention, args.kv_cache
+    )
     model = runtime.target.model
     backends: dict[str, dict[int, float]] = {}
     native = sys.modules.get("specwise.models.native")  # the float32 native model (torch): loaded only where used

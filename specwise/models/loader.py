@@ -320,7 +320,9 @@ def compact_merges(path: Path) -> bool:
 SERIAL_TOKENIZER = 65536
 
 
-def _load_quantized(path: Path, name: str, precision: str, drafting: bool = False) -> LoadedModel:
+def _load_quantized(
+    path: Path, name: str, precision: str, drafting: bool = False, formats: dict | None = None
+) -> LoadedModel:
     from specwise.models.gguf_config import fim_token_ids
     from specwise.models.quantized import QuantizedModel, TargetWeights, checked_file
 
@@ -331,7 +333,7 @@ def _load_quantized(path: Path, name: str, precision: str, drafting: bool = Fals
         # loaded before the weights, that peak does not add to theirs
         tokenizer = gguf_tokenizer(path, meta)
         release_free_memory()
-        model = QuantizedModel(path, precision=precision, name=name, drafting=drafting, meta=meta)
+        model = QuantizedModel(path, precision=precision, name=name, drafting=drafting, meta=meta, **(formats or {}))
     else:  # the tokenizer is read while the weights are re-packed (one native call on another thread)
         model = QuantizedModel(
             path,
@@ -340,6 +342,7 @@ def _load_quantized(path: Path, name: str, precision: str, drafting: bool = Fals
             drafting=drafting,
             meta=meta,
             alongside=lambda: gguf_tokenizer(path, meta),
+            **(formats or {}),
         )
         tokenizer = model.alongside
     release_free_memory()  # reading tokenizer.json leaves about half of what it allocated free but resident
@@ -433,6 +436,8 @@ def load_model(
     impl: str = "auto",
     precision: str = DEFAULT_PRECISION,
     drafting: bool = False,
+    attention: str = "float32",
+    kv_cache: str = "float32",
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer from ``default``, a ``.gguf`` file, a directory or a hub id.
 
@@ -446,6 +451,8 @@ def load_model(
     products, as llama.cpp) or ``exact`` (float32 activations). Other models are float32 (``dtype``).
     drafting: a draft model: the quantized native model narrows its wider matrices to Q4_0 (QuantizedModel's
     ``drafting``); other implementations ignore it.
+    attention, kv_cache: the quantized native model's attention (``float32`` or ``bfloat16``) and KV cache
+    (``float32`` or ``float16``) formats (QuantizedModel); other implementations refuse anything but float32.
 
     Everything but the quantized model (``impl="hf"``, a device other than the CPU, another dtype, a directory or
     hub id, a file the quantized model cannot run) needs the ``hf`` extra (torch and transformers); without it,
@@ -455,6 +462,7 @@ def load_model(
         raise ValueError(f"unknown implementation {impl!r}: use one of {', '.join(IMPLEMENTATIONS)}")
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    formats = {k: v for k, v in (("attention", attention), ("kv_cache", kv_cache)) if v != "float32"}
     dtype_name = _dtype_name(dtype)
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
     gguf_path = gguf_source(spec)
@@ -474,13 +482,26 @@ def load_model(
         reason = kernel_error()
         if quantized_available():
             try:  # the file is read once: the model checks what it cannot run as it loads
-                return _load_quantized(gguf_path, name, precision, drafting)
+                return _load_quantized(gguf_path, name, precision, drafting, formats)
             except NotImplementedError as err:
                 reason = str(err)
         what = f"{gguf_path.name} in float32 (the quantized native model is unavailable: {reason})"
+        _refuse_formats(formats, what)
         require("hf", what)
         print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)
+    _refuse_formats(formats, what)
     return _load_float(spec, name, device, dtype_name, impl, what)
+
+
+def _refuse_formats(formats: dict, what: str) -> None:
+    """A ValueError where an attention or KV cache format other than float32 is asked of a model that is not the
+    quantized native one."""
+    if formats:
+        chosen = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in formats.items())
+        raise ValueError(
+            f"{chosen}: a choice of the quantized native model (a GGUF file on the CPU), not of {what}; "
+            "leave it at float32"
+        )
 
 
 def _load_float(spec: str, name: str, device, dtype_name: str, impl: str, what: str) -> LoadedModel:

@@ -190,7 +190,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         set_num_threads(args.threads)
     key = api_key(args)
-    runtime = build_runtime(args.target, args.drafter, args.gamma, args.device, args.impl, args.precision)
+    runtime = build_runtime(
+        args.target, args.drafter, args.gamma, args.device, args.impl, args.precision, args.attention, args.kv_cache
+    )
     app = serving_app(runtime, args, key)
     state = app.state.server
     print(

@@ -73,6 +73,8 @@ class ClusterOptions:
     device: str = "cpu"
     impl: str = "auto"
     precision: str | None = None
+    attention: str = "float32"
+    kv_cache: str = "float32"
     served_model_name: str | None = None
     max_batch: int = 16
     max_queue: int = 64
@@ -205,7 +207,9 @@ class SpecwiseEngine:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self.node = ray.get_runtime_context().get_node_id()
         _check_target_here(opts.target)
-        runtime = build_runtime(opts.target, opts.drafter, opts.gamma, opts.device, opts.impl, opts.precision)
+        runtime = build_runtime(
+            opts.target, opts.drafter, opts.gamma, opts.device, opts.impl, opts.precision, opts.attention, opts.kv_cache
+        )
         self.app = serving_app(runtime, opts, opts.api_key)
         self._lifespan = self.app.router.lifespan_context(self.app)
         await self._lifespan.__aenter__()  # starts the generation worker
@@ -466,6 +470,8 @@ def options_from_args(args: argparse.Namespace) -> ClusterOptions:
         device=args.device,
         impl=args.impl,
         precision=args.precision,
+        attention=args.attention,
+        kv_cache=args.kv_cache,
         served_model_name=args.served_model_name,
         max_batch=args.max_batch,
         max_queue=args.max_queue,
