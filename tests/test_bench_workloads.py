@@ -223,6 +223,25 @@ def test_configurations_default_to_what_can_run_and_refuse_what_cannot():
         make_configs(["vllm"], None, True)
 
 
+def test_a_specwise_configuration_may_set_its_servers_formats():
+    """``@attention=…`` / ``@kv-cache=…`` after a specwise id reach its server's command line; anything else, or on a
+    llama.cpp id, is refused naming what is known."""
+    from specwise.lab.bench.workloads.servers import SpecwiseServer
+
+    (config,) = make_configs(["specwise:auto@attention=bfloat16@kv-cache=float16"], None, False)
+    assert (config.peer, config.spec) == ("specwise", "auto")
+    assert config.server_args == ("--attention", "bfloat16", "--kv-cache", "float16")
+    assert config.label == "specwise default drafter, attention bfloat16, kv-cache float16"
+    server = SpecwiseServer("t.gguf", config.spec, threads=2, extra_args=config.server_args)
+    server.port = 1
+    assert server.command()[-4:] == ["--attention", "bfloat16", "--kv-cache", "float16"]
+    assert make_configs(["specwise:none"], None, False)[0].server_args == ()
+    with pytest.raises(ValueError, match="unknown server option 'attention=float16'.*@kv-cache=float32"):
+        make_configs(["specwise:auto@attention=float16"], None, False)
+    with pytest.raises(ValueError, match="llama.cpp's configurations take none"):
+        make_configs(["llama.cpp:none@attention=bfloat16"], None, True)
+
+
 def test_llama_cpp_speculative_arguments_follow_its_documented_options():
     from specwise.lab.bench.llamacpp import speculative_args
 

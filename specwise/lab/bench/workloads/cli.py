@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--configs",
         nargs="+",
         metavar="ID",
-        help=f"configurations to compare (default: every one that can run): {' '.join(CONFIG_IDS)}",
+        help=f"configurations to compare (default: every one that can run): {' '.join(CONFIG_IDS)}; a specwise "
+        "one may add its server's formats: specwise:auto@attention=bfloat16, @kv-cache=float16",
     )
     g.add_argument("--draft-model", metavar="GGUF", help="the draft model of the ngram+model and llama.cpp draft runs")
     g.add_argument("--limit", type=int, default=None, metavar="N", help="the first N items of each workload")

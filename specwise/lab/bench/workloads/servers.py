@@ -43,13 +43,15 @@ CONFIG_IDS = tuple(_CONFIGS)
 # built); the copy drafter alone is one of the parts `auto` combines, for a look at what it adds
 ASKED_ONLY = {"specwise:self", "specwise:ngram+self", "specwise:ngram"}
 PLAIN = {SPECWISE: "specwise:none", LLAMA_CPP: "llama.cpp:none"}
+# what a specwise configuration's id may add after "@" (``specwise:auto@attention=bfloat16``): its server's formats
+SERVER_OPTIONS = {"attention": ("float32", "bfloat16"), "kv-cache": ("float32", "float16")}
 
 
 @dataclass(frozen=True)
 class ServeConfig:
     """One configuration: ``id``, ``peer`` (``specwise`` or ``llama.cpp``), ``spec`` (the specwise drafter spec,
     or llama.cpp's speculative kind), ``prediction`` (requests carry what the client knows of the answer),
-    ``label``."""
+    ``label``; ``server_args``: more ``specwise serve`` options (from the id's ``@option=value`` parts)."""
 
     id: str
     peer: str
@@ -57,27 +59,46 @@ class ServeConfig:
     prediction: bool
     label: str
     needs_draft: bool = field(default=False)
+    server_args: tuple[str, ...] = ()
 
 
 def make_configs(ids: list[str] | None, draft: str | None, llama_cpp: bool) -> list[ServeConfig]:
     """The configurations ``ids`` (default: every one that can run but the self-drafting ones: the draft-model ones
-    need ``draft``, the llama.cpp ones ``llama_cpp``); an unknown id, or one asked for that cannot run, is an error
-    naming the fix."""
+    need ``draft``, the llama.cpp ones ``llama_cpp``); a specwise id may end in ``@option=value`` parts (``attention``,
+    ``kv-cache``: its server's formats, e.g. ``specwise:auto@attention=bfloat16``). An unknown id, or one asked for
+    that cannot run, is an error naming the fix."""
     chosen = list(ids) if ids else [c for c in CONFIG_IDS if _runnable(c, draft, llama_cpp)]
     configs = []
     for cid in chosen:
-        if cid not in _CONFIGS:
+        base, server_args, suffix = _server_options(cid)
+        if base not in _CONFIGS:
             raise ValueError(f"unknown configuration {cid!r}: use {', '.join(CONFIG_IDS)}")
-        peer, spec, prediction, label = _CONFIGS[cid]
+        peer, spec, prediction, label = _CONFIGS[base]
+        if server_args and peer != SPECWISE:
+            raise ValueError(f"{cid}: '@' options are specwise serve's; llama.cpp's configurations take none")
+        label += suffix
         needs_draft = "{draft}" in spec or spec == "draft"
         if needs_draft and draft is None:
             raise ValueError(f"{cid} needs a draft model: pass --draft-model FILE.gguf")
         if peer == LLAMA_CPP and not llama_cpp:
             raise ValueError(f"{cid} needs llama.cpp: pass --llama-cpp [PATH]")
-        configs.append(ServeConfig(cid, peer, spec.format(draft=draft), prediction, label, needs_draft))
+        configs.append(ServeConfig(cid, peer, spec.format(draft=draft), prediction, label, needs_draft, server_args))
     if not configs:
         raise ValueError("no configurations to run")
     return configs
+
+
+def _server_options(cid: str) -> tuple[str, tuple[str, ...], str]:
+    """An id's base id, the ``specwise serve`` arguments of its ``@option=value`` parts, and what its label adds."""
+    base, *parts = cid.split("@")
+    args: list[str] = []
+    for part in parts:
+        option, _, value = part.partition("=")
+        if value not in SERVER_OPTIONS.get(option, ()):
+            known = "; ".join(f"@{k}={'|'.join(v)}" for k, v in SERVER_OPTIONS.items())
+            raise ValueError(f"{cid}: unknown server option {part!r}: use {known}")
+        args += [f"--{option}", value]
+    return base, tuple(args), "".join(f", {part.replace('=', ' ')}" for part in parts)
 
 
 def _runnable(cid: str, draft: str | None, llama_cpp: bool) -> bool:
@@ -91,9 +112,15 @@ class SpecwiseServer:
     """``specwise serve`` in a child process on a free local port, serving the model as ``bench``."""
 
     def __init__(
-        self, target: str, drafter: str, *, threads: int | None = None, startup_timeout: float = 600.0
+        self,
+        target: str,
+        drafter: str,
+        *,
+        threads: int | None = None,
+        startup_timeout: float = 600.0,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.target, self.drafter, self.threads = target, drafter, threads
+        self.target, self.drafter, self.threads, self.extra_args = target, drafter, threads, tuple(extra_args)
         self.startup_timeout = startup_timeout
         self.port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -111,7 +138,7 @@ class SpecwiseServer:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "specwise", "serve", "--target", self.target, "--drafter", self.drafter]
         cmd += ["--port", str(self.port), "--served-model-name", MODEL, "--log-level", "warning"]
-        return cmd + (["--threads", str(self.threads)] if self.threads else [])
+        return cmd + (["--threads", str(self.threads)] if self.threads else []) + list(self.extra_args)
 
     def start(self) -> SpecwiseServer:
         from specwise.lab.bench.llamacpp import _free_port
@@ -179,7 +206,8 @@ def start_servers(
     try:
         for config in configs:
             if config.peer == SPECWISE:
-                servers[config.id] = SpecwiseServer(target, config.spec, threads=threads).start()
+                server = SpecwiseServer(target, config.spec, threads=threads, extra_args=config.server_args)
+                servers[config.id] = server.start()
             else:
                 if gguf is None:
                     raise ValueError(f"{config.id} needs a GGUF target: --target default or a .gguf file")
