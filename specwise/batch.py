@@ -385,19 +385,20 @@ class BatchEngine:
         """The rows each of ``prompts`` (slots with ``rests`` prompt tokens to feed) feeds this step, beside
         ``decoding`` decoding sequences.
 
-        A prompt that one call of the layer kernel takes whole (a client's next question, a short turn) goes in
-        whole, and a reply waits on it as on a decoding sequence. Where none waits, the longer prompts (the
-        shortest first) take ``max_step_seconds`` as the measured costs (:class:`PrefillCosts`) say, in whole
-        calls of the kernel where that is one or more. Beside ones that wait, the shortest longer prompt feeds a
-        slice that keeps the step within the budget (whole calls where they fit: a row costs several times less in
-        a call of 64 than in one of a few), in the steps its account allows: it gains ``prefill_share / (1 -
-        prefill_share)`` of each decoding step's time and pays what its slices add to the steps, so that over time
-        the decoding sequences keep at least ``1 - prefill_share`` of their rate. Every ``REFRESH`` steps that fed
-        one, and before the decoding step was measured, no longer prompt is fed (the decoding step is measured).
+        A prompt that one call of the layer kernel takes whole (a client's next question, a short turn) goes in whole
+        where its estimated cost fits in ``max_step_seconds`` (not the last rows of a long prompt, whose rows deep in it
+        cost several times one near its start), and a reply waits on it as on a decoding sequence. Where none waits, the
+        longer prompts (the shortest first) take ``max_step_seconds`` as the measured costs (:class:`PrefillCosts`) say,
+        in whole calls of the kernel where that is one or more. Beside ones that wait, the shortest longer prompt feeds
+        a slice that keeps the step within the budget (whole calls where they fit: a row costs several times less in a
+        call of 64 than in one of a few), in the steps its account allows: it gains ``prefill_share / (1 -
+        prefill_share)`` of each decoding step's time and pays what its slices add to the steps, so that over time the
+        decoding sequences keep at least ``1 - prefill_share`` of their rate. Every ``REFRESH`` steps that fed one, and
+        before the decoding step was measured, no longer prompt is fed (the decoding step is measured).
         In every pass the rows end at a multiple of the kernel's rows where they pass one."""
         costs, budget, call, cap = self.costs, self.max_step_seconds, kernel_rows(), self.prefill_chunk
         order = sorted(prompts, key=lambda s: (rests[id(s)], s.order))  # the shortest first: its reply waits
-        out = {id(s): min(rests[id(s)], cap or call) for s in order if rests[id(s)] <= call}
+        out = {id(s): min(rests[id(s)], cap or call) for s in order if self._whole(s, rests[id(s)], decoding > 0)}
         longer = [s for s in order if id(s) not in out]
         for slot in longer:
             out[id(slot)] = 0
@@ -431,6 +432,14 @@ class BatchEngine:
             left = left - n * per_row if per_row is not None else 0.0
             out[id(slot)] = n
         return out
+
+    def _whole(self, slot: _Slot, rest: int, beside: bool) -> bool:
+        """Whether ``slot``'s prompt (``rest`` rows left) goes in whole this step: one call of the layer kernel
+        takes it, and its estimated cost (none yet: taken as fitting) fits in ``max_step_seconds``."""
+        if rest > kernel_rows():
+            return False
+        per_row = self.costs.row_seconds(slot.target.length + 0.5 * rest, beside)
+        return per_row is None or rest * per_row <= self.max_step_seconds
 
     def _slice(self, slot: _Slot, rest: int, seconds: float, fixed: int, beside: bool, least: int = 1) -> int:
         """The rows of ``slot``'s prompt (``rest`` left) whose estimated cost fits in ``seconds`` (the first slice
