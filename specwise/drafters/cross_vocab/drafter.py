@@ -46,17 +46,22 @@ class CrossVocabDrafter(Drafter):
     target_vocab: the width of the target's logits (q is over it).
     lookahead: greedy drafting spends a draft pass on the next token only while the product of the draft's
         probabilities so far times this clears the stop level (as ModelDrafter's).
+    columns: the draft ids (sorted) of the draft model's logits' columns, where its output layer is restricted to a
+        draft vocabulary (``restrict_output``: a cheaper pass); None: every row of its own. Both methods draft from
+        these tokens only (TLI's q is zero outside them), so the output stays exact.
     """
 
     def __init__(
-        self, model: Model, pair: VocabularyPair, target_vocab: int, method: str = "auto", lookahead: float = LOOKAHEAD
+        self,
+        model: Model,
+        pair: VocabularyPair,
+        target_vocab: int,
+        method: str = "auto",
+        lookahead: float = LOOKAHEAD,
+        columns: np.ndarray | None = None,
     ) -> None:
         if method not in METHODS:
             raise ValueError(f"unknown cross-vocabulary method {method!r}: use one of {', '.join(METHODS)}")
-        if not len(pair.shared_draft) and method != "slem":
-            raise ValueError(
-                "the draft and target vocabularies share no token: TLI has nothing to draft (use method=slem)"
-            )
         if not 0 < lookahead <= 1:
             raise ValueError(f"lookahead must be in (0, 1], got {lookahead}")
         self.model, self.pair, self.method = model, pair, method
@@ -64,6 +69,18 @@ class CrossVocabDrafter(Drafter):
         self.lookahead = float(lookahead)
         self.device = model.device
         self.name = "model-tli" if method == "tli" else "model-slem"  # (auto: the method of its last draft)
+        rows = min(pair.draft_rows, pair.draft.size)
+        columns = np.arange(rows, dtype=np.int64) if columns is None else np.asarray(columns, dtype=np.int64)
+        self._columns = columns  # [width] the draft id of each column of the draft model's logits
+        self._width = int(np.searchsorted(columns, rows)) if columns.size else 0  # columns of real draft tokens
+        self._col_of = np.full(max(rows, int(columns.max(initial=-1)) + 1), -1, dtype=np.int64)
+        self._col_of[columns] = np.arange(columns.size)
+        self._shared = self._in_columns(pair.shared_draft, pair.shared_target)  # TLI's: (draft ids, columns, targets)
+        if not len(self._shared[0]) and method != "slem":
+            raise ValueError(
+                "the draft and target vocabularies share no token (in the draft vocabulary): TLI has nothing to draft "
+                "(use method=slem, or a larger vocab=)"
+            )
         self._reset()
         self._mark: tuple[int | None, int] | None = None
 
@@ -78,6 +95,13 @@ class CrossVocabDrafter(Drafter):
             "shared_tokens": int(len(pair.shared_draft)),
             "overlap": float(pair.overlap),
         }
+
+    def _in_columns(self, drafts: np.ndarray, *more: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Of draft ids ``drafts`` (and arrays aligned with them), those in the logits' columns: (their draft ids,
+        their columns, the aligned arrays' entries)."""
+        cols = self._col_of[drafts] if drafts.size else np.empty(0, dtype=np.int64)
+        keep = cols >= 0
+        return (drafts[keep], cols[keep], *(m[keep] for m in more))
 
     def _reset(self) -> None:
         """Forget both sides' state: the context converted so far and the draft tokens in the cache."""
@@ -234,15 +258,16 @@ class CrossVocabDrafter(Drafter):
         reach = 1.0
         k = self._room(k)
         if held is not None:
-            drafts, targets = pair.healed(held)  # [n] longer draft tokens, [n] the target's token of each one's rest
-            options = pair.extensions(held)
-            if not len(drafts) or int(options[int(np.argmax(logits[options]))]) == held:
+            # [n] longer draft tokens, their columns, the target's token of each one's rest
+            drafts, cols, targets = self._in_columns(*pair.healed(held))
+            options, option_cols = self._in_columns(pair.extensions(held))
+            if not len(drafts) or int(options[int(np.argmax(logits[option_cols]))]) == held:
                 logits = self._feed([held])[-1]
                 held = None
         for i in range(k):
             if i or held is None:
-                drafts, targets = pair.shared_draft, pair.shared_target
-            row = logits[drafts]  # [n]
+                drafts, cols, targets = self._shared
+            row = logits[cols]  # [n]
             if params.greedy:
                 j = int(np.argmax(row))
                 if confidence is not None:
@@ -270,20 +295,22 @@ class CrossVocabDrafter(Drafter):
         with, or the stop level ends it; the target's tokens of that text, less a last one (but a lone one) that
         text after it might still join into a longer token."""
         pair = self.pair
-        rows = min(pair.draft_rows, pair.draft.size)
         pieces = pair.draft_piece
+        if held is not None:
+            options, option_cols = self._in_columns(pair.extensions(held))  # draft ids beginning with held's text
+            if not len(options):  # none of them among the columns: the held token fed after all
+                logits, held = self._feed([held])[-1], None
         skip = len(pieces[held]) if held is not None else 0  # text of the first token that the context has
         text, ends, chances, ids = b"", [], [], []
         reach = 1.0
         steps = self._room(2 * k + 2)
         for i in range(steps):
             if i == 0 and held is not None:
-                options = pair.extensions(held)  # [n] draft ids whose text begins with held's
-                row = logits[options]
+                row = logits[option_cols]
                 d = int(options[int(np.argmax(row))])
             else:
-                row = logits[:rows]
-                d = int(np.argmax(row))
+                row = logits[: self._width]
+                d = int(self._columns[int(np.argmax(row))])
             if not pieces[d]:  # a special token the target has no counterpart of (or a text-start): stop there
                 break
             text += pieces[d][skip:] if i == 0 else pieces[d]
@@ -361,19 +388,19 @@ def _whole_characters(text: bytes) -> bytes:
 
 def cross_vocab_drafter(draft, target, options: dict[str, str]) -> CrossVocabDrafter:
     """The drafter of ``draft`` (a LoadedModel) for ``target`` (a LoadedModel) of another vocabulary; ``options``:
-    the ``model:`` spec's (``method``: auto, tli or slem; ``lookahead``). A draft vocabulary (``vocab``,
-    ``ranking``) and ``lookup`` are for a draft model of the target's own vocabulary, and refused here."""
+    the ``model:`` spec's (``method``: auto, tli or slem; ``lookahead``; ``vocab``, ``ranking``: the draft model's
+    output restricted to the N tokens of its own vocabulary that it writes most, as for a draft model of the target's
+    vocabulary, a cheaper pass). ``lookup`` is for a draft model of the target's own vocabulary, and refused here."""
     from specwise.drafters.vocab import lookahead_option
 
     method = options.get("method", "auto")
     if method not in METHODS:
         raise ValueError(f"bad drafter option method={method!r}: use method=tli, method=slem or method=auto")
-    for key in ("vocab", "ranking", "lookup"):
-        if key in options:
-            raise ValueError(
-                f"drafter option {key}= is for a draft model of the target's vocabulary; this one drafts across "
-                "vocabularies: drop it"
-            )
+    if "lookup" in options:
+        raise ValueError(
+            "drafter option lookup= is for a draft model of the target's vocabulary; this one drafts across "
+            "vocabularies: drop it"
+        )
     for loaded, what in ((draft, "draft"), (target, "target")):
         if loaded.tokenizer is None:
             raise ValueError(
@@ -386,4 +413,26 @@ def cross_vocab_drafter(draft, target, options: dict[str, str]) -> CrossVocabDra
         int(target.model.vocab_size),
         int(draft.model.vocab_size),
     )
-    return CrossVocabDrafter(draft.model, pair, int(target.model.vocab_size), method, lookahead_option(options))
+    columns = _draft_columns(draft, options) if "vocab" in options else None
+    return CrossVocabDrafter(
+        draft.model, pair, int(target.model.vocab_size), method, lookahead_option(options), columns
+    )
+
+
+def _draft_columns(draft, options: dict[str, str]) -> np.ndarray:
+    """The draft model's output restricted to its draft vocabulary (``vocab=N``, ``ranking=FILE``: the ranking shipped
+    for its own tokenizer where none is named; its end-of-sequence tokens always in): the columns' draft ids."""
+    from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
+    from specwise.models.base import OutputRows
+    from specwise.models.loader import eos_ids
+
+    if not isinstance(draft.model, OutputRows):
+        raise ValueError(
+            f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
+            "model): use a .gguf draft, or drop ?vocab="
+        )
+    size = vocab_size_option(options["vocab"])
+    full = int(draft.model.vocab_size)
+    ids = draft_vocabulary(size, options.get("ranking"), draft.tokenizer, full, eos_ids(draft) or ())
+    draft.model.restrict_output(ids)
+    return ids
