@@ -58,7 +58,7 @@ class _Slot(Slot):
 # this share of what the cache holds (a chat's next turn shares all of it; another chat only the system prompt)
 CONTINUES = 0.5
 PREFILL_CHUNK = 256  # prompt tokens a step feeds when the slices are not chosen by cost (max_step_seconds None)
-MAX_STEP_SECONDS = 0.5  # the default budget of a step in which other sequences decode
+MAX_STEP_SECONDS = 0.4  # the default budget of a step in which other sequences decode (its error: up to 2x seen)
 PREFILL_SHARE = 0.4  # the default share of the time a long prompt takes while other sequences decode
 FLOOR_SHARE = 0.25  # where decoding alone overruns the budget, a slice still adds this share of a decoding step
 REFRESH = 8  # steps feeding a prompt beside decoding ones before one without it (the decoding step measured anew)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import specwise.engine as engine_module
-from specwise.batch import BatchEngine, Request
+from specwise.batch import MAX_STEP_SECONDS, BatchEngine, Request
 from specwise.drafters import NgramDrafter
 from specwise.engine import Engine
 from specwise.models.toy import ToyModel
@@ -380,7 +380,7 @@ def test_serve_takes_the_options_and_the_worker_passes_them_on():
     args = parser.parse_args(["serve", "--max-step-seconds", "0.2", "--prefill-share", "0.3", "--cache-memory", "2G"])
     assert (args.max_step_seconds, args.prefill_share, args.cache_memory) == (0.2, 0.3, 2 << 30)
     defaults = parser.parse_args(["serve"])
-    assert (defaults.max_step_seconds, defaults.prefill_share, defaults.cache_memory) == (0.5, 0.4, None)
+    assert (defaults.max_step_seconds, defaults.prefill_share, defaults.cache_memory) == (MAX_STEP_SECONDS, 0.4, None)
     engine = Engine(ToyModel.random(8), None, gamma=0)
     worker = GenerationWorker(
         engine, ServerMetrics(), max_batch=2, max_step_seconds=0.2, prefill_share=0.3, cache_memory=1 << 20

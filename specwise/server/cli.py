@@ -97,10 +97,10 @@ def _add_batch_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-step-seconds",
         type=float,
-        default=0.5,  # batch.MAX_STEP_SECONDS (not imported: the engine loads when the server starts)
+        default=0.4,  # batch.MAX_STEP_SECONDS (not imported: the engine loads when the server starts)
         metavar="SECONDS",
         help="while a long prompt is read, a step in which other requests stream takes at most this long: the "
-        "prompt is fed in slices chosen by their measured cost (default: 0.5)",
+        "prompt is fed in slices chosen by their measured cost (default: 0.4)",
     )
     p.add_argument(
         "--prefill-share",

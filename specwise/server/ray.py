@@ -82,7 +82,7 @@ class ClusterOptions:
     max_body_bytes: int | None = None
     api_key: str | None = None
     reasoning_format: str = "auto"
-    max_step_seconds: float | None = 0.5  # specwise.batch.MAX_STEP_SECONDS
+    max_step_seconds: float | None = 0.4  # specwise.batch.MAX_STEP_SECONDS
     prefill_share: float = 0.4  # specwise.batch.PREFILL_SHARE
     cache_memory: int | None = None
     replicas: int = 1  # the number of replicas (the least, with autoscaling)
