@@ -546,12 +546,15 @@ def test_fork_gives_each_sequence_its_own_cache():
     )
 
 
-def test_auto_drafts_by_slem_under_greedy_decoding_and_by_tli_under_sampling():
+def test_auto_drafts_by_slem_and_tli_only_when_asked():
     drafter = toy_drafter("auto")
     greedy_draft = drafter.propose([0, 1, 3], 3, SamplingParams(), None)
     assert drafter.name == "model-slem" and greedy_draft.probs is None
     sampled = drafter.propose([0, 1, 3], 3, SamplingParams(temperature=0.8), make_generator(1))
-    assert drafter.name == "model-tli" and sampled.probs is not None
+    assert drafter.name == "model-slem" and sampled.probs is None  # verified by the coupled rule
+    tli = toy_drafter("tli")
+    assert tli.propose([0, 1, 3], 3, SamplingParams(temperature=0.8), make_generator(1)).probs is not None
+    assert tli.name == "model-tli"
 
 
 def test_tli_draws_its_first_token_among_the_drafts_longer_tokens_after_held_back_whitespace():

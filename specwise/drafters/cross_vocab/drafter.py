@@ -40,7 +40,10 @@ _BACK = 3  # draft tokens re-tokenized behind the first byte the context changed
 
 class CrossVocabDrafter(Drafter):
     """A draft model of another vocabulary (see the module's docstring): ``method`` ``tli``, ``slem`` or ``auto``
-    (SLEM under greedy decoding, TLI under sampling).
+    (SLEM, greedy and sampled: with SmolLM2-135M for Qwen2.5-Coder-1.5B, SLEM's greedy drafts, verified under sampling
+    by the coupled rule, ran 1.19x TLI's speed on coding at temperature 0.7, top-p 0.95, 1.16x at temperature 1,
+    and 1.02x [0.97, 1.07] over 13 categories at 0.7: its drafts reach the target's tokens that TLI cannot draft,
+    and the target's own distribution on them is peaked).
 
     model: the draft model (its own ids); pair: the two vocabularies (:class:`VocabularyPair`).
     target_vocab: the width of the target's logits (q is over it).
@@ -227,7 +230,7 @@ class CrossVocabDrafter(Drafter):
     ) -> Draft:
         if k <= 0:
             return Draft.empty()
-        slem = self.method == "slem" or (self.method == "auto" and params.greedy)
+        slem = self.method != "tli"
         logits, intake, held = self._sync(context, heal=True)
         if logits is None:
             draft = Draft.empty()
