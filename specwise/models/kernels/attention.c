@@ -898,6 +898,34 @@ static void probabilities(struct attn_task *t, int j0, int nb, const struct attn
     }
 }
 
+/* A tile's start: the positions its tasks span (lo .. hi) and each task's maximum, lane sums and output reset. */
+static void tile_begin(struct attn_task *tasks, int n, int hd, int *lo_out, int *hi_out) {
+    int lo = tasks[0].first, hi = tasks[0].last;
+    for (int i = 0; i < n; i++) {
+        struct attn_task *t = tasks + i;
+        lo = t->first < lo ? t->first : lo;
+        hi = t->last > hi ? t->last : hi;
+        t->mx = -INFINITY;
+        for (int l = 0; l < 8; l++) t->lanes[l] = 0.0f;
+        memset(t->out, 0, (size_t)hd * sizeof(float));
+    }
+    *lo_out = lo;
+    *hi_out = hi;
+}
+
+/* A tile's end: each task's sum (the lanes added pairwise, then the row's last len mod 8) and its output times
+ * 1 / sum, as the per-row loops end. */
+static void tile_end(struct attn_task *tasks, int n, int hd) {
+    for (int i = 0; i < n; i++) {
+        const struct attn_task *t = tasks + i;
+        const float *a = t->lanes;
+        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+        for (int j = (t->last - t->first) & ~7; j < t->last - t->first; j++) sum += t->sc[j];
+        const float inv = 1.0f / sum;
+        for (int d = 0; d < hd; d++) t->out[d] *= inv;
+    }
+}
+
 /* One tile: n tasks (query heads of rows that share one cache, and one key-value head whose keys and values start at
  * `keys` and `vals`, position 0), each key and value of their positions read once for all of them. Every score,
  * probability and output element is computed with the same operations in the same order as by the per-row loops:
@@ -908,15 +936,8 @@ static void probabilities(struct attn_task *t, int j0, int nb, const struct attn
 static void attention_tile(struct attn_task *tasks, int n, const void *keys, const void *vals, int kv_half, int hd,
                            float scale, const struct attn_ops *ops, float *buf) {
     const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
-    int lo = tasks[0].first, hi = tasks[0].last;
-    for (int i = 0; i < n; i++) {
-        struct attn_task *t = tasks + i;
-        lo = t->first < lo ? t->first : lo;
-        hi = t->last > hi ? t->last : hi;
-        t->mx = -INFINITY;
-        for (int l = 0; l < 8; l++) t->lanes[l] = 0.0f;
-        memset(t->out, 0, (size_t)hd * sizeof(float));
-    }
+    int lo, hi;
+    tile_begin(tasks, n, hd, &lo, &hi);
     int kb = TILE_FLOATS / hd;
     kb = (kb < TILE_KEYS ? kb : TILE_KEYS) & ~15;
     for (int j0 = lo; j0 < hi; j0 += kb) {
@@ -931,14 +952,7 @@ static void attention_tile(struct attn_task *tasks, int n, const void *keys, con
         for (int i = 0; i < n; i++) probabilities(tasks + i, j0, nb, ops);
         ops->tile_values(tasks, n, j0, nb, (const char *)vals + (size_t)j0 * hd * elem, hd, kv_half);
     }
-    for (int i = 0; i < n; i++) {
-        const struct attn_task *t = tasks + i;
-        const float *a = t->lanes;
-        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-        for (int j = (t->last - t->first) & ~7; j < t->last - t->first; j++) sum += t->sc[j];
-        const float inv = 1.0f / sum;
-        for (int d = 0; d < hd; d++) t->out[d] *= inv;
-    }
+    tile_end(tasks, n, hd);
 }
 
 #ifdef SPECWISE_X86
@@ -1146,16 +1160,9 @@ static void attention_tile_bf16(struct attn_task *tasks, int n, const void *keys
                                 int hd, float scale, const struct attn_ops *ops, uint32_t *buf) {
     const size_t elem = kv_half ? sizeof(uint16_t) : sizeof(float);
     uint32_t *kt = buf, *vt = buf + TILE_FLOATS, *qb = buf + 2 * TILE_FLOATS;
-    int lo = tasks[0].first, hi = tasks[0].last;
-    for (int i = 0; i < n; i++) {
-        struct attn_task *t = tasks + i;
-        lo = t->first < lo ? t->first : lo;
-        hi = t->last > hi ? t->last : hi;
-        t->mx = -INFINITY;
-        for (int l = 0; l < 8; l++) t->lanes[l] = 0.0f;
-        memset(t->out, 0, (size_t)hd * sizeof(float));
-        bf16_query(t->q, hd, qb + (size_t)i * hd / 2);
-    }
+    int lo, hi;
+    tile_begin(tasks, n, hd, &lo, &hi);
+    for (int i = 0; i < n; i++) bf16_query(tasks[i].q, hd, qb + (size_t)i * hd / 2);
     lo &= ~1;
     int kb = TILE_FLOATS / (hd / 2);
     kb = (kb < TILE_KEYS ? kb : TILE_KEYS) & ~31;
@@ -1193,14 +1200,7 @@ static void attention_tile_bf16(struct attn_task *tasks, int n, const void *keys
         bf16_values((const char *)vals + (size_t)j0 * hd * elem, kv_half, nb, hd, vt);
         bf16_tile_values(tasks, n, j0, nb, vt, hd);
     }
-    for (int i = 0; i < n; i++) {
-        const struct attn_task *t = tasks + i;
-        const float *a = t->lanes;
-        float sum = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
-        for (int j = (t->last - t->first) & ~7; j < t->last - t->first; j++) sum += t->sc[j];
-        const float inv = 1.0f / sum;
-        for (int d = 0; d < hd; d++) t->out[d] *= inv;
-    }
+    tile_end(tasks, n, hd);
 }
 #endif
 
