@@ -333,19 +333,11 @@ def _vocab_model_drafter(
     draft, target, options: dict[str, str], lookup: int = 0, lookahead: float = LOOKAHEAD
 ) -> ModelDrafter:
     """A model drafter over a draft vocabulary (``vocab=N``, ``ranking=FILE``: see ``specwise.drafters.vocab``)."""
-    from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
-    from specwise.models.base import OutputRows
+    from specwise.drafters.vocab import restrict_draft_output
     from specwise.models.loader import eos_ids
 
-    size = vocab_size_option(options["vocab"])
-    if not isinstance(draft.model, OutputRows):
-        raise ValueError(
-            f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
-            "model): use a .gguf draft, or drop ?vocab="
-        )
     full = int(draft.model.vocab_size)
-    ids = draft_vocabulary(size, options.get("ranking"), target.tokenizer, full, eos_ids(target) or ())
-    draft.model.restrict_output(ids)
+    ids = restrict_draft_output(draft.model, options, target.tokenizer, eos_ids(target) or ())
     width = max(full, int(target.model.vocab_size))
     return ModelDrafter(draft.model, ids, width, full, lookup=lookup, lookahead=lookahead)
 

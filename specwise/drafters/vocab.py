@@ -36,6 +36,7 @@ __all__ = [
     "fingerprint",
     "parse_model_spec",
     "read_ranking",
+    "restrict_draft_output",
     "shipped_ranking",
     "write_ranking",
 ]
@@ -64,6 +65,24 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
     chosen = ids if size is None else ids[:size]
     extra = [int(t) for t in always if 0 <= int(t) < vocab_size]
     return np.unique(np.concatenate([chosen, np.asarray(extra, dtype=np.int64)]))
+
+
+def restrict_draft_output(model, options: dict[str, str], tokenizer, always=()) -> np.ndarray:
+    """Restrict a draft ``model``'s output layer to its draft vocabulary (``options``: a ``model:`` spec's ``vocab``
+    and ``ranking``; ``tokenizer``: the vocabulary ranked, its shipped ranking where no file is named; ``always``:
+    ids kept whatever the ranking says, see :func:`draft_vocabulary`). Returns the kept ids (sorted): its logits'
+    columns. Refused for a model whose output layer cannot be cut (not the quantized native model)."""
+    from specwise.models.base import OutputRows
+
+    size = vocab_size_option(options["vocab"])
+    if not isinstance(model, OutputRows):
+        raise ValueError(
+            f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
+            "model): use a .gguf draft, or drop ?vocab="
+        )
+    ids = draft_vocabulary(size, options.get("ranking"), tokenizer, int(model.vocab_size), always)
+    model.restrict_output(ids)
+    return ids
 
 
 def parse_model_spec(arg: str, kind: str = "model") -> tuple[str, dict[str, str]]:

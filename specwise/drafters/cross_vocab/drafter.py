@@ -394,7 +394,8 @@ def cross_vocab_drafter(draft, target, options: dict[str, str]) -> CrossVocabDra
     the ``model:`` spec's (``method``: auto, tli or slem; ``lookahead``; ``vocab``, ``ranking``: the draft model's
     output restricted to the N tokens of its own vocabulary that it writes most, as for a draft model of the target's
     vocabulary, a cheaper pass). ``lookup`` is for a draft model of the target's own vocabulary, and refused here."""
-    from specwise.drafters.vocab import lookahead_option
+    from specwise.drafters.vocab import lookahead_option, restrict_draft_output
+    from specwise.models.loader import eos_ids
 
     method = options.get("method", "auto")
     if method not in METHODS:
@@ -416,26 +417,9 @@ def cross_vocab_drafter(draft, target, options: dict[str, str]) -> CrossVocabDra
         int(target.model.vocab_size),
         int(draft.model.vocab_size),
     )
-    columns = _draft_columns(draft, options) if "vocab" in options else None
+    columns = None
+    if "vocab" in options:  # the draft's own vocabulary ranked, its own end-of-sequence tokens kept
+        columns = restrict_draft_output(draft.model, options, draft.tokenizer, eos_ids(draft) or ())
     return CrossVocabDrafter(
         draft.model, pair, int(target.model.vocab_size), method, lookahead_option(options), columns
     )
-
-
-def _draft_columns(draft, options: dict[str, str]) -> np.ndarray:
-    """The draft model's output restricted to its draft vocabulary (``vocab=N``, ``ranking=FILE``: the ranking shipped
-    for its own tokenizer where none is named; its end-of-sequence tokens always in): the columns' draft ids."""
-    from specwise.drafters.vocab import draft_vocabulary, vocab_size_option
-    from specwise.models.base import OutputRows
-    from specwise.models.loader import eos_ids
-
-    if not isinstance(draft.model, OutputRows):
-        raise ValueError(
-            f"a draft vocabulary (vocab={options['vocab']}) needs a GGUF draft model on the CPU (the quantized native "
-            "model): use a .gguf draft, or drop ?vocab="
-        )
-    size = vocab_size_option(options["vocab"])
-    full = int(draft.model.vocab_size)
-    ids = draft_vocabulary(size, options.get("ranking"), draft.tokenizer, full, eos_ids(draft) or ())
-    draft.model.restrict_output(ids)
-    return ids
