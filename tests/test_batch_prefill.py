@@ -74,18 +74,25 @@ def _tokens(events) -> list[int]:
     return [t for e in events for t in e.token_ids]
 
 
+def stream_and_long_prompt(stream_tokens: int, seed: int) -> tuple[np.ndarray, Request, Request, list[list[int]]]:
+    """A toy model's table, a client's short request of ``stream_tokens`` new tokens, a 1,500-token prompt (drawn
+    with ``seed``) asking 3, and the answers each gets alone."""
+    table = ToyModel.random(50, seed=3).table
+    stream = Request([1, 2, 3, 4, 5], GREEDY, stream_tokens, eos_token_ids=[])
+    long = Request([int(t) for t in np.random.default_rng(seed).integers(0, 50, 1500)], GREEDY, 3, eos_token_ids=[])
+    alone = Engine(ToyModel(table), None, gamma=0)
+    want = [
+        alone.generate(r.prompt_ids, r.params, r.max_new_tokens, eos_token_ids=[]).token_ids for r in (stream, long)
+    ]
+    return table, stream, long, want
+
+
 def test_a_step_beside_a_stream_keeps_its_budget_and_a_prompt_alone_goes_in_whole_calls(clock):
     """A client streams while another's 1,500-token prompt is read: every step stays within the budget (up to the
     estimates' error), the stream keeps more than half of its rate alone (prefill_share 0.4: about 60%), the
     prompt's slices beside it fill whole calls of the layer kernel, and once the stream is done the prompt goes in
     whole calls within the budget. Both answers are those of the same requests alone."""
-    table = ToyModel.random(50, seed=3).table
-    stream = Request([1, 2, 3, 4, 5], GREEDY, 150, eos_token_ids=[])
-    long = Request([int(t) for t in np.random.default_rng(1).integers(0, 50, 1500)], GREEDY, 3, eos_token_ids=[])
-    alone = Engine(ToyModel(table), None, gamma=0)
-    want = [
-        alone.generate(r.prompt_ids, r.params, r.max_new_tokens, eos_token_ids=[]).token_ids for r in (stream, long)
-    ]
+    table, stream, long, want = stream_and_long_prompt(150, seed=1)
 
     batch = BatchEngine(Engine(Timed(table, clock), None, gamma=0), max_batch=2, max_step_seconds=0.5)
     got: dict[int, list[int]] = {}
@@ -136,13 +143,7 @@ def test_the_last_rows_of_a_long_prompt_are_sliced_where_they_would_overrun_the_
     deep in it) is sliced to its end like the rest, beside a stream and alone: no step takes much over the budget
     (0.5 s; the estimates still learn this steep a model: 0.67 s at most here, where a whole last call took 1.9 s);
     the answers are those of the requests alone."""
-    table = ToyModel.random(50, seed=3).table
-    stream = Request([1, 2, 3, 4, 5], GREEDY, 400, eos_token_ids=[])
-    long = Request([int(t) for t in np.random.default_rng(2).integers(0, 50, 1500)], GREEDY, 3, eos_token_ids=[])
-    alone = Engine(ToyModel(table), None, gamma=0)
-    want = [
-        alone.generate(r.prompt_ids, r.params, r.max_new_tokens, eos_token_ids=[]).token_ids for r in (stream, long)
-    ]
+    table, stream, long, want = stream_and_long_prompt(400, seed=2)
     for with_stream in (True, False):
         batch = BatchEngine(Engine(Steep(table, clock), None, gamma=0), max_batch=2, max_step_seconds=0.5)
         first = batch.submit(stream) if with_stream else None

@@ -283,13 +283,10 @@ bf16 = pytest.mark.skipif(
     not quant.attention_bf16_supported(), reason="the CPU has no AVX512_BF16 (the bfloat16 attention is refused)"
 )
 
-# (query heads, key-value heads, head width, float16 cache)
+# (query heads, key-value heads, head width, float16 cache): the float32 loops' shapes, and widths that are
+# multiples of 16 but not of 64
 BF16_SHAPES = {
-    "grouped-6-hd128": (12, 2, 128, False),
-    "grouped-3-hd64": (9, 3, 64, False),
-    "grouped-3-hd64-f16": (6, 2, 64, True),
-    "grouped-6-hd128-f16": (6, 1, 128, True),
-    "ungrouped-hd128": (2, 2, 128, False),
+    **SHAPES,
     "hd80": (4, 2, 80, False),
     "hd96": (4, 2, 96, False),
     "hd256": (4, 2, 256, False),
