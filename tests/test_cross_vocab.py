@@ -531,6 +531,8 @@ def test_a_draft_model_of_another_vocabulary_drafts_across_it(files, loaded):
     ids = target.tokenizer.encode("def f(x):", add_special_tokens=False)
     plain = greedy(Engine(target.model, None, gamma=0), ids, 24)
     assert greedy(Engine(target.model, narrow, gamma=3), ids, 24) == plain
+    with pytest.raises(ValueError, match="give 1 to 49152 \\(the tokens of the model's output layer\\)"):
+        make_drafter(f"model:{files['smol']}?vocab=60000", target)  # the draft's own vocabulary bounds it
     for spec in (f"ngram+model:{files['smol']}", f"model:{files['gemma']}?method=tli"):
         assert greedy(Engine(target.model, make_drafter(spec, target), gamma=3), ids, 24) == plain
 

@@ -47,7 +47,9 @@ def draft_vocabulary(size: int | None, ranking: Path | str | None, tokenizer, vo
     file; None: the ranking shipped for ``tokenizer``), plus the ids in ``always`` (end-of-sequence tokens) where
     the ranking's first ``size`` lack them. ``size`` None takes the whole ranking."""
     if size is not None and not 1 <= size <= vocab_size:
-        raise DraftVocabError(f"draft vocabulary size {size}: give 1 to {vocab_size} (the target's vocabulary)")
+        raise DraftVocabError(
+            f"draft vocabulary size {size}: give 1 to {vocab_size} (the tokens of the model's output layer)"
+        )
     if ranking is None:
         ranking = shipped_ranking(tokenizer)
         if ranking is None:
