@@ -204,6 +204,183 @@ Q8IL_RUN(q8il_q5m, KIND_Q5, 1, 0)
 Q8IL_RUN(q8il_q5c, KIND_Q5, 0, 1)
 #undef Q8IL_RUN
 
+/* ---- MODE_Q8 on AMX's tiles (Intel CPUs with AMX-INT8) ---------------------------------------------------------
+ *
+ * A tile product TDPBSUD adds to C [rows][16] int32 the products of A [rows][K] signed bytes (the activations of
+ * rows of x, K inputs of one weight block) by B [K / 4][16 x 4] unsigned bytes (the weights, 4 inputs of each of 16
+ * output rows per 64-byte row: the 64-byte groups of a tile, as the interleaved kernels read them). Per weight block
+ * it gives the same integer sums as vpdpbusd, and the float update that follows is the interleaved kernels', so the
+ * bits are theirs. A tile's weights are unpacked once (the 4-bit and 6-bit kinds into bytes) into a buffer of the
+ * thread's and serve every group of AMX_ROWS rows. */
+
+/* the tile registers' shapes (palette 1): the integer sums of AMX_GROUP blocks (tmm0 .. tmm3), A and B of even
+ * blocks (tmm4, tmm5) and of odd ones (tmm6, tmm7); R rows of activations, K inputs per block */
+typedef struct __attribute__((packed, aligned(64))) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+static __thread uint8_t *amx_buf = NULL; /* the unpacked weights of a tile */
+static __thread size_t amx_cap = 0;
+
+/* Load the tiles' shapes for R rows and K inputs per block (at every call of the kernel: another library in the
+ * process may use the tiles on the same thread between two calls) */
+TARGET_AMX static void amx_configure(int R, int K) {
+    amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 4; i++) {
+        c.rows[i] = (uint8_t)R; /* C */
+        c.colsb[i] = 64;
+    }
+    for (int i = 4; i < 8; i += 2) {
+        c.rows[i] = (uint8_t)R; /* A */
+        c.colsb[i] = (uint16_t)K;
+        c.rows[i + 1] = (uint8_t)(K / 4); /* B */
+        c.colsb[i + 1] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* The weights of tile t as B tiles, [block][K / 4][64] bytes (KIND_U8 needs none: its groups are B as stored). */
+TARGET_AMX INLINE void amx_unpack(const qmat *w, int t, int nb, const int KIND, uint8_t *buf) {
+    const __m512i nib = _mm512_set1_epi8(0x0F);
+    const int BB = KIND == KIND_Q4 ? 256 : (KIND == KIND_Q6 ? 192 : 320);
+    const uint8_t *q = w->q + (size_t)t * nb * BB;
+    for (int b = 0; b < nb; b++) {
+        const char *pf = (const char *)q + (size_t)b * BB + PREFETCH_AHEAD;
+        for (int l = 0; l < BB; l += 64) _mm_prefetch(pf + l, _MM_HINT_T1);
+        if (KIND == KIND_Q6) {
+            __m512i v[4];
+            q6_unpack512(q + (size_t)b * 192, v);
+            for (int g = 0; g < 4; g++) _mm512_store_si512(buf + ((size_t)b * 4 + g) * 64, v[g]);
+            continue;
+        }
+        for (int g = 0; g < 4; g++) {
+            __m512i lo, hi;
+            if (KIND == KIND_Q5) {
+                q5_unpack512(q + (size_t)b * 320, g, &lo, &hi);
+            } else {
+                const __m512i v = _mm512_loadu_si512(q + ((size_t)b * 4 + g) * 64);
+                lo = _mm512_and_si512(v, nib);
+                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+            }
+            _mm512_store_si512(buf + ((size_t)b * 8 + g) * 64, lo);
+            _mm512_store_si512(buf + ((size_t)b * 8 + 4 + g) * 64, hi);
+        }
+    }
+}
+
+/* The float update of block b for R rows from the integer sums c [R][16] (q8il_512's, row by row). */
+TARGET_AMX INLINE void amx_update(const qmat *w, int t, int nb, int b, const int32_t *c, const float *dx,
+                                  const float *ds, const int32_t *corr, __m512 *acc, const int KIND, const int HASM,
+                                  const int CORR, int R) {
+    const size_t si = ((size_t)t * nb + b) * QTILE;
+    const __m512 s = ld_scale512(w, 0, si);
+    const __m512 m = HASM ? ld_scale512(w, 1, si) : _mm512_setzero_ps();
+    const size_t b32 = KIND == KIND_Q6 ? (size_t)(b >> 1) : (size_t)b;
+    for (int r = 0; r < R; r++) {
+        __m512i isum = _mm512_load_si512(c + 16 * r);
+        if (CORR) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(corr[(size_t)b * R + r]));
+        const __m512 d = _mm512_mul_ps(s, _mm512_set1_ps(dx[b32 * R + r]));
+        acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(isum), acc[r]);
+        if (HASM) acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(ds[b32 * R + r]), acc[r]);
+    }
+}
+
+/* A tile product of block b into C tile `C`, with A and B in tiles A and B (literal numbers: the instructions name
+ * their tile registers), if block b exists */
+#define AMX_PRODUCT(C, A, B, b)                                                                                        \
+    do {                                                                                                               \
+        if ((b) < nb) {                                                                                                \
+            _tile_zero(C);                                                                                             \
+            _tile_loadd(A, xg + (KIND == KIND_Q6 ? (size_t)((b) >> 1) * R * 32 + ((b) & 1) * 16 : (size_t)(b) * R * 32), \
+                        32);                                                                                           \
+            _tile_loadd(B, wb + (size_t)(b) * KB * 64, 64);                                                            \
+            _tile_dpbsud(C, A, B);                                                                                     \
+        }                                                                                                              \
+    } while (0)
+
+/* blocks per group: the products of one group are computed and stored while the float updates of the group before
+ * run, so that the updates never wait on a product or on the stores that bring its sums back */
+#define AMX_GROUP 4
+
+TARGET_AMX INLINE void q8amx_kind(const qmat *w, int t, const int8_t *qx, const float *dx, const float *ds,
+                                  const int32_t *corr, float *y, int ldy, int n, int k, const int KIND,
+                                  const int HASM, const int CORR) {
+    const int K = KIND == KIND_Q6 ? 16 : 32, KB = K / 4; /* inputs per block, B's rows */
+    const int nb = w->in / K, nb32 = w->in / 32;
+    const uint8_t *wb;
+    if (KIND == KIND_U8) {
+        wb = w->q + (size_t)t * nb * 512;
+    } else {
+        const size_t need = (size_t)nb * KB * 64;
+        if (amx_cap < need) {
+            free(amx_buf);
+            amx_buf = aligned_alloc(64, need);
+            amx_cap = amx_buf ? need : 0;
+            if (!amx_buf) abort(); /* a few hundred KB: the pass's own buffers are far larger */
+        }
+        amx_unpack(w, t, nb, KIND, amx_buf);
+        wb = amx_buf;
+    }
+    int32_t c[2][AMX_GROUP][AMX_ROWS * 16] __attribute__((aligned(64))); /* two groups' integer sums */
+    const int groups = (nb + AMX_GROUP - 1) / AMX_GROUP;
+    for (int r0 = 0; r0 < k; r0 += AMX_ROWS) {
+        const int R = k - r0 < AMX_ROWS ? k - r0 : AMX_ROWS;
+        if (r0 == 0 || R < AMX_ROWS) amx_configure(R, K);
+        const int8_t *xg = qx + (size_t)r0 * w->in;
+        const float *dg = dx + (size_t)r0 * nb32, *sg = ds + (size_t)r0 * nb32;
+        const int32_t *cg = CORR ? corr + (size_t)r0 * nb : NULL;
+        __m512 acc[AMX_ROWS];
+        for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+        for (int g = 0; g <= groups; g++) {
+            if (g < groups) {
+                const int b = g * AMX_GROUP;
+                int32_t(*cs)[AMX_ROWS * 16] = c[g & 1];
+                AMX_PRODUCT(0, 4, 5, b);
+                AMX_PRODUCT(1, 6, 7, b + 1);
+                AMX_PRODUCT(2, 4, 5, b + 2);
+                AMX_PRODUCT(3, 6, 7, b + 3);
+                _tile_stored(0, cs[0], 64);
+                if (b + 1 < nb) _tile_stored(1, cs[1], 64);
+                if (b + 2 < nb) _tile_stored(2, cs[2], 64);
+                if (b + 3 < nb) _tile_stored(3, cs[3], 64);
+            }
+            if (g > 0) { /* the float updates of the group before, in increasing block order */
+                const int b0 = (g - 1) * AMX_GROUP;
+                for (int j = 0; j < AMX_GROUP && b0 + j < nb; j++)
+                    amx_update(w, t, nb, b0 + j, c[(g - 1) & 1][j], dg, sg, cg, acc, KIND, HASM, CORR, R);
+            }
+        }
+        for (int r = 0; r < R; r++) store512(y + (size_t)(r0 + r) * ldy, acc[r], n);
+    }
+    _tile_release(); /* the tiles' state back to its initial one: nothing of it to save at a switch of threads */
+}
+#undef AMX_PRODUCT
+
+TARGET_AMX __attribute__((noinline)) static void q8amx_512(const qmat *w, int t, int variant, const int8_t *qx,
+                                                           const float *dx, const float *ds, const int32_t *corr,
+                                                           float *y, int ldy, int n, int k) {
+#define AMX_KIND(KIND)                                                                                                 \
+    do {                                                                                                               \
+        if (variant == Q8IL_M)                                                                                         \
+            q8amx_kind(w, t, qx, dx, ds, corr, y, ldy, n, k, KIND, 1, 0);                                              \
+        else if (variant == Q8IL_C)                                                                                    \
+            q8amx_kind(w, t, qx, dx, ds, corr, y, ldy, n, k, KIND, 0, 1);                                              \
+        else                                                                                                           \
+            q8amx_kind(w, t, qx, dx, ds, corr, y, ldy, n, k, KIND, 0, 0);                                              \
+    } while (0)
+    switch (w->kind) {
+        case KIND_Q4: AMX_KIND(KIND_Q4); break;
+        case KIND_U8: AMX_KIND(KIND_U8); break;
+        case KIND_Q5: AMX_KIND(KIND_Q5); break;
+        default: q8amx_kind(w, t, qx, dx, ds, corr, y, ldy, n, k, KIND_Q6, 0, 1); break; /* Q6_K: offset 32 */
+    }
+#undef AMX_KIND
+}
+
 /* All (tiles, rows) shapes the driver asks for: TT tiles at once (see tiles_for), R <= 8 rows. */
 #define SHAPES(CALL)                                                                              \
     switch (TT * 16 + R) {                                                                        \
@@ -246,6 +423,7 @@ const qkernels qk_avx512 = {
             [KIND_Q6] = {[Q8IL_C] = q8il_q6c}, /* Q6_K: offset 32, no m */
             [KIND_Q5] = {[Q8IL_PLAIN] = q8il_q5, [Q8IL_M] = q8il_q5m, [Q8IL_C] = q8il_q5c},
         },
+    .q8amx = q8amx_512,
     /* q8: several integer accumulators per row instead of several tiles */
     .tiles_for = {{0, 2, 1, 1, 1, 1, 1, 1, 1}, {0, 1, 1, 1, 1, 1, 1, 1, 1}},
     .row_max = logits_max_avx2,
