@@ -12,8 +12,7 @@ Claims tested:
    or more inputs, within the measured ``Q8_TYPICAL`` = 0.25 of it (measured: at most 0.15; 0.26 at 96 inputs).
 3. Row independence: a row's result does not depend on how many rows share the pass (k = 1..32) or on the
    thread count, for every format, mode and available instruction path.
-4. The portable, AVX2 and AVX-512 paths agree bit for bit, and AVX-512's products on AMX's tiles (passes of 16 rows
-   or more, where the CPU has AMX-INT8) with its interleaved kernels.
+4. The portable, AVX2 and AVX-512 paths agree bit for bit.
 5. Several parts side by side equal the separate products concatenated; the bias is added.
 6. Clear errors for what the kernels do not take.
 """
@@ -61,7 +60,6 @@ def restore_isa():
     quant.set_isa(None)
     yield
     quant.set_isa(None)
-    quant.set_amx(True)
 
 
 def use_isa(name: str) -> None:
@@ -303,40 +301,6 @@ def test_instruction_paths_agree_bit_for_bit(weights, t, isa):
         for got, ref in zip([quant.q_gemm(qt, x[:k], mode=mode) for k in (1, 2, 3, 5, 8, 17, 32)], want[mode]):
             np.testing.assert_array_equal(got, ref, err_msg=f"{mode} {got.shape}")
     np.testing.assert_array_equal(qt.dequantize(), deq)
-
-
-@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
-def test_amx_tiles_agree_with_the_interleaved_kernels(t):
-    """Passes of 16 rows or more on AMX's tiles (groups of 16 rows, the last one partial, every tile kind, the last
-    output tile partial, several parts side by side) give the interleaved kernels' bits."""
-    quant.set_isa("avx512")
-    if not quant.set_amx(True):
-        pytest.skip("this CPU (or system) does not run AMX-INT8")
-    rng = np.random.default_rng(5 + int(t))
-    raw, _ = make(rng, t, OUT, IN)
-    qt = qtensor(t, raw, OUT, IN)
-    raw2, _ = make(rng, T.Q6_K, 24, IN)
-    parts = [qt, qtensor(T.Q6_K, raw2, 24, IN)]
-    x = randn(rng, 70, IN)
-    for k in (16, 17, 31, 48, 70):
-        for threads in (1, 2):
-            got = quant.q_gemm(parts, x[:k], mode="q8", threads=threads)
-            assert quant.amx()
-            quant.set_amx(False)
-            want = quant.q_gemm(parts, x[:k], mode="q8", threads=threads)
-            quant.set_amx(True)
-            np.testing.assert_array_equal(got, want, err_msg=f"k={k} threads={threads}")
-    # a row's result is the one it has alone (a pass of one row never uses the tiles)
-    np.testing.assert_array_equal(quant.q_gemm(parts, x[69:70], mode="q8"), got[69:70])
-
-
-def test_set_amx_turns_the_tiles_off_and_on():
-    quant.set_isa("portable")
-    assert not quant.amx() and not quant.set_amx(True)  # only on the AVX-512 path
-    quant.set_isa(None)
-    assert not quant.set_amx(False) and not quant.amx()
-    on = quant.set_amx(True)
-    assert on == quant.amx()
 
 
 def test_set_isa_clamps_and_names():

@@ -35,8 +35,6 @@ __all__ = [
     "q_gemm",
     "isa",
     "set_isa",
-    "amx",
-    "set_amx",
     "attention_bf16_supported",
     "supported_types",
     "quantized_available",
@@ -92,18 +90,6 @@ def set_isa(name: str | None) -> str:
     if name is not None and name not in ISAS:
         raise ValueError(f"unknown instruction path {name!r}: use one of {', '.join(ISAS)}")
     return ISAS[_lib().specwise_q_set_isa(-1 if name is None else ISAS.index(name))]
-
-
-def amx() -> bool:
-    """Whether passes over many rows (16 or more) compute their 8-bit products on AMX's tiles: the path in use is
-    ``avx512``, the CPU has AMX-INT8 and the system grants it, and it is not turned off (``set_amx(False)``, or
-    ``SPECWISE_AMX=0`` in the environment). Same bits as without: the same integer sums, the same float updates."""
-    return bool(_lib().specwise_q_amx())
-
-
-def set_amx(on: bool) -> bool:
-    """Turn the AMX products on (where supported) or off; returns :func:`amx`."""
-    return bool(_lib().specwise_q_set_amx(1 if on else 0))
 
 
 def _mode_id(mode: str) -> int:

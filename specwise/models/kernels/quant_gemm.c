@@ -3,17 +3,11 @@
  * tiles out between threads and hands them to the path's kernels, and the row readers (row, gather, re-quantize,
  * sum of magnitudes). The order of operations all paths follow: quant_internal.h.
  */
-#define _GNU_SOURCE /* syscall: the request for AMX's state */
 #include "specwise.h"
 
 #include "quant_internal.h"
 #ifdef _OPENMP
 #include <omp.h>
-#endif
-#if defined(SPECWISE_X86) && defined(__linux__)
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 #endif
 
 /* ---- CPU features ------------------------------------------------------------------------------------------ */
@@ -29,46 +23,6 @@ static int detected_isa(void) {
         return ISA_AVX2;
 #endif
     return ISA_PORTABLE;
-}
-
-/* Whether AMX-INT8 runs here: the CPU has its tiles (CPUID leaf 7: AMX-TILE, AMX-INT8), the system saves their
- * state (XCR0 bits 17 and 18), and Linux grants this process the state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once
- * per process: every thread then has it). */
-static int detected_amx(void) {
-#if defined(SPECWISE_X86) && defined(__linux__)
-    unsigned a, b, c, d;
-    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25))) return 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 27))) return 0; /* OSXSAVE: xgetbv is allowed */
-    unsigned lo, hi;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    if ((lo & (3u << 17)) != (3u << 17)) return 0;
-    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-#else
-    return 0;
-#endif
-}
-
-/* AMX: -1 not yet known, else whether supported; and whether the products use it (on by default, off with
- * SPECWISE_AMX=0 or specwise_q_set_amx(0)) */
-static int g_amx_supported = -1, g_amx_on = -1;
-
-int specwise_q_amx_supported(void) {
-    if (g_amx_supported < 0) g_amx_supported = detected_amx();
-    return g_amx_supported;
-}
-
-int specwise_q_amx(void) {
-    if (g_amx_on < 0) {
-        const char *env = getenv("SPECWISE_AMX");
-        g_amx_on = !(env && strcmp(env, "0") == 0);
-    }
-    return g_amx_on && q_kernels()->q8amx && specwise_q_amx_supported();
-}
-
-int specwise_q_set_amx(int on) {
-    g_amx_on = on != 0;
-    return specwise_q_amx();
 }
 
 /* The kernels of each path, by ISA_* (a path this build lacks falls back to the portable one). */
@@ -133,9 +87,6 @@ int qmat_ok(const qmat *w) {
 }
 
 /* ---- the driver --------------------------------------------------------------------------------------------- */
-
-/* Passes over at least this many rows use AMX's tiles where they run (fewer: the interleaved kernels) */
-#define AMX_MIN_ROWS 16
 
 /* Float rows (KIND_ROWS): the parts' outputs shared out between threads in runs of 4 (the float loops' tiles), each
  * thread's contiguous share handed to the path's rows kernel part by part; y [k][ldy]. */
@@ -231,9 +182,6 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
     acts a = {x, in, NULL, NULL, NULL, NULL};
     void *mem = NULL;
     const int RMAX = 8;
-    /* passes over many rows: the interleaved kinds on AMX's tiles, their activations interleaved per AMX_ROWS rows */
-    const int amx = il && k >= AMX_MIN_ROWS && specwise_q_amx();
-    const int RI = amx ? AMX_ROWS : RMAX; /* rows per group of the interleaved activations */
     /* the interleaved q8 kernels (il): the activations interleaved per group of RMAX rows, and each distinct
      * (offset, block) of the parts' offset corrections offset * sum(qx) per weight block and row */
     int ncorr = 0, coff[8], cblk[8];
@@ -290,9 +238,9 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
 #pragma omp barrier
                 /* interleaved per group of RMAX rows, each thread a share of the groups */
                 int g_lo, g_hi;
-                thread_share((k + RI - 1) / RI, &g_lo, &g_hi);
-                interleave_acts(&a, k, in, g_lo * RI, g_hi * RI < k ? g_hi * RI : k, RI, qxi, dxi, dsi, ci, ncorr, coff,
-                                cblk);
+                thread_share((k + RMAX - 1) / RMAX, &g_lo, &g_hi);
+                interleave_acts(&a, k, in, g_lo * RMAX, g_hi * RMAX < k ? g_hi * RMAX : k, RMAX, qxi, dxi, dsi, ci, ncorr,
+                                coff, cblk);
             }
 #pragma omp barrier
         }
@@ -307,15 +255,6 @@ int specwise_q_gemm(const qmat *parts, int nparts, const float *x, const float *
             const int pq8 = mode == MODE_Q8 && w->kind != KIND_F32;
             int chunk = K->tiles_for[pq8][k < RMAX ? k : RMAX];
             while (chunk > avail) chunk /= 2;
-            if (amx && q8il[p]) { /* every row at once, tile by tile */
-                for (int c = 0; c < chunk; c++) {
-                    const int t0 = lt + c;
-                    const int n = (t0 + 1 == ptiles && w->out % QTILE) ? w->out % QTILE : QTILE;
-                    K->q8amx(w, t0, variant[p], qxi, dxi, dsi, corr[p], y + col[p] + (size_t)t0 * QTILE, ldy, n, k);
-                }
-                t += chunk;
-                continue;
-            }
             for (int r0 = 0; r0 < k; r0 += RMAX) {
                 const int R = k - r0 < RMAX ? k - r0 : RMAX;
                 const float *xr = x + (size_t)r0 * in;

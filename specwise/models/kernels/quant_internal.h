@@ -52,8 +52,6 @@
 #define SPECWISE_X86 1
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-#define TARGET_AMX                                                                                                     \
-    __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
 #endif
 #define INLINE static inline __attribute__((always_inline))
 /* a function shared between the kernels' files, not exported by the library */
@@ -141,13 +139,6 @@ typedef void (*q8il_fn)(const qmat *w, int t, const int8_t *qx, const float *dx,
  * taken as signed weights, no correction). */
 enum { Q8IL_PLAIN = 0, Q8IL_M = 1, Q8IL_C = 2, Q8IL_S = 3, Q8IL_VARIANTS = 4 };
 
-/* MODE_Q8 for tile t (n valid rows) and all k rows, on AMX's tiles: the activations interleaved per group of 16
- * rows (AMX_ROWS; the last group holds the rest), as q8il_fn's are per group; corr as q8il_fn's, for all rows;
- * variant Q8IL_*. The same integer sums and float updates as the interleaved kernels, hence their bits. */
-typedef void (*q8amx_fn)(const qmat *w, int t, int variant, const int8_t *qx, const float *dx, const float *ds,
-                         const int32_t *corr, float *y, int ldy, int n, int k);
-#define AMX_ROWS 16
-
 /* KIND_ROWS: y[r][o] = x[r][0 .. in) . w[o][0 .. in) for outputs o0 <= o < o1 and rows r < k (smallgemm.c) */
 typedef void (*rows_fn)(const qmat *w, int o0, int o1, const float *x, int k, float *y, int ldy);
 /* the RMS norm of k rows of n (qllama.c) */
@@ -167,7 +158,6 @@ typedef struct {
     quantize_fn quantize;                   /* MODE_Q8's activations */
     tiles_fn tiles;                         /* see tiles_fn */
     q8il_fn q8il[KIND_Q5 + 1][Q8IL_VARIANTS]; /* per kind and variant; NULL where the path has none (then: tiles) */
-    q8amx_fn q8amx;                         /* MODE_Q8 on AMX's tiles (NULL: not on this path) */
     unsigned char tiles_for[2][9];          /* tiles per call [MODE_Q8 with quantized weights][rows 1..8]: enough
                                              * independent accumulators to hide the latency of the FMAs */
     float (*row_max)(const float *x, int n, int *nan); /* logits.c: the largest non-NaN value, *nan = 1 if any */

@@ -28,13 +28,6 @@ int specwise_q_isa(void);
 int specwise_attention_bf16_supported(void);
 /* Use `isa` (clamped to what the CPU supports; -1: the best); returns the path now in use. */
 int specwise_q_set_isa(int isa);
-/* 1 where the CPU and the system allow AMX-INT8 tiles (Linux grants a process their state on request), else 0 */
-int specwise_q_amx_supported(void);
-/* 1 where the products of passes over many rows run on AMX's tiles (the path in use is AVX-512, AMX is supported
- * and not turned off: specwise_q_set_amx, or SPECWISE_AMX=0 in the environment), else 0 */
-int specwise_q_amx(void);
-/* Turn the AMX products on (1, where supported) or off (0); returns specwise_q_amx(). */
-int specwise_q_set_amx(int on);
 /* The tiled layout of a GGML type (kind, block, offset, has_m, half, raw block and bytes, sub); -1: unsupported. */
 int specwise_q_layout(int type, int *kind, int *block, int *offset, int *has_m, int *half, int *raw_block,
                       int *raw_bytes, int *sub);
