@@ -467,6 +467,7 @@ def load_model(
     name = "SmolLM2-135M-Instruct" if spec == DEFAULT_MODEL else str(spec)
     gguf_path = gguf_source(spec)
     on_cpu = _device_type(device) == "cpu"
+    fallback = None  # why the quantized native model could not load a GGUF file it was asked for
     if impl == "hf":
         what = f"{name} in the Hugging Face implementation (--impl hf)"
     elif not on_cpu:
@@ -486,10 +487,11 @@ def load_model(
             except NotImplementedError as err:
                 reason = str(err)
         what = f"{gguf_path.name} in float32 (the quantized native model is unavailable: {reason})"
-        _refuse_formats(formats, what)
+        fallback = reason
+    _refuse_formats(formats, what)  # before anything is loaded or an extra asked for
+    if fallback is not None:
         require("hf", what)
-        print(f"specwise: the quantized native model is unavailable ({reason}); using float32", file=sys.stderr)
-    _refuse_formats(formats, what)
+        print(f"specwise: the quantized native model is unavailable ({fallback}); using float32", file=sys.stderr)
     return _load_float(spec, name, device, dtype_name, impl, what)
 
 
