@@ -287,7 +287,7 @@ class Engine:
                 continue
             # a pass of its own is timed whole (verification included); a shared one is told once, below
             seconds = time.perf_counter() - t_pass if len(items) == 1 else None
-            planner.observe(run.state, plan.proposal, result.accepted, seconds, forced=len(plan.forced))
+            planner.observe(run.state, plan.proposal, result.accepted, seconds, len(plan.forced), result.following)
             slot.cache = (run.context, slot.target.feeds, slot.target.keep_features)
             out.events.append((slot.rid, result.event))
         if len(items) > 1:
@@ -391,6 +391,7 @@ class Engine:
         uniforms = None if params.greedy else (lambda i: run.uniforms(at + i))
         new = verify(draft.ids, draft.probs, logits, params, run.generator, uniforms)
         accepted = len(new) - 1
+        following = int(new[-1])  # the target's token after the kept ones
         run.target.rollback(start + 1 + len(forced) + accepted)
         stats.verify_seconds += time.perf_counter() - t_pass
         grammar_done = False
@@ -432,7 +433,7 @@ class Engine:
         if finish is not None:
             stats.total_seconds = time.perf_counter() - run.t0
             event.finish_reason, event.stats = finish, stats
-        return StepResult(event, accepted)
+        return StepResult(event, accepted, following)
 
     @staticmethod
     def _advance_grammar(run: Run, forced: list[int], new: list[int]) -> tuple[list[int], bool]:

@@ -51,7 +51,9 @@ token (:meth:`AdaptivePlanner.stop_level`); the stop level is also passed to ``p
 that drafts token by token (the head) stops there instead of drafting tokens that would be cut.
 A draft in hand of a known kind is weighed against the other sources' with its kind's measured first-token
 acceptance in place of the source's first position, and cut to its best prefix first: prompt lookup's record is
-made by its long matches, and a one-token match in code is accepted far less often.
+made by its long matches, and a one-token match in code is accepted far less often. The drafts of copies that lost
+to another source's are judged against what the target emitted, one token past the kept ones: a deterministic
+draft is accepted exactly where it agrees with the target's choice (greedy, or sampled under the coupled rule).
 
 Every choice depends only on the context, past outcomes and deterministic drafts, never on what a sampled draft
 contains, and the rejection rule is exact for every gamma: the output stays exact.
@@ -98,9 +100,9 @@ class Proposal:
     source: int = 0
     reason: str | None = None
     # the drafts of the other sources of copies (a prediction, prompt lookup) asked this step, as (source, token
-    # ids, Draft.kind): judged against the verified draft, so that a source whose draft lost to an equal one (two
-    # sources copying the same text), or to a draft model's, still learns how far it was right, and how often the
-    # first token of its kind is
+    # ids, Draft.kind): judged against the tokens the target emitted, so that a source whose draft lost to an equal
+    # one (two sources copying the same text), or to a draft model's, still learns how far it was right, and how often
+    # the first token of its kind is
     alternatives: list[tuple[int, list[int], object]] = field(default_factory=list)
 
 
@@ -179,12 +181,19 @@ class Planner(ABC):
         all rows grows dear (None: the sequence is alone)."""
 
     def observe(
-        self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None, forced: int = 0
+        self,
+        state: PlanState,
+        proposal: Proposal,
+        accepted: int,
+        seconds: float | None,
+        forced: int = 0,
+        following: int | None = None,
     ) -> None:
         """The target verified ``proposal`` (an empty draft: a plain step), kept ``accepted`` tokens and took
         ``seconds`` (sampling and acceptance included; None when the pass was shared by other sequences and is
         told by :meth:`observe_pass`); ``forced``: tokens a grammar forced, fed before the draft in the same pass
-        (rows of the pass too)."""
+        (rows of the pass too); ``following``: the token the target chose after the kept ones (the recovered or
+        the bonus token; None: not told), by which the drafts that lost are judged."""
         drafted = len(proposal.draft)
         if not drafted:
             return
@@ -605,10 +614,8 @@ class AdaptivePlanner(Planner):
             self.costs.observe_answer(state.answer.produced)
         state.answer.produced = 0
 
-    def observe(
-        self, state: PlanState, proposal: Proposal, accepted: int, seconds: float | None, forced: int = 0
-    ) -> None:
-        super().observe(state, proposal, accepted, seconds, forced)
+    def observe(self, state, proposal, accepted, seconds, forced=0, following=None) -> None:
+        super().observe(state, proposal, accepted, seconds, forced, following)
         state.answer.produced += accepted + 1 + forced
         drafted = len(proposal.draft)
         if seconds is not None:  # the pass fed the last token, the forced ones and the draft
@@ -618,7 +625,7 @@ class AdaptivePlanner(Planner):
         _judge(state.known[proposal.source].positions, drafted, accepted)
         chosen = proposal.draft.ids if drafted else []
         for source, ids, kind in proposal.alternatives:
-            judged, right = _judged_alternative(ids, chosen, accepted)
+            judged, right = _judged_alternative(ids, chosen, accepted, following)
             if judged:
                 _judge(state.known[source].positions, judged, right)
                 state.known[source].tokens.add(right, judged)
@@ -638,17 +645,24 @@ def _judge(positions: list[Rate], drafted: int, accepted: int) -> None:
             break
 
 
-def _judged_alternative(ids: list[int], chosen: list[int], accepted: int) -> tuple[int, int]:
-    """How much of a deterministic draft ``ids`` the verification of ``chosen`` (``accepted`` of its tokens kept)
-    judged, and how many of those were right: its tokens that agree with the kept ones are right; the first that
-    differs from a kept token, or equals a rejected one, is wrong; past the kept tokens nothing is known (the
-    token the target chose there is not one of the drafts'). Returns (judged positions, right ones)."""
-    agree = common_prefix(ids, chosen)
-    if agree < accepted:  # differs from a kept token (or ends before it)
-        return (agree + 1, agree) if agree < len(ids) else (agree, agree)
-    if agree > accepted:  # repeats the rejected token
-        return accepted + 1, accepted
-    return accepted, accepted  # right up to where the verified draft was judged; what follows is unknown
+def _judged_alternative(
+    ids: list[int], chosen: list[int], accepted: int, following: int | None = None
+) -> tuple[int, int]:
+    """How much of a deterministic draft ``ids`` the verification of ``chosen`` (``accepted`` of its tokens kept,
+    then ``following``, the target's own token) judged, and how many of those were right. A deterministic draft is
+    accepted where it agrees with what the target emitted: greedy, its argmax; sampled, the coupled rule's token,
+    which does not depend on the draft (under the stochastic rule, a sampled draft's, the emitted token follows p:
+    it agrees with a token x with probability p(x), x's acceptance). So its tokens that agree with the emitted ones
+    are right, the first that differs is wrong, and past the emitted tokens nothing is known. Without
+    ``following``, a token that differs from the rejected one is not known either (only one that repeats it is
+    wrong). Returns (judged positions, right ones)."""
+    emitted = chosen[:accepted] if following is None else [*chosen[:accepted], following]
+    agree = common_prefix(ids, emitted)
+    if agree < min(len(ids), len(emitted)):  # differs from an emitted token
+        return agree + 1, agree
+    if following is None and agree == accepted < min(len(ids), len(chosen)) and ids[agree] == chosen[agree]:
+        return accepted + 1, accepted  # repeats the rejected token
+    return agree, agree  # right as far as it or the emitted tokens go; what follows is unknown
 
 
 def make_planner(gamma: int | str | Planner, max_gamma: int = 8, cost_curve: dict[int, float] | None = None) -> Planner:

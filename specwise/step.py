@@ -117,10 +117,12 @@ class StepPlan:
 
 @dataclass
 class StepResult:
-    """What verifying one sequence's rows gave: its event, and how many drafted tokens were accepted."""
+    """What verifying one sequence's rows gave: its event, how many drafted tokens were accepted, and the token the
+    target chose after them (the recovered or the bonus token: the planner judges the drafts that lost by it)."""
 
     event: GenerationEvent
     accepted: int
+    following: int | None = None
 
 
 @dataclass
