@@ -12,8 +12,8 @@ The planner is three parts:
 
 - the machine's costs (a target pass over k tokens, drafting a token, an ask that got nothing):
   :class:`specwise.costs.PassCosts`, one per planner, shared by every sequence it plans for;
-- the text's acceptance (by draft position and source, how often a source has nothing, the first token's
-  acceptance by the kind of draft): a :class:`specwise.acceptance.PlanState` per sequence;
+- the text's acceptance (by draft position and source, how often a source has nothing, by position for each
+  kind of draft): a :class:`specwise.acceptance.PlanState` per sequence;
 - the choice (this module): each step, from those two and the batch context the engine passes in (what other
   sequences put in a shared pass, :class:`specwise.costs.Shared`), with no state of its own between calls.
 
@@ -45,15 +45,16 @@ the sequence's drafters after it, each with its record.
 
 Drafting stops at a confidence: a drafter may give each drafted token a confidence (``Draft.confidence``, the
 estimated probability that it is accepted when the ones before it are), and prompt lookup labels a draft with
-the length of its match (``Draft.kind``), whose first-token acceptance the planner measures. The planner cuts a
+the length of its match (``Draft.kind``), whose acceptance the planner measures. The planner cuts a
 draft at the first token where the product of the confidences so far falls below the break-even of one more
 token (:meth:`AdaptivePlanner.stop_level`); the stop level is also passed to ``propose``, so that a drafter
 that drafts token by token (the head) stops there instead of drafting tokens that would be cut.
-A draft in hand of a known kind is weighed against the other sources' with its kind's measured first-token
-acceptance in place of the source's first position, and cut to its best prefix first: prompt lookup's record is
-made by its long matches, and a one-token match in code is accepted far less often. The drafts of copies that lost
-to another source's are judged against what the target emitted, one token past the kept ones: a deterministic
-draft is accepted exactly where it agrees with the target's choice (greedy, or sampled under the coupled rule).
+A draft in hand of a known kind is weighed against the other sources' with its kind's measured acceptance by
+position in place of the source's (the source's as its prior), and cut to its best prefix first: prompt lookup's
+record is made by its long matches, and a one-token match in code is accepted far less often, at its first token
+and after it. The drafts of copies that lost to another source's are judged against what the target emitted, one
+token past the kept ones: a deterministic draft is accepted exactly where it agrees with the target's choice
+(greedy, or sampled under the coupled rule), so its records follow the text at any temperature.
 
 Every choice depends only on the context, past outcomes and deterministic drafts, never on what a sampled draft
 contains, and the rejection rule is exact for every gamma: the output stays exact.
@@ -67,7 +68,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid
+from specwise.acceptance import PlanState, SourceRecord, acceptance, expected_accepted_iid, kind_acceptance
 from specwise.costs import ALONE, PassCosts, Shared
 from specwise.drafters.base import Draft, Drafter, common_prefix
 from specwise.estimates import Rate
@@ -101,8 +102,8 @@ class Proposal:
     reason: str | None = None
     # the drafts of the other sources of copies (a prediction, prompt lookup) asked this step, as (source, token
     # ids, Draft.kind): judged against the tokens the target emitted, so that a source whose draft lost to an equal
-    # one (two sources copying the same text), or to a draft model's, still learns how far it was right, and how often
-    # the first token of its kind is
+    # one (two sources copying the same text), or to a draft model's, still learns how far it was right, and how far
+    # the drafts of its kind are
     alternatives: list[tuple[int, list[int], object]] = field(default_factory=list)
 
 
@@ -117,7 +118,7 @@ class Planner(ABC):
     prior_weight: float = 2.0
     decay: float = 0.95
     carry: float = 0.0
-    KIND_PRIOR, KIND_WEIGHT, KIND_DECAY = 0.5, 2.0, 0.9  # first-token acceptance by kind of draft
+    prior: float = 0.5  # the acceptance assumed at a source's first position before anything is observed
 
     def with_cost_curve(self, cost_curve: dict[int, float] | None) -> Planner:
         """This planner, given the target's measured cost curve c(k) as its prior (known once the target is
@@ -201,7 +202,7 @@ class Planner(ABC):
         known.tokens.add(accepted, drafted)
         kind = proposal.draft.kind
         if kind is not None:
-            self._kind_rate(known, kind).add(1.0 if accepted > 0 else 0.0)
+            _judge(known.kind(kind), drafted, accepted)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         """A target pass over ``rows`` rows shared by several sequences took ``seconds`` (a pass of one sequence
@@ -213,11 +214,13 @@ class Planner(ABC):
             return 0.0
         return expected_accepted_iid(state.known[proposal.source].tokens.value(), len(proposal.draft))
 
-    def _kind_rate(self, known: SourceRecord, kind: object) -> Rate:
-        rate = known.kinds.get(kind)
-        if rate is None:
-            rate = known.kinds[kind] = Rate(self.KIND_PRIOR, self.KIND_WEIGHT, self.KIND_DECAY)
-        return rate
+    def kind_acceptance(self, state: PlanState, source: int, kind: object) -> list[float]:
+        """Estimated P(position i accepted | positions < i accepted) of a draft of ``kind`` (``Draft.kind``) from
+        ``source``: the kind's own record, each position with the source's estimate there as its prior, so that a
+        kind not seen yet is valued as the source's drafts are (at any temperature), and one seen is valued by what
+        became of its own drafts: prompt lookup's one-token matches in code are accepted far less often than the
+        long ones that make its record, at their first token and after it."""
+        return kind_acceptance(state.known[source], kind, self.prior)
 
     def _ask(
         self,
@@ -239,7 +242,7 @@ class Planner(ABC):
             return draft, False
         reach = 1.0  # estimated probability that the draft so far is accepted
         if draft.kind is not None:
-            reach = self._kind_rate(state.known[source], draft.kind).value()
+            reach = self.kind_acceptance(state, source, draft.kind)[0]
         confidence = draft.confidence or []
         for i in range(len(draft)):
             if i < len(confidence):
@@ -402,12 +405,13 @@ class AdaptivePlanner(Planner):
         """Estimated probability that asking ``source`` yields a draft."""
         return state.known[source].asks.value()
 
-    def _expected_tokens(self, state: PlanState, gamma: int, source: int, first: float | None = None) -> float:
-        """Tokens a step emits when ``source`` drafts ``gamma``; ``first``: the first token's acceptance where it is
-        known better than the source's record (the measured first-token acceptance of the draft's kind)."""
+    def _expected_tokens(self, state: PlanState, gamma: int, source: int, kind: object = None) -> float:
+        """Tokens a step emits when ``source`` drafts ``gamma``; ``kind``: the draft's ``Draft.kind``, valued by its
+        kind's record (:meth:`kind_acceptance`; None: by the source's)."""
         tokens, reach = 1.0, 1.0
-        for i, a in enumerate(self.acceptance(state, source)[:gamma]):
-            reach *= first if i == 0 and first is not None else a
+        accept = self.acceptance(state, source) if kind is None else self.kind_acceptance(state, source, kind)
+        for a in accept[:gamma]:
+            reach *= a
             tokens += reach
         return tokens
 
@@ -449,11 +453,9 @@ class AdaptivePlanner(Planner):
         self, state: PlanState, drafted: int, source: int = 0, shared: Shared = ALONE, kind: object = None
     ) -> float:
         """Expected tokens per second of verifying a draft of ``drafted`` tokens from ``source`` that is already
-        in hand (its drafting time is spent). ``kind``: the draft's ``Draft.kind``, whose measured first-token
-        acceptance then stands for the first position's (prompt lookup's one-token matches in code are accepted
-        far less often than its longer ones, which make its record)."""
-        first = None if kind is None else self._kind_rate(state.known[source], kind).value()
-        tokens = shared.tokens + self._expected_tokens(state, drafted, source, first)
+        in hand (its drafting time is spent). ``kind``: the draft's ``Draft.kind``, whose measured acceptance then
+        stands for the source's (:meth:`kind_acceptance`)."""
+        tokens = shared.tokens + self._expected_tokens(state, drafted, source, kind)
         return tokens / self.verify_time(shared.rows + drafted + 1, shared)
 
     def best_prefix(self, state: PlanState, source: int, draft: Draft, shared: Shared = ALONE) -> Draft:
@@ -461,7 +463,11 @@ class AdaptivePlanner(Planner):
         before its kind was known: a weak match is verified over fewer rows)."""
         if draft.kind is None or len(draft) <= 1:
             return draft
-        rates = [self.draft_rate(state, n, source, shared, draft.kind) for n in range(1, len(draft) + 1)]
+        tokens, reach, rates = shared.tokens + 1.0, 1.0, []  # rates[n - 1]: draft_rate of the first n tokens
+        for n, a in enumerate(self.kind_acceptance(state, source, draft.kind)[: len(draft)], start=1):
+            reach *= a
+            tokens += reach
+            rates.append(tokens / self.verify_time(shared.rows + n + 1, shared))
         n = 1 + max(range(len(rates)), key=rates.__getitem__)
         return draft if n == len(draft) else draft.prefix(n)
 
@@ -630,7 +636,7 @@ class AdaptivePlanner(Planner):
                 _judge(state.known[source].positions, judged, right)
                 state.known[source].tokens.add(right, judged)
                 if kind is not None:
-                    self._kind_rate(state.known[source], kind).add(1.0 if right else 0.0)
+                    _judge(state.known[source].kind(kind), judged, right)
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         self.costs.observe_shared_pass(rows, seconds)
