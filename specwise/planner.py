@@ -408,12 +408,9 @@ class AdaptivePlanner(Planner):
     def _expected_tokens(self, state: PlanState, gamma: int, source: int, kind: object = None) -> float:
         """Tokens a step emits when ``source`` drafts ``gamma``; ``kind``: the draft's ``Draft.kind``, valued by its
         kind's record (:meth:`kind_acceptance`; None: by the source's)."""
-        tokens, reach = 1.0, 1.0
         accept = self.acceptance(state, source) if kind is None else self.kind_acceptance(state, source, kind)
-        for a in accept[:gamma]:
-            reach *= a
-            tokens += reach
-        return tokens
+        tokens = _tokens_by_length(accept[:gamma])
+        return tokens[-1] if tokens else 1.0
 
     def plain_rate(self, shared: Shared = ALONE) -> float:
         """Expected tokens per second of a plain step (of the whole pass, when others share it)."""
@@ -441,10 +438,7 @@ class AdaptivePlanner(Planner):
         per_token, fixed = self.draft_time(key), self.ask_time(key)
         empty = self.costs.empty_time(key) + self.verify_time(rows + 1, shared)
         rates = [self.plain_rate(shared)]
-        tokens, reach = 1.0, 1.0
-        for gamma, a in enumerate(self.acceptance(state, source)[:top], start=1):
-            reach *= a
-            tokens += reach
+        for gamma, tokens in enumerate(_tokens_by_length(self.acceptance(state, source)[:top]), start=1):
             drafted = fixed + gamma * per_token + self.verify_time(rows + gamma + 1, shared)
             rates.append((others + p * tokens + (1.0 - p)) / (p * drafted + (1.0 - p) * empty))
         return rates
@@ -463,11 +457,11 @@ class AdaptivePlanner(Planner):
         before its kind was known: a weak match is verified over fewer rows)."""
         if draft.kind is None or len(draft) <= 1:
             return draft
-        tokens, reach, rates = shared.tokens + 1.0, 1.0, []  # rates[n - 1]: draft_rate of the first n tokens
-        for n, a in enumerate(self.kind_acceptance(state, source, draft.kind)[: len(draft)], start=1):
-            reach *= a
-            tokens += reach
-            rates.append(tokens / self.verify_time(shared.rows + n + 1, shared))
+        accept = self.kind_acceptance(state, source, draft.kind)[: len(draft)]
+        rates = [  # rates[n - 1]: draft_rate of the first n tokens, all from one pass over the positions
+            (shared.tokens + tokens) / self.verify_time(shared.rows + n + 1, shared)
+            for n, tokens in enumerate(_tokens_by_length(accept), start=1)
+        ]
         n = 1 + max(range(len(rates)), key=rates.__getitem__)
         return draft if n == len(draft) else draft.prefix(n)
 
@@ -640,6 +634,18 @@ class AdaptivePlanner(Planner):
 
     def observe_pass(self, rows: int, seconds: float) -> None:
         self.costs.observe_shared_pass(rows, seconds)
+
+
+def _tokens_by_length(accept: list[float]) -> list[float]:
+    """Tokens a step emits, expected, when it verifies a draft of 1, 2, ... len(accept) tokens whose positions are
+    accepted with the conditional probabilities ``accept``: 1 (the target's own token) plus the probability of
+    reaching each drafted position."""
+    tokens, reach, out = 1.0, 1.0, []
+    for a in accept:
+        reach *= a
+        tokens += reach
+        out.append(tokens)
+    return out
 
 
 def _judge(positions: list[Rate], drafted: int, accepted: int) -> None:
