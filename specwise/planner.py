@@ -536,7 +536,10 @@ class AdaptivePlanner(Planner):
                 continue
             t0 = time.perf_counter()
             key = state.keys[i]
-            draft, cut = self._ask(state, i, context, gamma, params, generator, self.stop_level(key, shared))
+            # a probe drafts its token whatever the stop level: cut to nothing it would be an empty ask, which
+            # never times a drafted token, and a drafting time measured under load would then never come down
+            stop = 0.0 if state.known[i].probing else self.stop_level(key, shared)
+            draft, cut = self._ask(state, i, context, gamma, params, generator, stop)
             seconds = time.perf_counter() - t0
             intake = draft.intake
             if intake > self.CATCH_UP:

@@ -4,6 +4,7 @@ gamma=auto. The adaptive planner's estimates are driven with synthetic acceptanc
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -1011,3 +1012,33 @@ def test_a_kind_of_draft_is_valued_by_its_own_record_at_every_position():
     assert len(s.best_prefix(state, 0, short.draft)) <= 2
     s.begin(state)
     assert state.known[0].kinds[1][0].count == pytest.approx(4.0) and s.kind_acceptance(state, 0, 1)[1] < 0.3
+
+
+def test_drafting_that_looked_dear_under_a_load_spike_is_measured_again_once_the_spike_is_over():
+    """Asks timed while the machine was loaded make drafting look dearer than a plain step: the stop level reaches 1
+    and the planner takes plain steps. Its probes must still draft their token whatever its confidence (a probe cut
+    by the stop level would be an empty ask, which never times a drafted token), so once the load is gone the
+    drafting time is measured again and drafting resumes."""
+    delay = [0.015]  # per drafted token
+
+    def script(context, k):
+        if delay[0]:
+            time.sleep(delay[0] * k)
+        return Draft(list(range(5, 5 + k)), confidence=[0.9] * k)
+
+    p = AdaptivePlanner(max_gamma=4, probe_every=4)
+    state = p.new_state([Scripted("model", script)])
+    p.begin(state)
+
+    def step():
+        proposal = p.draft(state, [1], 64, GREEDY, None)
+        drafted = len(proposal.draft)
+        p.observe(state, proposal, drafted, 0.01 * cost(drafted + 1))  # every drafted token accepted
+        return drafted
+
+    for _ in range(6):  # loaded: each drafted token takes 15 ms against a 10 ms pass
+        step()
+    assert p.stop_level() == 1.0
+    delay[0] = 0.0  # the load is gone
+    drafted = [step() for _ in range(200)]
+    assert sum(d >= 2 for d in drafted[150:]) >= 45, drafted
