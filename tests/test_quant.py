@@ -303,6 +303,30 @@ def test_instruction_paths_agree_bit_for_bit(weights, t, isa):
     np.testing.assert_array_equal(qt.dequantize(), deq)
 
 
+@pytest.mark.parametrize("isa", ("avx2", "avx512"))
+def test_q6_k_products_at_the_ends_of_both_ranges_agree_with_the_portable_path(isa):
+    """Q6_K weights at both ends of their range (q = 0 and 63, i.e. -32 and 31) against activations quantized to
+    +-127 everywhere: the largest byte-pair products and block sums the instruction paths' narrower integer sums
+    can meet, which must neither saturate nor wrap."""
+    out, n_in = 32, 512
+    blocks = np.zeros((out, n_in // 256, 210), dtype=np.uint8)
+    blocks[..., 192:208] = 3  # the int8 sub-scales
+    blocks[..., 208:210] = np.frombuffer(np.float16(0.5).tobytes(), dtype=np.uint8)  # d
+    blocks[out // 2 :, :, :192] = 0xFF  # the second half of the rows: every q = 63
+    blocks[::3, 1, :192] = 0xFF  # and a few rows mixed: one super-block each way
+    qt = qtensor(T.Q6_K, blocks, out, n_in)
+    ones = np.ones(n_in, dtype=np.float32)
+    x = np.stack([ones, -ones, np.where(np.arange(n_in) % 2, ones, -ones), np.where(np.arange(n_in) % 32 < 16, ones, -ones)])
+    x = np.concatenate([x, x[::-1], x, x])  # 16 rows: passes of many rows too
+    quant.set_isa("portable")
+    want = [quant.q_gemm(qt, x[:k], mode="q8") for k in (1, 3, 4, 8, 16)]
+    exact = x.astype(np.float64) @ reference(blocks.reshape(out, -1), T.Q6_K, out, n_in).T.astype(np.float64)
+    np.testing.assert_allclose(want[-1], exact, rtol=1e-6, atol=1e-3)  # |x| = 1 is quantized exactly
+    use_isa(isa)
+    for k, ref in zip((1, 3, 4, 8, 16), want):
+        np.testing.assert_array_equal(quant.q_gemm(qt, x[:k], mode="q8"), ref, err_msg=f"k={k}")
+
+
 def test_set_isa_clamps_and_names():
     best = quant.set_isa(None)
     assert best in quant.ISAS and quant.isa() == best

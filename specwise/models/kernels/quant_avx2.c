@@ -1,7 +1,7 @@
 /*
- * The AVX2 + FMA path: MODE_Q8's activations, the exact products (exact256), MODE_Q8 for KIND_Q6 (q8q6_256), both
- * over half tiles of 8 output rows (run256), and MODE_Q8's interleaved products for blocks of 32 (q8il_256,
- * run256_q8il), in the reference order of operations (quant_internal.h).
+ * The AVX2 + FMA path: MODE_Q8's activations, the exact products (exact256), MODE_Q8 for KIND_Q6 (q8q6s_256 for
+ * Q6_K, q8q6_256 otherwise), both over half tiles of 8 output rows (run256), and MODE_Q8's interleaved products for
+ * blocks of 32 (q8il_256, run256_q8il), in the reference order of operations (quant_internal.h).
  */
 #include "specwise.h"
 
@@ -176,8 +176,73 @@ TARGET_AVX2 INLINE void q8q6_256(const qmat *w, int h0, const acts *a, float *y,
     }
 }
 
+/* KIND_Q6 with offset 32 and no m (Q6_K): the weights taken as signed, q - 32 in [-32, 31], multiplied through their
+ * magnitude and sign (maddubs(|w|, sign(x, w)): each byte pair at most 2 * 32 * 127 = 8128 in magnitude), the block's
+ * 4 groups added in 16 bits (4 * 8128 = 32512 < 2^15: exact) and widened once per block. The sum over the block is
+ * sum((q - 32) x) = sum(q x) - 32 sum(x): the very integer the offset correction gives, so the float update and the
+ * result are those of q8q6_256. One widening per block where q8q6_256 widens every group: the multiplier port,
+ * which the widening shares with the byte products on AVX2 CPUs, does 5 operations per block instead of 8. */
+TARGET_AVX2 INLINE void q8q6s_256(const qmat *w, int h0, const acts *a, float *y, int ldy, int n, const int HT,
+                                  const int R) {
+    __m256 acc[4][4];
+    for (int hh = 0; hh < HT; hh++)
+        for (int r = 0; r < R; r++) acc[hh][r] = _mm256_setzero_ps();
+    const int nb = w->in / 16, in = w->in, nb32 = w->in / 32;
+    const __m256i ones = _mm256_set1_epi16(1), off = _mm256_set1_epi8(32);
+    for (int b = 0; b < nb; b++) {
+        __m256i s16[4][4];
+        for (int hh = 0; hh < HT; hh++) {
+            int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+            __m256i v[4], av[4];
+            q6_unpack256(w->q + ((size_t)t * nb + b) * 192, half, v);
+            for (int g = 0; g < 4; g++) {
+                v[g] = _mm256_sub_epi8(v[g], off);
+                av[g] = _mm256_abs_epi8(v[g]);
+            }
+            for (int r = 0; r < R; r++) {
+                const int8_t *xr = a->qx + (size_t)r * in + 16 * b;
+                __m256i sum = _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    int32_t x0;
+                    memcpy(&x0, xr + 4 * g, 4);
+                    const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(x0), v[g]);
+                    sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(av[g], xs));
+                }
+                s16[hh][r] = sum;
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m256 dx = _mm256_set1_ps(a->dx[(size_t)r * nb32 + b / 2]);
+            for (int hh = 0; hh < HT; hh++) {
+                int t = (h0 + hh) / 2, half = (h0 + hh) % 2;
+                size_t si = ((size_t)t * nb + b) * QTILE + 8 * half;
+                __m256 d = _mm256_mul_ps(ld_scale256(w, 0, si), dx);
+                __m256 sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[hh][r], ones));
+                acc[hh][r] = _mm256_fmadd_ps(d, sum, acc[hh][r]);
+            }
+        }
+    }
+    for (int hh = 0; hh < HT; hh++) {
+        int t = (h0 + hh) / 2, half = (h0 + hh) % 2, last = (h0 + hh) / 2 == (h0 + HT - 1) / 2;
+        int valid = last ? n - 8 * half : 8;
+        for (int r = 0; r < R; r++)
+            store256(y + (size_t)r * ldy + (size_t)(t - h0 / 2) * QTILE + 8 * half, acc[hh][r], valid);
+    }
+}
+
 TARGET_AVX2 __attribute__((noinline)) static void q8q6_256_shapes(const qmat *w, int h0, const acts *a, float *y,
                                                                   int ldy, int n, int HT, int R) {
+    if (w->offset == 32 && !w->has_m) { /* Q6_K */
+        switch (HT * 16 + R) {
+            case 0x41: q8q6s_256(w, h0, a, y, ldy, n, 4, 1); break;
+            case 0x22: q8q6s_256(w, h0, a, y, ldy, n, 2, 2); break;
+            case 0x11: q8q6s_256(w, h0, a, y, ldy, n, 1, 1); break;
+            case 0x12: q8q6s_256(w, h0, a, y, ldy, n, 1, 2); break;
+            case 0x13: q8q6s_256(w, h0, a, y, ldy, n, 1, 3); break;
+            default: q8q6s_256(w, h0, a, y, ldy, n, 1, 4); break;
+        }
+        return;
+    }
     switch (HT * 16 + R) { /* the shapes run256 asks for */
         case 0x41: q8q6_256(w, h0, a, y, ldy, n, 4, 1); break;
         case 0x22: q8q6_256(w, h0, a, y, ldy, n, 2, 2); break;
