@@ -655,14 +655,77 @@ T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, cons
     }
 }
 
-/* AVX2's 16 registers: one task at a time, eight keys at a time */
+/* AVX2's 16 registers cannot hold the eight lane chains of more than one task: NQ tasks' scores of the block's key
+ * columns lo .. hi - 1, eight keys at a time, the chains of lanes 0-3 first, then those of lanes 4-7 (each chain the
+ * same multiply-adds in the same order as tile_scores256_1's, the four sums of the first half kept in memory until the
+ * second half is added to them, as TILE_SCORES adds them); each key column of kt loaded once for the NQ tasks, so that
+ * a multiply-add needs 1 + 1 / NQ loads instead of 2 (the loads, not the multiply-adds, bound tile_scores256_1) */
+#define SCORES256_HALVES(NQ)                                                                                       \
+    T256 static void tile_scores256_h##NQ(struct attn_task *const *t, int j0, int nb, int lo, int hi,             \
+                                          const float *kt, int kb, int hd, float scale) {                        \
+        const float *q[NQ];                                                                                      \
+        __m256 mx[NQ];                                                                                           \
+        int sa[NQ], sb[NQ];                                                                                      \
+        for (int i = 0; i < NQ; i++) {                                                                           \
+            q[i] = t[i]->q;                                                                                      \
+            mx[i] = _mm256_set1_ps(-INFINITY);                                                                   \
+            task_span(t[i], j0, nb, &sa[i], &sb[i]);                                                             \
+        }                                                                                                        \
+        for (int s = lo & ~7; s < hi; s += 8) {                                                                  \
+            __m256 first[NQ][4], acc[NQ][4];                                                                     \
+            for (int part = 0; part < 2; part++) {                                                               \
+                for (int i = 0; i < NQ; i++)                                                                     \
+                    for (int l = 0; l < 4; l++) acc[i][l] = _mm256_setzero_ps();                                 \
+                for (int d = 0; d < hd; d += 8) {                                                                \
+                    const float *k = kt + (size_t)(d + 4 * part) * kb + s;                                       \
+                    for (int l = 0; l < 4; l++) {                                                                \
+                        __m256 kv = _mm256_loadu_ps(k + (size_t)l * kb);                                         \
+                        IN_REGISTER(kv);                                                                         \
+                        for (int i = 0; i < NQ; i++)                                                             \
+                            acc[i][l] = _mm256_fmadd_ps(_mm256_set1_ps(q[i][d + 4 * part + l]), kv, acc[i][l]);  \
+                    }                                                                                            \
+                }                                                                                                \
+                if (part == 0)                                                                                   \
+                    for (int i = 0; i < NQ; i++)                                                                 \
+                        for (int l = 0; l < 4; l++) first[i][l] = acc[i][l];                                     \
+            }                                                                                                    \
+            for (int i = 0; i < NQ; i++) {                                                                       \
+                __m256 t0 = _mm256_add_ps(first[i][0], acc[i][0]), t1 = _mm256_add_ps(first[i][1], acc[i][1]);   \
+                const __m256 t2 = _mm256_add_ps(first[i][2], acc[i][2]);                                         \
+                const __m256 t3 = _mm256_add_ps(first[i][3], acc[i][3]);                                         \
+                t0 = _mm256_add_ps(t0, t2);                                                                      \
+                t1 = _mm256_add_ps(t1, t3);                                                                      \
+                const __m256 sc = _mm256_mul_ps(_mm256_add_ps(t0, t1), _mm256_set1_ps(scale));                   \
+                STORE_SCORES(8, _mm256_storeu_ps, _mm256_max_ps, keep8, t[i], sc, s, sa[i], sb[i], j0, mx[i]);   \
+            }                                                                                                    \
+        }                                                                                                        \
+        FOLD_MAX(NQ, hmax8, t, mx)                                                                               \
+    }
+SCORES256_HALVES(2)
+SCORES256_HALVES(3)
+#undef SCORES256_HALVES
+
+/* The tasks in groups of up to three that attend to the block (as tile_scores512 groups them), each group over the
+ * key columns that any of its tasks attends to; a task alone through tile_scores256_1. */
 T256 static void tile_scores256(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                 float scale) {
-    for (int i = 0; i < n; i++) {
-        int a, b;
-        task_span(t + i, j0, nb, &a, &b);
-        struct attn_task *one = t + i;
-        if (a < b) tile_scores256_1(&one, j0, nb, a, b, kt, kb, hd, scale);
+    for (int i = 0; i < n;) {
+        struct attn_task *sel[3];
+        int m = 0, lo = nb, hi = 0;
+        for (; i < n && m < 3; i++) {
+            int a, b;
+            task_span(t + i, j0, nb, &a, &b);
+            if (a >= b) continue;
+            sel[m++] = t + i;
+            lo = a < lo ? a : lo;
+            hi = b > hi ? b : hi;
+        }
+        if (m == 3)
+            tile_scores256_h3(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+        else if (m == 2)
+            tile_scores256_h2(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+        else if (m == 1)
+            tile_scores256_1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
     }
 }
 
