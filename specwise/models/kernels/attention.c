@@ -531,6 +531,24 @@ T256 static inline void transpose8(__m256 r[8]) {
                 for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (size_t)(d + l) * kb + j, r[l]);               \
             }                                                                                                    \
     }
+/* AVX2's layout of a block's keys: eight keys at a time, each width's eight floats together (kt[(j / 8) * hd * 8 +
+ * d * 8 + j % 8], zeros past nb), so that the scores of eight keys read one contiguous run of memory */
+#define TILE_KEYS8(SUFFIX, T, LOAD8)                                                                               \
+    T256 static void tile_keys##SUFFIX##8(const void *keys_, int nb, int hd, float *kt, int kb) {               \
+        const T *keys = keys_;                                                                                   \
+        for (int j = 0; j < kb; j += 8)                                                                          \
+            for (int d = 0; d < hd; d += 8) {                                                                    \
+                __m256 r[8];                                                                                     \
+                for (int i = 0; i < 8; i++)                                                                      \
+                    r[i] = j + i < nb ? LOAD8(keys + (size_t)(j + i) * hd + d) : _mm256_setzero_ps();            \
+                transpose8(r);                                                                                   \
+                for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (size_t)j * hd + (size_t)(d + l) * 8, r[l]);   \
+            }                                                                                                    \
+    }
+TILE_KEYS8(_f, float, F32_8)
+TILE_KEYS8(_h, uint16_t, F16_8)
+#undef TILE_KEYS8
+
 TILE_KEYS256(_f, float, F32_8)
 TILE_KEYS256(_h, uint16_t, F16_8)
 #undef TILE_KEYS256
@@ -627,8 +645,6 @@ SCORES512(1)
 SCORES512(2)
 SCORES512(3)
 #undef SCORES512
-TILE_SCORES(tile_scores256_1, T256, __m256, 8, _mm256_setzero_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_fmadd_ps,
-            _mm256_add_ps, _mm256_mul_ps, _mm256_storeu_ps, _mm256_max_ps, keep8, hmax8, 1)
 #undef TILE_SCORES
 
 /* The tasks in groups of up to three (AVX-512's 32 registers: 24 accumulators) that attend to the block, each group
@@ -655,11 +671,11 @@ T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, cons
     }
 }
 
-/* AVX2's 16 registers cannot hold the eight lane chains of more than one task: NQ tasks' scores of the block's key
- * columns lo .. hi - 1, eight keys at a time, the chains of lanes 0-3 first, then those of lanes 4-7 (each chain the
- * same multiply-adds in the same order as tile_scores256_1's, the four sums of the first half kept in memory until the
- * second half is added to them, as TILE_SCORES adds them); each key column of kt loaded once for the NQ tasks, so that
- * a multiply-add needs 1 + 1 / NQ loads instead of 2 (the loads, not the multiply-adds, bound tile_scores256_1) */
+/* AVX2's 16 registers cannot hold the eight lane chains of more than one task: NQ tasks' scores of the block's keys
+ * lo .. hi - 1 (kt in tile_keys_f8's layout), eight keys at a time, the chains of lanes 0-3 first, then those of
+ * lanes 4-7 (each chain the multiply-adds of TILE_SCORES in the same order, the four sums of the first half kept
+ * until the second half is added to them, as TILE_SCORES adds them); each vector of keys loaded once for the NQ
+ * tasks, so that a multiply-add needs 1 + 1 / NQ loads where one task at a time needed 2 */
 #define SCORES256_HALVES(NQ)                                                                                       \
     T256 static void tile_scores256_h##NQ(struct attn_task *const *t, int j0, int nb, int lo, int hi,             \
                                           const float *kt, int kb, int hd, float scale) {                        \
@@ -677,9 +693,9 @@ T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, cons
                 for (int i = 0; i < NQ; i++)                                                                     \
                     for (int l = 0; l < 4; l++) acc[i][l] = _mm256_setzero_ps();                                 \
                 for (int d = 0; d < hd; d += 8) {                                                                \
-                    const float *k = kt + (size_t)(d + 4 * part) * kb + s;                                       \
+                    const float *k = kt + (size_t)s * hd + (size_t)(d + 4 * part) * 8;                           \
                     for (int l = 0; l < 4; l++) {                                                                \
-                        __m256 kv = _mm256_loadu_ps(k + (size_t)l * kb);                                         \
+                        __m256 kv = _mm256_loadu_ps(k + 8 * l);                                                  \
                         IN_REGISTER(kv);                                                                         \
                         for (int i = 0; i < NQ; i++)                                                             \
                             acc[i][l] = _mm256_fmadd_ps(_mm256_set1_ps(q[i][d + 4 * part + l]), kv, acc[i][l]);  \
@@ -701,12 +717,13 @@ T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, cons
         }                                                                                                        \
         FOLD_MAX(NQ, hmax8, t, mx)                                                                               \
     }
+SCORES256_HALVES(1)
 SCORES256_HALVES(2)
 SCORES256_HALVES(3)
 #undef SCORES256_HALVES
 
 /* The tasks in groups of up to three that attend to the block (as tile_scores512 groups them), each group over the
- * key columns that any of its tasks attends to; a task alone through tile_scores256_1. */
+ * keys that any of its tasks attends to. */
 T256 static void tile_scores256(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
                                 float scale) {
     for (int i = 0; i < n;) {
@@ -725,7 +742,7 @@ T256 static void tile_scores256(struct attn_task *t, int n, int j0, int nb, cons
         else if (m == 2)
             tile_scores256_h2(sel, j0, nb, lo, hi, kt, kb, hd, scale);
         else if (m == 1)
-            tile_scores256_1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+            tile_scores256_h1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
     }
 }
 
@@ -786,6 +803,7 @@ TILE_VALUES512(1, 4)
 TILE_VALUES512(1, 8)
 TILE_VALUES256(4, 1)
 TILE_VALUES256(4, 2)
+TILE_VALUES256(4, 3)
 TILE_VALUES256(2, 1)
 TILE_VALUES256(2, 2)
 TILE_VALUES256(2, 4)
@@ -865,7 +883,7 @@ static void tile_values_x86(const struct values_loops *L, const struct attn_task
     {                                                                                                            \
         8, {8, 4, 2, 1}, {                                                                                       \
             {NULL},                                                                                              \
-            {NULL, tile_values256_##H##4_1, tile_values256_##H##4_2},                                            \
+            {NULL, tile_values256_##H##4_1, tile_values256_##H##4_2, tile_values256_##H##4_3},                   \
             {NULL, tile_values256_##H##2_1, tile_values256_##H##2_2, NULL, tile_values256_##H##2_4},             \
             {NULL, tile_values256_##H##1_1, tile_values256_##H##1_2, NULL, tile_values256_##H##1_4},             \
         }                                                                                                        \
@@ -902,7 +920,7 @@ const struct attn_ops attn_avx2 = {
     .joint_values = {{joint256_j2_v, joint256_j3_v}, {joint_h256_j2_v, joint_h256_j3_v}},
     .max = max8,
     .exp_sums = softmax_exp8,
-    .tile_keys = {tile_keys_f256, tile_keys_h256},
+    .tile_keys = {tile_keys_f8, tile_keys_h8},
     .tile_scores = tile_scores256,
     .exp_lanes = exp_lanes8,
     .tile_values = tile_values256,
