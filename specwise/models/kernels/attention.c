@@ -518,9 +518,12 @@ T256 static inline void transpose8(__m256 r[8]) {
     r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-/* keys [nb][hd] to kt[d * kb + j] (zeros past nb), eight keys by eight widths at a time */
-#define TILE_KEYS256(SUFFIX, T, LOAD8)                                                                             \
-    T256 static void tile_keys##SUFFIX##256(const void *keys_, int nb, int hd, float *kt, int kb) {             \
+/* keys [nb][hd] to kt (zeros past nb), eight keys by eight widths at a time: element (j, d) at AT(j, d), which is
+ * d * kb + j for tile_keys_f256 / h256 (AVX-512's scores read a width's keys in a row) and, for tile_keys_f8 / h8,
+ * (j / 8) * hd * 8 + d * 8 + j % 8 (AVX2's: eight keys at a time, each width's eight floats together, so that the
+ * scores of eight keys read one contiguous run of memory) */
+#define TILE_KEYS(NAME, T, LOAD8, AT)                                                                              \
+    T256 static void NAME(const void *keys_, int nb, int hd, float *kt, int kb) {                                 \
         const T *keys = keys_;                                                                                   \
         for (int j = 0; j < kb; j += 8)                                                                          \
             for (int d = 0; d < hd; d += 8) {                                                                    \
@@ -528,30 +531,19 @@ T256 static inline void transpose8(__m256 r[8]) {
                 for (int i = 0; i < 8; i++)                                                                      \
                     r[i] = j + i < nb ? LOAD8(keys + (size_t)(j + i) * hd + d) : _mm256_setzero_ps();            \
                 transpose8(r);                                                                                   \
-                for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (size_t)(d + l) * kb + j, r[l]);               \
+                for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + AT(j, d + l), r[l]);                           \
             }                                                                                                    \
     }
-/* AVX2's layout of a block's keys: eight keys at a time, each width's eight floats together (kt[(j / 8) * hd * 8 +
- * d * 8 + j % 8], zeros past nb), so that the scores of eight keys read one contiguous run of memory */
-#define TILE_KEYS8(SUFFIX, T, LOAD8)                                                                               \
-    T256 static void tile_keys##SUFFIX##8(const void *keys_, int nb, int hd, float *kt, int kb) {               \
-        const T *keys = keys_;                                                                                   \
-        for (int j = 0; j < kb; j += 8)                                                                          \
-            for (int d = 0; d < hd; d += 8) {                                                                    \
-                __m256 r[8];                                                                                     \
-                for (int i = 0; i < 8; i++)                                                                      \
-                    r[i] = j + i < nb ? LOAD8(keys + (size_t)(j + i) * hd + d) : _mm256_setzero_ps();            \
-                transpose8(r);                                                                                   \
-                for (int l = 0; l < 8; l++) _mm256_storeu_ps(kt + (size_t)j * hd + (size_t)(d + l) * 8, r[l]);   \
-            }                                                                                                    \
-    }
-TILE_KEYS8(_f, float, F32_8)
-TILE_KEYS8(_h, uint16_t, F16_8)
-#undef TILE_KEYS8
+#define BY_WIDTH(j, d) ((size_t)(d) * kb + (j))
+#define BY_EIGHT(j, d) ((size_t)(j) * hd + (size_t)(d) * 8)
+TILE_KEYS(tile_keys_f256, float, F32_8, BY_WIDTH)
+TILE_KEYS(tile_keys_h256, uint16_t, F16_8, BY_WIDTH)
+TILE_KEYS(tile_keys_f8, float, F32_8, BY_EIGHT)
+TILE_KEYS(tile_keys_h8, uint16_t, F16_8, BY_EIGHT)
+#undef BY_WIDTH
+#undef BY_EIGHT
+#undef TILE_KEYS
 
-TILE_KEYS256(_f, float, F32_8)
-TILE_KEYS256(_h, uint16_t, F16_8)
-#undef TILE_KEYS256
 
 /* a vector SC of W scores for keys S .. S + W - 1 into task T's scores, only those in its span SA .. SB - 1, and
  * into its running max MX (lanes outside the span left out) */
@@ -647,10 +639,13 @@ SCORES512(3)
 #undef SCORES512
 #undef TILE_SCORES
 
-/* The tasks in groups of up to three (AVX-512's 32 registers: 24 accumulators) that attend to the block, each group
- * over the key columns that any of its tasks attends to. */
-T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
-                                float scale) {
+typedef void (*scores_group_fn)(struct attn_task *const *t, int j0, int nb, int lo, int hi, const float *kt, int kb,
+                                int hd, float scale);
+
+/* The tasks that attend to the block in groups of up to three, each group over the keys that any of its tasks attends
+ * to, through fn[m] for a group of m tasks (the loops of AVX-512 and of AVX2) */
+static void scores_in_groups(const scores_group_fn fn[4], struct attn_task *t, int n, int j0, int nb, const float *kt,
+                             int kb, int hd, float scale) {
     for (int i = 0; i < n;) {
         struct attn_task *sel[3];
         int m = 0, lo = nb, hi = 0;
@@ -662,13 +657,14 @@ T512 static void tile_scores512(struct attn_task *t, int n, int j0, int nb, cons
             lo = a < lo ? a : lo;
             hi = b > hi ? b : hi;
         }
-        if (m == 3)
-            tile_scores512_3(sel, j0, nb, lo, hi, kt, kb, hd, scale);
-        else if (m == 2)
-            tile_scores512_2(sel, j0, nb, lo, hi, kt, kb, hd, scale);
-        else if (m == 1)
-            tile_scores512_1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
+        if (m) fn[m](sel, j0, nb, lo, hi, kt, kb, hd, scale);
     }
+}
+
+/* AVX-512's 32 registers: three tasks' 24 accumulators */
+static void tile_scores512(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd, float scale) {
+    static const scores_group_fn fn[4] = {NULL, tile_scores512_1, tile_scores512_2, tile_scores512_3};
+    scores_in_groups(fn, t, n, j0, nb, kt, kb, hd, scale);
 }
 
 /* AVX2's 16 registers cannot hold the eight lane chains of more than one task: NQ tasks' scores of the block's keys
@@ -722,28 +718,9 @@ SCORES256_HALVES(2)
 SCORES256_HALVES(3)
 #undef SCORES256_HALVES
 
-/* The tasks in groups of up to three that attend to the block (as tile_scores512 groups them), each group over the
- * keys that any of its tasks attends to. */
-T256 static void tile_scores256(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd,
-                                float scale) {
-    for (int i = 0; i < n;) {
-        struct attn_task *sel[3];
-        int m = 0, lo = nb, hi = 0;
-        for (; i < n && m < 3; i++) {
-            int a, b;
-            task_span(t + i, j0, nb, &a, &b);
-            if (a >= b) continue;
-            sel[m++] = t + i;
-            lo = a < lo ? a : lo;
-            hi = b > hi ? b : hi;
-        }
-        if (m == 3)
-            tile_scores256_h3(sel, j0, nb, lo, hi, kt, kb, hd, scale);
-        else if (m == 2)
-            tile_scores256_h2(sel, j0, nb, lo, hi, kt, kb, hd, scale);
-        else if (m == 1)
-            tile_scores256_h1(sel, j0, nb, lo, hi, kt, kb, hd, scale);
-    }
+static void tile_scores256(struct attn_task *t, int n, int j0, int nb, const float *kt, int kb, int hd, float scale) {
+    static const scores_group_fn fn[4] = {NULL, tile_scores256_h1, tile_scores256_h2, tile_scores256_h3};
+    scores_in_groups(fn, t, n, j0, nb, kt, kb, hd, scale);
 }
 
 /* NT tasks' outputs, widths c .. c + CW W - 1, continued over block indexes a .. b - 1 (which they all attend to),

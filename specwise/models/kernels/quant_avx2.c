@@ -232,25 +232,21 @@ TARGET_AVX2 INLINE void q8q6s_256(const qmat *w, int h0, const acts *a, float *y
 
 TARGET_AVX2 __attribute__((noinline)) static void q8q6_256_shapes(const qmat *w, int h0, const acts *a, float *y,
                                                                   int ldy, int n, int HT, int R) {
+#define Q6_SHAPES(FN)                                                                                              \
+    switch (HT * 16 + R) { /* the shapes run256 asks for */                                                    \
+        case 0x41: FN(w, h0, a, y, ldy, n, 4, 1); break;                                                       \
+        case 0x22: FN(w, h0, a, y, ldy, n, 2, 2); break;                                                       \
+        case 0x11: FN(w, h0, a, y, ldy, n, 1, 1); break;                                                       \
+        case 0x12: FN(w, h0, a, y, ldy, n, 1, 2); break;                                                       \
+        case 0x13: FN(w, h0, a, y, ldy, n, 1, 3); break;                                                       \
+        default: FN(w, h0, a, y, ldy, n, 1, 4); break;                                                         \
+    }
     if (w->offset == 32 && !w->has_m) { /* Q6_K */
-        switch (HT * 16 + R) {
-            case 0x41: q8q6s_256(w, h0, a, y, ldy, n, 4, 1); break;
-            case 0x22: q8q6s_256(w, h0, a, y, ldy, n, 2, 2); break;
-            case 0x11: q8q6s_256(w, h0, a, y, ldy, n, 1, 1); break;
-            case 0x12: q8q6s_256(w, h0, a, y, ldy, n, 1, 2); break;
-            case 0x13: q8q6s_256(w, h0, a, y, ldy, n, 1, 3); break;
-            default: q8q6s_256(w, h0, a, y, ldy, n, 1, 4); break;
-        }
-        return;
+        Q6_SHAPES(q8q6s_256)
+    } else {
+        Q6_SHAPES(q8q6_256)
     }
-    switch (HT * 16 + R) { /* the shapes run256 asks for */
-        case 0x41: q8q6_256(w, h0, a, y, ldy, n, 4, 1); break;
-        case 0x22: q8q6_256(w, h0, a, y, ldy, n, 2, 2); break;
-        case 0x11: q8q6_256(w, h0, a, y, ldy, n, 1, 1); break;
-        case 0x12: q8q6_256(w, h0, a, y, ldy, n, 1, 2); break;
-        case 0x13: q8q6_256(w, h0, a, y, ldy, n, 1, 3); break;
-        default: q8q6_256(w, h0, a, y, ldy, n, 1, 4); break;
-    }
+#undef Q6_SHAPES
 }
 
 /* scale_at for a half tile: half-precision scales without sub-scales read straight (SF = 1), any other format
