@@ -316,7 +316,8 @@ def test_q6_k_products_at_the_ends_of_both_ranges_agree_with_the_portable_path(i
     blocks[::3, 1, :192] = 0xFF  # and a few rows mixed: one super-block each way
     qt = qtensor(T.Q6_K, blocks, out, n_in)
     ones = np.ones(n_in, dtype=np.float32)
-    x = np.stack([ones, -ones, np.where(np.arange(n_in) % 2, ones, -ones), np.where(np.arange(n_in) % 32 < 16, ones, -ones)])
+    i = np.arange(n_in)
+    x = np.stack([ones, -ones, np.where(i % 2, ones, -ones), np.where(i % 32 < 16, ones, -ones)])
     x = np.concatenate([x, x[::-1], x, x])  # 16 rows: passes of many rows too
     quant.set_isa("portable")
     want = [quant.q_gemm(qt, x[:k], mode="q8") for k in (1, 3, 4, 8, 16)]
