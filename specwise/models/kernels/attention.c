@@ -544,7 +544,6 @@ TILE_KEYS(tile_keys_h8, uint16_t, F16_8, BY_EIGHT)
 #undef BY_EIGHT
 #undef TILE_KEYS
 
-
 /* a vector SC of W scores for keys S .. S + W - 1 into task T's scores, only those in its span SA .. SB - 1, and
  * into its running max MX (lanes outside the span left out) */
 #define STORE_SCORES(W, STORE, MAX, KEEP, T, SC, S, SA, SB, J0, MX)                                                 \
